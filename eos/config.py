@@ -1,0 +1,97 @@
+"""Configuration with Kafka's names and defaults.
+
+Theory of operation
+-------------------
+Topic and broker settings are dicts of Kafka config names (`"retention.ms"`) to strings,
+as they travel on the wire and sit in files. `TopicConfig.from_overrides` validates them
+once and turns them into typed attributes whose names swap dots for underscores
+(`retention_ms`); everything past this module reads the typed form. An unknown name or a
+value out of range raises InvalidConfigError naming the key, and nothing is changed.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from eos.errors import InvalidConfigError
+
+LONG_MAX = 2**63 - 1
+COMPRESSION_TYPES = ("producer", "none", "uncompressed", "gzip", "snappy", "lz4", "zstd")
+
+
+@dataclasses.dataclass(frozen=True)
+class TopicConfig:
+    """Per-topic settings (Kafka's topic-level configs that eos implements)."""
+
+    segment_bytes: int = 1073741824           # roll a segment at this size
+    segment_ms: int = 604800000               # ... or when its first record is this old
+    segment_index_bytes: int = 10485760       # ... or when its offset index is full
+    index_interval_bytes: int = 4096          # one sparse index entry per this many log bytes
+    retention_ms: int = 604800000             # -1: keep forever
+    retention_bytes: int = -1                 # -1: no size limit
+    flush_messages: int = LONG_MAX            # fsync after this many unflushed records
+    flush_ms: int = LONG_MAX                  # ... or when unflushed data is this old
+    max_message_bytes: int = 1048588          # largest batch accepted (1 MiB + log overhead)
+    message_timestamp_type: str = "CreateTime"
+    compression_type: str = "producer"
+    cleanup_policy: str = "delete"
+    min_insync_replicas: int = 1
+    file_delete_delay_ms: int = 60000
+
+    # name -> (attribute, parser, check)
+    @classmethod
+    def from_overrides(cls, overrides: dict[str, str] | None, base: "TopicConfig | None" = None) -> "TopicConfig":
+        base = base or cls()
+        values: dict[str, Any] = {}
+        for name, raw in (overrides or {}).items():
+            spec = _TOPIC_SPECS.get(name)
+            if spec is None:
+                raise InvalidConfigError(f"unknown topic config {name!r}")
+            attribute, parse, check = spec
+            try:
+                value = parse(str(raw))
+            except ValueError:
+                raise InvalidConfigError(f"invalid value {raw!r} for {name}") from None
+            problem = check(value)
+            if problem:
+                raise InvalidConfigError(f"invalid value {raw!r} for {name}: {problem}")
+            values[attribute] = value
+        return dataclasses.replace(base, **values)
+
+    def to_kafka_names(self) -> dict[str, str]:
+        return {name: str(getattr(self, attr)) for name, (attr, _, _) in _TOPIC_SPECS.items()}
+
+
+def _at_least(minimum: int):
+    return lambda v: None if v >= minimum else f"must be >= {minimum}"
+
+
+def _one_of(*choices: str):
+    return lambda v: None if v in choices else f"must be one of {', '.join(choices)}"
+
+
+def _retention(v: int):
+    return None if v >= -1 else "must be -1 (unlimited) or >= 0"
+
+
+_TOPIC_SPECS = {
+    "segment.bytes": ("segment_bytes", int, _at_least(14)),
+    "segment.ms": ("segment_ms", int, _at_least(1)),
+    "segment.index.bytes": ("segment_index_bytes", int, _at_least(8)),
+    "index.interval.bytes": ("index_interval_bytes", int, _at_least(0)),
+    "retention.ms": ("retention_ms", int, _retention),
+    "retention.bytes": ("retention_bytes", int, _retention),
+    "flush.messages": ("flush_messages", int, _at_least(1)),
+    "flush.ms": ("flush_ms", int, _at_least(0)),
+    "max.message.bytes": ("max_message_bytes", int, _at_least(0)),
+    "message.timestamp.type": ("message_timestamp_type", str, _one_of("CreateTime", "LogAppendTime")),
+    "compression.type": ("compression_type", str, _one_of(*COMPRESSION_TYPES)),
+    "cleanup.policy": ("cleanup_policy", str, _one_of("delete")),
+    "min.insync.replicas": ("min_insync_replicas", int, _at_least(1)),
+    "file.delete.delay.ms": ("file_delete_delay_ms", int, _at_least(0)),
+}
+
+
+def kwargs_to_kafka(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """`transaction_timeout_ms=60000` -> `{"transaction.timeout.ms": 60000}`."""
+    return {key.replace("_", "."): value for key, value in kwargs.items()}

@@ -1,0 +1,1 @@
+"""Kafka v2 record batches: the header (`header`), records (`codec`), codecs (`compression`)."""

@@ -1,0 +1,398 @@
+from eos.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ProduceRequest(_message.Message):
+    __slots__ = ("transactional_id", "acks", "timeout_ms", "partitions")
+    TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
+    ACKS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    transactional_id: str
+    acks: int
+    timeout_ms: int
+    partitions: _containers.RepeatedCompositeFieldContainer[PartitionRecords]
+    def __init__(self, transactional_id: _Optional[str] = ..., acks: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[PartitionRecords, _Mapping]]] = ...) -> None: ...
+
+class PartitionRecords(_message.Message):
+    __slots__ = ("topic", "partition", "records")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    records: bytes
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., records: _Optional[bytes] = ...) -> None: ...
+
+class ProduceResponse(_message.Message):
+    __slots__ = ("partitions", "throttle_time_ms")
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    partitions: _containers.RepeatedCompositeFieldContainer[PartitionProduceResult]
+    throttle_time_ms: int
+    def __init__(self, partitions: _Optional[_Iterable[_Union[PartitionProduceResult, _Mapping]]] = ..., throttle_time_ms: _Optional[int] = ...) -> None: ...
+
+class PartitionProduceResult(_message.Message):
+    __slots__ = ("topic", "partition", "error_code", "error_message", "base_offset", "log_append_time_ms", "log_start_offset")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    BASE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LOG_APPEND_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    LOG_START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    base_offset: int
+    log_append_time_ms: int
+    log_start_offset: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., base_offset: _Optional[int] = ..., log_append_time_ms: _Optional[int] = ..., log_start_offset: _Optional[int] = ...) -> None: ...
+
+class FetchRequest(_message.Message):
+    __slots__ = ("max_wait_ms", "min_bytes", "max_bytes", "isolation_level", "partitions")
+    MAX_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    MIN_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ISOLATION_LEVEL_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    max_wait_ms: int
+    min_bytes: int
+    max_bytes: int
+    isolation_level: _common_pb2.IsolationLevel
+    partitions: _containers.RepeatedCompositeFieldContainer[FetchPartition]
+    def __init__(self, max_wait_ms: _Optional[int] = ..., min_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., isolation_level: _Optional[_Union[_common_pb2.IsolationLevel, str]] = ..., partitions: _Optional[_Iterable[_Union[FetchPartition, _Mapping]]] = ...) -> None: ...
+
+class FetchPartition(_message.Message):
+    __slots__ = ("topic", "partition", "fetch_offset", "partition_max_bytes")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    FETCH_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    fetch_offset: int
+    partition_max_bytes: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., fetch_offset: _Optional[int] = ..., partition_max_bytes: _Optional[int] = ...) -> None: ...
+
+class FetchResponse(_message.Message):
+    __slots__ = ("partitions", "throttle_time_ms")
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    partitions: _containers.RepeatedCompositeFieldContainer[FetchedPartition]
+    throttle_time_ms: int
+    def __init__(self, partitions: _Optional[_Iterable[_Union[FetchedPartition, _Mapping]]] = ..., throttle_time_ms: _Optional[int] = ...) -> None: ...
+
+class FetchedPartition(_message.Message):
+    __slots__ = ("topic", "partition", "error_code", "error_message", "high_watermark", "last_stable_offset", "log_start_offset", "aborted_transactions", "records")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    LAST_STABLE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LOG_START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    ABORTED_TRANSACTIONS_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    high_watermark: int
+    last_stable_offset: int
+    log_start_offset: int
+    aborted_transactions: _containers.RepeatedCompositeFieldContainer[AbortedTransaction]
+    records: bytes
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., high_watermark: _Optional[int] = ..., last_stable_offset: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., aborted_transactions: _Optional[_Iterable[_Union[AbortedTransaction, _Mapping]]] = ..., records: _Optional[bytes] = ...) -> None: ...
+
+class AbortedTransaction(_message.Message):
+    __slots__ = ("producer_id", "first_offset")
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    FIRST_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    producer_id: int
+    first_offset: int
+    def __init__(self, producer_id: _Optional[int] = ..., first_offset: _Optional[int] = ...) -> None: ...
+
+class ListOffsetsRequest(_message.Message):
+    __slots__ = ("isolation_level", "partitions")
+    ISOLATION_LEVEL_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    isolation_level: _common_pb2.IsolationLevel
+    partitions: _containers.RepeatedCompositeFieldContainer[ListOffsetsPartition]
+    def __init__(self, isolation_level: _Optional[_Union[_common_pb2.IsolationLevel, str]] = ..., partitions: _Optional[_Iterable[_Union[ListOffsetsPartition, _Mapping]]] = ...) -> None: ...
+
+class ListOffsetsPartition(_message.Message):
+    __slots__ = ("topic", "partition", "timestamp")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    timestamp: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., timestamp: _Optional[int] = ...) -> None: ...
+
+class ListOffsetsResponse(_message.Message):
+    __slots__ = ("partitions",)
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    partitions: _containers.RepeatedCompositeFieldContainer[ListedOffset]
+    def __init__(self, partitions: _Optional[_Iterable[_Union[ListedOffset, _Mapping]]] = ...) -> None: ...
+
+class ListedOffset(_message.Message):
+    __slots__ = ("topic", "partition", "error_code", "error_message", "timestamp", "offset")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    timestamp: int
+    offset: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., timestamp: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class MetadataRequest(_message.Message):
+    __slots__ = ("topics", "include_internal")
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_INTERNAL_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedScalarFieldContainer[str]
+    include_internal: bool
+    def __init__(self, topics: _Optional[_Iterable[str]] = ..., include_internal: _Optional[bool] = ...) -> None: ...
+
+class MetadataResponse(_message.Message):
+    __slots__ = ("brokers", "controller_id", "topics", "cluster_id")
+    BROKERS_FIELD_NUMBER: _ClassVar[int]
+    CONTROLLER_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    brokers: _containers.RepeatedCompositeFieldContainer[BrokerNode]
+    controller_id: int
+    topics: _containers.RepeatedCompositeFieldContainer[TopicMetadata]
+    cluster_id: str
+    def __init__(self, brokers: _Optional[_Iterable[_Union[BrokerNode, _Mapping]]] = ..., controller_id: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[TopicMetadata, _Mapping]]] = ..., cluster_id: _Optional[str] = ...) -> None: ...
+
+class BrokerNode(_message.Message):
+    __slots__ = ("node_id", "host", "port")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    node_id: int
+    host: str
+    port: int
+    def __init__(self, node_id: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ...) -> None: ...
+
+class TopicMetadata(_message.Message):
+    __slots__ = ("name", "error_code", "error_message", "is_internal", "partitions", "configs")
+    class ConfigsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    IS_INTERNAL_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    CONFIGS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    is_internal: bool
+    partitions: _containers.RepeatedCompositeFieldContainer[PartitionMetadata]
+    configs: _containers.ScalarMap[str, str]
+    def __init__(self, name: _Optional[str] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., is_internal: _Optional[bool] = ..., partitions: _Optional[_Iterable[_Union[PartitionMetadata, _Mapping]]] = ..., configs: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class PartitionMetadata(_message.Message):
+    __slots__ = ("partition", "error_code", "leader_id", "leader_epoch", "replica_ids", "isr_ids")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_IDS_FIELD_NUMBER: _ClassVar[int]
+    ISR_IDS_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    error_code: _common_pb2.ErrorCode
+    leader_id: int
+    leader_epoch: int
+    replica_ids: _containers.RepeatedScalarFieldContainer[int]
+    isr_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, partition: _Optional[int] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., leader_id: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., replica_ids: _Optional[_Iterable[int]] = ..., isr_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class CreateTopicsRequest(_message.Message):
+    __slots__ = ("topics", "timeout_ms", "validate_only")
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    VALIDATE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedCompositeFieldContainer[NewTopic]
+    timeout_ms: int
+    validate_only: bool
+    def __init__(self, topics: _Optional[_Iterable[_Union[NewTopic, _Mapping]]] = ..., timeout_ms: _Optional[int] = ..., validate_only: _Optional[bool] = ...) -> None: ...
+
+class NewTopic(_message.Message):
+    __slots__ = ("name", "num_partitions", "replication_factor", "configs")
+    class ConfigsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NUM_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    REPLICATION_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    CONFIGS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    num_partitions: int
+    replication_factor: int
+    configs: _containers.ScalarMap[str, str]
+    def __init__(self, name: _Optional[str] = ..., num_partitions: _Optional[int] = ..., replication_factor: _Optional[int] = ..., configs: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class CreateTopicsResponse(_message.Message):
+    __slots__ = ("topics",)
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedCompositeFieldContainer[TopicResult]
+    def __init__(self, topics: _Optional[_Iterable[_Union[TopicResult, _Mapping]]] = ...) -> None: ...
+
+class TopicResult(_message.Message):
+    __slots__ = ("name", "error_code", "error_message")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    def __init__(self, name: _Optional[str] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ...) -> None: ...
+
+class DeleteTopicsRequest(_message.Message):
+    __slots__ = ("names", "timeout_ms")
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    names: _containers.RepeatedScalarFieldContainer[str]
+    timeout_ms: int
+    def __init__(self, names: _Optional[_Iterable[str]] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class DeleteTopicsResponse(_message.Message):
+    __slots__ = ("topics",)
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedCompositeFieldContainer[TopicResult]
+    def __init__(self, topics: _Optional[_Iterable[_Union[TopicResult, _Mapping]]] = ...) -> None: ...
+
+class CreatePartitionsRequest(_message.Message):
+    __slots__ = ("topics", "validate_only")
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    VALIDATE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedCompositeFieldContainer[NewPartitions]
+    validate_only: bool
+    def __init__(self, topics: _Optional[_Iterable[_Union[NewPartitions, _Mapping]]] = ..., validate_only: _Optional[bool] = ...) -> None: ...
+
+class NewPartitions(_message.Message):
+    __slots__ = ("name", "count")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    count: int
+    def __init__(self, name: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
+
+class CreatePartitionsResponse(_message.Message):
+    __slots__ = ("topics",)
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedCompositeFieldContainer[TopicResult]
+    def __init__(self, topics: _Optional[_Iterable[_Union[TopicResult, _Mapping]]] = ...) -> None: ...
+
+class WriteTxnMarkersRequest(_message.Message):
+    __slots__ = ("markers",)
+    MARKERS_FIELD_NUMBER: _ClassVar[int]
+    markers: _containers.RepeatedCompositeFieldContainer[TxnMarker]
+    def __init__(self, markers: _Optional[_Iterable[_Union[TxnMarker, _Mapping]]] = ...) -> None: ...
+
+class TxnMarker(_message.Message):
+    __slots__ = ("producer_id", "producer_epoch", "committed", "coordinator_epoch", "partitions")
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    producer_id: int
+    producer_epoch: int
+    committed: bool
+    coordinator_epoch: int
+    partitions: _containers.RepeatedCompositeFieldContainer[_common_pb2.TopicPartition]
+    def __init__(self, producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., committed: _Optional[bool] = ..., coordinator_epoch: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[_common_pb2.TopicPartition, _Mapping]]] = ...) -> None: ...
+
+class WriteTxnMarkersResponse(_message.Message):
+    __slots__ = ("markers",)
+    MARKERS_FIELD_NUMBER: _ClassVar[int]
+    markers: _containers.RepeatedCompositeFieldContainer[TxnMarkerResult]
+    def __init__(self, markers: _Optional[_Iterable[_Union[TxnMarkerResult, _Mapping]]] = ...) -> None: ...
+
+class TxnMarkerResult(_message.Message):
+    __slots__ = ("producer_id", "partitions")
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    producer_id: int
+    partitions: _containers.RepeatedCompositeFieldContainer[PartitionError]
+    def __init__(self, producer_id: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[PartitionError, _Mapping]]] = ...) -> None: ...
+
+class PartitionError(_message.Message):
+    __slots__ = ("topic", "partition", "error_code", "error_message")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ...) -> None: ...
+
+class DescribeProducersRequest(_message.Message):
+    __slots__ = ("partitions",)
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    partitions: _containers.RepeatedCompositeFieldContainer[_common_pb2.TopicPartition]
+    def __init__(self, partitions: _Optional[_Iterable[_Union[_common_pb2.TopicPartition, _Mapping]]] = ...) -> None: ...
+
+class DescribeProducersResponse(_message.Message):
+    __slots__ = ("partitions",)
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    partitions: _containers.RepeatedCompositeFieldContainer[PartitionProducers]
+    def __init__(self, partitions: _Optional[_Iterable[_Union[PartitionProducers, _Mapping]]] = ...) -> None: ...
+
+class PartitionProducers(_message.Message):
+    __slots__ = ("topic", "partition", "error_code", "error_message", "producers")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    PRODUCERS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    producers: _containers.RepeatedCompositeFieldContainer[ProducerStateInfo]
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., producers: _Optional[_Iterable[_Union[ProducerStateInfo, _Mapping]]] = ...) -> None: ...
+
+class ProducerStateInfo(_message.Message):
+    __slots__ = ("producer_id", "producer_epoch", "last_sequence", "last_timestamp_ms", "coordinator_epoch", "current_txn_start_offset")
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    LAST_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_TXN_START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    producer_id: int
+    producer_epoch: int
+    last_sequence: int
+    last_timestamp_ms: int
+    coordinator_epoch: int
+    current_txn_start_offset: int
+    def __init__(self, producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., last_sequence: _Optional[int] = ..., last_timestamp_ms: _Optional[int] = ..., coordinator_epoch: _Optional[int] = ..., current_txn_start_offset: _Optional[int] = ...) -> None: ...
