@@ -1,0 +1,343 @@
+"""The `eos` command line, after the habits of Kafka's tools.
+
+    eos broker start [--data-dir DIR] [--port N]
+    eos topics create|list|describe|delete ...
+    eos produce TOPIC [--file F]            lines from stdin or a file, with a progress bar
+    eos consume TOPIC [--from-beginning | --offset N] [--max-messages N]
+    eos dump-log FILE...                     batches and index entries of segment files
+    eos demo                                 the end-to-end demo on an embedded broker
+
+Every client command takes --bootstrap-server (default $EOS_BOOTSTRAP or 127.0.0.1:9092).
+Errors print one line to stderr and exit 1; usage errors exit 2, as argparse does.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import struct
+import sys
+import time
+
+DEFAULT_BOOTSTRAP = os.environ.get("EOS_BOOTSTRAP", "127.0.0.1:9092")
+
+
+def _parse_config_pairs(pairs: list[str] | None) -> dict[str, str]:
+    config = {}
+    for pair in pairs or []:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"error: --config takes NAME=VALUE, got {pair!r}")
+        config[name.strip()] = value.strip()
+    return config
+
+
+# ---- broker ----------------------------------------------------------------------------
+
+def cmd_broker_start(args) -> int:
+    from broker.server import run_broker
+    return run_broker(args.data_dir, host=args.host, port=args.port, node_id=args.node_id,
+                      config=_parse_config_pairs(args.config))
+
+
+# ---- topics ----------------------------------------------------------------------------
+
+def cmd_topics(args) -> int:
+    import eos
+    with eos.Admin(bootstrap=args.bootstrap_server) as admin:
+        if args.action == "create":
+            admin.create_topic(args.topic, partitions=args.partitions,
+                               replication_factor=args.replication_factor,
+                               config=_parse_config_pairs(args.config))
+            print(f"Created topic {args.topic}.")
+        elif args.action == "list":
+            for name in sorted(admin.list_topics()):
+                print(name)
+        elif args.action == "delete":
+            admin.delete_topic(args.topic)
+            print(f"Deleted topic {args.topic}.")
+        elif args.action == "describe":
+            names = [args.topic] if args.topic else sorted(admin.list_topics())
+            for name in names:
+                _print_topic(admin.describe_topic(name))
+    return 0
+
+
+def _print_topic(description: dict) -> None:
+    configs = ",".join(f"{k}={v}" for k, v in sorted(description.get("configs", {}).items()))
+    partitions = description["partitions"]
+    print(f"Topic: {description['name']}\tPartitionCount: {len(partitions)}\t"
+          f"ReplicationFactor: {len(partitions[0]['replicas']) if partitions else 0}\tConfigs: {configs}")
+    for p in partitions:
+        print(f"\tTopic: {description['name']}\tPartition: {p['partition']}\tLeader: {p['leader']}\t"
+              f"Replicas: {','.join(map(str, p['replicas']))}\tIsr: {','.join(map(str, p['isr']))}")
+
+
+# ---- produce / consume -------------------------------------------------------------------
+
+def cmd_produce(args) -> int:
+    import eos
+    from eos.progress import ProgressBar
+
+    source = open(args.file, "rb") if args.file else sys.stdin.buffer
+    total = None
+    if args.file:
+        with open(args.file, "rb") as counting:
+            total = sum(1 for _ in counting)
+    separator = args.key_separator.encode() if args.key_separator else None
+    failures = []
+
+    def on_delivery(error, _metadata):
+        if error is not None:
+            failures.append(error)
+
+    producer = eos.Producer(bootstrap=args.bootstrap_server, acks=args.acks,
+                            compression_type=args.compression_type, linger_ms=args.linger_ms)
+    sent = 0
+    with ProgressBar(total, f"produce {args.topic}") as bar:
+        try:
+            for line in source:
+                line = line.rstrip(b"\r\n")
+                key = None
+                if separator is not None:
+                    key, _, line = line.partition(separator)
+                producer.send(args.topic, value=line, key=key, on_delivery=on_delivery)
+                sent += 1
+                bar.advance()
+            producer.flush()
+        finally:
+            producer.close()
+            if source is not sys.stdin.buffer:
+                source.close()
+    if failures:
+        print(f"error: {len(failures)} of {sent} records failed: {failures[0]}", file=sys.stderr)
+        return 1
+    print(f"Produced {sent} records to {args.topic}.", file=sys.stderr)
+    return 0
+
+
+def cmd_consume(args) -> int:
+    import eos
+    from eos import TopicPartition
+
+    consumer = eos.Consumer(bootstrap=args.bootstrap_server, group_id=None,
+                            isolation_level=args.isolation,
+                            auto_offset_reset="earliest" if args.from_beginning else "latest")
+    try:
+        with eos.Admin(bootstrap=args.bootstrap_server) as admin:
+            partitions = [p["partition"] for p in admin.describe_topic(args.topic)["partitions"]]
+        if args.partition is not None:
+            partitions = [args.partition]
+        tps = [TopicPartition(args.topic, p) for p in partitions]
+        consumer.assign(tps)
+        if args.offset is not None:
+            for tp in tps:
+                consumer.seek(tp, args.offset)
+        elif args.from_beginning:
+            consumer.seek_to_beginning(*tps)
+        shown = 0
+        idle_deadline_s = time.monotonic() + args.timeout_ms / 1000
+        out = sys.stdout.buffer
+        while args.max_messages is None or shown < args.max_messages:
+            records = consumer.poll(timeout_ms=200)
+            if not records:
+                if time.monotonic() >= idle_deadline_s:
+                    break
+                continue
+            idle_deadline_s = time.monotonic() + args.timeout_ms / 1000
+            for record in records:
+                if args.max_messages is not None and shown >= args.max_messages:
+                    break
+                line = record.value or b""
+                if args.print_key:
+                    line = (record.key or b"null") + b"\t" + line
+                if args.print_offset:
+                    line = f"{record.partition}:{record.offset}\t".encode() + line
+                out.write(line + b"\n")
+                shown += 1
+        out.flush()
+        print(f"Processed a total of {shown} messages", file=sys.stderr)
+    finally:
+        consumer.close()
+    return 0
+
+
+# ---- dump-log -------------------------------------------------------------------------------
+
+def cmd_dump_log(args) -> int:
+    for path in args.files:
+        print(f"Dumping {path}")
+        if path.endswith(".log"):
+            _dump_segment(path, args.print_data_log)
+        elif path.endswith(".index"):
+            _dump_fixed(path, struct.Struct(">II"), lambda r, base: f"offset: {base + r[0]} position: {r[1]}")
+        elif path.endswith(".timeindex"):
+            _dump_fixed(path, struct.Struct(">qI"), lambda r, base: f"timestamp: {r[0]} offset: {base + r[1]}")
+        elif path.endswith(".snapshot"):
+            _dump_snapshot(path)
+        else:
+            print(f"error: {path}: not a .log, .index, .timeindex or .snapshot file", file=sys.stderr)
+            return 1
+    return 0
+
+
+def _base_offset_of(path: str) -> int:
+    try:
+        return int(os.path.basename(path).split(".")[0])
+    except ValueError:
+        return 0
+
+
+def _dump_fixed(path: str, entry: struct.Struct, describe) -> None:
+    base = _base_offset_of(path)
+    with open(path, "rb") as f:
+        data = f.read()
+    for position in range(0, len(data) - entry.size + 1, entry.size):
+        fields = entry.unpack_from(data, position)
+        if not any(fields):  # preallocated zero tail
+            break
+        print(describe(fields, base))
+
+
+def _dump_segment(path: str, print_data: bool) -> None:
+    from eos.errors import CorruptRecordError
+    from eos.records import header as batch_header
+    from eos.records.codec import decode_control_record, decode_records
+
+    with open(path, "rb") as f:
+        data = f.read()
+    position = 0
+    try:
+        for h in batch_header.iter_headers(data):
+            crc_ok = batch_header.compute_crc(data, h.position, h.size_bytes) == h.crc
+            print(f"baseOffset: {h.base_offset} lastOffset: {h.last_offset} count: {h.records_count} "
+                  f"baseSequence: {h.base_sequence} lastSequence: {h.last_sequence} producerId: {h.producer_id} "
+                  f"producerEpoch: {h.producer_epoch} partitionLeaderEpoch: {h.partition_leader_epoch} "
+                  f"isTransactional: {str(h.is_transactional).lower()} isControl: {str(h.is_control).lower()} "
+                  f"position: {h.position} CreateTime: {h.max_timestamp} size: {h.size_bytes} "
+                  f"magic: {h.magic} compresscodec: {_codec_name(h.compression)} crc: {h.crc} isvalid: {str(crc_ok).lower()}")
+            if print_data and crc_ok:
+                if h.is_control:
+                    marker, coordinator_epoch = decode_control_record(data, h)
+                    print(f"| offset: {h.base_offset} endTxnMarker: {'COMMIT' if marker == 1 else 'ABORT'} "
+                          f"coordinatorEpoch: {coordinator_epoch}")
+                else:
+                    for r in decode_records(data, h, "", 0):
+                        print(f"| offset: {r.offset} CreateTime: {r.timestamp} keySize: {_size(r.key)} "
+                              f"valueSize: {_size(r.value)} key: {_show(r.key)} payload: {_show(r.value)}")
+            position = h.position + h.size_bytes
+    except CorruptRecordError as e:
+        print(f"Found {len(data) - position} invalid bytes at position {position}: {e}")
+
+
+def _codec_name(codec: int) -> str:
+    from eos.records.compression import codec_name
+    try:
+        return codec_name(codec)
+    except Exception:
+        return f"unknown({codec})"
+
+
+def _size(b: bytes | None) -> int:
+    return -1 if b is None else len(b)
+
+
+def _show(b: bytes | None) -> str:
+    return "null" if b is None else b.decode("utf-8", "backslashreplace")
+
+
+def _dump_snapshot(path: str) -> None:
+    from broker.storage import producer_state
+    for entry in producer_state.read_snapshot_file(path):
+        print(" ".join(f"{k}: {v}" for k, v in entry.items()))
+
+
+# ---- demo -----------------------------------------------------------------------------------
+
+def cmd_demo(args) -> int:
+    from eos.demo import run_demo
+    return run_demo(records=args.records, keep_data=args.keep_data)
+
+
+# ---- parser ---------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="eos", description="eos: exactly-once streaming for PySpark")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    def client_command(name: str, **kwargs) -> argparse.ArgumentParser:
+        p = commands.add_parser(name, **kwargs)
+        p.add_argument("--bootstrap-server", default=DEFAULT_BOOTSTRAP, help="host:port of a broker")
+        return p
+
+    broker = commands.add_parser("broker", help="run a broker")
+    broker_actions = broker.add_subparsers(dest="action", required=True)
+    start = broker_actions.add_parser("start", help="start an embedded broker in the foreground")
+    start.add_argument("--data-dir", default="./eos-data")
+    start.add_argument("--host", default="127.0.0.1")
+    start.add_argument("--port", type=int, default=9092)
+    start.add_argument("--node-id", type=int, default=0)
+    start.add_argument("--config", action="append", metavar="NAME=VALUE", help="broker config override")
+    start.set_defaults(handler=cmd_broker_start)
+
+    topics = client_command("topics", help="create, list, describe, delete topics")
+    topics.add_argument("action", choices=["create", "list", "describe", "delete"])
+    topics.add_argument("topic", nargs="?")
+    topics.add_argument("--partitions", type=int, default=1)
+    topics.add_argument("--replication-factor", type=int, default=1)
+    topics.add_argument("--config", action="append", metavar="NAME=VALUE", help="topic config")
+    topics.set_defaults(handler=cmd_topics)
+
+    produce = client_command("produce", help="produce lines from stdin or a file")
+    produce.add_argument("topic")
+    produce.add_argument("--file")
+    produce.add_argument("--key-separator", help="split each line into key and value at this string")
+    produce.add_argument("--acks", default="all", choices=["0", "1", "all", "-1"])
+    produce.add_argument("--compression-type", default="none",
+                         choices=["none", "gzip", "snappy", "lz4", "zstd"])
+    produce.add_argument("--linger-ms", type=int, default=5)
+    produce.set_defaults(handler=cmd_produce)
+
+    consume = client_command("consume", help="print records of a topic")
+    consume.add_argument("topic")
+    start_at = consume.add_mutually_exclusive_group()
+    start_at.add_argument("--from-beginning", action="store_true")
+    start_at.add_argument("--offset", type=int)
+    consume.add_argument("--partition", type=int)
+    consume.add_argument("--max-messages", type=int)
+    consume.add_argument("--isolation", default="read_uncommitted",
+                         choices=["read_uncommitted", "read_committed"])
+    consume.add_argument("--timeout-ms", type=int, default=2000,
+                         help="stop after this long without new records")
+    consume.add_argument("--print-key", action="store_true")
+    consume.add_argument("--print-offset", action="store_true")
+    consume.set_defaults(handler=cmd_consume)
+
+    dump = commands.add_parser("dump-log", help="print the batches or entries of segment files")
+    dump.add_argument("files", nargs="+")
+    dump.add_argument("--print-data-log", action="store_true", help="also print each record")
+    dump.set_defaults(handler=cmd_dump_log)
+
+    demo = commands.add_parser("demo", help="run the end-to-end demo on an embedded broker")
+    demo.add_argument("--records", type=int, default=200_000)
+    demo.add_argument("--keep-data", action="store_true")
+    demo.set_defaults(handler=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "action", None) in ("create", "delete") and args.command == "topics" and not args.topic:
+        print("error: a topic name is required", file=sys.stderr)
+        return 2
+    from eos.errors import EosError
+    try:
+        return args.handler(args) or 0
+    except EosError as e:
+        print(f"error: {e.code.name}: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
