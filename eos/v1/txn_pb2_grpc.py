@@ -39,6 +39,36 @@ class TxnCoordinatorStub:
                 request_serializer=eos_dot_v1_dot_txn__pb2.InitProducerIdRequest.SerializeToString,
                 response_deserializer=eos_dot_v1_dot_txn__pb2.InitProducerIdResponse.FromString,
                 _registered_method=True)
+        self.AddPartitionsToTxn = channel.unary_unary(
+                '/eos.v1.TxnCoordinator/AddPartitionsToTxn',
+                request_serializer=eos_dot_v1_dot_txn__pb2.AddPartitionsToTxnRequest.SerializeToString,
+                response_deserializer=eos_dot_v1_dot_txn__pb2.AddPartitionsToTxnResponse.FromString,
+                _registered_method=True)
+        self.AddOffsetsToTxn = channel.unary_unary(
+                '/eos.v1.TxnCoordinator/AddOffsetsToTxn',
+                request_serializer=eos_dot_v1_dot_txn__pb2.AddOffsetsToTxnRequest.SerializeToString,
+                response_deserializer=eos_dot_v1_dot_txn__pb2.AddOffsetsToTxnResponse.FromString,
+                _registered_method=True)
+        self.EndTxn = channel.unary_unary(
+                '/eos.v1.TxnCoordinator/EndTxn',
+                request_serializer=eos_dot_v1_dot_txn__pb2.EndTxnRequest.SerializeToString,
+                response_deserializer=eos_dot_v1_dot_txn__pb2.EndTxnResponse.FromString,
+                _registered_method=True)
+        self.ListTransactions = channel.unary_unary(
+                '/eos.v1.TxnCoordinator/ListTransactions',
+                request_serializer=eos_dot_v1_dot_txn__pb2.ListTransactionsRequest.SerializeToString,
+                response_deserializer=eos_dot_v1_dot_txn__pb2.ListTransactionsResponse.FromString,
+                _registered_method=True)
+        self.DescribeTransactions = channel.unary_unary(
+                '/eos.v1.TxnCoordinator/DescribeTransactions',
+                request_serializer=eos_dot_v1_dot_txn__pb2.DescribeTransactionsRequest.SerializeToString,
+                response_deserializer=eos_dot_v1_dot_txn__pb2.DescribeTransactionsResponse.FromString,
+                _registered_method=True)
+        self.AbortTransaction = channel.unary_unary(
+                '/eos.v1.TxnCoordinator/AbortTransaction',
+                request_serializer=eos_dot_v1_dot_txn__pb2.AbortTransactionRequest.SerializeToString,
+                response_deserializer=eos_dot_v1_dot_txn__pb2.AbortTransactionResponse.FromString,
+                _registered_method=True)
 
 
 class TxnCoordinatorServicer:
@@ -50,6 +80,43 @@ class TxnCoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddPartitionsToTxn(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AddOffsetsToTxn(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EndTxn(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTransactions(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeTransactions(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AbortTransaction(self, request, context):
+        """Admin: write an ABORT marker for a hanging transaction on one partition (KIP-664).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TxnCoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -57,6 +124,36 @@ def add_TxnCoordinatorServicer_to_server(servicer, server):
                     servicer.InitProducerId,
                     request_deserializer=eos_dot_v1_dot_txn__pb2.InitProducerIdRequest.FromString,
                     response_serializer=eos_dot_v1_dot_txn__pb2.InitProducerIdResponse.SerializeToString,
+            ),
+            'AddPartitionsToTxn': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddPartitionsToTxn,
+                    request_deserializer=eos_dot_v1_dot_txn__pb2.AddPartitionsToTxnRequest.FromString,
+                    response_serializer=eos_dot_v1_dot_txn__pb2.AddPartitionsToTxnResponse.SerializeToString,
+            ),
+            'AddOffsetsToTxn': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddOffsetsToTxn,
+                    request_deserializer=eos_dot_v1_dot_txn__pb2.AddOffsetsToTxnRequest.FromString,
+                    response_serializer=eos_dot_v1_dot_txn__pb2.AddOffsetsToTxnResponse.SerializeToString,
+            ),
+            'EndTxn': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndTxn,
+                    request_deserializer=eos_dot_v1_dot_txn__pb2.EndTxnRequest.FromString,
+                    response_serializer=eos_dot_v1_dot_txn__pb2.EndTxnResponse.SerializeToString,
+            ),
+            'ListTransactions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTransactions,
+                    request_deserializer=eos_dot_v1_dot_txn__pb2.ListTransactionsRequest.FromString,
+                    response_serializer=eos_dot_v1_dot_txn__pb2.ListTransactionsResponse.SerializeToString,
+            ),
+            'DescribeTransactions': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeTransactions,
+                    request_deserializer=eos_dot_v1_dot_txn__pb2.DescribeTransactionsRequest.FromString,
+                    response_serializer=eos_dot_v1_dot_txn__pb2.DescribeTransactionsResponse.SerializeToString,
+            ),
+            'AbortTransaction': grpc.unary_unary_rpc_method_handler(
+                    servicer.AbortTransaction,
+                    request_deserializer=eos_dot_v1_dot_txn__pb2.AbortTransactionRequest.FromString,
+                    response_serializer=eos_dot_v1_dot_txn__pb2.AbortTransactionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -86,6 +183,168 @@ class TxnCoordinator:
             '/eos.v1.TxnCoordinator/InitProducerId',
             eos_dot_v1_dot_txn__pb2.InitProducerIdRequest.SerializeToString,
             eos_dot_v1_dot_txn__pb2.InitProducerIdResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddPartitionsToTxn(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/eos.v1.TxnCoordinator/AddPartitionsToTxn',
+            eos_dot_v1_dot_txn__pb2.AddPartitionsToTxnRequest.SerializeToString,
+            eos_dot_v1_dot_txn__pb2.AddPartitionsToTxnResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddOffsetsToTxn(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/eos.v1.TxnCoordinator/AddOffsetsToTxn',
+            eos_dot_v1_dot_txn__pb2.AddOffsetsToTxnRequest.SerializeToString,
+            eos_dot_v1_dot_txn__pb2.AddOffsetsToTxnResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndTxn(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/eos.v1.TxnCoordinator/EndTxn',
+            eos_dot_v1_dot_txn__pb2.EndTxnRequest.SerializeToString,
+            eos_dot_v1_dot_txn__pb2.EndTxnResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTransactions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/eos.v1.TxnCoordinator/ListTransactions',
+            eos_dot_v1_dot_txn__pb2.ListTransactionsRequest.SerializeToString,
+            eos_dot_v1_dot_txn__pb2.ListTransactionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeTransactions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/eos.v1.TxnCoordinator/DescribeTransactions',
+            eos_dot_v1_dot_txn__pb2.DescribeTransactionsRequest.SerializeToString,
+            eos_dot_v1_dot_txn__pb2.DescribeTransactionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AbortTransaction(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/eos.v1.TxnCoordinator/AbortTransaction',
+            eos_dot_v1_dot_txn__pb2.AbortTransactionRequest.SerializeToString,
+            eos_dot_v1_dot_txn__pb2.AbortTransactionResponse.FromString,
             options,
             channel_credentials,
             insecure,
