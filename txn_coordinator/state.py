@@ -1,0 +1,381 @@
+"""The transaction state machine of the coordinator: pure, deterministic, no I/O.
+
+Theory of operation
+-------------------
+Each transactional.id has one `TxnMetadata`: its producer id and epoch, its state, the
+partitions of the open transaction. The durable copy is what the `__transaction_state` log
+says; `TxnCoordinatorCore.durable` holds it, replayed from the log at start. A request that
+changes metadata never changes `durable` directly: the core answers with a `Decision`
+carrying the new metadata to *write*; while that write is in flight the id sits in
+`pending`, and any other request for it gets CONCURRENT_TRANSACTIONS. When the shell has
+appended the record it calls `write_completed`, which moves the metadata into `durable` and
+returns what to do next (send markers after a Prepare*; nothing after a Complete*). This is
+Kafka's pendingState, kept apart as Redpanda keeps speculative state apart from durable.
+
+The flow of one transaction (KIP-98 with KIP-890's epoch bump at every end):
+
+    Empty/Complete* --AddPartitions--> Ongoing --EndTxn(commit)--> PrepareCommit  (the decision)
+    PrepareCommit --markers written--> CompleteCommit
+    Ongoing --EndTxn(abort) | timeout | fenced by InitProducerId--> PrepareAbort --> CompleteAbort
+
+The epoch goes up by one when a transaction ends (the markers carry the new epoch, so a late
+write from the finished transaction is fenced by the partition leaders) and when a new
+producer instance calls InitProducerId. An epoch that would pass EPOCH_MAX rotates to a new
+producer id at epoch 0. `last_producer_id`/`last_producer_epoch` remember the previous pair
+so that a retried EndTxn or InitProducerId is recognised and answered the same way.
+
+Transitions are data: `VALID_PREVIOUS_STATES` lists where each state may be entered from,
+and `_transition` refuses anything else with InvariantError (a bug, never bad input: bad
+input is refused earlier with a Kafka error code).
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Callable, Iterable
+
+from eos.errors import ErrorCode, InvariantError
+from eos.types import TopicPartition
+
+EPOCH_MAX = 32767          # producer epochs are i16
+NO_PRODUCER_ID = -1
+NO_PRODUCER_EPOCH = -1
+TRANSACTION_MAX_TIMEOUT_MS = 900_000        # transaction.max.timeout.ms (15 minutes)
+TRANSACTIONAL_ID_EXPIRATION_MS = 604_800_000  # transactional.id.expiration.ms (7 days)
+
+
+class TxnState(enum.Enum):
+    # value = (name as Kafka's tools print it, the byte stored in __transaction_state)
+    EMPTY = ("Empty", 0)
+    ONGOING = ("Ongoing", 1)
+    PREPARE_COMMIT = ("PrepareCommit", 2)
+    PREPARE_ABORT = ("PrepareAbort", 3)
+    COMPLETE_COMMIT = ("CompleteCommit", 4)
+    COMPLETE_ABORT = ("CompleteAbort", 5)
+    DEAD = ("Dead", 6)
+    PREPARE_EPOCH_FENCE = ("PrepareEpochFence", 7)
+
+    @property
+    def display_name(self) -> str:
+        return self.value[0]
+
+    @property
+    def log_id(self) -> int:
+        return self.value[1]
+
+    @classmethod
+    def from_log_id(cls, log_id: int) -> "TxnState":
+        for state in cls:
+            if state.log_id == log_id:
+                return state
+        raise ValueError(f"unknown transaction state id {log_id}")
+
+    @classmethod
+    def from_display_name(cls, name: str) -> "TxnState":
+        for state in cls:
+            if state.display_name.lower() == name.lower():
+                return state
+        raise ValueError(f"unknown transaction state {name!r}")
+
+
+S = TxnState
+VALID_PREVIOUS_STATES: dict[TxnState, frozenset[TxnState]] = {
+    S.EMPTY: frozenset({S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}),
+    S.ONGOING: frozenset({S.ONGOING, S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}),
+    S.PREPARE_COMMIT: frozenset({S.ONGOING}),
+    S.PREPARE_ABORT: frozenset({S.ONGOING, S.PREPARE_EPOCH_FENCE}),
+    S.COMPLETE_COMMIT: frozenset({S.PREPARE_COMMIT}),
+    S.COMPLETE_ABORT: frozenset({S.PREPARE_ABORT}),
+    S.DEAD: frozenset({S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}),
+    S.PREPARE_EPOCH_FENCE: frozenset({S.ONGOING}),
+}
+# States in which no transaction is open: a new one may begin, the id may expire.
+IDLE_STATES = frozenset({S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT})
+
+
+@dataclasses.dataclass(frozen=True)
+class TxnMetadata:
+    """Everything the coordinator knows about one transactional.id (one log record)."""
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    last_producer_id: int
+    last_producer_epoch: int
+    timeout_ms: int
+    state: TxnState
+    partitions: frozenset[TopicPartition]
+    start_time_ms: int       # when the open transaction began; -1 when none is open
+    last_update_ms: int
+
+
+@dataclasses.dataclass(frozen=True)
+class MarkerRequest:
+    """Write a COMMIT or ABORT marker for (producer_id, producer_epoch) into each partition."""
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    committed: bool
+    coordinator_epoch: int
+    partitions: frozenset[TopicPartition]
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """What the shell does with a request: reply now, or write `write` first and reply after."""
+
+    error: ErrorCode = ErrorCode.NONE
+    message: str = ""
+    producer_id: int = NO_PRODUCER_ID
+    producer_epoch: int = NO_PRODUCER_EPOCH
+    write: TxnMetadata | None = None          # append to __transaction_state, then write_completed()
+    partition_errors: dict[TopicPartition, ErrorCode] = dataclasses.field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is ErrorCode.NONE
+
+
+def _refuse(error: ErrorCode, message: str) -> Decision:
+    return Decision(error=error, message=message)
+
+
+def _transition(current: TxnMetadata | None, **changes) -> TxnMetadata:
+    new = dataclasses.replace(current, **changes)
+    if new.state not in VALID_PREVIOUS_STATES or current.state not in VALID_PREVIOUS_STATES[new.state]:
+        raise InvariantError(
+            f"illegal transaction transition {current.state.display_name} -> {new.state.display_name} "
+            f"for {current.transactional_id!r}")
+    return new
+
+
+def _bumped(md: TxnMetadata, new_producer_id: Callable[[], int]) -> tuple[int, int]:
+    """The (producer id, epoch) after one bump, rotating the id when the epoch is spent."""
+    if md.producer_epoch + 1 >= EPOCH_MAX:
+        return new_producer_id(), 0
+    return md.producer_id, md.producer_epoch + 1
+
+
+class TxnCoordinatorCore:
+    """All transactional ids of one coordinator. Methods take `now_ms` and return Decisions."""
+
+    def __init__(self, *, coordinator_epoch: int = 0,
+                 max_timeout_ms: int = TRANSACTION_MAX_TIMEOUT_MS,
+                 transactional_id_expiration_ms: int = TRANSACTIONAL_ID_EXPIRATION_MS):
+        self.coordinator_epoch = coordinator_epoch
+        self.max_timeout_ms = max_timeout_ms
+        self.transactional_id_expiration_ms = transactional_id_expiration_ms
+        self.durable: dict[str, TxnMetadata] = {}   # as the log says
+        self.pending: dict[str, TxnMetadata] = {}   # written, not yet acknowledged by the log
+
+    # ---- loading -------------------------------------------------------------------------
+
+    def replay(self, record: TxnMetadata | None, transactional_id: str) -> None:
+        """Apply one record of the log during load (None is a tombstone: the id is gone)."""
+        if record is None or record.state is S.DEAD:
+            self.durable.pop(transactional_id, None)
+        else:
+            self.durable[transactional_id] = record
+
+    def unfinished_markers(self) -> list[MarkerRequest]:
+        """After a load: every decided transaction whose markers may not all be written."""
+        return [self._markers_for(md) for md in self.durable.values()
+                if md.state in (S.PREPARE_COMMIT, S.PREPARE_ABORT)]
+
+    # ---- the write protocol --------------------------------------------------------------
+
+    def _propose(self, md: TxnMetadata, **reply) -> Decision:
+        self.pending[md.transactional_id] = md
+        return Decision(write=md, producer_id=md.producer_id, producer_epoch=md.producer_epoch, **reply)
+
+    def write_completed(self, md: TxnMetadata) -> MarkerRequest | None:
+        """The log has `md`. Returns the markers to send when `md` is a decision."""
+        proposed = self.pending.get(md.transactional_id)
+        if proposed != md:
+            raise InvariantError(f"write_completed for {md.transactional_id!r} does not match the pending write")
+        del self.pending[md.transactional_id]
+        self.replay(md, md.transactional_id)
+        if md.state in (S.PREPARE_COMMIT, S.PREPARE_ABORT):
+            return self._markers_for(md)
+        return None
+
+    def write_failed(self, md: TxnMetadata) -> None:
+        """The append failed: forget the proposal; durable state is unchanged."""
+        if self.pending.get(md.transactional_id) == md:
+            del self.pending[md.transactional_id]
+
+    def _markers_for(self, md: TxnMetadata) -> MarkerRequest:
+        return MarkerRequest(md.transactional_id, md.producer_id, md.producer_epoch,
+                             md.state is S.PREPARE_COMMIT, self.coordinator_epoch, md.partitions)
+
+    def markers_written(self, transactional_id: str, now_ms: int) -> Decision:
+        """Every partition has its marker: propose Complete*."""
+        md = self.durable.get(transactional_id)
+        if md is None or md.state not in (S.PREPARE_COMMIT, S.PREPARE_ABORT):
+            raise InvariantError(f"markers written for {transactional_id!r} in state "
+                                 f"{md.state.display_name if md else 'absent'}")
+        if transactional_id in self.pending:
+            raise InvariantError(f"markers written for {transactional_id!r} while a write is pending")
+        done = S.COMPLETE_COMMIT if md.state is S.PREPARE_COMMIT else S.COMPLETE_ABORT
+        return self._propose(_transition(md, state=done, partitions=frozenset(), start_time_ms=-1,
+                                         last_update_ms=now_ms))
+
+    # ---- requests ------------------------------------------------------------------------
+
+    def _current(self, transactional_id: str) -> tuple[TxnMetadata | None, Decision | None]:
+        if transactional_id in self.pending:
+            return None, _refuse(ErrorCode.CONCURRENT_TRANSACTIONS,
+                                 f"a state change of {transactional_id!r} is being written")
+        return self.durable.get(transactional_id), None
+
+    def init_producer_id(self, transactional_id: str, timeout_ms: int, now_ms: int,
+                         new_producer_id: Callable[[], int], *,
+                         expected_producer_id: int = NO_PRODUCER_ID,
+                         expected_producer_epoch: int = NO_PRODUCER_EPOCH) -> Decision:
+        if timeout_ms <= 0 or timeout_ms > self.max_timeout_ms:
+            return _refuse(ErrorCode.INVALID_TRANSACTION_TIMEOUT,
+                           f"transaction.timeout.ms {timeout_ms} is outside 1..{self.max_timeout_ms}")
+        md, refusal = self._current(transactional_id)
+        if refusal:
+            return refusal
+        if md is None:
+            fresh = TxnMetadata(transactional_id, new_producer_id(), 0, NO_PRODUCER_ID, NO_PRODUCER_EPOCH,
+                                timeout_ms, S.EMPTY, frozenset(), -1, now_ms)
+            self.pending[transactional_id] = fresh
+            return Decision(write=fresh, producer_id=fresh.producer_id, producer_epoch=fresh.producer_epoch)
+        if expected_producer_id != NO_PRODUCER_ID:
+            # KIP-360: a producer re-initialising itself names its current id and epoch.
+            is_current = (expected_producer_id, expected_producer_epoch) == (md.producer_id, md.producer_epoch)
+            is_retry = (expected_producer_id, expected_producer_epoch) == (md.last_producer_id, md.last_producer_epoch)
+            if is_retry and md.state in IDLE_STATES:
+                return Decision(producer_id=md.producer_id, producer_epoch=md.producer_epoch)
+            if not is_current:
+                return _refuse(ErrorCode.PRODUCER_FENCED,
+                               f"producer {expected_producer_id} epoch {expected_producer_epoch} is not the "
+                               f"current one ({md.producer_id} epoch {md.producer_epoch})")
+        if md.state in (S.PREPARE_COMMIT, S.PREPARE_ABORT):
+            return _refuse(ErrorCode.CONCURRENT_TRANSACTIONS,
+                           f"{transactional_id!r} is completing a transaction; retry")
+        if md.state is S.ONGOING:
+            # A new instance: fence the old one by aborting its transaction with a bumped
+            # epoch. The caller retries and gets a fresh epoch once the abort completes.
+            return self._abort_fenced(md, now_ms, new_producer_id, reply_error=ErrorCode.CONCURRENT_TRANSACTIONS)
+        producer_id, epoch = _bumped(md, new_producer_id)
+        bumped = _transition(md, state=S.EMPTY, producer_id=producer_id, producer_epoch=epoch,
+                             last_producer_id=md.producer_id, last_producer_epoch=md.producer_epoch,
+                             timeout_ms=timeout_ms, partitions=frozenset(), start_time_ms=-1,
+                             last_update_ms=now_ms)
+        return self._propose(bumped)
+
+    def _abort_fenced(self, md: TxnMetadata, now_ms: int, new_producer_id: Callable[[], int],
+                      reply_error: ErrorCode) -> Decision:
+        producer_id, epoch = _bumped(md, new_producer_id)
+        fenced = _transition(md, state=S.PREPARE_EPOCH_FENCE)
+        # The previous pair is deliberately not remembered: a fenced producer's retry must
+        # never be mistaken for the owner's retry and handed the new epoch.
+        aborting = _transition(fenced, state=S.PREPARE_ABORT, producer_id=producer_id, producer_epoch=epoch,
+                               last_producer_id=NO_PRODUCER_ID, last_producer_epoch=NO_PRODUCER_EPOCH,
+                               last_update_ms=now_ms)
+        decision = self._propose(aborting)
+        return dataclasses.replace(decision, error=reply_error,
+                                   message=f"aborting the open transaction of {md.transactional_id!r} "
+                                           f"to fence producer epoch {md.producer_epoch}")
+
+    def _check_producer(self, md: TxnMetadata | None, transactional_id: str, producer_id: int,
+                        producer_epoch: int) -> Decision | None:
+        if md is None:
+            return _refuse(ErrorCode.INVALID_PRODUCER_ID_MAPPING,
+                           f"no producer id is registered for {transactional_id!r}; call init_transactions()")
+        if producer_id != md.producer_id:
+            return _refuse(ErrorCode.INVALID_PRODUCER_ID_MAPPING,
+                           f"producer id {producer_id} does not belong to {transactional_id!r} "
+                           f"(current {md.producer_id})")
+        if producer_epoch != md.producer_epoch:
+            return _refuse(ErrorCode.PRODUCER_FENCED,
+                           f"producer epoch {producer_epoch} of {transactional_id!r} is fenced "
+                           f"(current {md.producer_epoch})")
+        return None
+
+    def add_partitions(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                       partitions: Iterable[TopicPartition], now_ms: int) -> Decision:
+        partitions = frozenset(partitions)
+        md, refusal = self._current(transactional_id)
+        refusal = refusal or self._check_producer(md, transactional_id, producer_id, producer_epoch)
+        if refusal:
+            return dataclasses.replace(refusal, partition_errors={tp: refusal.error for tp in partitions})
+        if md.state in (S.PREPARE_COMMIT, S.PREPARE_ABORT):
+            return _refuse(ErrorCode.CONCURRENT_TRANSACTIONS,
+                           f"the previous transaction of {transactional_id!r} is still completing")
+        if md.state is S.ONGOING and partitions <= md.partitions:
+            return Decision(producer_id=md.producer_id, producer_epoch=md.producer_epoch)  # nothing new to write
+        start_ms = md.start_time_ms if md.state is S.ONGOING else now_ms
+        ongoing = _transition(md, state=S.ONGOING, partitions=md.partitions | partitions,
+                              start_time_ms=start_ms, last_update_ms=now_ms)
+        return self._propose(ongoing)
+
+    def end_transaction(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                        commit: bool, now_ms: int, new_producer_id: Callable[[], int]) -> Decision:
+        md, refusal = self._current(transactional_id)
+        if refusal:
+            return refusal
+        if md is None:
+            return _refuse(ErrorCode.INVALID_PRODUCER_ID_MAPPING, f"unknown transactional id {transactional_id!r}")
+        wanted_prepare = S.PREPARE_COMMIT if commit else S.PREPARE_ABORT
+        wanted_complete = S.COMPLETE_COMMIT if commit else S.COMPLETE_ABORT
+        # A retry of an EndTxn whose answer was lost: the decision is already taken with the
+        # epoch bumped, so the request carries the previous pair.
+        is_retry = (producer_id, producer_epoch) == (md.last_producer_id, md.last_producer_epoch)
+        if is_retry and md.state in (wanted_prepare, wanted_complete):
+            if md.state is wanted_prepare:
+                return _refuse(ErrorCode.CONCURRENT_TRANSACTIONS, "the transaction is completing; retry")
+            return Decision(producer_id=md.producer_id, producer_epoch=md.producer_epoch)
+        refusal = self._check_producer(md, transactional_id, producer_id, producer_epoch)
+        if refusal:
+            return refusal
+        if md.state is S.ONGOING:
+            new_id, new_epoch = _bumped(md, new_producer_id)
+            decided = _transition(md, state=wanted_prepare, producer_id=new_id, producer_epoch=new_epoch,
+                                  last_producer_id=md.producer_id, last_producer_epoch=md.producer_epoch,
+                                  last_update_ms=now_ms)
+            return self._propose(decided)
+        if md.state is S.EMPTY and not commit:
+            # Kafka lets a producer abort when nothing was sent; nothing to write.
+            return Decision(producer_id=md.producer_id, producer_epoch=md.producer_epoch)
+        return _refuse(ErrorCode.INVALID_TXN_STATE,
+                       f"cannot {'commit' if commit else 'abort'} {transactional_id!r} in state "
+                       f"{md.state.display_name}")
+
+    # ---- time ------------------------------------------------------------------------------
+
+    def expire(self, now_ms: int, new_producer_id: Callable[[], int]) -> list[Decision]:
+        """Abort transactions open past their timeout (fencing their producer) and drop ids
+        idle past transactional.id.expiration.ms."""
+        decisions = []
+        for transactional_id, md in list(self.durable.items()):
+            if transactional_id in self.pending:
+                continue
+            if md.state is S.ONGOING and now_ms > md.start_time_ms + md.timeout_ms:
+                decisions.append(self._abort_fenced(md, now_ms, new_producer_id, reply_error=ErrorCode.NONE))
+            elif md.state in IDLE_STATES and now_ms > md.last_update_ms + self.transactional_id_expiration_ms:
+                decisions.append(self._propose(_transition(md, state=S.DEAD, last_update_ms=now_ms)))
+        return decisions
+
+    # ---- reads -----------------------------------------------------------------------------
+
+    def describe(self, transactional_id: str) -> TxnMetadata | None:
+        return self.durable.get(transactional_id)
+
+    def list(self, states: Iterable[TxnState] = (), producer_ids: Iterable[int] = (),
+             running_longer_than_ms: int = 0, now_ms: int = 0) -> list[TxnMetadata]:
+        states, producer_ids = set(states), set(producer_ids)
+        found = []
+        for md in self.durable.values():
+            if states and md.state not in states:
+                continue
+            if producer_ids and md.producer_id not in producer_ids:
+                continue
+            if running_longer_than_ms > 0 and (md.start_time_ms < 0 or now_ms - md.start_time_ms < running_longer_than_ms):
+                continue
+            found.append(md)
+        return sorted(found, key=lambda md: md.transactional_id)
