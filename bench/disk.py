@@ -1,0 +1,88 @@
+"""Raw sequential write speed of a disk, the yardstick for broker append speed.
+
+Theory of operation
+-------------------
+A broker's append path is, at best, a sequential write of the bytes it received. So the
+ceiling for "broker append MB/s" is what a plain program gets writing the same number of
+bytes in large blocks to a file on the same filesystem. We measure two figures:
+
+- ``buffered``: 1 MiB ``write`` calls with no fsync: the page-cache speed, which is what a
+  broker that leaves flushing to the OS (Kafka's and eos's default) is really up against;
+- ``fsync``: the same writes plus one ``fsync`` at the end, timed until it returns: what
+  the device sustains.
+
+The file is removed afterwards. Blocks are random bytes made once, so neither a compressing
+filesystem nor a zero-page shortcut flatters the figures.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+
+BLOCK_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class DiskSpeed:
+    directory: str
+    size_mib: int
+    buffered_mb_s: float      # median of the runs; MB = 10**6 bytes everywhere in bench/
+    fsync_mb_s: float
+    buffered_runs_mb_s: tuple[float, ...]
+    fsync_runs_mb_s: tuple[float, ...]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _write_once(directory: str, size_mib: int, block: bytes, fsync: bool) -> float:
+    fd, path = tempfile.mkstemp(prefix="eos-bench-disk-", dir=directory)
+    try:
+        start = time.perf_counter()
+        for _ in range(size_mib):
+            view = memoryview(block)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+        if fsync:
+            os.fsync(fd)
+        elapsed_s = time.perf_counter() - start
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return size_mib * BLOCK_BYTES / elapsed_s / 1e6
+
+
+def measure(directory: str, size_mib: int = 512, repeats: int = 3) -> DiskSpeed:
+    """Sequential write speed in `directory` (MB/s), buffered and with a final fsync.
+
+    A shared virtual disk varies several-fold from one run to the next, so each figure is
+    the median of `repeats` runs, alternating the two kinds.
+    """
+    if size_mib <= 0 or repeats <= 0:
+        raise ValueError(f"size_mib and repeats must be positive, got {size_mib}, {repeats}")
+    os.makedirs(directory, exist_ok=True)
+    block = os.urandom(BLOCK_BYTES)
+    # Warm the allocator and page cache paths with a small write first.
+    _write_once(directory, min(16, size_mib), block, fsync=False)
+    buffered: list[float] = []
+    synced: list[float] = []
+    for _ in range(repeats):
+        buffered.append(round(_write_once(directory, size_mib, block, fsync=False), 1))
+        synced.append(round(_write_once(directory, size_mib, block, fsync=True), 1))
+    return DiskSpeed(directory, size_mib, statistics.median(buffered),
+                     statistics.median(synced), tuple(buffered), tuple(synced))
+
+
+if __name__ == "__main__":
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", default=tempfile.gettempdir())
+    parser.add_argument("--mib", type=int, default=512)
+    args = parser.parse_args()
+    print(json.dumps(measure(args.dir, args.mib).to_dict(), indent=2))
