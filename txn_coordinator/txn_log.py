@@ -1,0 +1,133 @@
+"""Records of the `__transaction_state` topic: one key/value per change of a transactional.id.
+
+Theory of operation
+-------------------
+The coordinator's durable state is this log: replaying it from the start rebuilds every
+`TxnMetadata` (the last record of an id wins; a null value is a tombstone). The layout
+follows Kafka's TransactionLogKey/TransactionLogValue v0 field order, big-endian:
+
+    key:   version i16 (0), transactional_id string (i16 length + UTF-8)
+    value: version i16 (1), producer_id i64, producer_epoch i16, timeout_ms i32, state i8,
+           partitions [topic string, [partition i32]] (i32 counts), last_update_ms i64,
+           start_time_ms i64, last_producer_id i64, last_producer_epoch i16
+
+Value version 1 is eos's own: Kafka's v0 fields, then the previous producer id and epoch
+that KIP-890 keeps in tagged fields. Decoding checks every length against the buffer and
+raises CorruptRecordError naming what is wrong.
+"""
+from __future__ import annotations
+
+import struct
+from collections import defaultdict
+
+from eos.errors import CorruptRecordError
+from eos.types import TopicPartition
+from txn_coordinator.state import TxnMetadata, TxnState
+
+KEY_VERSION = 0
+VALUE_VERSION = 1
+_I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")
+_VALUE_HEAD = struct.Struct(">hqhib")       # version, producer_id, epoch, timeout_ms, state
+_VALUE_TAIL = struct.Struct(">qqqh")        # last_update_ms, start_time_ms, last pid, last epoch
+
+
+def _string(text: str) -> bytes:
+    raw = text.encode()
+    return _I16.pack(len(raw)) + raw
+
+
+class _Reader:
+    def __init__(self, buf: bytes, what: str):
+        self.buf, self.pos, self.what = buf, 0, what
+
+    def take(self, s: struct.Struct) -> tuple:
+        if self.pos + s.size > len(self.buf):
+            raise CorruptRecordError(f"{self.what} truncated at byte {self.pos}")
+        values = s.unpack_from(self.buf, self.pos)
+        self.pos += s.size
+        return values
+
+    def string(self) -> str:
+        (length,) = self.take(_I16)
+        if length < 0 or self.pos + length > len(self.buf):
+            raise CorruptRecordError(f"{self.what}: string length {length} at byte {self.pos} is invalid")
+        raw = self.buf[self.pos:self.pos + length]
+        self.pos += length
+        return bytes(raw).decode()
+
+    def done(self) -> None:
+        if self.pos != len(self.buf):
+            raise CorruptRecordError(f"{self.what}: {len(self.buf) - self.pos} unexpected trailing bytes")
+
+
+def encode_key(transactional_id: str) -> bytes:
+    return _I16.pack(KEY_VERSION) + _string(transactional_id)
+
+
+def decode_key(key: bytes) -> str:
+    reader = _Reader(key, "transaction log key")
+    (version,) = reader.take(_I16)
+    if version != KEY_VERSION:
+        raise CorruptRecordError(f"transaction log key version {version} is not {KEY_VERSION}")
+    transactional_id = reader.string()
+    reader.done()
+    return transactional_id
+
+
+def encode_value(md: TxnMetadata) -> bytes:
+    by_topic: dict[str, list[int]] = defaultdict(list)
+    for tp in md.partitions:
+        by_topic[tp.topic].append(tp.partition)
+    parts = [_VALUE_HEAD.pack(VALUE_VERSION, md.producer_id, md.producer_epoch, md.timeout_ms, md.state.log_id),
+             _I32.pack(len(by_topic))]
+    for topic in sorted(by_topic):
+        partitions = sorted(by_topic[topic])
+        parts.append(_string(topic))
+        parts.append(struct.pack(f">i{len(partitions)}i", len(partitions), *partitions))
+    parts.append(_VALUE_TAIL.pack(md.last_update_ms, md.start_time_ms, md.last_producer_id, md.last_producer_epoch))
+    return b"".join(parts)
+
+
+def decode_value(transactional_id: str, value: bytes | None) -> TxnMetadata | None:
+    if value is None:
+        return None
+    reader = _Reader(value, f"transaction log value of {transactional_id!r}")
+    version, producer_id, epoch, timeout_ms, state_id = reader.take(_VALUE_HEAD)
+    if version != VALUE_VERSION:
+        raise CorruptRecordError(f"transaction log value version {version} is not {VALUE_VERSION}")
+    try:
+        state = TxnState.from_log_id(state_id)
+    except ValueError as e:
+        raise CorruptRecordError(str(e)) from None
+    (topic_count,) = reader.take(_I32)
+    if topic_count < 0 or topic_count > len(value):
+        raise CorruptRecordError(f"transaction log value: topic count {topic_count} is invalid")
+    partitions = set()
+    for _ in range(topic_count):
+        topic = reader.string()
+        (count,) = reader.take(_I32)
+        if count < 0 or count > len(value):
+            raise CorruptRecordError(f"transaction log value: partition count {count} is invalid")
+        for partition in reader.take(struct.Struct(f">{count}i")):
+            partitions.add(TopicPartition(topic, partition))
+    last_update_ms, start_time_ms, last_pid, last_epoch = reader.take(_VALUE_TAIL)
+    reader.done()
+    return TxnMetadata(transactional_id, producer_id, epoch, last_pid, last_epoch, timeout_ms, state,
+                       frozenset(partitions), start_time_ms, last_update_ms)
+
+
+def partition_for(key: str, partition_count: int = 50) -> int:
+    """Kafka's choice of partition for a transactional.id (or group id): Utils.abs(key.hashCode())
+    % partition_count, where Utils.abs maps Integer.MIN_VALUE to 0."""
+    h = java_string_hash(key)
+    return (0 if h == -(1 << 31) else abs(h)) % partition_count
+
+
+def java_string_hash(text: str) -> int:
+    """Java's String.hashCode over UTF-16 code units, as a signed 32-bit int."""
+    raw = text.encode("utf-16-be")
+    h = 0
+    for i in range(0, len(raw), 2):
+        h = (31 * h + (raw[i] << 8 | raw[i + 1])) & 0xFFFFFFFF
+    return h - (1 << 32) if h >= 1 << 31 else h
