@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from eos.v1 import common_pb2 as eos_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10\x65os/v1/txn.proto\x12\x06\x65os.v1\x1a\x13\x65os/v1/common.proto\"~\n\x15InitProducerIdRequest\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x1e\n\x16transaction_timeout_ms\x18\x02 \x01(\x05\x12\x13\n\x0bproducer_id\x18\x03 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x04 \x01(\x05\"\x83\x01\n\x16InitProducerIdResponse\x12%\n\nerror_code\x18\x01 \x01(\x0e\x32\x11.eos.v1.ErrorCode\x12\x15\n\rerror_message\x18\x02 \x01(\t\x12\x13\n\x0bproducer_id\x18\x03 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x04 \x01(\x05\"\x8e\x01\n\x19\x41\x64\x64PartitionsToTxnRequest\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x03 \x01(\x05\x12*\n\npartitions\x18\x04 \x03(\x0b\x32\x16.eos.v1.TopicPartition\"\x8a\x01\n\x1a\x41\x64\x64PartitionsToTxnResponse\x12%\n\nerror_code\x18\x01 \x01(\x0e\x32\x11.eos.v1.ErrorCode\x12\x15\n\rerror_message\x18\x02 \x01(\t\x12.\n\npartitions\x18\x03 \x03(\x0b\x32\x1a.eos.v1.PartitionTxnResult\"t\n\x12PartitionTxnResult\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12%\n\nerror_code\x18\x03 \x01(\x0e\x32\x11.eos.v1.ErrorCode\x12\x15\n\rerror_message\x18\x04 \x01(\t\"q\n\x16\x41\x64\x64OffsetsToTxnRequest\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x03 \x01(\x05\x12\x10\n\x08group_id\x18\x04 \x01(\t\"W\n\x17\x41\x64\x64OffsetsToTxnResponse\x12%\n\nerror_code\x18\x01 \x01(\x0e\x32\x11.eos.v1.ErrorCode\x12\x15\n\rerror_message\x18\x02 \x01(\t\"i\n\rEndTxnRequest\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x03 \x01(\x05\x12\x11\n\tcommitted\x18\x04 \x01(\x08\"{\n\x0e\x45ndTxnResponse\x12%\n\nerror_code\x18\x01 \x01(\x0e\x32\x11.eos.v1.ErrorCode\x12\x15\n\rerror_message\x18\x02 \x01(\t\x12\x13\n\x0bproducer_id\x18\x03 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x04 \x01(\x05\"i\n\x17ListTransactionsRequest\x12\x15\n\rstate_filters\x18\x01 \x03(\t\x12\x1b\n\x13producer_id_filters\x18\x02 \x03(\x03\x12\x1a\n\x12\x64uration_filter_ms\x18\x03 \x01(\x03\"s\n\x18ListTransactionsResponse\x12%\n\nerror_code\x18\x01 \x01(\x0e\x32\x11.eos.v1.ErrorCode\x12\x30\n\x0ctransactions\x18\x02 \x03(\x0b\x32\x1a.eos.v1.TransactionListing\"R\n\x12TransactionListing\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\r\n\x05state\x18\x03 \x01(\t\"8\n\x1b\x44\x65scribeTransactionsRequest\x12\x19\n\x11transactional_ids\x18\x01 \x03(\t\"T\n\x1c\x44\x65scribeTransactionsResponse\x12\x34\n\x0ctransactions\x18\x01 \x03(\x0b\x32\x1e.eos.v1.TransactionDescription\"\xc6\x02\n\x16TransactionDescription\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12%\n\nerror_code\x18\x02 \x01(\x0e\x32\x11.eos.v1.ErrorCode\x12\x15\n\rerror_message\x18\x03 \x01(\t\x12\r\n\x05state\x18\x04 \x01(\t\x12\x13\n\x0bproducer_id\x18\x05 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x06 \x01(\x05\x12\x1e\n\x16transaction_timeout_ms\x18\x07 \x01(\x05\x12!\n\x19transaction_start_time_ms\x18\x08 \x01(\x03\x12*\n\npartitions\x18\t \x03(\x0b\x32\x16.eos.v1.TopicPartition\x12\x0e\n\x06groups\x18\n \x03(\t\x12\x19\n\x11\x63oordinator_epoch\x18\x0b \x01(\x05\"\x8c\x01\n\x17\x41\x62ortTransactionRequest\x12)\n\tpartition\x18\x01 \x01(\x0b\x32\x16.eos.v1.TopicPartition\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x03 \x01(\x05\x12\x19\n\x11\x63oordinator_epoch\x18\x04 \x01(\x05\"X\n\x18\x41\x62ortTransactionResponse\x12%\n\nerror_code\x18\x01 \x01(\x0e\x32\x11.eos.v1.ErrorCode\x12\x15\n\rerror_message\x18\x02 \x01(\t2\xdc\x04\n\x0eTxnCoordinator\x12O\n\x0eInitProducerId\x12\x1d.eos.v1.InitProducerIdRequest\x1a\x1e.eos.v1.InitProducerIdResponse\x12[\n\x12\x41\x64\x64PartitionsToTxn\x12!.eos.v1.AddPartitionsToTxnRequest\x1a\".eos.v1.AddPartitionsToTxnResponse\x12R\n\x0f\x41\x64\x64OffsetsToTxn\x12\x1e.eos.v1.AddOffsetsToTxnRequest\x1a\x1f.eos.v1.AddOffsetsToTxnResponse\x12\x37\n\x06\x45ndTxn\x12\x15.eos.v1.EndTxnRequest\x1a\x16.eos.v1.EndTxnResponse\x12U\n\x10ListTransactions\x12\x1f.eos.v1.ListTransactionsRequest\x1a .eos.v1.ListTransactionsResponse\x12\x61\n\x14\x44\x65scribeTransactions\x12#.eos.v1.DescribeTransactionsRequest\x1a$.eos.v1.DescribeTransactionsResponse\x12U\n\x10\x41\x62ortTransaction\x12\x1f.eos.v1.AbortTransactionRequest\x1a .eos.v1.AbortTransactionResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10\x65os/v1/txn.proto\x12\x06\x65os.v1\x1a\x13\x65os/v1/common.proto\"~\n\x15InitProducerIdRequest\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x1e\n\x16transaction_timeout_ms\x18\x02 \x01(\x05\x12\x13\n\x0bproducer_id\x18\x03 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x04 \x01(\x05\"\x83\x01\n\x16InitProducerIdResponse\x12%\n\nerror_code\x18\x01 \x01(\x0e\x32\x11.eos.v1.ErrorCode\x12\x15\n\rerror_message\x18\x02 \x01(\t\x12\x13\n\x0bproducer_id\x18\x03 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x04 \x01(\x05\"\xa3\x01\n\x19\x41\x64\x64PartitionsToTxnRequest\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x03 \x01(\x05\x12*\n\npartitions\x18\x04 \x03(\x0b\x32\x16.eos.v1.TopicPartition\x12\x13\n\x0bverify_only\x18\x05 \x01(\x08\"\x8a\x01\n\x1a\x41\x64\x64PartitionsToTxnResponse\x12%\n\nerror_code\x18\x01 \x01(\x0e\x32\x11.eos.v1.ErrorCode\x12\x15\n\rerror_message\x18\x02 \x01(\t\x12.\n\npartitions\x18\x03 \x03(\x0b\x32\x1a.eos.v1.PartitionTxnResult\"t\n\x12PartitionTxnResult\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12%\n\nerror_code\x18\x03 \x01(\x0e\x32\x11.eos.v1.ErrorCode\x12\x15\n\rerror_message\x18\x04 \x01(\t\"q\n\x16\x41\x64\x64OffsetsToTxnRequest\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x03 \x01(\x05\x12\x10\n\x08group_id\x18\x04 \x01(\t\"W\n\x17\x41\x64\x64OffsetsToTxnResponse\x12%\n\nerror_code\x18\x01 \x01(\x0e\x32\x11.eos.v1.ErrorCode\x12\x15\n\rerror_message\x18\x02 \x01(\t\"i\n\rEndTxnRequest\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x03 \x01(\x05\x12\x11\n\tcommitted\x18\x04 \x01(\x08\"{\n\x0e\x45ndTxnResponse\x12%\n\nerror_code\x18\x01 \x01(\x0e\x32\x11.eos.v1.ErrorCode\x12\x15\n\rerror_message\x18\x02 \x01(\t\x12\x13\n\x0bproducer_id\x18\x03 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x04 \x01(\x05\"i\n\x17ListTransactionsRequest\x12\x15\n\rstate_filters\x18\x01 \x03(\t\x12\x1b\n\x13producer_id_filters\x18\x02 \x03(\x03\x12\x1a\n\x12\x64uration_filter_ms\x18\x03 \x01(\x03\"s\n\x18ListTransactionsResponse\x12%\n\nerror_code\x18\x01 \x01(\x0e\x32\x11.eos.v1.ErrorCode\x12\x30\n\x0ctransactions\x18\x02 \x03(\x0b\x32\x1a.eos.v1.TransactionListing\"R\n\x12TransactionListing\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\r\n\x05state\x18\x03 \x01(\t\"8\n\x1b\x44\x65scribeTransactionsRequest\x12\x19\n\x11transactional_ids\x18\x01 \x03(\t\"T\n\x1c\x44\x65scribeTransactionsResponse\x12\x34\n\x0ctransactions\x18\x01 \x03(\x0b\x32\x1e.eos.v1.TransactionDescription\"\xc6\x02\n\x16TransactionDescription\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12%\n\nerror_code\x18\x02 \x01(\x0e\x32\x11.eos.v1.ErrorCode\x12\x15\n\rerror_message\x18\x03 \x01(\t\x12\r\n\x05state\x18\x04 \x01(\t\x12\x13\n\x0bproducer_id\x18\x05 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x06 \x01(\x05\x12\x1e\n\x16transaction_timeout_ms\x18\x07 \x01(\x05\x12!\n\x19transaction_start_time_ms\x18\x08 \x01(\x03\x12*\n\npartitions\x18\t \x03(\x0b\x32\x16.eos.v1.TopicPartition\x12\x0e\n\x06groups\x18\n \x03(\t\x12\x19\n\x11\x63oordinator_epoch\x18\x0b \x01(\x05\"\x8c\x01\n\x17\x41\x62ortTransactionRequest\x12)\n\tpartition\x18\x01 \x01(\x0b\x32\x16.eos.v1.TopicPartition\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x03 \x01(\x05\x12\x19\n\x11\x63oordinator_epoch\x18\x04 \x01(\x05\"X\n\x18\x41\x62ortTransactionResponse\x12%\n\nerror_code\x18\x01 \x01(\x0e\x32\x11.eos.v1.ErrorCode\x12\x15\n\rerror_message\x18\x02 \x01(\t2\xdc\x04\n\x0eTxnCoordinator\x12O\n\x0eInitProducerId\x12\x1d.eos.v1.InitProducerIdRequest\x1a\x1e.eos.v1.InitProducerIdResponse\x12[\n\x12\x41\x64\x64PartitionsToTxn\x12!.eos.v1.AddPartitionsToTxnRequest\x1a\".eos.v1.AddPartitionsToTxnResponse\x12R\n\x0f\x41\x64\x64OffsetsToTxn\x12\x1e.eos.v1.AddOffsetsToTxnRequest\x1a\x1f.eos.v1.AddOffsetsToTxnResponse\x12\x37\n\x06\x45ndTxn\x12\x15.eos.v1.EndTxnRequest\x1a\x16.eos.v1.EndTxnResponse\x12U\n\x10ListTransactions\x12\x1f.eos.v1.ListTransactionsRequest\x1a .eos.v1.ListTransactionsResponse\x12\x61\n\x14\x44\x65scribeTransactions\x12#.eos.v1.DescribeTransactionsRequest\x1a$.eos.v1.DescribeTransactionsResponse\x12U\n\x10\x41\x62ortTransaction\x12\x1f.eos.v1.AbortTransactionRequest\x1a .eos.v1.AbortTransactionResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,35 +37,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_INITPRODUCERIDRESPONSE']._serialized_start=178
   _globals['_INITPRODUCERIDRESPONSE']._serialized_end=309
   _globals['_ADDPARTITIONSTOTXNREQUEST']._serialized_start=312
-  _globals['_ADDPARTITIONSTOTXNREQUEST']._serialized_end=454
-  _globals['_ADDPARTITIONSTOTXNRESPONSE']._serialized_start=457
-  _globals['_ADDPARTITIONSTOTXNRESPONSE']._serialized_end=595
-  _globals['_PARTITIONTXNRESULT']._serialized_start=597
-  _globals['_PARTITIONTXNRESULT']._serialized_end=713
-  _globals['_ADDOFFSETSTOTXNREQUEST']._serialized_start=715
-  _globals['_ADDOFFSETSTOTXNREQUEST']._serialized_end=828
-  _globals['_ADDOFFSETSTOTXNRESPONSE']._serialized_start=830
-  _globals['_ADDOFFSETSTOTXNRESPONSE']._serialized_end=917
-  _globals['_ENDTXNREQUEST']._serialized_start=919
-  _globals['_ENDTXNREQUEST']._serialized_end=1024
-  _globals['_ENDTXNRESPONSE']._serialized_start=1026
-  _globals['_ENDTXNRESPONSE']._serialized_end=1149
-  _globals['_LISTTRANSACTIONSREQUEST']._serialized_start=1151
-  _globals['_LISTTRANSACTIONSREQUEST']._serialized_end=1256
-  _globals['_LISTTRANSACTIONSRESPONSE']._serialized_start=1258
-  _globals['_LISTTRANSACTIONSRESPONSE']._serialized_end=1373
-  _globals['_TRANSACTIONLISTING']._serialized_start=1375
-  _globals['_TRANSACTIONLISTING']._serialized_end=1457
-  _globals['_DESCRIBETRANSACTIONSREQUEST']._serialized_start=1459
-  _globals['_DESCRIBETRANSACTIONSREQUEST']._serialized_end=1515
-  _globals['_DESCRIBETRANSACTIONSRESPONSE']._serialized_start=1517
-  _globals['_DESCRIBETRANSACTIONSRESPONSE']._serialized_end=1601
-  _globals['_TRANSACTIONDESCRIPTION']._serialized_start=1604
-  _globals['_TRANSACTIONDESCRIPTION']._serialized_end=1930
-  _globals['_ABORTTRANSACTIONREQUEST']._serialized_start=1933
-  _globals['_ABORTTRANSACTIONREQUEST']._serialized_end=2073
-  _globals['_ABORTTRANSACTIONRESPONSE']._serialized_start=2075
-  _globals['_ABORTTRANSACTIONRESPONSE']._serialized_end=2163
-  _globals['_TXNCOORDINATOR']._serialized_start=2166
-  _globals['_TXNCOORDINATOR']._serialized_end=2770
+  _globals['_ADDPARTITIONSTOTXNREQUEST']._serialized_end=475
+  _globals['_ADDPARTITIONSTOTXNRESPONSE']._serialized_start=478
+  _globals['_ADDPARTITIONSTOTXNRESPONSE']._serialized_end=616
+  _globals['_PARTITIONTXNRESULT']._serialized_start=618
+  _globals['_PARTITIONTXNRESULT']._serialized_end=734
+  _globals['_ADDOFFSETSTOTXNREQUEST']._serialized_start=736
+  _globals['_ADDOFFSETSTOTXNREQUEST']._serialized_end=849
+  _globals['_ADDOFFSETSTOTXNRESPONSE']._serialized_start=851
+  _globals['_ADDOFFSETSTOTXNRESPONSE']._serialized_end=938
+  _globals['_ENDTXNREQUEST']._serialized_start=940
+  _globals['_ENDTXNREQUEST']._serialized_end=1045
+  _globals['_ENDTXNRESPONSE']._serialized_start=1047
+  _globals['_ENDTXNRESPONSE']._serialized_end=1170
+  _globals['_LISTTRANSACTIONSREQUEST']._serialized_start=1172
+  _globals['_LISTTRANSACTIONSREQUEST']._serialized_end=1277
+  _globals['_LISTTRANSACTIONSRESPONSE']._serialized_start=1279
+  _globals['_LISTTRANSACTIONSRESPONSE']._serialized_end=1394
+  _globals['_TRANSACTIONLISTING']._serialized_start=1396
+  _globals['_TRANSACTIONLISTING']._serialized_end=1478
+  _globals['_DESCRIBETRANSACTIONSREQUEST']._serialized_start=1480
+  _globals['_DESCRIBETRANSACTIONSREQUEST']._serialized_end=1536
+  _globals['_DESCRIBETRANSACTIONSRESPONSE']._serialized_start=1538
+  _globals['_DESCRIBETRANSACTIONSRESPONSE']._serialized_end=1622
+  _globals['_TRANSACTIONDESCRIPTION']._serialized_start=1625
+  _globals['_TRANSACTIONDESCRIPTION']._serialized_end=1951
+  _globals['_ABORTTRANSACTIONREQUEST']._serialized_start=1954
+  _globals['_ABORTTRANSACTIONREQUEST']._serialized_end=2094
+  _globals['_ABORTTRANSACTIONRESPONSE']._serialized_start=2096
+  _globals['_ABORTTRANSACTIONRESPONSE']._serialized_end=2184
+  _globals['_TXNCOORDINATOR']._serialized_start=2187
+  _globals['_TXNCOORDINATOR']._serialized_end=2791
 # @@protoc_insertion_point(module_scope)
