@@ -314,6 +314,23 @@ class TxnCoordinatorCore:
                               start_time_ms=start_ms, last_update_ms=now_ms)
         return self._propose(ongoing)
 
+    def verify_partitions(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                          partitions: Iterable[TopicPartition]) -> Decision:
+        """KIP-890 part 1: is each partition registered in the producer's open transaction?
+        A partition leader asks before it appends a transactional batch, so that a late write
+        from a finished transaction cannot open a hanging one. Never writes."""
+        partitions = frozenset(partitions)
+        md = self.durable.get(transactional_id)
+        refusal = self._check_producer(md, transactional_id, producer_id, producer_epoch)
+        if refusal:
+            return dataclasses.replace(refusal, partition_errors={tp: refusal.error for tp in partitions})
+        registered = md.partitions if md.state is S.ONGOING else frozenset()
+        errors = {tp: ErrorCode.NONE if tp in registered else ErrorCode.INVALID_TXN_STATE for tp in partitions}
+        missing = sorted(f"{tp.topic}-{tp.partition}" for tp, e in errors.items() if e is not ErrorCode.NONE)
+        message = f"not in the open transaction of {transactional_id!r}: {', '.join(missing)}" if missing else ""
+        return Decision(producer_id=md.producer_id, producer_epoch=md.producer_epoch,
+                        partition_errors=errors, message=message)
+
     def end_transaction(self, transactional_id: str, producer_id: int, producer_epoch: int,
                         commit: bool, now_ms: int, new_producer_id: Callable[[], int]) -> Decision:
         md, refusal = self._current(transactional_id)

@@ -219,3 +219,17 @@ def test_list_filters():
     assert [m.transactional_id for m in core.list(producer_ids=[1001])] == ["idle"]
     assert [m.transactional_id for m in core.list(running_longer_than_ms=50, now_ms=100)] == ["app"]
     assert core.list(running_longer_than_ms=500, now_ms=100) == []
+
+
+def test_verify_partitions_answers_without_writing():
+    core, ids = ongoing()
+    TP9 = TopicPartition("out", 9)
+    d = core.verify_partitions("app", 1000, 0, [TP0, TP9])
+    assert d.write is None and not core.pending
+    assert d.partition_errors == {TP0: ErrorCode.NONE, TP9: ErrorCode.INVALID_TXN_STATE}
+    assert "out-9" in d.message
+    fenced = core.verify_partitions("app", 1000, 1, [TP0])
+    assert fenced.partition_errors == {TP0: ErrorCode.PRODUCER_FENCED}
+    settle(core, core.end_transaction("app", 1000, 0, True, 10, ids))
+    late = core.verify_partitions("app", 1000, 1, [TP0])     # the transaction is decided
+    assert late.partition_errors == {TP0: ErrorCode.INVALID_TXN_STATE}
