@@ -1,0 +1,212 @@
+"""The idempotent producer's bookkeeping: producer id, epoch, and sequences per partition.
+
+Theory of operation
+-------------------
+An idempotent producer (KIP-98) stamps every batch with (producer_id, producer_epoch,
+base_sequence). Sequences count records per partition, start at 0 for each epoch and wrap
+to 0 after 2**31 - 1. The broker appends a batch only if its base sequence follows the last
+one it appended for that producer; it answers a resend of one of the last 5 batches with
+the original offsets, so a retry can never write a record twice.
+
+This class is the one owner of that state on the client, and pure: the sender tells it
+what happened (a sequence was assigned, a batch was sent, acknowledged, or refused with an
+error code) and it answers with a `Decision`. It does no I/O and reads no clock, so every
+rule below is a table test.
+
+Rules (Kafka's client, KIP-98 and KIP-360):
+
+- A batch gets its sequence when it is first drained for sending, in the order records
+  were appended; a retry resends the identical bytes with the same sequence.
+- At most `UNACKED_BATCHES_MAX` (5) sequenced batches per partition are unacknowledged at
+  once: the broker remembers the last 5, so any retry is recognised as a duplicate.
+- A retriable error keeps the sequence (RETRY). OUT_OF_ORDER_SEQUENCE_NUMBER is retriable
+  too when the batch was not the oldest unacknowledged one of its partition, or when it was
+  sent while an older one was still unacknowledged: the older batch failed or arrived
+  late, and this one will follow it once it is through. gRPC does not promise that two
+  requests on one connection are handled in order (Kafka's TCP connection does), so the
+  second condition matters: the older batch may be acknowledged before the out-of-order
+  answer of the younger one comes back.
+- OUT_OF_ORDER_SEQUENCE_NUMBER for a batch that was sent as the oldest unacknowledged one,
+  UNKNOWN_PRODUCER_ID, and any error that fails a sequenced batch for good (its range is
+  now a hole the broker waits for) are unrecoverable for the sequence: the batch fails
+  (FAIL_AND_BUMP) and the producer must bump its epoch (InitProducerId with its current id
+  and epoch) before it sends anything else. The bump resets every partition to sequence 0.
+- Batches that come back with a sequence error after that (or that carry an epoch from
+  before the bump) are not failed: they are REBUILT with the new epoch and fresh
+  sequences, in their original order. The sender waits until nothing is in flight before
+  it bumps, so no batch of the new epoch can overtake one of the old.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from eos.errors import ErrorCode, InvariantError, Reaction, reaction_for
+
+SEQUENCE_MAX = 0x7FFFFFFF          # 2**31 - 1, after which sequences wrap to 0
+UNACKED_BATCHES_MAX = 5            # the broker retains the last 5 batches per producer
+NO_PRODUCER_ID = -1
+NO_PRODUCER_EPOCH = -1
+
+# Errors that say something about sequences or epochs rather than about the batch's content.
+_SEQUENCE_ERRORS = frozenset({
+    ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
+    ErrorCode.UNKNOWN_PRODUCER_ID,
+    ErrorCode.INVALID_PRODUCER_EPOCH,
+})
+
+
+def increment_sequence(sequence: int, record_count: int) -> int:
+    """`sequence + record_count` on the 31-bit sequence circle."""
+    return (sequence + record_count) & SEQUENCE_MAX
+
+
+class Decision(enum.Enum):
+    ACCEPT = "accept"                # treat as delivered (a duplicate the broker recognised)
+    RETRY = "retry"                  # resend the same bytes, same sequence, after backoff
+    REBUILD = "rebuild"              # requeue; gets the new epoch and a fresh sequence
+    FAIL = "fail"                    # fail the batch; sequences are unaffected
+    FAIL_AND_BUMP = "fail_and_bump"  # fail the batch; bump the epoch before sending more
+
+
+@dataclass(slots=True)
+class _Unacked:
+    record_count: int
+    sent_behind_older: bool = False  # an older batch was unacknowledged when this was last sent
+
+
+class _PartitionSequences:
+    __slots__ = ("next_sequence", "unacked")
+
+    def __init__(self) -> None:
+        self.next_sequence = 0
+        # base_sequence -> _Unacked, in assignment order (dicts keep insertion order), which
+        # is sequence order on the wrapping circle.
+        self.unacked: dict[int, _Unacked] = {}
+
+    def is_oldest(self, base_sequence: int) -> bool:
+        return next(iter(self.unacked), None) == base_sequence
+
+
+class IdempotenceState:
+    """Producer id, epoch and per-partition sequences of one idempotent producer."""
+
+    def __init__(self) -> None:
+        self.producer_id = NO_PRODUCER_ID
+        self.producer_epoch = NO_PRODUCER_EPOCH
+        self.bump_required = False
+        self._partitions: dict[object, _PartitionSequences] = {}
+
+    # ---- the producer id ---------------------------------------------------------------
+
+    @property
+    def has_producer_id(self) -> bool:
+        return self.producer_id != NO_PRODUCER_ID
+
+    @property
+    def ready_to_send(self) -> bool:
+        """False until InitProducerId answered, and while an epoch bump is due."""
+        return self.has_producer_id and not self.bump_required
+
+    def set_producer_id(self, producer_id: int, producer_epoch: int) -> None:
+        """The answer of InitProducerId (first call, or a bump): sequences restart at 0."""
+        if producer_id < 0 or producer_epoch < 0:
+            raise InvariantError(f"InitProducerId gave producer id {producer_id} epoch {producer_epoch}")
+        self.producer_id = producer_id
+        self.producer_epoch = producer_epoch
+        self.bump_required = False
+        self._partitions.clear()
+
+    def is_current(self, producer_id: int, producer_epoch: int) -> bool:
+        return producer_id == self.producer_id and producer_epoch == self.producer_epoch
+
+    # ---- sequences ---------------------------------------------------------------------
+
+    def unacked_count(self, tp) -> int:
+        seqs = self._partitions.get(tp)
+        return len(seqs.unacked) if seqs is not None else 0
+
+    def can_assign(self, tp) -> bool:
+        """Whether a new batch of `tp` may get a sequence (and so be sent) now."""
+        return self.ready_to_send and self.unacked_count(tp) < UNACKED_BATCHES_MAX
+
+    def assign(self, tp, record_count: int) -> int:
+        """Give the next batch of `tp` its base sequence; it is unacknowledged until told."""
+        if not self.ready_to_send:
+            raise InvariantError("sequence assigned without a current producer id and epoch")
+        if record_count <= 0:
+            raise InvariantError(f"sequence asked for a batch of {record_count} records")
+        seqs = self._partitions.get(tp)
+        if seqs is None:
+            seqs = self._partitions[tp] = _PartitionSequences()
+        if len(seqs.unacked) >= UNACKED_BATCHES_MAX:
+            raise InvariantError(f"more than {UNACKED_BATCHES_MAX} unacknowledged batches for {tp}")
+        base_sequence = seqs.next_sequence
+        seqs.next_sequence = increment_sequence(base_sequence, record_count)
+        seqs.unacked[base_sequence] = _Unacked(record_count)
+        return base_sequence
+
+    def next_sequence(self, tp) -> int:
+        seqs = self._partitions.get(tp)
+        return seqs.next_sequence if seqs is not None else 0
+
+    def on_sent(self, tp, base_sequence: int) -> None:
+        """The batch is going on the wire: remember whether an older one is still open."""
+        seqs = self._partitions.get(tp)
+        entry = seqs.unacked.get(base_sequence) if seqs is not None else None
+        if entry is None:
+            raise InvariantError(f"batch {tp} sequence {base_sequence} sent without being assigned")
+        entry.sent_behind_older = not seqs.is_oldest(base_sequence)
+
+    def on_acked(self, tp, base_sequence: int, producer_id: int, producer_epoch: int) -> None:
+        """The broker appended the batch (or recognised it as a duplicate)."""
+        if not self.is_current(producer_id, producer_epoch):
+            return  # from before a bump: its sequences were already forgotten
+        seqs = self._partitions.get(tp)
+        if seqs is not None:
+            seqs.unacked.pop(base_sequence, None)
+
+    def on_error(self, tp, base_sequence: int, producer_id: int, producer_epoch: int,
+                 code: int) -> Decision:
+        """What to do with a sequenced batch the broker refused with `code`."""
+        code = ErrorCode(code)
+        if code is ErrorCode.DUPLICATE_SEQUENCE_NUMBER:
+            self.on_acked(tp, base_sequence, producer_id, producer_epoch)
+            return Decision.ACCEPT
+        recoverable = code in _SEQUENCE_ERRORS or reaction_for(code) is Reaction.RETRY
+        if not self.is_current(producer_id, producer_epoch):
+            # Sent before the epoch bump; the bump already forgot its sequence.
+            return Decision.REBUILD if recoverable else Decision.FAIL
+        seqs = self._partitions.get(tp)
+        entry = seqs.unacked.get(base_sequence) if seqs is not None else None
+        if entry is None:
+            raise InvariantError(f"error {code.name} for {tp} sequence {base_sequence}, which is not open")
+        if self.bump_required and recoverable:
+            del seqs.unacked[base_sequence]
+            return Decision.REBUILD
+        if reaction_for(code) is Reaction.RETRY:
+            return Decision.RETRY
+        if code is ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER and (
+                not seqs.is_oldest(base_sequence) or entry.sent_behind_older):
+            return Decision.RETRY
+        if code is ErrorCode.INVALID_PRODUCER_EPOCH:
+            # Our current epoch is refused: fenced. Nothing a bump on our side can repair.
+            del seqs.unacked[base_sequence]
+            return Decision.FAIL
+        # OUT_OF_ORDER for the oldest batch, UNKNOWN_PRODUCER_ID, or a batch failing for good
+        # (too large, invalid): its sequence range becomes a hole; only a new epoch fills it.
+        del seqs.unacked[base_sequence]
+        self.bump_required = True
+        return Decision.FAIL_AND_BUMP
+
+    def on_given_up(self, tp, base_sequence: int, producer_id: int, producer_epoch: int) -> Decision:
+        """The sender fails a sequenced batch without a broker verdict (delivery timeout,
+        retries exhausted, producer closed): whether it was appended is unknown, so the
+        sequence cannot continue past it."""
+        if not self.is_current(producer_id, producer_epoch):
+            return Decision.FAIL
+        seqs = self._partitions.get(tp)
+        if seqs is not None:
+            seqs.unacked.pop(base_sequence, None)
+        self.bump_required = True
+        return Decision.FAIL_AND_BUMP
