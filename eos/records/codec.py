@@ -1,8 +1,48 @@
-"""Kafka v2 records: encode them into batches, decode batches back into records.
+"""Kafka v2 records: encode them into whole batches, decode batches back into records.
 
 Theory of operation
 -------------------
-(baseline version: straightforward encoding, to be measured before optimisation)
+A batch is the 61-byte header (`eos.records.header` owns its layout) followed by the
+records section, compressed as one block when the attributes name a codec. Each record
+(Kafka's DefaultRecord) is:
+
+    length varint              bytes after this field
+    attributes i8              unused, 0
+    timestampDelta varlong     record timestamp - batch baseTimestamp (may be negative)
+    offsetDelta varint         record offset - batch baseOffset
+    keyLength varint, key      -1 and no bytes for a null key
+    valueLength varint, value  -1 and no bytes for a null value
+    headerCount varint, then per header:
+        headerKeyLength varint, key (UTF-8)
+        headerValueLength varint, value   (-1: null)
+
+Writing (`BatchBuilder`). The producer's accumulator appends records one at a time (or in
+bulk) and builds when the batch is sent. All per-record work happens at append time: each
+record becomes a few `bytes` pieces pushed onto one flat list, with its length computed
+arithmetically (no intermediate join). `build()` then only joins, compresses and CRCs. It
+caches the joined-and-compressed section, because an idempotent producer that bumps its
+epoch rebuilds the same records under a new producer id/epoch/sequence: a rebuild redoes
+the 61-byte header and the CRC only. Appending after a build invalidates the cache.
+
+Reading (`decode_records`). Decoding works on the bytes in place (no copy when the caller
+holds `bytes` and the batch is uncompressed), and validates as it goes: every record's
+declared length must match what its fields consume, the section must hold exactly
+recordsCount records and nothing after them. Any mismatch, a truncated field or a varint
+longer than 5 (10) bytes is CorruptRecordError naming the batch and the byte.
+
+Speed (pure Python; bench/micro_records.py, 100-byte values, null keys, 500-record
+batches, uncompressed; records/s on the 2-core dev machine, noisy, best of 5):
+
+                       baseline     optimised
+    append             ~390k        ~1.5M       varint tables, flat piece list, no per-record join
+    append_many        ~410k        ~3.0M       + constant head pieces per batch, one join per call
+    decode_records     ~460k        ~1.2M       in-place reads, inline 1-/2-byte varints,
+                                                tuple.__new__ for Record, try/except for bounds
+
+Hot-loop choices, each measured: lists of precomputed varint `bytes` for values below 8192
+(`VARINT_OF`); a one-byte zigzag decode table; inlined two-byte varint decoding (the record
+length and value length of a 100-byte record are two-byte varints); names bound to locals;
+`tuple.__new__(Record, ...)` rather than the NamedTuple's Python-level `__new__`.
 """
 from __future__ import annotations
 
@@ -14,153 +54,656 @@ from crc32c import crc32c
 from eos.errors import CorruptRecordError, InvalidRecordError
 from eos.records import compression as _compression
 from eos.records.header import (
-    COMPRESSION_CODEC_MASK, CONTROL_FLAG, HEADER_SIZE, LOG_OVERHEAD, MAGIC_V2, TIMESTAMP_TYPE_MASK,
-    TRANSACTIONAL_FLAG, BatchHeader, iter_headers, verify_crc)
-from eos.records.varint import decode_varint, decode_varlong, encode_varint, encode_varlong
+    COMPRESSION_CODEC_MASK, CONTROL_FLAG, HEADER_SIZE, LOG_OVERHEAD, MAGIC_V2, NO_PRODUCER_EPOCH,
+    NO_PRODUCER_ID, NO_SEQUENCE, TIMESTAMP_TYPE_MASK, TRANSACTIONAL_FLAG, BatchHeader, iter_headers,
+    verify_crc)
+from eos.records.varint import (
+    INT32_MAX, INT64_MAX, INT64_MIN, VARINT_OF, VARINT_TABLE_SIZE, ZIGZAG_DECODE_1, decode_unsigned_varint,
+    decode_varint, decode_varlong, encode_unsigned_varint, encode_varint, encode_varlong, size_of_varint,
+    size_of_varlong)
 from eos.types import Record
 
-_PREFIX = struct.Struct(">qiibI")
-_TAIL = struct.Struct(">hiqqqhii")
+__all__ = [
+    "BatchBuilder", "encode_batch", "encode_control_batch", "decode_control_record", "decode_records",
+    "iter_decoded", "encode_varint", "encode_varlong", "decode_varint", "decode_varlong",
+    "encode_unsigned_varint", "decode_unsigned_varint", "size_of_varint", "size_of_varlong",
+    "CREATE_TIME", "LOG_APPEND_TIME", "CONTROL_TYPE_ABORT", "CONTROL_TYPE_COMMIT",
+]
+
+CREATE_TIME = 0
+LOG_APPEND_TIME = 1
+
+# control records (transaction markers)
+CONTROL_TYPE_ABORT = 0
+CONTROL_TYPE_COMMIT = 1
+CONTROL_KEY_VERSION = 0
+END_TXN_MARKER_VALUE_VERSION = 0
+_CONTROL_KEY = struct.Struct(">hh")           # version, type
+_END_TXN_MARKER_VALUE = struct.Struct(">hi")  # version, coordinator epoch
+
+# the header split where build() needs it: the 21 bytes before the CRC'd range, and the
+# 40 bytes from attributes on (the start of the CRC'd range)
+_HEADER_PREFIX = struct.Struct(">qiibI")
+_HEADER_TAIL = struct.Struct(">hiqqqhii")
+_BATCH_LENGTH_EMPTY = HEADER_SIZE - LOG_OVERHEAD  # batchLength of a header with no records
+
+_NULL = b"\x01"  # varint -1: a null key or value
+_NO_HEADERS = b"\x00"
+_ATTRIBUTES = b"\x00"
+
+# _HEAD0_NULL_KEY[d]: attributes, timestampDelta 0, offsetDelta d, keyLength -1 -- the
+# leading bytes of every record that append_many writes with one timestamp and null keys.
+_HEAD0_NULL_KEY = [b"\x00\x00" + v + _NULL for v in VARINT_OF]
 
 
 def _now_ms() -> int:
-    return int(time.time() * 1000)
+    return time.time_ns() // 1_000_000
 
 
-def _encode_record(offset_delta, timestamp_delta, key, value, headers) -> bytes:
-    parts = [b"\x00", encode_varlong(timestamp_delta), encode_varint(offset_delta)]
-    for blob in (key, value):
-        if blob is None:
-            parts.append(encode_varint(-1))
-        else:
-            parts.append(encode_varint(len(blob)))
-            parts.append(bytes(blob))
-    headers = headers or []
-    parts.append(encode_varint(len(headers)))
-    for hkey, hvalue in headers:
-        kb = hkey.encode("utf-8")
-        parts.append(encode_varint(len(kb)))
-        parts.append(kb)
-        if hvalue is None:
-            parts.append(encode_varint(-1))
-        else:
-            parts.append(encode_varint(len(hvalue)))
-            parts.append(bytes(hvalue))
-    body = b"".join(parts)
-    return encode_varint(len(body)) + body
+def _to_bytes(blob, what: str) -> bytes:
+    """A bytes-like object as immutable bytes (a copy, so later mutation cannot leak in)."""
+    if isinstance(blob, (bytearray, memoryview)):
+        return bytes(blob)
+    raise InvalidRecordError(f"{what} must be bytes or None, got {type(blob).__name__}")
+
+
+def _encode_headers(headers) -> bytes:
+    """headerCount and the headers of one record."""
+    try:
+        parts = [encode_varint(len(headers))]
+        for header_key, header_value in headers:
+            key_bytes = header_key.encode("utf-8")
+            parts.append(encode_varint(len(key_bytes)))
+            parts.append(key_bytes)
+            if header_value is None:
+                parts.append(_NULL)
+            else:
+                if header_value.__class__ is not bytes:
+                    header_value = _to_bytes(header_value, f"header {header_key!r} value")
+                parts.append(encode_varint(len(header_value)))
+                parts.append(header_value)
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise InvalidRecordError(
+            f"headers must be a list of (str, bytes | None) pairs: {type(exc).__name__}: {exc}") from None
+    return b"".join(parts)
 
 
 class BatchBuilder:
-    def __init__(self, *, compression: int = 0, timestamp_type: int = 0):
+    """Accumulates records for one batch; `build()` turns them into v2 batch bytes.
+
+    Not thread-safe: the producer's accumulator owns each builder under its own lock.
+    Values, keys and header values given as `bytes` are kept by reference until build.
+    """
+
+    __slots__ = ("_compression", "_timestamp_type", "_pieces", "_count", "_records_bytes",
+                 "_base_timestamp_ms", "_max_timestamp_ms", "_section", "_section_count")
+
+    def __init__(self, *, compression: int = 0, timestamp_type: int = CREATE_TIME):
+        if compression not in _compression.CODECS:
+            raise InvalidRecordError(f"unknown compression codec id {compression!r}: expected 0-4")
+        if timestamp_type not in (CREATE_TIME, LOG_APPEND_TIME):
+            raise InvalidRecordError(
+                f"timestamp_type must be 0 (CreateTime) or 1 (LogAppendTime), got {timestamp_type!r}")
         self._compression = compression
         self._timestamp_type = timestamp_type
-        self._records: list[bytes] = []
-        self._base_ts = None
-        self._max_ts = -1
-        self._size = HEADER_SIZE
+        self._pieces: list[bytes] = []   # the records section, uncompressed, as pieces to join
+        self._count = 0
+        self._records_bytes = 0          # total length of the pieces
+        self._base_timestamp_ms: int | None = None
+        self._max_timestamp_ms = -1
+        self._section: bytes | None = None  # joined and compressed pieces, cached by build()
+        self._section_count = -1            # the record count the cached section holds
 
-    def append(self, value, key=None, timestamp_ms=None, headers=None) -> int:
+    # --- appending --------------------------------------------------------------------
+
+    def append(self, value, key=None, timestamp_ms: int | None = None, headers=None) -> int:
+        """Add one record; return its offset delta. Nothing changes if the record is refused."""
+        offset_delta = self._count
         if timestamp_ms is None:
             timestamp_ms = _now_ms()
-        if self._base_ts is None:
-            self._base_ts = timestamp_ms
-        delta = len(self._records)
-        rec = _encode_record(delta, timestamp_ms - self._base_ts, key, value, headers)
-        self._records.append(rec)
-        self._size += len(rec)
-        self._max_ts = max(self._max_ts, timestamp_ms)
-        return delta
+        elif timestamp_ms.__class__ is not int:
+            timestamp_ms = _as_timestamp(timestamp_ms)
+        base_timestamp_ms = self._base_timestamp_ms
+        if base_timestamp_ms is None:
+            base_timestamp_ms = timestamp_ms
+        timestamp_delta = timestamp_ms - base_timestamp_ms
+        if 0 <= timestamp_delta < VARINT_TABLE_SIZE:
+            timestamp_delta_bytes = VARINT_OF[timestamp_delta]
+        else:
+            timestamp_delta_bytes = _encode_timestamp_delta(timestamp_delta, timestamp_ms)
+        if offset_delta < VARINT_TABLE_SIZE:
+            offset_delta_bytes = VARINT_OF[offset_delta]
+        elif offset_delta < INT32_MAX:
+            offset_delta_bytes = encode_varint(offset_delta)
+        else:
+            raise InvalidRecordError(f"a batch holds at most {INT32_MAX} records")
+
+        if key is None:
+            key_length_bytes = _NULL
+            key = b""
+        else:
+            if key.__class__ is not bytes:
+                key = _to_bytes(key, "key")
+            key_length = len(key)
+            key_length_bytes = VARINT_OF[key_length] if key_length < VARINT_TABLE_SIZE else encode_varint(key_length)
+        if value is None:
+            value_length_bytes = _NULL
+            value = b""
+        else:
+            if value.__class__ is not bytes:
+                value = _to_bytes(value, "value")
+            value_length = len(value)
+            value_length_bytes = (VARINT_OF[value_length] if value_length < VARINT_TABLE_SIZE
+                                  else encode_varint(value_length))
+        headers_bytes = _encode_headers(headers) if headers else _NO_HEADERS
+
+        body_length = (1 + len(timestamp_delta_bytes) + len(offset_delta_bytes) + len(key_length_bytes)
+                       + len(key) + len(value_length_bytes) + len(value) + len(headers_bytes))
+        length_bytes = VARINT_OF[body_length] if body_length < VARINT_TABLE_SIZE else encode_varint(body_length)
+
+        # apply: nothing above touched self
+        self._pieces += (length_bytes, _ATTRIBUTES, timestamp_delta_bytes, offset_delta_bytes,
+                         key_length_bytes, key, value_length_bytes, value, headers_bytes)
+        self._records_bytes += len(length_bytes) + body_length
+        self._count = offset_delta + 1
+        self._base_timestamp_ms = base_timestamp_ms
+        if timestamp_ms > self._max_timestamp_ms:
+            self._max_timestamp_ms = timestamp_ms
+        return offset_delta
 
     def append_many(self, values, keys=None, timestamps_ms=None, headers=None) -> int:
-        n = 0
+        """Add many records in one call; return how many were added.
+
+        `keys` and `headers` are None or sequences as long as `values`; `timestamps_ms` is
+        None (now, one reading for all), one int for all, or a sequence. All-or-nothing: a
+        refused record leaves the builder as it was.
+        """
+        count = len(values)
+        if count == 0:
+            return 0
+        if keys is not None and len(keys) != count:
+            raise InvalidRecordError(f"{len(keys)} keys for {count} values")
+        if headers is not None and len(headers) != count:
+            raise InvalidRecordError(f"{len(headers)} header lists for {count} values")
+        first_offset_delta = self._count
+        if first_offset_delta + count > INT32_MAX:
+            raise InvalidRecordError(f"a batch holds at most {INT32_MAX} records")
         if timestamps_ms is None:
             timestamps_ms = _now_ms()
-        for i, v in enumerate(values):
-            ts = timestamps_ms if isinstance(timestamps_ms, int) else timestamps_ms[i]
-            self.append(v, None if keys is None else keys[i], ts, None if headers is None else headers[i])
-            n += 1
-        return n
+        scalar_timestamp = not hasattr(timestamps_ms, "__len__")
+        if scalar_timestamp:
+            timestamps_ms = _as_timestamp(timestamps_ms)
+        elif len(timestamps_ms) != count:
+            raise InvalidRecordError(f"{len(timestamps_ms)} timestamps for {count} values")
+
+        base_timestamp_ms = self._base_timestamp_ms
+        if base_timestamp_ms is None:
+            base_timestamp_ms = timestamps_ms if scalar_timestamp else timestamps_ms[0]
+
+        if scalar_timestamp and keys is None and headers is None:
+            section, max_timestamp_ms = self._encode_uniform(
+                values, first_offset_delta, timestamps_ms - base_timestamp_ms, timestamps_ms)
+        else:
+            section, max_timestamp_ms = self._encode_general(
+                values, keys, timestamps_ms, scalar_timestamp, headers, first_offset_delta,
+                base_timestamp_ms)
+
+        # apply
+        self._pieces.append(section)
+        self._records_bytes += len(section)
+        self._count = first_offset_delta + count
+        self._base_timestamp_ms = base_timestamp_ms
+        if max_timestamp_ms > self._max_timestamp_ms:
+            self._max_timestamp_ms = max_timestamp_ms
+        return count
+
+    @staticmethod
+    def _encode_uniform(values, first_offset_delta: int, timestamp_delta: int, timestamp_ms: int):
+        """One timestamp, null keys, no headers: the bulk fast path."""
+        varint_of = VARINT_OF
+        table_size = VARINT_TABLE_SIZE
+        delta_bytes = (varint_of[timestamp_delta] if 0 <= timestamp_delta < table_size
+                       else _encode_timestamp_delta(timestamp_delta, timestamp_ms))
+        prefix = _ATTRIBUTES + delta_bytes
+        # heads[d - heads_base]: the bytes from attributes through the null key length
+        if timestamp_delta == 0:
+            heads, heads_base = _HEAD0_NULL_KEY, 0
+        else:
+            heads_base = first_offset_delta
+            heads = [prefix + varint_of[d] + _NULL
+                     for d in range(first_offset_delta, min(first_offset_delta + len(values), table_size))]
+        pieces: list[bytes] = []
+        extend = pieces.extend
+        offset_delta = first_offset_delta
+        try:
+            for value in values:
+                if offset_delta < table_size:
+                    head = heads[offset_delta - heads_base]
+                else:
+                    head = prefix + encode_varint(offset_delta) + _NULL
+                if value is None:
+                    extend((varint_of[len(head) + 2], head, b"\x01\x00"))
+                else:
+                    value_length = len(value)
+                    if value_length < table_size:
+                        value_length_bytes = varint_of[value_length]
+                    else:
+                        value_length_bytes = encode_varint(value_length)
+                    body_length = len(head) + len(value_length_bytes) + value_length + 1
+                    extend((varint_of[body_length] if body_length < table_size else encode_varint(body_length),
+                            head, value_length_bytes, value, _NO_HEADERS))
+                offset_delta += 1
+            section = b"".join(pieces)
+        except TypeError:
+            _raise_bad_values(values, None)
+            raise
+        return section, timestamp_ms
+
+    @staticmethod
+    def _encode_general(values, keys, timestamps_ms, scalar_timestamp: bool, headers,
+                        first_offset_delta: int, base_timestamp_ms: int):
+        varint_of = VARINT_OF
+        table_size = VARINT_TABLE_SIZE
+        pieces: list[bytes] = []
+        extend = pieces.extend
+        max_timestamp_ms = -1
+        offset_delta = first_offset_delta
+        try:
+            for index, value in enumerate(values):
+                timestamp_ms = timestamps_ms if scalar_timestamp else timestamps_ms[index]
+                if timestamp_ms > max_timestamp_ms:
+                    max_timestamp_ms = timestamp_ms
+                timestamp_delta = timestamp_ms - base_timestamp_ms
+                timestamp_delta_bytes = (varint_of[timestamp_delta] if 0 <= timestamp_delta < table_size
+                                         else _encode_timestamp_delta(timestamp_delta, timestamp_ms))
+                offset_delta_bytes = (varint_of[offset_delta] if offset_delta < table_size
+                                      else encode_varint(offset_delta))
+                key = None if keys is None else keys[index]
+                if key is None:
+                    key_length_bytes = _NULL
+                    key = b""
+                else:
+                    key_length = len(key)
+                    key_length_bytes = (varint_of[key_length] if key_length < table_size
+                                        else encode_varint(key_length))
+                if value is None:
+                    value_length_bytes = _NULL
+                    value = b""
+                else:
+                    value_length = len(value)
+                    value_length_bytes = (varint_of[value_length] if value_length < table_size
+                                          else encode_varint(value_length))
+                record_headers = None if headers is None else headers[index]
+                headers_bytes = _encode_headers(record_headers) if record_headers else _NO_HEADERS
+                body_length = (1 + len(timestamp_delta_bytes) + len(offset_delta_bytes)
+                               + len(key_length_bytes) + len(key) + len(value_length_bytes) + len(value)
+                               + len(headers_bytes))
+                extend((varint_of[body_length] if body_length < table_size else encode_varint(body_length),
+                        _ATTRIBUTES, timestamp_delta_bytes, offset_delta_bytes, key_length_bytes, key,
+                        value_length_bytes, value, headers_bytes))
+                offset_delta += 1
+            section = b"".join(pieces)
+        except TypeError:
+            _raise_bad_values(values, keys)
+            if not scalar_timestamp:
+                for index, timestamp_ms in enumerate(timestamps_ms):
+                    if not isinstance(timestamp_ms, int):
+                        raise InvalidRecordError(
+                            f"record {index}: timestamp must be an int (ms), got "
+                            f"{type(timestamp_ms).__name__}") from None
+            raise
+        return section, max_timestamp_ms
+
+    # --- state ------------------------------------------------------------------------
 
     @property
     def record_count(self) -> int:
-        return len(self._records)
+        return self._count
 
     @property
     def size_bytes(self) -> int:
-        return self._size
+        """Exact size of the batch if built now, uncompressed."""
+        return HEADER_SIZE + self._records_bytes
 
     @property
     def max_timestamp_ms(self) -> int:
-        return self._max_ts
+        """Largest record timestamp so far; -1 while empty."""
+        return self._max_timestamp_ms
 
-    def build(self, *, producer_id=-1, producer_epoch=-1, base_sequence=-1, transactional=False,
-              partition_leader_epoch=-1, base_offset=0, _control=False) -> bytes:
-        body = b"".join(self._records)
-        if self._compression:
-            body = _compression.compress(self._compression, body)
-        attributes = self._compression | (self._timestamp_type << 3)
-        if transactional:
-            attributes |= TRANSACTIONAL_FLAG
-        if _control:
-            attributes |= CONTROL_FLAG
-        count = len(self._records)
-        tail = _TAIL.pack(attributes, count - 1, self._base_ts, self._max_ts, producer_id,
-                          producer_epoch, base_sequence, count)
-        crc = crc32c(tail + body)
-        prefix = _PREFIX.pack(base_offset, HEADER_SIZE - LOG_OVERHEAD + len(body),
-                              partition_leader_epoch, MAGIC_V2, crc)
-        return prefix + tail + body
+    @property
+    def base_timestamp_ms(self) -> int | None:
+        """The first record's timestamp; None while empty."""
+        return self._base_timestamp_ms
+
+    @property
+    def compression(self) -> int:
+        return self._compression
+
+    # --- building ---------------------------------------------------------------------
+
+    def build(self, *, producer_id: int = NO_PRODUCER_ID, producer_epoch: int = NO_PRODUCER_EPOCH,
+              base_sequence: int = NO_SEQUENCE, transactional: bool = False,
+              partition_leader_epoch: int = -1, base_offset: int = 0) -> bytes:
+        """The batch's bytes. May be called again (new producer id/epoch/sequence): the
+        records section is joined and compressed once and reused."""
+        return self._build(producer_id, producer_epoch, base_sequence,
+                           TRANSACTIONAL_FLAG if transactional else 0, partition_leader_epoch, base_offset)
+
+    def _build(self, producer_id, producer_epoch, base_sequence, flags, partition_leader_epoch,
+               base_offset) -> bytes:
+        count = self._count
+        if count == 0:
+            raise InvalidRecordError("cannot build a batch with no records")
+        section = self._section
+        if section is None or self._section_count != count:
+            pieces = self._pieces
+            if len(pieces) != 1:
+                # collapse, so the next build (or a later append + build) joins less
+                pieces[:] = [b"".join(pieces)]
+            section = pieces[0]
+            if self._compression:
+                section = _compression.compress(self._compression, section)
+            self._section = section
+            self._section_count = count
+        attributes = self._compression | (self._timestamp_type << 3) | flags
+        try:
+            tail = _HEADER_TAIL.pack(attributes, count - 1, self._base_timestamp_ms, self._max_timestamp_ms,
+                                     producer_id, producer_epoch, base_sequence, count)
+            crc = crc32c(section, crc32c(tail))
+            prefix = _HEADER_PREFIX.pack(base_offset, _BATCH_LENGTH_EMPTY + len(section),
+                                         partition_leader_epoch, MAGIC_V2, crc)
+        except struct.error as exc:
+            raise InvalidRecordError(
+                f"batch header field out of range (producer_id {producer_id}, producer_epoch "
+                f"{producer_epoch}, base_sequence {base_sequence}, partition_leader_epoch "
+                f"{partition_leader_epoch}, base_offset {base_offset}): {exc}") from None
+        return b"".join((prefix, tail, section))
 
 
-def encode_batch(values, keys=None, timestamps_ms=None, headers=None, *, compression=0, **build_kwargs):
-    b = BatchBuilder(compression=compression)
-    b.append_many(values, keys, timestamps_ms, headers)
-    return b.build(**build_kwargs)
+def _as_timestamp(timestamp_ms) -> int:
+    if isinstance(timestamp_ms, bool) or not hasattr(timestamp_ms, "__index__"):
+        raise InvalidRecordError(
+            f"timestamp must be an int of milliseconds, got {type(timestamp_ms).__name__}")
+    return timestamp_ms.__index__()
+
+
+def _encode_timestamp_delta(timestamp_delta: int, timestamp_ms) -> bytes:
+    if not isinstance(timestamp_ms, int) or not INT64_MIN <= timestamp_delta <= INT64_MAX:
+        raise InvalidRecordError(f"timestamp {timestamp_ms!r} is not a 64-bit int of milliseconds")
+    return encode_varlong(timestamp_delta)
+
+
+def _raise_bad_values(values, keys) -> None:
+    """After a TypeError in a bulk encode: name the first record that caused it."""
+    for what, blobs in (("value", values), ("key", keys)):
+        if blobs is None:
+            continue
+        for index, blob in enumerate(blobs):
+            if blob is not None and not isinstance(blob, (bytes, bytearray, memoryview)):
+                raise InvalidRecordError(
+                    f"record {index}: {what} must be bytes or None, got {type(blob).__name__}") from None
+
+
+def encode_batch(values, keys=None, timestamps_ms=None, headers=None, *, compression: int = 0,
+                 timestamp_type: int = CREATE_TIME, **build_kwargs) -> bytes:
+    """One batch of `values` (see BatchBuilder.append_many and .build for the arguments)."""
+    builder = BatchBuilder(compression=compression, timestamp_type=timestamp_type)
+    builder.append_many(values, keys, timestamps_ms, headers)
+    return builder.build(**build_kwargs)
+
+
+def encode_control_batch(*, committed: bool, producer_id: int, producer_epoch: int,
+                         coordinator_epoch: int, timestamp_ms: int, base_offset: int = 0,
+                         partition_leader_epoch: int = -1) -> bytes:
+    """A transaction marker: a control + transactional batch of one COMMIT or ABORT record."""
+    marker_type = CONTROL_TYPE_COMMIT if committed else CONTROL_TYPE_ABORT
+    try:
+        value = _END_TXN_MARKER_VALUE.pack(END_TXN_MARKER_VALUE_VERSION, coordinator_epoch)
+    except struct.error:
+        raise InvalidRecordError(f"coordinator_epoch {coordinator_epoch} is not a 32-bit int") from None
+    builder = BatchBuilder()
+    builder.append(value, _CONTROL_KEY.pack(CONTROL_KEY_VERSION, marker_type), timestamp_ms)
+    return builder._build(producer_id, producer_epoch, NO_SEQUENCE, TRANSACTIONAL_FLAG | CONTROL_FLAG,
+                          partition_leader_epoch, base_offset)
+
+
+# --- decoding -----------------------------------------------------------------------------
+
+def _records_section(buf, header: BatchHeader):
+    """(data, start, end): where this batch's records live, decompressed if needed.
+
+    Uncompressed batches in a `bytes` buffer are read in place; bytes indexing and slicing
+    are the fastest reads Python has, so other buffer types are copied to bytes once.
+    """
+    start = header.position + HEADER_SIZE
+    end = header.position + header.size_bytes
+    codec = header.attributes & COMPRESSION_CODEC_MASK
+    if codec:
+        if codec not in _compression.CODECS:
+            raise CorruptRecordError(
+                f"batch at byte {header.position}: unknown compression codec id {codec} in attributes")
+        data = _compression.decompress(codec, memoryview(buf)[start:end])
+        return data, 0, len(data)
+    if buf.__class__ is bytes:
+        if end > len(buf):
+            raise CorruptRecordError(
+                f"truncated batch at byte {header.position}: needs {header.size_bytes} bytes")
+        return buf, start, end
+    data = bytes(memoryview(buf)[start:end])
+    if len(data) != end - start:
+        raise CorruptRecordError(
+            f"truncated batch at byte {header.position}: needs {header.size_bytes} bytes")
+    return data, 0, len(data)
 
 
 def decode_records(buf, header: BatchHeader, topic: str, partition: int) -> list[Record]:
-    start = header.position + HEADER_SIZE
-    end = header.position + header.size_bytes
-    data = bytes(memoryview(buf)[start:end])
-    codec = header.attributes & COMPRESSION_CODEC_MASK
-    if codec:
-        data = _compression.decompress(codec, data)
-    log_append = bool(header.attributes & TIMESTAMP_TYPE_MASK)
-    out = []
-    pos = 0
-    for _ in range(header.records_count):
-        length, pos = decode_varint(data, pos)
-        rec_end = pos + length
-        pos += 1
-        tsd, pos = decode_varlong(data, pos)
-        od, pos = decode_varint(data, pos)
-        klen, pos = decode_varint(data, pos)
-        key = None
-        if klen >= 0:
-            key = data[pos:pos + klen]
-            pos += klen
-        vlen, pos = decode_varint(data, pos)
-        value = None
-        if vlen >= 0:
-            value = data[pos:pos + vlen]
-            pos += vlen
-        hcount, pos = decode_varint(data, pos)
-        hdrs = []
-        for _ in range(hcount):
-            hk, pos = decode_varint(data, pos)
-            k = data[pos:pos + hk].decode()
-            pos += hk
-            hv, pos = decode_varint(data, pos)
-            v = None
-            if hv >= 0:
-                v = data[pos:pos + hv]
-                pos += hv
-            hdrs.append((k, v))
-        if pos != rec_end:
-            raise CorruptRecordError("record size mismatch")
-        ts = header.max_timestamp if log_append else header.base_timestamp + tsd
-        out.append(Record(topic, partition, header.base_offset + od, key, value, ts, hdrs,
-                          1 if log_append else 0))
-    if pos != len(data):
-        raise CorruptRecordError("trailing bytes")
-    return out
+    """Every record of the batch `header` describes (parsed from the same `buf`).
+
+    Offsets are base_offset + offsetDelta; timestamps baseTimestamp + delta, or the batch's
+    maxTimestamp for every record under LogAppendTime. Headers are lists of
+    (str, bytes | None). Raises CorruptRecordError unless the section holds exactly
+    recordsCount well-formed records.
+    """
+    data, position, end = _records_section(buf, header)
+    count = header.records_count
+    attributes = header.attributes
+    if attributes & TIMESTAMP_TYPE_MASK:
+        # LogAppendTime: every record shows the broker's time, whatever its delta says
+        base_timestamp, delta_scale, timestamp_type = header.max_timestamp, 0, LOG_APPEND_TIME
+    else:
+        base_timestamp, delta_scale, timestamp_type = header.base_timestamp, 1, CREATE_TIME
+    base_offset = header.base_offset
+
+    records: list[Record] = []
+    append = records.append
+    new_record = tuple.__new__
+    record_class = Record
+    zigzag1 = ZIGZAG_DECODE_1
+    record_start = position
+    try:
+        for _ in range(count):
+            record_start = position
+            # length (varint): 1 or 2 bytes inline
+            byte = data[position]
+            if byte < 0x80:
+                length = zigzag1[byte]
+                position += 1
+            else:
+                byte2 = data[position + 1]
+                if byte2 < 0x80:
+                    raw = (byte & 0x7F) | (byte2 << 7)
+                    length = (raw >> 1) ^ -(raw & 1)
+                    position += 2
+                else:
+                    length, position = decode_varint(data, position)
+            record_end = position + length
+            if length <= 0 or record_end > end:
+                _raise_bad_length(header, count, len(records), record_start, end, length, position)
+            # attributes (i8, unused) and timestampDelta (varlong)
+            byte = data[position + 1]
+            if byte < 0x80:
+                timestamp_delta = zigzag1[byte]
+                position += 2
+            else:
+                timestamp_delta, position = decode_varlong(data, position + 1)
+            # offsetDelta (varint)
+            byte = data[position]
+            if byte < 0x80:
+                offset_delta = zigzag1[byte]
+                position += 1
+            else:
+                byte2 = data[position + 1]
+                if byte2 < 0x80:
+                    raw = (byte & 0x7F) | (byte2 << 7)
+                    offset_delta = (raw >> 1) ^ -(raw & 1)
+                    position += 2
+                else:
+                    offset_delta, position = decode_varint(data, position)
+            # key
+            byte = data[position]
+            if byte == 1:
+                key = None
+                position += 1
+            else:
+                if byte < 0x80:
+                    key_length = zigzag1[byte]
+                    position += 1
+                else:
+                    key_length, position = decode_varint(data, position)
+                if key_length < 0:
+                    raise CorruptRecordError(
+                        f"batch at byte {header.position}: record {len(records)} has key length {key_length}")
+                key = data[position:position + key_length]
+                position += key_length
+            # value
+            byte = data[position]
+            if byte == 1:
+                value = None
+                position += 1
+            else:
+                if byte < 0x80:
+                    value_length = zigzag1[byte]
+                    position += 1
+                else:
+                    byte2 = data[position + 1]
+                    if byte2 < 0x80:
+                        raw = (byte & 0x7F) | (byte2 << 7)
+                        value_length = (raw >> 1) ^ -(raw & 1)
+                        position += 2
+                    else:
+                        value_length, position = decode_varint(data, position)
+                if value_length < 0:
+                    raise CorruptRecordError(
+                        f"batch at byte {header.position}: record {len(records)} has value length "
+                        f"{value_length}")
+                value = data[position:position + value_length]
+                position += value_length
+            # headers
+            if data[position] == 0:
+                headers = []
+                position += 1
+            else:
+                headers, position = _decode_headers(data, position, record_end, header, len(records))
+            if position != record_end:
+                raise CorruptRecordError(
+                    f"batch at byte {header.position}: record {len(records)} declares {length} bytes "
+                    f"but its fields take {length + position - record_end}")
+            append(new_record(record_class, (
+                topic, partition, base_offset + offset_delta, key, value,
+                base_timestamp + timestamp_delta * delta_scale, headers, timestamp_type)))
+    except IndexError:
+        if record_start >= end:
+            raise CorruptRecordError(
+                f"batch at byte {header.position}: recordsCount is {count} but the records section "
+                f"holds only {len(records)}") from None
+        raise CorruptRecordError(
+            f"batch at byte {header.position}: record {len(records)} is truncated") from None
+    if position != end:
+        raise CorruptRecordError(
+            f"batch at byte {header.position}: {end - position} bytes follow the {count} records "
+            f"recordsCount declares")
+    return records
+
+
+def _raise_bad_length(header, count, index, record_start, end, length, position):
+    if record_start >= end:
+        raise CorruptRecordError(
+            f"batch at byte {header.position}: recordsCount is {count} but the records section "
+            f"holds only {index}")
+    raise CorruptRecordError(
+        f"batch at byte {header.position}: record {index} declares {length} bytes, "
+        f"{end - position} remain in the batch")
+
+
+def _decode_headers(data, position: int, record_end: int, header: BatchHeader, index: int):
+    header_count, position = decode_varint(data, position)
+    # each header takes at least two bytes: refuse absurd counts before looping on them
+    if header_count < 0 or 2 * header_count > record_end - position:
+        raise CorruptRecordError(
+            f"batch at byte {header.position}: record {index} declares {header_count} headers")
+    headers = []
+    for _ in range(header_count):
+        key_length, position = decode_varint(data, position)
+        if key_length < 0:
+            raise CorruptRecordError(
+                f"batch at byte {header.position}: record {index} has a header key of length {key_length}")
+        try:
+            header_key = data[position:position + key_length].decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise CorruptRecordError(
+                f"batch at byte {header.position}: record {index} has a header key that is not "
+                f"UTF-8: {exc}") from None
+        position += key_length
+        value_length, position = decode_varint(data, position)
+        if value_length == -1:
+            header_value = None
+        elif value_length < 0:
+            raise CorruptRecordError(
+                f"batch at byte {header.position}: record {index} has a header value of length "
+                f"{value_length}")
+        else:
+            header_value = data[position:position + value_length]
+            position += value_length
+        headers.append((header_key, header_value))
+    return headers, position
+
+
+def decode_control_record(buf, header: BatchHeader) -> tuple[int, int]:
+    """(marker type, coordinator epoch) of a transaction-marker batch.
+
+    Type 0 is ABORT, 1 COMMIT. Like Kafka's reader, a key or value version newer than
+    ours is read for the fields we know.
+    """
+    if not header.is_control:
+        raise CorruptRecordError(f"batch at byte {header.position} is not a control batch")
+    records = decode_records(buf, header, "", 0)
+    if len(records) != 1:
+        raise CorruptRecordError(
+            f"control batch at byte {header.position} holds {len(records)} records, expected 1")
+    key, value = records[0].key, records[0].value
+    if key is None or len(key) < _CONTROL_KEY.size:
+        raise CorruptRecordError(f"control batch at byte {header.position}: key is too short for a control key")
+    key_version, marker_type = _CONTROL_KEY.unpack_from(key)
+    if key_version < 0:
+        raise CorruptRecordError(f"control batch at byte {header.position}: key version {key_version}")
+    if marker_type not in (CONTROL_TYPE_ABORT, CONTROL_TYPE_COMMIT):
+        raise CorruptRecordError(
+            f"control batch at byte {header.position}: control type {marker_type} is not a "
+            f"transaction marker (0 abort, 1 commit)")
+    if value is None or len(value) < _END_TXN_MARKER_VALUE.size:
+        raise CorruptRecordError(
+            f"control batch at byte {header.position}: value is too short for a transaction marker")
+    value_version, coordinator_epoch = _END_TXN_MARKER_VALUE.unpack_from(value)
+    if value_version < 0:
+        raise CorruptRecordError(
+            f"control batch at byte {header.position}: marker value version {value_version}")
+    return marker_type, coordinator_epoch
+
+
+def iter_decoded(buf, topic: str, partition: int, *, skip_control: bool = True):
+    """Every record of every whole batch in `buf`, CRCs verified (for tools and tests)."""
+    for header in iter_headers(buf):
+        verify_crc(buf, header)
+        if skip_control and header.attributes & CONTROL_FLAG:
+            continue
+        yield from decode_records(buf, header, topic, partition)
