@@ -1,0 +1,310 @@
+"""The transaction coordinator process: the I/O shell around `TxnCoordinatorCore`.
+
+Theory of operation
+-------------------
+The core (txn_coordinator.state) decides; this shell carries the decisions out:
+
+1. Every state change is first appended to the `__transaction_state` topic (partition
+   `partition_for(transactional.id)`) with acks=all, *then* applied (`write_completed`).
+   The topic is the coordinator's only durable state: `start()` replays it into the core.
+2. After a Prepare* record is written, the decision is final. A bounded marker queue feeds
+   one marker thread that sends WriteTxnMarkers to the partition leaders, retrying with
+   backoff until every partition has its marker, then writes Complete*. After a restart,
+   `start()` re-queues every transaction the log shows as decided but not complete, so a
+   coordinator killed right after PrepareCommit still finishes the commit.
+3. An expiry thread aborts transactions open past transaction.timeout.ms (fencing their
+   producer) and drops transactional ids idle past transactional.id.expiration.ms.
+
+The coordinator never imports `broker`: it reaches brokers only through the gRPC contract
+(Produce/Fetch for its own log, WriteTxnMarkers for markers, Metadata for leaders), so it can
+run in the broker's process (the embedded default) or in its own.
+
+Locking: one lock guards the core; I/O (log appends, marker RPCs, producer-id blocks on a
+block boundary) happens outside it, except `new_producer_id`, which the core calls and which
+touches the disk once per block of 1000 ids.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import threading
+import time
+from typing import Callable
+
+import grpc
+
+from eos.errors import EosError, ErrorCode, error_for, reaction_for, Reaction
+from eos.records.codec import decode_records, encode_batch
+from eos.records.header import iter_headers
+from eos.types import TopicPartition
+from eos.v1 import broker_pb2, broker_pb2_grpc, common_pb2
+from txn_coordinator import txn_log
+from txn_coordinator.state import Decision, MarkerRequest, TxnCoordinatorCore, TxnMetadata
+
+log = logging.getLogger("eos.txn_coordinator")
+
+STATE_TOPIC = "__transaction_state"
+OFFSETS_TOPIC = "__consumer_offsets"
+STATE_TOPIC_PARTITIONS = 50          # transaction.state.log.num.partitions
+MARKER_QUEUE_MAX = 10_000            # decided transactions awaiting markers
+MARKER_RETRY_BACKOFF_MS = 100
+EXPIRY_INTERVAL_MS = 10_000          # transaction.abort.timed.out.transaction.cleanup.interval.ms
+RPC_TIMEOUT_S = 30
+_MAX_MESSAGE_BYTES = 100 * 1024 * 1024
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class BrokerLink:
+    """The coordinator's view of the cluster, through the Broker gRPC service only."""
+
+    def __init__(self, bootstrap: str):
+        self._channel = grpc.insecure_channel(bootstrap, options=[
+            ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES)])
+        self._stub = broker_pb2_grpc.BrokerStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def ensure_topic(self, name: str, partitions: int) -> int:
+        """Create the internal topic when missing; return its partition count."""
+        response = self._stub.Metadata(broker_pb2.MetadataRequest(topics=[name], include_internal=True),
+                                       timeout=RPC_TIMEOUT_S)
+        for topic in response.topics:
+            if topic.name == name and topic.error_code == ErrorCode.NONE:
+                return len(topic.partitions)
+        created = self._stub.CreateTopics(broker_pb2.CreateTopicsRequest(
+            topics=[broker_pb2.NewTopic(name=name, num_partitions=partitions, replication_factor=-1)]),
+            timeout=RPC_TIMEOUT_S)
+        result = created.topics[0]
+        if result.error_code not in (ErrorCode.NONE, ErrorCode.TOPIC_ALREADY_EXISTS):
+            raise error_for(result.error_code, f"cannot create {name}: {result.error_message}")
+        return partitions
+
+    def append(self, topic: str, partition: int, records: bytes) -> int:
+        response = self._stub.Produce(broker_pb2.ProduceRequest(
+            acks=-1, timeout_ms=RPC_TIMEOUT_S * 1000,
+            partitions=[broker_pb2.PartitionRecords(topic=topic, partition=partition, records=records)]),
+            timeout=RPC_TIMEOUT_S)
+        result = response.partitions[0]
+        if result.error_code != ErrorCode.NONE:
+            raise error_for(result.error_code, result.error_message)
+        return result.base_offset
+
+    def read_all(self, topic: str, partition: int, max_bytes: int = 8 * 1024 * 1024):
+        """Yield (key, value) of every record from the log start to the high watermark."""
+        offset = 0
+        while True:
+            response = self._stub.Fetch(broker_pb2.FetchRequest(
+                max_wait_ms=0, min_bytes=0, max_bytes=max_bytes,
+                partitions=[broker_pb2.FetchPartition(topic=topic, partition=partition, fetch_offset=offset,
+                                                      partition_max_bytes=max_bytes)]),
+                timeout=RPC_TIMEOUT_S)
+            fetched = response.partitions[0]
+            if fetched.error_code == ErrorCode.OFFSET_OUT_OF_RANGE and offset < fetched.log_start_offset:
+                offset = fetched.log_start_offset
+                continue
+            if fetched.error_code != ErrorCode.NONE:
+                raise error_for(fetched.error_code, fetched.error_message)
+            if not fetched.records:
+                return
+            for header in iter_headers(fetched.records):
+                if not header.is_control:
+                    for record in decode_records(fetched.records, header, topic, partition):
+                        if record.offset >= offset:
+                            yield record.key, record.value
+                offset = header.next_offset
+            if offset >= fetched.high_watermark:
+                return
+
+    def write_markers(self, marker: MarkerRequest) -> dict[TopicPartition, tuple[int, str]]:
+        response = self._stub.WriteTxnMarkers(broker_pb2.WriteTxnMarkersRequest(markers=[
+            broker_pb2.TxnMarker(producer_id=marker.producer_id, producer_epoch=marker.producer_epoch,
+                                 committed=marker.committed, coordinator_epoch=marker.coordinator_epoch,
+                                 partitions=[common_pb2.TopicPartition(topic=tp.topic, partition=tp.partition)
+                                             for tp in marker.partitions])]),
+            timeout=RPC_TIMEOUT_S)
+        results = {}
+        for result in response.markers:
+            for p in result.partitions:
+                results[TopicPartition(p.topic, p.partition)] = (p.error_code, p.error_message)
+        return results
+
+
+class TransactionCoordinator:
+    """Owns the core and the threads that carry out its decisions."""
+
+    def __init__(self, link: BrokerLink, new_producer_id: Callable[[], int], *,
+                 now_ms_fn: Callable[[], int] = _now_ms, coordinator_epoch: int = 0,
+                 state_topic_partitions: int = STATE_TOPIC_PARTITIONS,
+                 expiry_interval_ms: int = EXPIRY_INTERVAL_MS):
+        self._link = link
+        self._new_producer_id = new_producer_id
+        self._now_ms = now_ms_fn
+        self._partitions = state_topic_partitions
+        self._expiry_interval_ms = expiry_interval_ms
+        self._core = TxnCoordinatorCore(coordinator_epoch=coordinator_epoch)
+        self._lock = threading.Lock()
+        self._markers: queue.Queue[MarkerRequest] = queue.Queue(MARKER_QUEUE_MAX)
+        self._stopping = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._ready = threading.Event()
+
+    # ---- life cycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Replay the log, re-queue unfinished decisions, start the worker threads."""
+        self._partitions = self._link.ensure_topic(STATE_TOPIC, self._partitions)
+        loaded = 0
+        for partition in range(self._partitions):
+            for key, value in self._link.read_all(STATE_TOPIC, partition):
+                transactional_id = txn_log.decode_key(key)
+                self._core.replay(txn_log.decode_value(transactional_id, value), transactional_id)
+                loaded += 1
+        unfinished = self._core.unfinished_markers()
+        for marker in unfinished:
+            self._markers.put(marker)
+        log.info("transaction coordinator loaded %d records, %d transactional ids, %d decided transactions "
+                 "to finish", loaded, len(self._core.durable), len(unfinished))
+        for target, name in ((self._marker_loop, "eos-txn-markers"), (self._expiry_loop, "eos-txn-expiry")):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        self._ready.set()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stopping.set()
+        for thread in self._threads:
+            thread.join(timeout_s)
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    # ---- carrying out decisions ---------------------------------------------------------------
+
+    def _carry_out(self, decision: Decision) -> Decision:
+        """Append the decision's record (if any) and apply it; a failed append becomes a
+        retriable error for the caller and leaves the durable state as it was."""
+        if decision.write is None:
+            return decision
+        md = decision.write
+        record = encode_batch([txn_log.encode_value(md)], keys=[txn_log.encode_key(md.transactional_id)])
+        try:
+            self._link.append(STATE_TOPIC, txn_log.partition_for(md.transactional_id, self._partitions), record)
+        except (EosError, grpc.RpcError) as exc:
+            with self._lock:
+                self._core.write_failed(md)
+            log.warning("cannot write the state of %r: %s", md.transactional_id, exc)
+            return Decision(error=ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                            message=f"the transaction log is not writable: {exc}")
+        with self._lock:
+            markers = self._core.write_completed(md)
+        if markers is not None:
+            self._markers.put(markers)
+        return decision
+
+    def _marker_loop(self) -> None:
+        retry: collections.deque[tuple[float, MarkerRequest]] = collections.deque()
+        while not self._stopping.is_set():
+            if retry and retry[0][0] <= time.monotonic():
+                marker = retry.popleft()[1]
+            else:
+                try:
+                    marker = self._markers.get(timeout=0.05)
+                except queue.Empty:
+                    continue
+            remaining = self._send_markers(marker)
+            if remaining:
+                retry.append((time.monotonic() + MARKER_RETRY_BACKOFF_MS / 1000,
+                              MarkerRequest(marker.transactional_id, marker.producer_id, marker.producer_epoch,
+                                            marker.committed, marker.coordinator_epoch, remaining)))
+                continue
+            with self._lock:
+                decision = self._core.markers_written(marker.transactional_id, self._now_ms())
+            if not self._carry_out(decision).ok:
+                # Complete* not written: the transaction stays decided; send again later.
+                retry.append((time.monotonic() + MARKER_RETRY_BACKOFF_MS / 1000, marker))
+
+    def _send_markers(self, marker: MarkerRequest) -> frozenset[TopicPartition]:
+        """Send the markers; return the partitions that still need one."""
+        try:
+            results = self._link.write_markers(marker)
+        except grpc.RpcError as exc:
+            log.warning("WriteTxnMarkers for %r failed: %s", marker.transactional_id, exc.code())
+            return marker.partitions
+        remaining = set()
+        for tp in marker.partitions:
+            code, message = results.get(tp, (ErrorCode.UNKNOWN_SERVER_ERROR, "no answer for the partition"))
+            if code == ErrorCode.NONE:
+                continue
+            if code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+                # The topic is gone: there is nothing left to mark (Kafka drops it too).
+                log.warning("dropping the marker of %r for deleted %s", marker.transactional_id, tp)
+                continue
+            if reaction_for(code) is not Reaction.RETRY:
+                log.error("marker of %r for %s refused: %s %s; retrying", marker.transactional_id, tp,
+                          ErrorCode(code).name, message)
+            remaining.add(tp)
+        return frozenset(remaining)
+
+    def _expiry_loop(self) -> None:
+        while not self._stopping.wait(self._expiry_interval_ms / 1000):
+            self.expire_now()
+
+    def expire_now(self) -> int:
+        with self._lock:
+            decisions = self._core.expire(self._now_ms(), self._new_producer_id)
+        for decision in decisions:
+            self._carry_out(decision)
+        return len(decisions)
+
+    # ---- requests (called by the servicer) -----------------------------------------------------
+
+    def init_producer_id(self, transactional_id: str, timeout_ms: int, producer_id: int = -1,
+                         producer_epoch: int = -1) -> Decision:
+        with self._lock:
+            decision = self._core.init_producer_id(
+                transactional_id, timeout_ms, self._now_ms(), self._new_producer_id,
+                expected_producer_id=producer_id, expected_producer_epoch=producer_epoch)
+        return self._carry_out(decision)
+
+    def add_partitions(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                       partitions: list[TopicPartition]) -> Decision:
+        with self._lock:
+            decision = self._core.add_partitions(transactional_id, producer_id, producer_epoch, partitions,
+                                                 self._now_ms())
+        return self._carry_out(decision)
+
+    def add_offsets(self, transactional_id: str, producer_id: int, producer_epoch: int, group_id: str,
+                    offsets_partitions: int = 50) -> Decision:
+        tp = TopicPartition(OFFSETS_TOPIC, txn_log.partition_for(group_id, offsets_partitions))
+        return self.add_partitions(transactional_id, producer_id, producer_epoch, [tp])
+
+    def verify_partitions(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                          partitions: list[TopicPartition]) -> Decision:
+        with self._lock:
+            return self._core.verify_partitions(transactional_id, producer_id, producer_epoch, partitions)
+
+    def end_transaction(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                        commit: bool) -> Decision:
+        with self._lock:
+            decision = self._core.end_transaction(transactional_id, producer_id, producer_epoch, commit,
+                                                  self._now_ms(), self._new_producer_id)
+        return self._carry_out(decision)
+
+    def describe(self, transactional_id: str) -> TxnMetadata | None:
+        with self._lock:
+            return self._core.describe(transactional_id)
+
+    def list(self, **filters) -> list[TxnMetadata]:
+        with self._lock:
+            return self._core.list(now_ms=self._now_ms(), **filters)
+
+    @property
+    def coordinator_epoch(self) -> int:
+        return self._core.coordinator_epoch
