@@ -1,0 +1,606 @@
+"""The broker's idempotence rules (broker.storage.producer_state), driven directly: table
+tests per rule, staging (prepare changes nothing), snapshots and recovery, expiration, and a
+stateful test against a model."""
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, assume, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from broker.storage.producer_state import (
+    RETAINED_BATCHES_MAX,
+    SEQUENCE_MAX,
+    DuplicateBatch,
+    ProducerAppend,
+    ProducerStateManager,
+    decode_snapshot,
+    encode_snapshot,
+    snapshot_path,
+)
+from eos.errors import InvalidProducerEpochError, InvalidRecordError, InvariantError, OutOfOrderSequenceError
+from eos.records.header import CONTROL_FLAG, TRANSACTIONAL_FLAG, BatchHeader
+
+PID = 1000
+HOUR_MS = 3_600_000
+
+
+def header(producer_id: int = PID, epoch: int = 0, base_sequence: int = 0, count: int = 1, *,
+           base_offset: int = 0, timestamp_ms: int = 1_000, attributes: int = 0) -> BatchHeader:
+    return BatchHeader(
+        base_offset=base_offset, batch_length=49 + 10 * count, partition_leader_epoch=0, magic=2, crc=0,
+        attributes=attributes, last_offset_delta=count - 1, base_timestamp=timestamp_ms,
+        max_timestamp=timestamp_ms, producer_id=producer_id, producer_epoch=epoch,
+        base_sequence=base_sequence, records_count=count, position=0)
+
+
+def manager_with(tmp_path, batches, **kwargs) -> ProducerStateManager:
+    """A manager whose log holds `batches` [(epoch, base_sequence, count), ...] of PID, back to
+    back from offset 0, each appended through prepare/apply (so they pass the rules)."""
+    manager = ProducerStateManager(str(tmp_path), **kwargs)
+    offset = 0
+    for epoch, base_sequence, count in batches:
+        append_at(manager, header(PID, epoch, base_sequence, count, timestamp_ms=1_000 + offset), offset)
+        offset += count
+    return manager
+
+
+def append_at(manager: ProducerStateManager, batch: BatchHeader, offset: int, now_ms: int = 0):
+    outcome = manager.prepare_append(batch, now_ms)
+    if not isinstance(outcome, ProducerAppend):
+        raise AssertionError(f"expected an append, got {outcome}")
+    manager.apply(outcome, offset, offset + batch.last_offset_delta)
+    return outcome
+
+
+APPEND = "append"
+OOS = OutOfOrderSequenceError
+EPOCH = InvalidProducerEpochError
+INVALID = InvalidRecordError
+BUG = InvariantError
+
+
+def dup(first_offset: int, last_offset: int) -> tuple:
+    return ("duplicate", first_offset, last_offset)
+
+
+# Seven batches of 2 records in epoch 3: sequences 0-1, 2-3, ..., 12-13 at offsets 0-1 ... 12-13;
+# the last five (sequences 4..13, offsets 4..13) are retained.
+SEVEN = [(3, 2 * i, 2) for i in range(7)]
+NEAR_WRAP = [(0, SEQUENCE_MAX - 3, 2), (0, SEQUENCE_MAX - 1, 2)]   # ends at 2**31 - 1
+ACROSS_WRAP = [(0, SEQUENCE_MAX - 1, 3)]                            # 2**31-2, 2**31-1, 0
+
+RULES = [
+    # (rule, state batches of PID, incoming (epoch, base_sequence, count), expected outcome)
+    ("unknown producer, sequence 0", [], (0, 0, 1), APPEND),
+    ("unknown producer, any sequence (KIP-360)", [], (0, 42, 3), APPEND),
+    ("unknown producer, any epoch", [], (7, 5, 1), APPEND),
+    ("next in sequence", SEVEN, (3, 14, 1), APPEND),
+    ("gap", SEVEN, (3, 15, 1), OOS),
+    ("far gap", SEVEN, (3, 1_000, 1), OOS),
+    ("duplicate of the last batch", SEVEN, (3, 12, 2), dup(12, 13)),
+    ("duplicate of the oldest retained batch", SEVEN, (3, 4, 2), dup(4, 5)),
+    ("duplicate of a middle retained batch", SEVEN, (3, 8, 2), dup(8, 9)),
+    ("retry older than the retained batches", SEVEN, (3, 2, 2), OOS),
+    ("retry of the very first batch", SEVEN, (3, 0, 2), OOS),
+    ("overlap: same first sequence, longer", SEVEN, (3, 12, 3), OOS),
+    ("overlap: same first sequence, shorter", SEVEN, (3, 12, 1), OOS),
+    ("overlap: same last sequence, later first", SEVEN, (3, 13, 1), OOS),
+    ("overlap: spans two retained batches", SEVEN, (3, 9, 2), OOS),
+    ("older epoch", SEVEN, (2, 14, 1), EPOCH),
+    ("older epoch with a retained batch's sequences", SEVEN, (2, 12, 2), EPOCH),
+    ("epoch 0 after a bump", SEVEN, (0, 0, 1), EPOCH),
+    ("new epoch starts at 0", SEVEN, (4, 0, 5), APPEND),
+    ("new epoch not at 0", SEVEN, (4, 14, 1), OOS),
+    ("new epoch with a retained batch's sequences is no duplicate", SEVEN, (4, 12, 2), OOS),
+    ("epoch jump by more than one starts at 0", SEVEN, (9, 0, 1), APPEND),
+    ("after 2**31-1 comes 0", NEAR_WRAP, (0, 0, 1), APPEND),
+    ("after 2**31-1, 2**31 is no sequence: 1 is a gap", NEAR_WRAP, (0, 1, 1), OOS),
+    ("duplicate of the batch ending at 2**31-1", NEAR_WRAP, (0, SEQUENCE_MAX - 1, 2), dup(2, 3)),
+    ("batch across the wrap, then 1", ACROSS_WRAP, (0, 1, 1), APPEND),
+    ("batch across the wrap, then 0 again", ACROSS_WRAP, (0, 0, 1), OOS),
+    ("duplicate of a batch across the wrap", ACROSS_WRAP, (0, SEQUENCE_MAX - 1, 3), dup(0, 2)),
+    ("negative base sequence", SEVEN, (3, -1, 1), INVALID),
+    ("negative base sequence, unknown producer", [], (0, -1, 1), INVALID),
+    ("negative epoch", [], (-1, 0, 1), INVALID),
+]
+
+
+@pytest.mark.parametrize("rule_name, state, incoming, expected", RULES, ids=[r[0] for r in RULES])
+def test_rule_table(tmp_path, rule_name, state, incoming, expected):
+    manager = manager_with(tmp_path, state)
+    before = manager.active_producers()
+    epoch, base_sequence, count = incoming
+    batch = header(PID, epoch, base_sequence, count, timestamp_ms=99_000)
+    if isinstance(expected, type):
+        with pytest.raises(expected):
+            manager.prepare_append(batch, now_ms=100_000)
+    else:
+        outcome = manager.prepare_append(batch, now_ms=100_000)
+        if expected == APPEND:
+            assert isinstance(outcome, ProducerAppend)
+            assert (outcome.producer_epoch, outcome.first_sequence) == (epoch, base_sequence)
+        else:
+            assert isinstance(outcome, DuplicateBatch)
+            assert ("duplicate", outcome.first_offset, outcome.last_offset) == expected
+            # the original batch's timestamp, not the retry's
+            assert outcome.timestamp_ms == 1_000 + outcome.first_offset
+    assert manager.active_producers() == before
+
+
+def test_errors_name_expected_and_received(tmp_path):
+    manager = manager_with(tmp_path, SEVEN)
+    with pytest.raises(OutOfOrderSequenceError, match=r"expected sequence 14, got 20\.\.20"):
+        manager.prepare_append(header(PID, 3, 20), 0)
+    with pytest.raises(InvalidProducerEpochError, match=r"epoch 2, older than the current epoch 3"):
+        manager.prepare_append(header(PID, 2, 14), 0)
+    with pytest.raises(OutOfOrderSequenceError, match=r"from 3 to 4.*start at sequence 0, got 7"):
+        manager.prepare_append(header(PID, 4, 7), 0)
+
+
+def test_batches_without_producer_id_or_control_batches_are_refused_as_bugs(tmp_path):
+    manager = ProducerStateManager(str(tmp_path))
+    with pytest.raises(InvariantError):
+        manager.prepare_append(header(-1, -1, -1), 0)
+    with pytest.raises(InvariantError):
+        manager.prepare_append(header(PID, 0, 0, attributes=CONTROL_FLAG), 0)
+
+
+def test_prepare_changes_nothing_until_apply(tmp_path):
+    manager = manager_with(tmp_path, SEVEN)
+    before = manager.active_producers()
+    files_before = sorted(os.listdir(tmp_path))
+    for incoming in [header(PID, 3, 14), header(PID, 4, 0), header(PID + 1, 0, 0), header(PID, 3, 12, 2)]:
+        manager.prepare_append(incoming, 0)
+        manager.prepare_append(incoming, 0)   # twice: the second answer equals the first
+    assert manager.active_producers() == before
+    assert sorted(os.listdir(tmp_path)) == files_before
+    outcome = manager.prepare_append(header(PID, 3, 14, 2), 0)
+    manager.apply(outcome, 14, 15)
+    entry = manager.last_entry(PID)
+    assert entry.last_sequence == 15 and entry.last_offset == 15
+    assert [b.first_sequence for b in entry.batches] == [6, 8, 10, 12, 14]
+
+
+def test_apply_refuses_a_stale_append_or_offsets_that_do_not_fit(tmp_path):
+    manager = manager_with(tmp_path, SEVEN)
+    first = manager.prepare_append(header(PID, 3, 14), 0)
+    also_first = manager.prepare_append(header(PID, 3, 14), 0)
+    manager.apply(first, 14, 14)
+    with pytest.raises(InvariantError, match="moved between prepare and apply"):
+        manager.apply(also_first, 15, 15)
+    nxt = manager.prepare_append(header(PID, 3, 15, 3), 0)
+    with pytest.raises(InvariantError, match="last offset delta"):
+        manager.apply(nxt, 15, 16)
+    with pytest.raises(InvariantError, match="not after its last batch"):
+        manager.apply(nxt, 10, 12)
+    assert manager.last_entry(PID).last_sequence == 14
+
+
+def test_new_epoch_forgets_the_old_epochs_batches(tmp_path):
+    manager = manager_with(tmp_path, SEVEN)
+    append_at(manager, header(PID, 4, 0, 2), 14)
+    entry = manager.last_entry(PID)
+    assert entry.producer_epoch == 4 and len(entry.batches) == 1
+    with pytest.raises(InvalidProducerEpochError):
+        manager.prepare_append(header(PID, 3, 12, 2), 0)
+
+
+def test_producers_are_independent(tmp_path):
+    manager = manager_with(tmp_path, SEVEN)
+    append_at(manager, header(PID + 1, 0, 0, 3), 14)
+    assert isinstance(manager.prepare_append(header(PID + 1, 0, 3), 0), ProducerAppend)
+    assert isinstance(manager.prepare_append(header(PID, 3, 14), 0), ProducerAppend)
+    assert manager.prepare_append(header(PID + 1, 0, 0, 3), 0) == DuplicateBatch(14, 16, 1_000)
+    assert [e.producer_id for e in manager.active_producers()] == [PID, PID + 1]
+
+
+def test_prepare_appends_checks_batches_of_one_buffer_in_turn(tmp_path):
+    manager = manager_with(tmp_path, SEVEN)
+    buffer = [header(PID, 3, 14, 2), header(-1, -1, -1), header(PID, 3, 16, 1), header(PID + 1, 0, 0)]
+    appends = manager.prepare_appends(buffer, 0)
+    assert appends[1] is None and [a.first_sequence for a in appends if a] == [14, 16, 0]
+    offset = 14
+    for batch, append in zip(buffer, appends):
+        if append is not None:
+            manager.apply(append, offset, offset + batch.last_offset_delta)
+        offset += batch.last_offset_delta + 1
+    assert manager.last_entry(PID).last_sequence == 16
+    # the same batch twice in one buffer: the second is out of sequence, not a duplicate
+    with pytest.raises(OutOfOrderSequenceError):
+        manager.prepare_appends([header(PID, 3, 17), header(PID, 3, 17)], 0)
+    # a retry of a retained batch answers for the whole buffer, as Kafka does
+    assert manager.prepare_appends([header(PID, 3, 17), header(PID, 3, 16)], 0) == DuplicateBatch(17, 17, 1_000)
+
+
+def test_missing_timestamp_takes_now(tmp_path):
+    manager = ProducerStateManager(str(tmp_path))
+    append_at(manager, header(PID, 0, 0, timestamp_ms=-1), 0, now_ms=5_000)
+    assert manager.last_entry(PID).last_timestamp_ms == 5_000
+
+
+# ---- snapshots ------------------------------------------------------------------------------
+
+def test_snapshot_round_trip_and_layout(tmp_path):
+    manager = manager_with(tmp_path, SEVEN)
+    append_at(manager, header(PID + 1, 2, SEQUENCE_MAX - 1, 4, timestamp_ms=7), 14)   # across the wrap
+    manager.take_snapshot(18)
+    path = snapshot_path(str(tmp_path), 18)
+    assert os.path.basename(path) == "00000000000000000018.snapshot"
+    assert sorted(os.listdir(tmp_path)) == ["00000000000000000018.snapshot"]
+    data = open(path, "rb").read()
+    assert data[:2] == b"\x00\x01" and len(data) == 2 + 4 + 4 + 2 * 46
+    # first entry, field by field: producer_id, epoch, last_sequence, last_offset, offset_delta, timestamp,
+    # coordinator_epoch, current_txn_first_offset
+    assert data[10:10 + 46] == (PID.to_bytes(8, "big") + (3).to_bytes(2, "big") + (13).to_bytes(4, "big")
+                                + (13).to_bytes(8, "big") + (1).to_bytes(4, "big") + (1_012).to_bytes(8, "big")
+                                + (-1).to_bytes(4, "big", signed=True) + (-1).to_bytes(8, "big", signed=True))
+
+    reloaded = ProducerStateManager(str(tmp_path))
+    assert reloaded.load(0, 18) == 18
+    entries = {e.producer_id: e for e in reloaded.active_producers()}
+    assert entries[PID].producer_epoch == 3 and entries[PID].last_sequence == 13
+    assert [(b.first_sequence, b.first_offset, b.last_offset) for b in entries[PID].batches] == [(12, 12, 13)]
+    wrapped = entries[PID + 1].batches[0]
+    assert (wrapped.first_sequence, wrapped.last_sequence, wrapped.first_offset, wrapped.last_offset) == (
+        SEQUENCE_MAX - 1, 1, 14, 17)
+    # after a restart only the last batch is known: its retry is a duplicate, older ones are out of order
+    assert reloaded.prepare_append(header(PID, 3, 12, 2), 0) == DuplicateBatch(12, 13, 1_012)
+    with pytest.raises(OutOfOrderSequenceError):
+        reloaded.prepare_append(header(PID, 3, 10, 2), 0)
+    assert isinstance(reloaded.prepare_append(header(PID + 1, 2, 2), 0), ProducerAppend)
+    assert decode_snapshot(encode_snapshot(reloaded.active_producers())) == reloaded.active_producers()
+
+
+def test_empty_snapshot_round_trip(tmp_path):
+    ProducerStateManager(str(tmp_path)).take_snapshot(0)
+    manager = ProducerStateManager(str(tmp_path))
+    assert manager.load(0, 0) == 0 and manager.active_producers() == []
+    assert manager.snapshot_offsets() == [0]
+
+
+def _write_two_snapshots(tmp_path) -> ProducerStateManager:
+    manager = manager_with(tmp_path, SEVEN[:3])          # sequences 0..5, offsets 0..5
+    manager.take_snapshot(6)
+    append_at(manager, header(PID, 3, 6, 2, timestamp_ms=5), 6)
+    manager.take_snapshot(8)
+    return manager
+
+
+@pytest.mark.parametrize("damage", ["flip a byte", "flip a CRC byte", "truncate", "empty", "append a byte",
+                                    "unknown version"])
+def test_corrupt_snapshot_is_deleted_and_the_older_one_used(tmp_path, damage):
+    _write_two_snapshots(tmp_path)
+    path = snapshot_path(str(tmp_path), 8)
+    data = bytearray(open(path, "rb").read())
+    if damage == "flip a byte":
+        data[20] ^= 0x01
+    elif damage == "flip a CRC byte":
+        data[3] ^= 0x80
+    elif damage == "truncate":
+        data = data[:-7]
+    elif damage == "empty":
+        data = bytearray()
+    elif damage == "append a byte":
+        data += b"\x00"
+    else:
+        data[1] = 2
+    open(path, "wb").write(bytes(data))
+
+    manager = ProducerStateManager(str(tmp_path))
+    assert manager.load(0, 8) == 6
+    assert not os.path.exists(path)
+    assert manager.snapshot_offsets() == [6]
+    assert manager.last_entry(PID).last_sequence == 5
+
+
+def test_all_snapshots_corrupt_means_replay_from_log_start(tmp_path):
+    _write_two_snapshots(tmp_path)
+    for offset in (6, 8):
+        open(snapshot_path(str(tmp_path), offset), "r+b").write(b"\xff\xff")
+    manager = ProducerStateManager(str(tmp_path))
+    assert manager.load(2, 8) == 2
+    assert manager.active_producers() == [] and manager.snapshot_offsets() == []
+
+
+def test_snapshot_beyond_log_end_is_deleted(tmp_path):
+    _write_two_snapshots(tmp_path)
+    manager = ProducerStateManager(str(tmp_path))
+    assert manager.load(0, 7) == 6
+    assert manager.snapshot_offsets() == [6]
+    assert manager.last_entry(PID).last_sequence == 5
+
+
+def test_snapshot_before_log_start_is_deleted_but_one_at_the_start_is_used(tmp_path):
+    _write_two_snapshots(tmp_path)
+    manager = ProducerStateManager(str(tmp_path))
+    assert manager.load(8, 8) == 8
+    assert manager.snapshot_offsets() == [8]
+    # the producer's data may be gone by retention; its state stays until it expires (KIP-360)
+    assert manager.last_entry(PID).last_sequence == 7
+    assert manager.load(9, 12) == 9 and manager.snapshot_offsets() == []
+
+
+def test_load_replaces_state_and_replay_rebuilds_it(tmp_path):
+    source = _write_two_snapshots(tmp_path)
+    append_at(source, header(PID, 3, 8, 3, timestamp_ms=6), 8)
+    append_at(source, header(PID + 7, 1, 40, 2, timestamp_ms=6), 11)
+    # a crash: the log holds offsets 0..12, the newest snapshot is at 8
+    manager = ProducerStateManager(str(tmp_path))
+    append_at(manager, header(PID + 99, 0, 0), 0)        # stale in-memory state is replaced
+    replay_from = manager.load(0, 13)
+    assert replay_from == 8
+    manager.update_from_replay(header(PID, 3, 8, 3, base_offset=8, timestamp_ms=6))
+    manager.update_from_replay(header(-1, -1, -1, 1, base_offset=11))          # not idempotent: ignored
+    manager.update_from_replay(header(PID + 7, 1, 40, 2, base_offset=11, timestamp_ms=6))
+    assert manager.last_entry(PID + 99) is None
+    rebuilt = {e.producer_id: (e.producer_epoch, e.last_sequence, e.last_offset, e.last_timestamp_ms)
+               for e in manager.active_producers()}
+    original = {e.producer_id: (e.producer_epoch, e.last_sequence, e.last_offset, e.last_timestamp_ms)
+                for e in source.active_producers()}
+    assert rebuilt == original
+    assert manager.prepare_append(header(PID, 3, 8, 3), 0) == DuplicateBatch(8, 10, 6)
+    assert manager.prepare_append(header(PID, 3, 6, 2), 0) == DuplicateBatch(6, 7, 5)
+
+
+def test_truncate_drops_later_snapshots_and_requires_a_reload(tmp_path):
+    manager = _write_two_snapshots(tmp_path)
+    manager.take_snapshot(10)
+    manager.truncate_to(7)
+    assert manager.snapshot_offsets() == [6]
+    with pytest.raises(InvariantError, match="load"):
+        manager.prepare_append(header(PID, 3, 6), 0)
+    assert manager.load(0, 7) == 6
+    manager.update_from_replay(header(PID, 3, 6, 1, base_offset=6))
+    assert manager.last_entry(PID).last_sequence == 6
+
+
+def test_delete_snapshots_before(tmp_path):
+    manager = _write_two_snapshots(tmp_path)
+    manager.take_snapshot(10)
+    manager.delete_snapshots_before(8)
+    assert manager.snapshot_offsets() == [8, 10]
+
+
+def test_stray_files_are_left_alone_and_temp_snapshots_removed(tmp_path):
+    manager = _write_two_snapshots(tmp_path)
+    (tmp_path / "00000000000000000000.log").write_bytes(b"")
+    (tmp_path / "notes.snapshot").write_bytes(b"x")
+    (tmp_path / "00000000000000000009.snapshot.tmp").write_bytes(b"half")
+    assert manager.load(0, 10) == 8
+    assert sorted(os.listdir(tmp_path)) == ["00000000000000000000.log", "00000000000000000006.snapshot",
+                                            "00000000000000000008.snapshot", "notes.snapshot"]
+
+
+# ---- expiration -------------------------------------------------------------------------------
+
+def test_idle_producers_expire(tmp_path):
+    manager = ProducerStateManager(str(tmp_path), producer_id_expiration_ms=HOUR_MS)
+    append_at(manager, header(1, 0, 0, timestamp_ms=10_000), 0)
+    append_at(manager, header(2, 0, 0, timestamp_ms=10_000 + HOUR_MS), 1)
+    assert manager.remove_expired(now_ms=10_000 + HOUR_MS - 1) == []
+    assert manager.remove_expired(now_ms=10_000 + HOUR_MS) == [1]
+    assert [e.producer_id for e in manager.active_producers()] == [2]
+    # an expired producer is unknown again: any sequence is accepted (KIP-360)
+    assert isinstance(manager.prepare_append(header(1, 0, 17), 0), ProducerAppend)
+    assert manager.remove_expired(now_ms=10_000 + 2 * HOUR_MS) == [2]
+
+
+def test_expired_producers_are_not_loaded_from_a_snapshot(tmp_path):
+    manager = ProducerStateManager(str(tmp_path), producer_id_expiration_ms=HOUR_MS)
+    append_at(manager, header(1, 0, 0, timestamp_ms=0), 0)
+    append_at(manager, header(2, 0, 0, timestamp_ms=HOUR_MS), 1)
+    manager.take_snapshot(2)
+    assert manager.load(0, 2, now_ms=HOUR_MS + 1) == 2
+    assert [e.producer_id for e in manager.active_producers()] == [2]
+    assert manager.load(0, 2) == 2 and len(manager.active_producers()) == 2
+
+
+def test_open_transaction_never_expires(tmp_path):
+    # issue 4 will set current_txn_first_offset; a snapshot can already carry it
+    manager = ProducerStateManager(str(tmp_path), producer_id_expiration_ms=HOUR_MS)
+    append_at(manager, header(1, 0, 0, timestamp_ms=0, attributes=TRANSACTIONAL_FLAG), 0)
+    entry = manager.last_entry(1)
+    data = encode_snapshot([type(entry)(entry.producer_id, entry.producer_epoch, entry.batches,
+                                        entry.last_timestamp_ms, 5, 0)])
+    open(snapshot_path(str(tmp_path), 1), "wb").write(data)
+    manager.load(0, 1)
+    assert manager.last_entry(1).current_txn_first_offset == 0
+    assert manager.remove_expired(now_ms=10 * HOUR_MS) == []
+
+
+# ---- stateful: random sends, retries, fencing, restarts against a model -------------------------
+
+PRODUCERS = (11, 12, 13)
+START_SEQUENCE = {11: 0, 12: 0, 13: SEQUENCE_MAX - 6}   # producer 13 crosses the wrap soon
+
+
+class Model:
+    """Kafka's rules written as plainly as possible, over the model's own log."""
+
+    def __init__(self):
+        self.retained: dict[int, tuple[int, list[tuple]]] = {}   # pid -> (epoch, [(first, last, off0, off1, ts)])
+
+    def decide(self, pid, epoch, first, last):
+        if pid not in self.retained:
+            return ("append",)
+        current_epoch, batches = self.retained[pid]
+        if epoch == current_epoch:
+            for b in batches:
+                if (b[0], b[1]) == (first, last):
+                    return ("duplicate", b[2], b[3], b[4])
+            if first == (batches[-1][1] + 1) % 2**31:
+                return ("append",)
+            return ("out_of_order",)
+        if epoch < current_epoch:
+            return ("fenced",)
+        return ("append",) if first == 0 else ("out_of_order",)
+
+    def record(self, pid, epoch, first, last, off0, off1, ts):
+        current = self.retained.get(pid)
+        batches = current[1] if current and current[0] == epoch else []
+        self.retained[pid] = (epoch, (batches + [(first, last, off0, off1, ts)])[-RETAINED_BATCHES_MAX:])
+
+    def snapshot(self):
+        return {pid: (epoch, batches[-1:]) for pid, (epoch, batches) in self.retained.items()}
+
+
+def outcome_of(manager, batch, now_ms):
+    try:
+        result = manager.prepare_append(batch, now_ms)
+    except OutOfOrderSequenceError:
+        return ("out_of_order",), None
+    except InvalidProducerEpochError:
+        return ("fenced",), None
+    if isinstance(result, DuplicateBatch):
+        return ("duplicate", result.first_offset, result.last_offset, result.timestamp_ms), None
+    return ("append",), result
+
+
+@settings(max_examples=60, stateful_step_count=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+class ProducerStateMachine(RuleBasedStateMachine):
+    def __init__(self):
+        super().__init__()
+        import tempfile
+        self._dir = tempfile.TemporaryDirectory()
+        self.manager = ProducerStateManager(self._dir.name)
+        self.model = Model()
+        self.log: list[tuple] = []          # (pid, epoch, first, last, off0, off1, ts)
+        self.clock_ms = 1_000
+        self.epoch = {pid: 0 for pid in PRODUCERS}
+        self.next_seq = dict(START_SEQUENCE)
+        self.sent: dict[int, list[BatchHeader]] = {pid: [] for pid in PRODUCERS}   # this epoch, accepted
+        self.snapshot_state: tuple[int, dict] | None = None   # (offset, model snapshot)
+
+    def teardown(self):
+        self._dir.cleanup()
+
+    @property
+    def end_offset(self) -> int:
+        return self.log[-1][5] + 1 if self.log else 0
+
+    def send(self, batch: BatchHeader) -> tuple:
+        self.clock_ms += 1
+        expected = self.model.decide(batch.producer_id, batch.producer_epoch, batch.base_sequence,
+                                     batch.last_sequence)
+        before = self.manager.active_producers()
+        got, append = outcome_of(self.manager, batch, self.clock_ms)
+        assert self.manager.active_producers() == before, "prepare_append changed the state"
+        assert got == expected, f"{batch}: manager {got}, model {expected}"
+        if append is not None:
+            off0 = self.end_offset
+            off1 = off0 + batch.last_offset_delta
+            self.manager.apply(append, off0, off1)
+            entry = (batch.producer_id, batch.producer_epoch, batch.base_sequence, batch.last_sequence, off0,
+                     off1, batch.max_timestamp)
+            self.log.append(entry)
+            self.model.record(*entry[:2], *entry[2:])
+        return got
+
+    def fresh(self, pid: int, count: int, base_sequence: int | None = None, epoch: int | None = None):
+        return header(pid, self.epoch[pid] if epoch is None else epoch,
+                      self.next_seq[pid] if base_sequence is None else base_sequence, count,
+                      timestamp_ms=self.clock_ms + 1)
+
+    @rule(pid=st.sampled_from(PRODUCERS), count=st.integers(1, 4))
+    def send_next(self, pid, count):
+        batch = self.fresh(pid, count)
+        assert self.send(batch) == ("append",)
+        self.next_seq[pid] = (batch.last_sequence + 1) % 2**31
+        self.sent[pid].append(batch)
+
+    @precondition(lambda self: any(self.sent.values()))
+    @rule(data=st.data(), back=st.integers(1, RETAINED_BATCHES_MAX + 2))
+    def retry(self, data, back):
+        pid = data.draw(st.sampled_from([p for p in PRODUCERS if self.sent[p]]))
+        history = self.sent[pid]
+        original = history[-min(back, len(history))]
+        result = self.send(original)
+        if min(back, len(history)) <= RETAINED_BATCHES_MAX and self.snapshot_state is None:
+            assert result[0] == "duplicate"   # no restart yet: all five retries are recognised
+
+    @precondition(lambda self: any(self.sent.values()))
+    @rule(data=st.data(), skip=st.integers(1, 3))
+    def gap(self, data, skip):
+        pid = data.draw(st.sampled_from([p for p in PRODUCERS if self.sent[p]]))
+        assert self.send(self.fresh(pid, 1, (self.next_seq[pid] + skip) % 2**31)) == ("out_of_order",)
+
+    @precondition(lambda self: any(self.sent.values()))
+    @rule(data=st.data(), shift=st.sampled_from([(1, 0), (0, 1), (0, -1), (-1, 0)]))
+    def overlap(self, data, shift):
+        pid = data.draw(st.sampled_from([p for p in PRODUCERS if self.sent[p]]))
+        original = data.draw(st.sampled_from(self.sent[pid][-RETAINED_BATCHES_MAX:]))
+        count = original.records_count + shift[1] - shift[0]
+        assume(count >= 1)
+        base = (original.base_sequence + shift[0]) % 2**31
+        self.send(header(pid, original.producer_epoch, base, count, timestamp_ms=self.clock_ms))
+
+    @precondition(lambda self: any(self.epoch[p] > 0 for p in PRODUCERS))
+    @rule(data=st.data())
+    def stale_epoch(self, data):
+        pid = data.draw(st.sampled_from([p for p in PRODUCERS if self.epoch[p] > 0]))
+        known = self.manager.last_entry(pid) is not None
+        result = self.send(self.fresh(pid, 1, epoch=self.epoch[pid] - 1))
+        if known:
+            assert result == ("fenced",)
+
+    @rule(pid=st.sampled_from(PRODUCERS), bad_start=st.booleans(), count=st.integers(1, 4))
+    def bump_epoch(self, pid, bad_start, count):
+        self.epoch[pid] += 1
+        if bad_start and self.manager.last_entry(pid) is not None:
+            assert self.send(self.fresh(pid, 1, base_sequence=5)) == ("out_of_order",)
+        self.next_seq[pid] = 0
+        self.sent[pid] = []
+        self.send_next(pid, count)
+
+    @rule()
+    def snapshot(self):
+        self.manager.take_snapshot(self.end_offset)
+        self.snapshot_state = (self.end_offset, self.model.snapshot())
+
+    @rule()
+    def restart(self):
+        """A new manager over the same directory: newest snapshot, then replay of the log."""
+        self.manager = ProducerStateManager(self._dir.name)
+        replay_from = self.manager.load(0, self.end_offset)
+        expected_from, state = self.snapshot_state if self.snapshot_state else (0, {})
+        assert replay_from == expected_from
+        self.model.retained = {pid: (epoch, list(batches)) for pid, (epoch, batches) in state.items()}
+        for pid, epoch, first, last, off0, off1, ts in self.log:
+            if off0 >= replay_from:
+                self.manager.update_from_replay(
+                    header(pid, epoch, first, off1 - off0 + 1, base_offset=off0, timestamp_ms=ts))
+                self.model.record(pid, epoch, first, last, off0, off1, ts)
+
+    @invariant()
+    def retained_batches_match_the_model(self):
+        for pid in PRODUCERS:
+            entry = self.manager.last_entry(pid)
+            if pid not in self.model.retained:
+                assert entry is None
+                continue
+            epoch, batches = self.model.retained[pid]
+            assert entry.producer_epoch == epoch
+            assert [(b.first_sequence, b.last_sequence, b.first_offset, b.last_offset, b.max_timestamp_ms)
+                    for b in entry.batches] == batches
+
+    @invariant()
+    def log_is_exactly_once_in_order(self):
+        last: dict[tuple[int, int], int] = {}
+        for pid, epoch, first, last_seq, _, _, _ in self.log:
+            key = (pid, epoch)
+            if key in last:
+                assert first == (last[key] + 1) % 2**31, f"gap or duplicate in {key}: {last[key]} then {first}"
+            else:
+                assert first == (START_SEQUENCE[pid] if epoch == 0 else 0)
+            last[key] = last_seq
+        epochs = {}
+        for pid, epoch, *_ in self.log:
+            assert epoch >= epochs.get(pid, epoch), "an older epoch was appended after a newer one"
+            epochs[pid] = epoch
+
+
+TestProducerStateMachine = ProducerStateMachine.TestCase
