@@ -1,0 +1,443 @@
+"""The broker process: storage, services and housekeeping wired together, started, stopped.
+
+Theory of operation
+-------------------
+`BrokerServer` owns the life of one broker node and nothing else: it validates the broker
+config (no I/O), then `start()` takes the data dir (an exclusive lock, `meta.properties`
+with the cluster id), loads the topic registry and the logs, sweeps the logs against the
+registry, binds the gRPC port, registers the Broker and TxnCoordinator services, and starts
+the housekeeping thread (retention, segment roll by time, flush.ms), which wakes every
+log.retention.check.interval.ms on an Event so that stop never waits for it to sleep out.
+
+`stop()` is the reverse, in an order that keeps acknowledged data safe: refuse new RPCs,
+wake long polls, wait (bounded) for requests in flight, stop housekeeping, then close the
+logs (LogManager.shutdown flushes and writes the clean-shutdown state), and let go of the
+lock. `run_broker()` is the blocking entry of `eos broker start` and `python -m broker`: it
+prints one line "eos broker listening on HOST:PORT (data dir DIR)" once the port is bound
+and serving, and stops cleanly on SIGTERM or SIGINT.
+
+Broker config uses Kafka's broker names. The broker-level defaults of topic configs keep
+Kafka's broker spelling (`log.segment.bytes`, `log.retention.ms`, `message.max.bytes`, ...)
+and become the base every topic's overrides apply to. An unknown name is an error at start,
+not a silent no-op.
+"""
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+import dataclasses
+import fcntl
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Callable, Mapping
+
+import grpc
+
+from broker.purgatory import FetchPurgatory
+from broker.service import FETCH_MAX_WAIT_CAP_MS, BrokerServicer, NodeAddress
+from broker.topics import TopicRegistry, write_file_atomically
+from eos.config import TopicConfig
+from eos.errors import EosError, InvalidConfigError, StorageError
+from eos.v1 import broker_pb2_grpc, txn_pb2_grpc
+from txn_coordinator.producer_ids import PRODUCER_IDS_FILE_NAME, ProducerIdManager
+from txn_coordinator.service import TxnCoordinatorServicer
+
+log = logging.getLogger("eos.broker")
+
+MIB = 1024 * 1024
+GRPC_MESSAGE_BYTES_MAX = 100 * MIB
+# Long polls hold a worker each, so the pool is sized for them and the purgatory stops
+# accepting waiters well before the pool is full: the rest stay free for produce and admin.
+RPC_WORKER_THREADS = 64
+RPC_WORKERS_KEPT_FREE_OF_LONG_POLLS = 16
+STOP_GRACE_S = 10.0
+HOUSEKEEPING_JOIN_TIMEOUT_S = 60.0
+
+META_PROPERTIES = "meta.properties"
+LOCK_FILE_NAME = ".lock"
+
+# Kafka broker-level names of topic config defaults -> the topic-level name they set.
+_TOPIC_DEFAULT_NAMES = {
+    "log.segment.bytes": "segment.bytes",
+    "log.roll.ms": "segment.ms",
+    "log.index.size.max.bytes": "segment.index.bytes",
+    "log.index.interval.bytes": "index.interval.bytes",
+    "log.retention.ms": "retention.ms",
+    "log.retention.bytes": "retention.bytes",
+    "log.flush.interval.messages": "flush.messages",
+    "log.flush.interval.ms": "flush.ms",
+    "message.max.bytes": "max.message.bytes",
+    "log.message.timestamp.type": "message.timestamp.type",
+    "compression.type": "compression.type",
+    "log.cleanup.policy": "cleanup.policy",
+    "min.insync.replicas": "min.insync.replicas",
+    "log.segment.delete.delay.ms": "file.delete.delay.ms",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class BrokerConfig:
+    """Broker settings (Kafka's names, dots to underscores)."""
+
+    num_partitions: int = 1
+    # Kafka's default is true, but an exactly-once system should not invent topics from
+    # typos: a producer writing to "ordres" gets UNKNOWN_TOPIC_OR_PARTITION, not a new topic.
+    auto_create_topics_enable: bool = False
+    # Kafka's default is 300000; 5 s here because the same tick drives flush.ms and
+    # segment.ms, which users expect to act within seconds, and a tick is cheap.
+    log_retention_check_interval_ms: int = 5000
+    socket_request_max_bytes: int = GRPC_MESSAGE_BYTES_MAX
+    producer_id_expiration_ms: int = 86400000
+    topic_defaults: TopicConfig = TopicConfig()
+
+    @classmethod
+    def from_dict(cls, config: Mapping[str, str] | None) -> "BrokerConfig":
+        values: dict = {}
+        topic_overrides: dict[str, str] = {}
+        for name, raw in (config or {}).items():
+            raw = str(raw).strip()
+            if name in _TOPIC_DEFAULT_NAMES:
+                topic_overrides[_TOPIC_DEFAULT_NAMES[name]] = raw
+            elif name == "num.partitions":
+                values["num_partitions"] = _parse_int(name, raw, minimum=1)
+            elif name == "auto.create.topics.enable":
+                if raw.lower() not in ("true", "false"):
+                    raise InvalidConfigError(f"invalid value {raw!r} for {name}: must be true or false")
+                values["auto_create_topics_enable"] = raw.lower() == "true"
+            elif name == "log.retention.check.interval.ms":
+                values["log_retention_check_interval_ms"] = _parse_int(name, raw, minimum=1)
+            elif name == "socket.request.max.bytes":
+                values["socket_request_max_bytes"] = _parse_int(name, raw, minimum=1,
+                                                                maximum=GRPC_MESSAGE_BYTES_MAX * 20)
+            elif name == "producer.id.expiration.ms":
+                values["producer_id_expiration_ms"] = _parse_int(name, raw, minimum=1)
+            else:
+                raise InvalidConfigError(f"unknown broker config {name!r}")
+        try:
+            topic_defaults = TopicConfig.from_overrides(topic_overrides)
+        except InvalidConfigError as exc:
+            raise InvalidConfigError(f"broker default topic config: {exc}") from None
+        return cls(topic_defaults=topic_defaults, **values)
+
+
+def _parse_int(name: str, raw: str, *, minimum: int, maximum: int | None = None) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidConfigError(f"invalid value {raw!r} for {name}: not an integer") from None
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f">= {minimum}" if maximum is None else f"between {minimum} and {maximum}"
+        raise InvalidConfigError(f"invalid value {raw!r} for {name}: must be {bound}")
+    return value
+
+
+def _wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _format_host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+# ---- meta.properties ----------------------------------------------------------------------
+
+def new_cluster_id() -> str:
+    """Kafka's form: a random UUID as 22 characters of URL-safe base64."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
+
+
+def read_meta_properties(path: Path) -> dict[str, str]:
+    properties = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep:
+            raise StorageError(f"{path}: line {line!r} is not key=value")
+        properties[key.strip()] = value.strip()
+    return properties
+
+
+def load_or_create_meta_properties(data_dir: Path, node_id: int) -> str:
+    """The cluster id of this data dir, creating `meta.properties` on first start; refuse a
+    data dir that belongs to another node (as Kafka does)."""
+    path = data_dir / META_PROPERTIES
+    if path.exists():
+        properties = read_meta_properties(path)
+        cluster_id = properties.get("cluster.id", "")
+        if properties.get("version") != "1" or not cluster_id:
+            raise StorageError(f"{path} is not a version 1 meta.properties with a cluster.id")
+        if properties.get("node.id") != str(node_id):
+            raise StorageError(f"{path} belongs to node.id {properties.get('node.id')}, "
+                               f"this broker is node.id {node_id}")
+        return cluster_id
+    cluster_id = new_cluster_id()
+    text = (f"#\n#{time.strftime('%a %b %d %H:%M:%S UTC %Y', time.gmtime())}\n"
+            f"cluster.id={cluster_id}\nnode.id={node_id}\nversion=1\n")
+    write_file_atomically(path, text.encode("utf-8"))
+    return cluster_id
+
+
+class _DataDirLock:
+    """An exclusive flock on `<data_dir>/.lock`: two brokers on one data dir would
+    interleave appends and destroy both logs. The kernel drops it when the process dies."""
+
+    def __init__(self, data_dir: Path):
+        self._path = data_dir / LOCK_FILE_NAME
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StorageError(f"data dir {self._path.parent} is in use by another broker "
+                               f"(lock {self._path} is held)") from None
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+
+# ---- the server -------------------------------------------------------------------------------
+
+class BrokerServer:
+    """One broker node. `start()` returns once the port is bound and serving.
+
+    `port=0` binds a free port; read the bound one from `.port` / `.address` after start.
+    Usable as a context manager (start on enter, stop on exit).
+    """
+
+    def __init__(self, data_dir: str | os.PathLike, host: str = "127.0.0.1", port: int = 9092,
+                 node_id: int = 0, config: Mapping[str, str] | None = None, *,
+                 now_ms_fn: Callable[[], int] = _wall_clock_ms):
+        if not 0 <= port <= 65535:
+            raise InvalidConfigError(f"port {port} is outside 0..65535")
+        if node_id < 0:
+            raise InvalidConfigError(f"node.id must be >= 0, got {node_id}")
+        self.config = BrokerConfig.from_dict(config)
+        self.data_dir = Path(data_dir).resolve()
+        self.host = host
+        self.node_id = node_id
+        self._requested_port = port
+        self.port: int | None = None
+        self.cluster_id: str | None = None
+        self._now_ms = now_ms_fn
+        self._lock = _DataDirLock(self.data_dir)
+        self._log_manager = None
+        self._registry: TopicRegistry | None = None
+        self._grpc_server: grpc.Server | None = None
+        self._servicer: BrokerServicer | None = None
+        self._stopping = threading.Event()
+        self._stopped = threading.Event()
+        self._housekeeping_thread: threading.Thread | None = None
+        self._state_lock = threading.Lock()
+        self._started = False
+
+    @property
+    def address(self) -> str:
+        if self.port is None:
+            raise EosError("the broker is not started")
+        return _format_host_port(self.host, self.port)
+
+    @property
+    def registry(self) -> TopicRegistry | None:
+        return self._registry
+
+    @property
+    def log_manager(self):
+        return self._log_manager
+
+    # ---- start ------------------------------------------------------------------------------
+
+    def start(self) -> "BrokerServer":
+        with self._state_lock:
+            if self._started:
+                raise EosError("BrokerServer.start() called twice")
+            self._started = True
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            self._lock.acquire()
+            try:
+                self._start_locked()
+            except BaseException:
+                self._teardown_after_failed_start()
+                raise
+        log.info("eos broker node %d listening on %s (data dir %s, cluster %s)",
+                 self.node_id, self.address, self.data_dir, self.cluster_id)
+        return self
+
+    def _start_locked(self) -> None:
+        from broker.storage.log_manager import LogManager  # storage is the heavy import
+
+        self.cluster_id = load_or_create_meta_properties(self.data_dir, self.node_id)
+        self._registry = TopicRegistry(self.data_dir, default_config=self.config.topic_defaults,
+                                       default_num_partitions=self.config.num_partitions)
+        topics = self._registry.load()
+        self._log_manager = _make_log_manager(LogManager, self.data_dir, self._now_ms,
+                                              self.config.producer_id_expiration_ms)
+        self._log_manager.load({info.name: info.config for info in topics})
+        self._sweep_logs()
+        producer_ids = ProducerIdManager(self.data_dir / PRODUCER_IDS_FILE_NAME)
+
+        server = grpc.server(
+            concurrent.futures.ThreadPoolExecutor(max_workers=RPC_WORKER_THREADS,
+                                                  thread_name_prefix="eos-broker-rpc"),
+            options=[
+                ("grpc.max_send_message_length", GRPC_MESSAGE_BYTES_MAX),
+                ("grpc.max_receive_message_length", self.config.socket_request_max_bytes),
+                # without this a second broker on the same port would share the traffic
+                # silently instead of failing to start
+                ("grpc.so_reuseport", 0),
+            ])
+        bind_address = _format_host_port(self.host, self._requested_port)
+        try:
+            bound_port = server.add_insecure_port(bind_address)
+        except RuntimeError as exc:  # grpc raises when the bind fails
+            raise StorageError(f"cannot listen on {bind_address}: {exc}") from None
+        if not bound_port:
+            raise StorageError(f"cannot listen on {bind_address}: the address is in use or invalid")
+        self.port = bound_port
+        self._grpc_server = server
+
+        purgatory = FetchPurgatory(max_waiters=RPC_WORKER_THREADS - RPC_WORKERS_KEPT_FREE_OF_LONG_POLLS)
+        self._servicer = BrokerServicer(
+            registry=self._registry, log_manager=self._log_manager, purgatory=purgatory,
+            node=NodeAddress(self.node_id, self.host, bound_port), cluster_id=self.cluster_id,
+            now_ms_fn=self._now_ms, auto_create_topics=self.config.auto_create_topics_enable,
+            fetch_max_wait_cap_ms=FETCH_MAX_WAIT_CAP_MS)
+        broker_pb2_grpc.add_BrokerServicer_to_server(self._servicer, server)
+        txn_pb2_grpc.add_TxnCoordinatorServicer_to_server(TxnCoordinatorServicer(producer_ids), server)
+        server.start()
+
+        self._housekeeping_thread = threading.Thread(
+            target=self._housekeeping_loop, name="eos-broker-housekeeping", daemon=True)
+        self._housekeeping_thread.start()
+
+    def _sweep_logs(self) -> None:
+        """Make the logs on disk match the registry: create what is missing (a create cut
+        short, or storage lost), delete what no topic names (a delete cut short)."""
+        wanted = {(info.name, p) for info in self._registry.topics() for p in range(info.partition_count)}
+        for topic, partition in _log_keys(self._log_manager):
+            if (topic, partition) not in wanted:
+                log.warning("deleting log %s-%d: no topic in the registry names it", topic, partition)
+                self._log_manager.delete_log(topic, partition)
+        for info in self._registry.topics():
+            for partition in range(info.partition_count):
+                if self._log_manager.get_log(info.name, partition) is None:
+                    log.warning("creating missing log %s-%d", info.name, partition)
+                    self._log_manager.create_log(info.name, partition, info.config)
+
+    def _teardown_after_failed_start(self) -> None:
+        self._stopping.set()
+        if self._grpc_server is not None:
+            self._grpc_server.stop(0)
+        if self._log_manager is not None:
+            try:
+                self._log_manager.shutdown()
+            except Exception:
+                log.exception("closing the logs after a failed start")
+        self._lock.release()
+        self._stopped.set()
+
+    # ---- housekeeping -------------------------------------------------------------------------
+
+    def _housekeeping_loop(self) -> None:
+        interval_s = self.config.log_retention_check_interval_ms / 1000.0
+        while not self._stopping.wait(interval_s):
+            try:
+                self._log_manager.run_housekeeping(self._now_ms())
+            except Exception:  # one bad tick must not end retention for good
+                log.exception("log housekeeping failed; retrying at the next tick")
+
+    # ---- stop ----------------------------------------------------------------------------------
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """Stop serving and close the logs. Idempotent; safe from any thread."""
+        with self._state_lock:
+            if not self._started or self._stopped.is_set():
+                return
+            self._stopping.set()
+            stopped_event = self._grpc_server.stop(grace_s)  # refuses new RPCs at once
+            if not self._servicer.close_and_drain(grace_s):
+                log.warning("requests still running after %.1f s; closing the logs anyway", grace_s)
+            stopped_event.wait(grace_s)
+            if self._housekeeping_thread is not None:
+                self._housekeeping_thread.join(HOUSEKEEPING_JOIN_TIMEOUT_S)
+                if self._housekeeping_thread.is_alive():
+                    log.warning("housekeeping still running at shutdown")
+            try:
+                self._log_manager.shutdown()
+            finally:
+                self._lock.release()
+                self._stopped.set()
+            log.info("eos broker node %d stopped", self.node_id)
+
+    def wait_for_termination(self, timeout_s: float | None = None) -> bool:
+        """Block until stop() has finished; True if it has."""
+        return self._stopped.wait(timeout_s)
+
+    def __enter__(self) -> "BrokerServer":
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+
+def _make_log_manager(log_manager_class, data_dir: Path, now_ms_fn, producer_id_expiration_ms: int):
+    return log_manager_class(str(data_dir), now_ms_fn=now_ms_fn)
+
+
+def _log_keys(log_manager) -> list[tuple[str, int]]:
+    return [(partition_log.topic, partition_log.partition) for partition_log in log_manager.all_logs()]
+
+
+# ---- the blocking entry point -----------------------------------------------------------------
+
+def _configure_logging() -> None:
+    root = logging.getLogger()
+    if not root.handlers:
+        level = os.environ.get("EOS_LOG_LEVEL", "INFO").upper()
+        logging.basicConfig(stream=sys.stderr, level=getattr(logging, level, logging.INFO),
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def run_broker(data_dir: str, host: str = "127.0.0.1", port: int = 9092, node_id: int = 0,
+               config: dict[str, str] | None = None) -> int:
+    """Run a broker in the foreground until SIGTERM or SIGINT; return the exit code
+    (0 after a clean stop, 1 when it could not start)."""
+    _configure_logging()
+    stop_requested = threading.Event()
+    try:
+        server = BrokerServer(data_dir, host=host, port=port, node_id=node_id, config=config)
+        server.start()
+    except (EosError, OSError) as exc:
+        log.error("the broker could not start: %s", exc)
+        return 1
+
+    previous_handlers = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            previous_handlers[signum] = signal.signal(signum, lambda *_: stop_requested.set())
+    try:
+        print(f"eos broker listening on {server.address} (data dir {server.data_dir})", flush=True)
+        # a timeout keeps the main thread returning to the interpreter, where signal
+        # handlers run
+        while not stop_requested.wait(0.5):
+            pass
+        log.info("stop requested; shutting down")
+    finally:
+        server.stop()
+        for signum, handler in previous_handlers.items():
+            signal.signal(signum, handler)
+    return 0

@@ -1,0 +1,594 @@
+"""The Broker gRPC service: topics, produce, fetch, offsets and metadata of one node.
+
+Theory of operation
+-------------------
+A thin shell: every RPC has the same shape (read the request, act per topic or partition
+on the owner of the state, build the response). The owners are the `TopicRegistry`
+(which topics exist, their partition counts and configs), the storage layer's
+`LogManager` and `Log` (the bytes, offsets and producer state), and the `FetchPurgatory`
+(long-poll waiters). The servicer keeps no state of its own beyond a lock that serialises
+admin changes and a gate that lets shutdown wait for in-flight requests.
+
+Errors are per partition (or per topic for admin RPCs), as Kafka's codes with a message
+naming the problem. An `EosError` raised below carries its code; any other exception in one
+partition is logged and answered with UNKNOWN_SERVER_ERROR for that partition only, and the
+broker keeps serving. A request-level gRPC error is left for requests that cannot be read
+at all (gRPC itself refuses messages over socket.request.max.bytes with RESOURCE_EXHAUSTED)
+and for requests that arrive while the broker shuts down (UNAVAILABLE).
+
+Single node, so replication collapses: every partition's leader is this node at leader
+epoch 0 with replicas = isr = [node]. acks=1 and acks=all both answer once the batch is in
+the log (appended to the page cache; fsync follows flush.messages / flush.ms, as in Kafka).
+acks=all additionally requires min.insync.replicas <= 1, the size of the ISR, and answers
+NOT_ENOUGH_REPLICAS (appending nothing) otherwise. acks=0 still gets a response, because a
+unary gRPC call always has one; the client may ignore it.
+
+Fetch reads each partition up to min(partition_max_bytes, what is left of max_bytes). The
+first batch of the response is returned whole even when it is larger (as Kafka does since
+KIP-74), so a consumer can never be stuck behind one big batch. The upper bound of a read
+comes from `_upper_bound(log, isolation)`: the high watermark for read_uncommitted, and the
+last stable offset for read_committed, which is the high watermark until transactions land.
+When the response holds fewer than min_bytes and max_wait_ms > 0, the fetch waits in the
+purgatory (woken by appends to its partitions, its deadline, its RPC being cancelled, or
+shutdown) and reads again. No lock is held while reading or appending.
+"""
+from __future__ import annotations
+
+import collections
+import functools
+import logging
+import threading
+import time
+from typing import Callable, NamedTuple
+
+import grpc
+
+from broker.purgatory import FetchPurgatory
+from broker.topics import TopicInfo, TopicRegistry, validate_topic_name
+from eos.errors import (
+    EosError,
+    ErrorCode,
+    InvalidRequestError,
+    UnknownTopicOrPartitionError,
+)
+from eos.types import TopicPartition
+from eos.v1 import broker_pb2, broker_pb2_grpc
+
+log = logging.getLogger("eos.broker")
+
+# Kafka's client defaults, used when a request leaves a size at proto3's 0.
+FETCH_MAX_BYTES_DEFAULT = 52428800            # fetch.max.bytes
+PARTITION_FETCH_MAX_BYTES_DEFAULT = 1048576   # max.partition.fetch.bytes
+# A response must fit in one gRPC message (100 MiB); leave room for the envelope.
+FETCH_RESPONSE_BYTES_MAX = 90 * 1024 * 1024
+FETCH_MAX_WAIT_CAP_MS = 30000                 # a long poll never holds a worker longer
+
+LATEST_TIMESTAMP = -1
+EARLIEST_TIMESTAMP = -2
+MAX_TIMESTAMP = -3
+
+# Topics the coordinators live on; deleting them would break every transaction and group.
+PROTECTED_INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
+
+NOT_YET_TRANSACTIONS = "not implemented until transactions land"
+
+
+class NodeAddress(NamedTuple):
+    node_id: int
+    host: str
+    port: int
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+# ---- isolation: the one place that decides how far a reader may see --------------------
+
+def _last_stable_offset(log) -> int:
+    # Until transactions land no batch is ever "ongoing", so everything below the high
+    # watermark is stable. Issue 4 replaces this with the log's first unstable offset.
+    return log.high_watermark
+
+
+def _upper_bound(log, isolation_level: int) -> int:
+    """The exclusive offset a reader at `isolation_level` may read up to."""
+    if isolation_level == broker_pb2.READ_COMMITTED:
+        return _last_stable_offset(log)
+    return log.high_watermark
+
+
+# ---- shutdown gate -----------------------------------------------------------------------
+
+class _RequestGate:
+    """Counts requests in flight so shutdown can wait for them before closing the logs
+    (gRPC's stop grace only cancels RPCs; the handler threads would run on)."""
+
+    def __init__(self):
+        self._condition = threading.Condition()
+        self._in_flight = 0
+        self._closed = False
+
+    def enter(self) -> bool:
+        with self._condition:
+            if self._closed:
+                return False
+            self._in_flight += 1
+            return True
+
+    def exit(self) -> None:
+        with self._condition:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._condition.notify_all()
+
+    def close_and_drain(self, timeout_s: float) -> bool:
+        """Refuse new requests; wait up to timeout_s for those in flight. True if drained."""
+        with self._condition:
+            self._closed = True
+            return self._condition.wait_for(lambda: self._in_flight == 0, timeout=timeout_s)
+
+
+def _gated(handler):
+    @functools.wraps(handler)
+    def wrapper(self, request, context):
+        if not self._gate.enter():
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the broker is shutting down")
+        try:
+            return handler(self, request, context)
+        finally:
+            self._gate.exit()
+    return wrapper
+
+
+def _describe(exc: BaseException) -> tuple[int, str]:
+    """(error code, message) for an exception raised while serving one partition."""
+    if isinstance(exc, EosError):
+        return int(exc.code), str(exc)
+    return int(ErrorCode.UNKNOWN_SERVER_ERROR), f"unexpected {type(exc).__name__}: {exc}"
+
+
+class BrokerServicer(broker_pb2_grpc.BrokerServicer):
+    """The Broker service of one node. Build with the owners of the state; see module doc."""
+
+    def __init__(self, *, registry: TopicRegistry, log_manager, purgatory: FetchPurgatory,
+                 node: NodeAddress, cluster_id: str, now_ms_fn: Callable[[], int] = _now_ms,
+                 auto_create_topics: bool = False,
+                 fetch_max_wait_cap_ms: int = FETCH_MAX_WAIT_CAP_MS):
+        self._registry = registry
+        self._log_manager = log_manager
+        self._purgatory = purgatory
+        self._node = node
+        self._cluster_id = cluster_id
+        self._now_ms = now_ms_fn
+        self._auto_create_topics = auto_create_topics
+        self._fetch_max_wait_cap_ms = fetch_max_wait_cap_ms
+        self._admin_lock = threading.Lock()   # one topic change at a time (registry + logs)
+        self._gate = _RequestGate()
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    def close_and_drain(self, timeout_s: float) -> bool:
+        """Refuse new requests, wake long polls, wait for requests in flight."""
+        self._purgatory.close()
+        return self._gate.close_and_drain(timeout_s)
+
+    # ---- lookups -----------------------------------------------------------------------------
+
+    def _topic(self, topic: str, *, may_create: bool = False) -> TopicInfo:
+        info = self._registry.get(topic)
+        if info is None and may_create and self._auto_create_topics:
+            info = self._auto_create(topic)
+        if info is None:
+            raise UnknownTopicOrPartitionError(f"topic {topic!r} does not exist")
+        return info
+
+    def _log_for(self, topic: str, partition: int, *, may_create: bool = False):
+        info = self._topic(topic, may_create=may_create)
+        if not 0 <= partition < info.partition_count:
+            raise UnknownTopicOrPartitionError(
+                f"topic {topic!r} has partitions 0..{info.partition_count - 1}, "
+                f"not {partition}")
+        partition_log = self._log_manager.get_log(topic, partition)
+        if partition_log is None:
+            raise UnknownTopicOrPartitionError(f"partition {topic}-{partition} has no log on this broker")
+        return partition_log
+
+    # ---- Produce -----------------------------------------------------------------------------
+
+    @_gated
+    def Produce(self, request: broker_pb2.ProduceRequest, context) -> broker_pb2.ProduceResponse:
+        acks = request.acks
+        if acks not in (0, 1, -1):
+            message = f"acks must be 0, 1 or -1 (all), got {acks}"
+            return broker_pb2.ProduceResponse(partitions=[
+                broker_pb2.PartitionProduceResult(
+                    topic=p.topic, partition=p.partition,
+                    error_code=ErrorCode.INVALID_REQUIRED_ACKS, error_message=message,
+                    base_offset=-1, log_append_time_ms=-1, log_start_offset=-1)
+                for p in request.partitions])
+        now_ms = self._now_ms()
+        results = [self._produce_partition(p, acks, now_ms) for p in request.partitions]
+        return broker_pb2.ProduceResponse(partitions=results)
+
+    def _produce_partition(self, p: broker_pb2.PartitionRecords, acks: int,
+                           now_ms: int) -> broker_pb2.PartitionProduceResult:
+        try:
+            partition_log = self._log_for(p.topic, p.partition, may_create=True)
+            if acks == -1:
+                min_isr = self._registry.get(p.topic).config.min_insync_replicas
+                if min_isr > 1:
+                    raise EosError(
+                        f"acks=all needs min.insync.replicas={min_isr} in-sync replicas; "
+                        f"{p.topic}-{p.partition} has 1 (single broker)",
+                        ErrorCode.NOT_ENOUGH_REPLICAS)
+            append = partition_log.append_as_leader(p.records, now_ms)
+        except Exception as exc:
+            code, message = _describe(exc)
+            self._log_partition_error("Produce", p.topic, p.partition, exc)
+            return broker_pb2.PartitionProduceResult(
+                topic=p.topic, partition=p.partition, error_code=code, error_message=message,
+                base_offset=-1, log_append_time_ms=-1, log_start_offset=-1)
+        if not append.duplicate:
+            self._purgatory.notify(TopicPartition(p.topic, p.partition))
+        return broker_pb2.PartitionProduceResult(
+            topic=p.topic, partition=p.partition, error_code=ErrorCode.NONE,
+            base_offset=append.first_offset, log_append_time_ms=append.log_append_time_ms,
+            log_start_offset=partition_log.log_start_offset)
+
+    @staticmethod
+    def _log_partition_error(rpc: str, topic: str, partition: int, exc: BaseException) -> None:
+        if isinstance(exc, EosError):
+            log.debug("%s %s-%d: %s", rpc, topic, partition, exc)
+        else:
+            log.exception("%s %s-%d failed unexpectedly", rpc, topic, partition, exc_info=exc)
+
+    # ---- Fetch -------------------------------------------------------------------------------
+
+    @_gated
+    def Fetch(self, request: broker_pb2.FetchRequest, context) -> broker_pb2.FetchResponse:
+        max_wait_ms = min(max(request.max_wait_ms, 0), self._fetch_max_wait_cap_ms)
+        deadline_s = time.monotonic() + max_wait_ms / 1000.0
+        results, bytes_read, has_error = self._read_all(request)
+        if bytes_read >= request.min_bytes or max_wait_ms == 0 or has_error or not results:
+            return broker_pb2.FetchResponse(partitions=results)
+
+        keys = {TopicPartition(p.topic, p.partition) for p in request.partitions}
+        waiter = self._purgatory.watch(keys)
+        if waiter is None:  # the purgatory is full or closing: answer with what there is
+            return broker_pb2.FetchResponse(partitions=results)
+        context.add_callback(waiter.cancel)  # a client that gives up frees its worker
+        try:
+            seen = self._read_positions(results, request.isolation_level)
+            while True:
+                # Registered before this check, so an append after it wakes the waiter.
+                if self._read_positions(results, request.isolation_level, refresh=True) == seen:
+                    remaining_s = deadline_s - time.monotonic()
+                    if remaining_s <= 0:
+                        break
+                    woken = waiter.wait(remaining_s)
+                    if waiter.cancelled or not woken:
+                        break
+                waiter.clear()
+                results, bytes_read, has_error = self._read_all(request)
+                if bytes_read >= request.min_bytes or has_error:
+                    break
+                seen = self._read_positions(results, request.isolation_level)
+        finally:
+            self._purgatory.unwatch(waiter)
+        if waiter.cancelled or not (bytes_read >= request.min_bytes or has_error):
+            # woken by shutdown or the deadline: give the freshest view
+            results, _, _ = self._read_all(request)
+        return broker_pb2.FetchResponse(partitions=results)
+
+    def _read_positions(self, results, isolation: int, refresh: bool = False) -> tuple:
+        """The upper bound of each fetched partition: what the last read saw, or (refresh)
+        what the logs say now. A change means there may be more to read."""
+        if not refresh:
+            if isolation == broker_pb2.READ_COMMITTED:
+                return tuple(r.last_stable_offset for r in results)
+            return tuple(r.high_watermark for r in results)
+        positions = []
+        for r in results:
+            partition_log = self._log_manager.get_log(r.topic, r.partition)
+            positions.append(-1 if partition_log is None else _upper_bound(partition_log, isolation))
+        return tuple(positions)
+
+    def _read_all(self, request: broker_pb2.FetchRequest):
+        """One pass over the requested partitions: (results, bytes read, any error)."""
+        isolation = request.isolation_level
+        max_bytes = request.max_bytes if request.max_bytes > 0 else FETCH_MAX_BYTES_DEFAULT
+        budget_bytes = min(max_bytes, FETCH_RESPONSE_BYTES_MAX)
+        results = []
+        bytes_read = 0
+        has_error = False
+        for fp in request.partitions:
+            result = self._read_partition(fp, isolation, budget_bytes - bytes_read,
+                                          min_one_batch=bytes_read == 0)
+            bytes_read += len(result.records)
+            has_error = has_error or result.error_code != ErrorCode.NONE
+            results.append(result)
+        return results, bytes_read, has_error
+
+    def _read_partition(self, fp: broker_pb2.FetchPartition, isolation: int, budget_bytes: int,
+                        *, min_one_batch: bool) -> broker_pb2.FetchedPartition:
+        partition_log = None
+        try:
+            partition_log = self._log_for(fp.topic, fp.partition)
+            upper = _upper_bound(partition_log, isolation)
+            partition_max_bytes = (fp.partition_max_bytes if fp.partition_max_bytes > 0
+                                   else PARTITION_FETCH_MAX_BYTES_DEFAULT)
+            data = partition_log.read(
+                fp.fetch_offset, max(0, min(partition_max_bytes, budget_bytes)),
+                max_offset_exclusive=upper, min_one_batch=min_one_batch)
+        except Exception as exc:
+            code, message = _describe(exc)
+            self._log_partition_error("Fetch", fp.topic, fp.partition, exc)
+            result = broker_pb2.FetchedPartition(
+                topic=fp.topic, partition=fp.partition, error_code=code, error_message=message,
+                high_watermark=-1, last_stable_offset=-1, log_start_offset=-1)
+            if partition_log is not None:
+                # the client resets its position from these on OFFSET_OUT_OF_RANGE
+                try:
+                    result.high_watermark = partition_log.high_watermark
+                    result.last_stable_offset = _last_stable_offset(partition_log)
+                    result.log_start_offset = partition_log.log_start_offset
+                except Exception:  # the error above is the one to report
+                    pass
+            return result
+        return broker_pb2.FetchedPartition(
+            topic=fp.topic, partition=fp.partition, error_code=ErrorCode.NONE,
+            high_watermark=data.high_watermark, last_stable_offset=_last_stable_offset(partition_log),
+            log_start_offset=data.log_start_offset, records=data.records)
+
+    # ---- ListOffsets -------------------------------------------------------------------------
+
+    @_gated
+    def ListOffsets(self, request: broker_pb2.ListOffsetsRequest, context) -> broker_pb2.ListOffsetsResponse:
+        return broker_pb2.ListOffsetsResponse(partitions=[
+            self._list_offset(p, request.isolation_level) for p in request.partitions])
+
+    def _list_offset(self, p: broker_pb2.ListOffsetsPartition, isolation: int) -> broker_pb2.ListedOffset:
+        try:
+            partition_log = self._log_for(p.topic, p.partition)
+            timestamp_ms, offset = self._find_offset(partition_log, p.timestamp, isolation)
+        except Exception as exc:
+            code, message = _describe(exc)
+            self._log_partition_error("ListOffsets", p.topic, p.partition, exc)
+            return broker_pb2.ListedOffset(topic=p.topic, partition=p.partition, error_code=code,
+                                           error_message=message, timestamp=-1, offset=-1)
+        return broker_pb2.ListedOffset(topic=p.topic, partition=p.partition,
+                                       error_code=ErrorCode.NONE, timestamp=timestamp_ms, offset=offset)
+
+    @staticmethod
+    def _find_offset(partition_log, timestamp_ms: int, isolation: int) -> tuple[int, int]:
+        """(timestamp, offset) answering one ListOffsets query; (-1, -1) when none matches."""
+        upper = _upper_bound(partition_log, isolation)
+        if timestamp_ms == EARLIEST_TIMESTAMP:
+            return -1, partition_log.log_start_offset
+        if timestamp_ms == LATEST_TIMESTAMP:
+            # Kafka answers consumers with the high watermark (the LSO under
+            # read_committed); on one node the high watermark is the log end.
+            return -1, upper
+        if timestamp_ms == MAX_TIMESTAMP:
+            found = _max_timestamp(partition_log)
+        elif timestamp_ms < 0:
+            raise InvalidRequestError(
+                f"timestamp {timestamp_ms} is neither a time nor one of the sentinels "
+                f"-1 (latest), -2 (earliest), -3 (max timestamp)")
+        else:
+            found = partition_log.offset_for_timestamp(timestamp_ms)
+        if found is None:
+            return -1, -1
+        offset, found_timestamp_ms = found
+        if offset >= upper:  # not visible to this reader yet
+            return -1, -1
+        return found_timestamp_ms, offset
+
+    # ---- Metadata ----------------------------------------------------------------------------
+
+    @_gated
+    def Metadata(self, request: broker_pb2.MetadataRequest, context) -> broker_pb2.MetadataResponse:
+        topics = []
+        if request.topics:
+            for name in request.topics:
+                topics.append(self._topic_metadata_by_name(name))
+        else:
+            for info in self._registry.topics():
+                if info.is_internal and not request.include_internal:
+                    continue
+                topics.append(self._topic_metadata(info))
+        node = self._node
+        return broker_pb2.MetadataResponse(
+            brokers=[broker_pb2.BrokerNode(node_id=node.node_id, host=node.host, port=node.port)],
+            controller_id=node.node_id, topics=topics, cluster_id=self._cluster_id)
+
+    def _topic_metadata_by_name(self, name: str) -> broker_pb2.TopicMetadata:
+        try:
+            validate_topic_name(name)
+            info = self._topic(name, may_create=True)
+        except Exception as exc:
+            code, message = _describe(exc)
+            self._log_partition_error("Metadata", name, -1, exc)
+            return broker_pb2.TopicMetadata(name=name, error_code=code, error_message=message)
+        return self._topic_metadata(info)
+
+    def _topic_metadata(self, info: TopicInfo) -> broker_pb2.TopicMetadata:
+        node_id = self._node.node_id
+        partitions = [
+            broker_pb2.PartitionMetadata(partition=i, error_code=ErrorCode.NONE, leader_id=node_id,
+                                         leader_epoch=0, replica_ids=[node_id], isr_ids=[node_id])
+            for i in range(info.partition_count)]
+        return broker_pb2.TopicMetadata(
+            name=info.name, error_code=ErrorCode.NONE, is_internal=info.is_internal,
+            partitions=partitions, configs=dict(info.config_overrides))
+
+    # ---- topic administration ----------------------------------------------------------------
+
+    def _auto_create(self, name: str) -> TopicInfo | None:
+        """auto.create.topics.enable: make a topic with the defaults (off by default)."""
+        validate_topic_name(name)
+        with self._admin_lock:
+            existing = self._registry.get(name)
+            if existing is not None:
+                return existing
+            info = self._registry.prepare_create(name, -1, -1, {})
+            self._create_topic_logs(info, range(info.partition_count))
+            self._registry.commit(info)
+        log.info("auto-created topic %s with %d partitions", name, info.partition_count)
+        return info
+
+    def _create_topic_logs(self, info: TopicInfo, partitions) -> None:
+        """Create the logs of `partitions`; on failure delete the ones made, then raise."""
+        created = []
+        try:
+            for partition in partitions:
+                self._log_manager.create_log(info.name, partition, info.config)
+                created.append(partition)
+        except BaseException:
+            for partition in created:
+                try:
+                    self._log_manager.delete_log(info.name, partition)
+                except Exception:
+                    log.exception("could not remove log %s-%d after a failed create", info.name, partition)
+            raise
+
+    @_gated
+    def CreateTopics(self, request: broker_pb2.CreateTopicsRequest, context) -> broker_pb2.CreateTopicsResponse:
+        counts = collections.Counter(t.name for t in request.topics)
+        results = []
+        for new_topic in request.topics:
+            try:
+                if counts[new_topic.name] > 1:
+                    raise InvalidRequestError(
+                        f"topic {new_topic.name!r} appears {counts[new_topic.name]} times in one request")
+                with self._admin_lock:
+                    # Logs first, registry second: a topic is visible only once its logs
+                    # exist, and a crash in between leaves logs the start-up sweep removes.
+                    info = self._registry.prepare_create(
+                        new_topic.name, new_topic.num_partitions, new_topic.replication_factor,
+                        dict(new_topic.configs))
+                    if not request.validate_only:
+                        self._create_topic_logs(info, range(info.partition_count))
+                        try:
+                            self._registry.commit(info)
+                        except BaseException:
+                            for partition in range(info.partition_count):
+                                self._log_manager.delete_log(info.name, partition)
+                            raise
+                if not request.validate_only:
+                    log.info("created topic %s with %d partitions, overrides %s",
+                             info.name, info.partition_count, dict(info.config_overrides))
+            except Exception as exc:
+                code, message = _describe(exc)
+                self._log_partition_error("CreateTopics", new_topic.name, -1, exc)
+                results.append(broker_pb2.TopicResult(name=new_topic.name, error_code=code,
+                                                      error_message=message))
+                continue
+            results.append(broker_pb2.TopicResult(name=new_topic.name, error_code=ErrorCode.NONE))
+        return broker_pb2.CreateTopicsResponse(topics=results)
+
+    @_gated
+    def DeleteTopics(self, request: broker_pb2.DeleteTopicsRequest, context) -> broker_pb2.DeleteTopicsResponse:
+        results = []
+        for name in request.names:
+            try:
+                if name in PROTECTED_INTERNAL_TOPICS:
+                    raise InvalidRequestError(
+                        f"topic {name!r} is internal: the coordinators keep their state in it")
+                with self._admin_lock:
+                    # Registry first: once the topic is gone from it nothing reads or writes
+                    # the logs; a crash before the logs are deleted leaves them to the
+                    # start-up sweep.
+                    info = self._registry.remove(name)
+                    for partition in range(info.partition_count):
+                        self._log_manager.delete_log(name, partition)
+                for partition in range(info.partition_count):
+                    # long polls on the topic re-read now and see it is gone
+                    self._purgatory.notify(TopicPartition(name, partition))
+                log.info("deleted topic %s", name)
+            except Exception as exc:
+                code, message = _describe(exc)
+                self._log_partition_error("DeleteTopics", name, -1, exc)
+                results.append(broker_pb2.TopicResult(name=name, error_code=code, error_message=message))
+                continue
+            results.append(broker_pb2.TopicResult(name=name, error_code=ErrorCode.NONE))
+        return broker_pb2.DeleteTopicsResponse(topics=results)
+
+    @_gated
+    def CreatePartitions(self, request: broker_pb2.CreatePartitionsRequest,
+                         context) -> broker_pb2.CreatePartitionsResponse:
+        counts = collections.Counter(t.name for t in request.topics)
+        results = []
+        for grow in request.topics:
+            try:
+                if counts[grow.name] > 1:
+                    raise InvalidRequestError(
+                        f"topic {grow.name!r} appears {counts[grow.name]} times in one request")
+                with self._admin_lock:
+                    current = self._registry.get(grow.name)
+                    info = self._registry.prepare_grow(grow.name, grow.count)
+                    if not request.validate_only:
+                        new_partitions = range(current.partition_count, info.partition_count)
+                        self._create_topic_logs(info, new_partitions)
+                        try:
+                            self._registry.commit(info)
+                        except BaseException:
+                            for partition in new_partitions:
+                                self._log_manager.delete_log(info.name, partition)
+                            raise
+                if not request.validate_only:
+                    log.info("topic %s now has %d partitions", info.name, info.partition_count)
+            except Exception as exc:
+                code, message = _describe(exc)
+                self._log_partition_error("CreatePartitions", grow.name, -1, exc)
+                results.append(broker_pb2.TopicResult(name=grow.name, error_code=code, error_message=message))
+                continue
+            results.append(broker_pb2.TopicResult(name=grow.name, error_code=ErrorCode.NONE))
+        return broker_pb2.CreatePartitionsResponse(topics=results)
+
+    # ---- transactions (issue 4) ----------------------------------------------------------------
+
+    @_gated
+    def WriteTxnMarkers(self, request: broker_pb2.WriteTxnMarkersRequest,
+                        context) -> broker_pb2.WriteTxnMarkersResponse:
+        return broker_pb2.WriteTxnMarkersResponse(markers=[
+            broker_pb2.TxnMarkerResult(producer_id=marker.producer_id, partitions=[
+                broker_pb2.PartitionError(topic=tp.topic, partition=tp.partition,
+                                          error_code=ErrorCode.UNSUPPORTED_VERSION,
+                                          error_message=NOT_YET_TRANSACTIONS)
+                for tp in marker.partitions])
+            for marker in request.markers])
+
+    @_gated
+    def DescribeProducers(self, request: broker_pb2.DescribeProducersRequest,
+                          context) -> broker_pb2.DescribeProducersResponse:
+        return broker_pb2.DescribeProducersResponse(partitions=[
+            self._describe_producers(tp) for tp in request.partitions])
+
+    def _describe_producers(self, tp) -> broker_pb2.PartitionProducers:
+        try:
+            partition_log = self._log_for(tp.topic, tp.partition)
+            producers = [
+                broker_pb2.ProducerStateInfo(
+                    producer_id=entry.producer_id, producer_epoch=entry.producer_epoch,
+                    last_sequence=entry.last_sequence, last_timestamp_ms=entry.last_timestamp_ms,
+                    coordinator_epoch=entry.coordinator_epoch,
+                    current_txn_start_offset=entry.current_txn_first_offset)
+                for entry in partition_log.active_producers()]
+        except Exception as exc:
+            code, message = _describe(exc)
+            self._log_partition_error("DescribeProducers", tp.topic, tp.partition, exc)
+            return broker_pb2.PartitionProducers(topic=tp.topic, partition=tp.partition,
+                                                 error_code=code, error_message=message)
+        return broker_pb2.PartitionProducers(topic=tp.topic, partition=tp.partition,
+                                             error_code=ErrorCode.NONE, producers=producers)
+
+
+def _max_timestamp(partition_log) -> tuple[int, int] | None:
+    """(offset, timestamp) of the record with the largest timestamp (KIP-734), or None."""
+    finder = getattr(partition_log, "max_timestamp_and_offset", None)
+    if finder is None:
+        raise EosError("max timestamp lookup (-3) is not supported by this log",
+                       ErrorCode.UNSUPPORTED_VERSION)
+    return finder()
