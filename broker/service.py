@@ -52,7 +52,7 @@ from eos.errors import (
     UnknownTopicOrPartitionError,
 )
 from eos.types import TopicPartition
-from eos.v1 import broker_pb2, broker_pb2_grpc
+from eos.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 
 log = logging.getLogger("eos.broker")
 
@@ -93,7 +93,7 @@ def _last_stable_offset(log) -> int:
 
 def _upper_bound(log, isolation_level: int) -> int:
     """The exclusive offset a reader at `isolation_level` may read up to."""
-    if isolation_level == broker_pb2.READ_COMMITTED:
+    if isolation_level == common_pb2.READ_COMMITTED:
         return _last_stable_offset(log)
     return log.high_watermark
 
@@ -285,7 +285,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         """The upper bound of each fetched partition: what the last read saw, or (refresh)
         what the logs say now. A change means there may be more to read."""
         if not refresh:
-            if isolation == broker_pb2.READ_COMMITTED:
+            if isolation == common_pb2.READ_COMMITTED:
                 return tuple(r.last_stable_offset for r in results)
             return tuple(r.high_watermark for r in results)
         positions = []
