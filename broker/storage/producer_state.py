@@ -70,6 +70,7 @@ from dataclasses import dataclass
 from crc32c import crc32c
 
 from eos.errors import (
+    CorruptRecordError,
     InvalidProducerEpochError,
     InvalidRecordError,
     InvariantError,
@@ -106,8 +107,9 @@ def snapshot_path(partition_dir: str, end_offset: int) -> str:
     return os.path.join(partition_dir, f"{end_offset:020d}{SNAPSHOT_SUFFIX}")
 
 
-class CorruptSnapshotError(Exception):
-    """A snapshot file cannot be trusted (bad CRC, short, unknown version). `load` deletes it."""
+class CorruptSnapshotError(CorruptRecordError):
+    """A snapshot file cannot be trusted (bad CRC, short, unknown version). `load` deletes it;
+    `read_snapshot_file` raises it (the CLI reports it as any corrupt data)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -503,6 +505,28 @@ def decode_snapshot(data: bytes) -> list[ProducerStateEntry]:
         entries.append(ProducerStateEntry(producer_id, epoch, batches, timestamp_ms, coordinator_epoch,
                                           txn_first_offset))
     return entries
+
+
+def read_snapshot_file(path: str) -> list[dict[str, int]]:
+    """A snapshot's entries as dicts named like Kafka's DumpLogSegments output (for
+    `eos dump-log`). Raises CorruptSnapshotError when the file cannot be trusted."""
+    with open(path, "rb") as snapshot_file:
+        entries = decode_snapshot(snapshot_file.read())
+    described = []
+    for entry in entries:
+        last = entry.batches[-1] if entry.batches else None
+        described.append({
+            "producerId": entry.producer_id,
+            "producerEpoch": entry.producer_epoch,
+            "coordinatorEpoch": entry.coordinator_epoch,
+            "currentTxnFirstOffset": entry.current_txn_first_offset,
+            "lastTimestamp": entry.last_timestamp_ms,
+            "firstSequence": last.first_sequence if last else NO_SEQUENCE,
+            "lastSequence": last.last_sequence if last else NO_SEQUENCE,
+            "lastOffset": last.last_offset if last else -1,
+            "offsetDelta": last.offset_delta if last else 0,
+        })
+    return described
 
 
 def _remove_if_exists(path: str) -> None:

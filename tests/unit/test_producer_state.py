@@ -18,6 +18,7 @@ from broker.storage.producer_state import (
     ProducerStateManager,
     decode_snapshot,
     encode_snapshot,
+    read_snapshot_file,
     snapshot_path,
 )
 from eos.errors import InvalidProducerEpochError, InvalidRecordError, InvariantError, OutOfOrderSequenceError
@@ -252,6 +253,14 @@ def test_snapshot_round_trip_and_layout(tmp_path):
         reloaded.prepare_append(header(PID, 3, 10, 2), 0)
     assert isinstance(reloaded.prepare_append(header(PID + 1, 2, 2), 0), ProducerAppend)
     assert decode_snapshot(encode_snapshot(reloaded.active_producers())) == reloaded.active_producers()
+
+
+def test_read_snapshot_file_describes_entries_for_dump_log(tmp_path):
+    manager = manager_with(tmp_path, SEVEN)
+    manager.take_snapshot(14)
+    assert read_snapshot_file(snapshot_path(str(tmp_path), 14)) == [{
+        "producerId": PID, "producerEpoch": 3, "coordinatorEpoch": -1, "currentTxnFirstOffset": -1,
+        "lastTimestamp": 1_012, "firstSequence": 12, "lastSequence": 13, "lastOffset": 13, "offsetDelta": 1}]
 
 
 def test_empty_snapshot_round_trip(tmp_path):
