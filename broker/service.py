@@ -575,7 +575,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                     last_sequence=entry.last_sequence, last_timestamp_ms=entry.last_timestamp_ms,
                     coordinator_epoch=entry.coordinator_epoch,
                     current_txn_start_offset=entry.current_txn_first_offset)
-                for entry in partition_log.active_producers()]
+                for entry in partition_log.producer_state.active_producers()]
         except Exception as exc:
             code, message = _describe(exc)
             self._log_partition_error("DescribeProducers", tp.topic, tp.partition, exc)
@@ -586,9 +586,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
 
 
 def _max_timestamp(partition_log) -> tuple[int, int] | None:
-    """(offset, timestamp) of the record with the largest timestamp (KIP-734), or None."""
-    finder = getattr(partition_log, "max_timestamp_and_offset", None)
-    if finder is None:
-        raise EosError("max timestamp lookup (-3) is not supported by this log",
-                       ErrorCode.UNSUPPORTED_VERSION)
-    return finder()
+    """(offset, timestamp) of the earliest record carrying the largest timestamp (KIP-734,
+    as fixed by KAFKA-16310), or None for an empty log. Each segment knows its maximum; the
+    lookup by that timestamp finds the record."""
+    max_timestamp_ms = max((segment.max_timestamp_ms for segment in partition_log.segments), default=-1)
+    if max_timestamp_ms < 0:
+        return None
+    return partition_log.offset_for_timestamp(max_timestamp_ms)

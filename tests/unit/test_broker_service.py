@@ -80,8 +80,7 @@ class FakeLog:
     def offset_for_timestamp(self, ts):
         return None
 
-    def active_producers(self):
-        return []
+    producer_state = None
 
 
 class FakeLogManager:
