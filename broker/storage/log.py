@@ -1,0 +1,760 @@
+"""One partition's log: an ordered list of segments, with appends, reads, retention and recovery.
+
+Theory of operation
+-------------------
+A partition is a directory `<topic>-<partition>` of segments (see `segment.py`), the last
+of which is active. The log owns the list of segments and the offsets that describe it:
+
+    log_start_offset <= (segments' offsets) < log_end_offset
+    high_watermark       the end of what readers may see (= log_end_offset on one node,
+                         kept apart so replication can hold it back)
+    recovery_point       everything below it is fsynced; recovery checks only what follows
+
+Appending is staged, so bad input changes nothing:
+
+1. prepare: parse every batch header, check sizes and CRCs (pure, outside the lock), then,
+   under the lock, ask the producer state whether the batch is in sequence or a duplicate.
+2. write: copy the request, stamp base offsets (contiguous from log_end_offset), stamp
+   LogAppendTime if the topic uses it (recomputing those CRCs), roll if the active segment
+   is full or old, and write the batches with one `os.write`.
+3. apply: move log_end_offset and the high watermark, record the batch in the producer
+   state, publish a new snapshot for readers, count unflushed records.
+
+Readers never take the lock. After each change the log publishes an immutable `_LogView`
+(segments, their base offsets, the active segment's end position, the offsets); a read
+works from one view, locating the segment by bisection, then the batch through the sparse
+index and a short header scan, and `os.pread`s whole batches below the view's end. Bytes
+below a published end are never rewritten, and a deleted segment's descriptor stays open
+for file.delete.delay.ms, so a read in flight never sees a torn or reused file.
+
+Recovery (`Log.open`): leftover `.deleted`/`.cleaned`/`.swap` files are removed, files that
+are not ours are left alone with a warning. Segments below the recovery point are trusted
+(their indexes are rebuilt only if missing or inconsistent); after an unclean shutdown every
+batch from the recovery point's segment on is checked (header, CRC, offsets) and the log is
+cut after the last valid batch, later segments deleted. The producer state is loaded from
+its newest usable snapshot and brought up to date by replaying the batch headers after it.
+"""
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import re
+import struct
+import threading
+from bisect import bisect_right
+from typing import NamedTuple
+
+from eos.config import TopicConfig
+from eos.errors import (
+    CorruptRecordError,
+    InvalidRecordError,
+    InvariantError,
+    MessageTooLargeError,
+    OffsetOutOfRangeError,
+    RecordListTooLargeError,
+    StorageError,
+)
+from eos.records.header import (
+    BATCH_LENGTH_STRUCT,
+    NO_PRODUCER_ID,
+    TIMESTAMP_TYPE_MASK,
+    BatchHeader,
+    compute_crc,
+    iter_headers,
+    verify_crc,
+    write_base_offset,
+)
+from broker.storage.index import IndexCorruptError
+from broker.storage.producer_state import DuplicateBatch, ProducerStateManager
+from broker.storage.segment import DELETED_SUFFIX, LogSegment
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PRODUCER_ID_EXPIRATION_MS = 86_400_000
+_SEGMENT_FILE = re.compile(r"^(\d{20})\.(log|index|timeindex|txnindex)$")
+_SNAPSHOT_FILE = re.compile(r"^\d{20}\.snapshot(\.tmp)?$")
+_KNOWN_FILES = frozenset({"leader-epoch-checkpoint", "partition.metadata"})
+_LEFTOVER_SUFFIXES = (DELETED_SUFFIX, ".cleaned", ".swap")
+_PARTITION_DIR = re.compile(r"^(.+)-(\d+)$")
+
+_LEADER_EPOCH_STRUCT = struct.Struct(">i")   # partitionLeaderEpoch at byte 12, outside the CRC
+_CRC_STRUCT = struct.Struct(">I")            # crc at byte 17
+_ATTRIBUTES_STRUCT = struct.Struct(">h")     # attributes at byte 21
+_TIMESTAMP_STRUCT = struct.Struct(">q")      # maxTimestamp at byte 35
+_BATCH_LENGTH_AT = 8
+
+
+def partition_dir_name(topic: str, partition: int) -> str:
+    return f"{topic}-{partition}"
+
+
+def parse_partition_dir_name(name: str) -> tuple[str, int] | None:
+    """`orders-3` -> ("orders", 3); None for anything else (including `...-delete` dirs)."""
+    match = _PARTITION_DIR.match(name)
+    if match is None:
+        return None
+    return match.group(1), int(match.group(2))
+
+
+class AppendOrigin(enum.Enum):
+    """Who is appending: clients may not write control batches; coordinators (markers) may."""
+
+    CLIENT = "client"
+    COORDINATOR = "coordinator"
+
+
+class LogAppendInfo(NamedTuple):
+    first_offset: int
+    last_offset: int
+    max_timestamp_ms: int
+    log_append_time_ms: int   # -1 under CreateTime
+    record_count: int
+    batch_count: int
+    duplicate: bool = False   # a retained duplicate: the offsets are the original ones, nothing written
+
+
+class FetchData(NamedTuple):
+    records: bytes            # whole batches, as stored
+    first_offset: int         # base offset of the first batch (the fetch offset when empty)
+    high_watermark: int
+    log_start_offset: int
+
+
+class _LogView(NamedTuple):
+    """What readers see; replaced, never mutated."""
+
+    segments: tuple[LogSegment, ...]
+    base_offsets: tuple[int, ...]
+    active_end_position: int
+    log_start_offset: int
+    log_end_offset: int
+    high_watermark: int
+
+
+class _PreparedBatches(NamedTuple):
+    """The outcome of the pure part of prepare: the request is whole, valid batches."""
+
+    headers: list[BatchHeader]
+    size_bytes: int
+    record_count: int
+    max_timestamp_ms: int
+    producer_header: BatchHeader | None
+
+
+class Log:
+    """One partition: its segments, offsets, producer state and the lock that orders appends."""
+
+    def __init__(self, directory: str, config: TopicConfig, *, recovery_point: int = 0,
+                 log_start_offset: int = 0, clean_shutdown: bool = False, now_ms: int,
+                 producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS):
+        self.directory = directory
+        self.name = os.path.basename(os.path.normpath(directory))
+        parsed = parse_partition_dir_name(self.name)
+        if parsed is None:
+            raise InvariantError(f"{directory}: a partition directory is named <topic>-<partition>")
+        self.topic, self.partition = parsed
+        self.config = config
+        # Appends, rolls, retention and flush bookkeeping; never held during a read.
+        self._lock = threading.Lock()
+        self._segments: tuple[LogSegment, ...] = ()
+        self._base_offsets: tuple[int, ...] = ()
+        self._log_start_offset = 0
+        self._log_end_offset = 0
+        self._high_watermark = 0
+        self.recovery_point = 0
+        self._unflushed_records = 0
+        self._last_flush_ms = now_ms
+        self._pending_deletions: list[tuple[int, LogSegment]] = []   # (due ms, segment)
+        self._closed = False
+        self.producer_state = ProducerStateManager(directory, producer_id_expiration_ms=producer_id_expiration_ms)
+        os.makedirs(directory, exist_ok=True)
+        self._load(recovery_point, log_start_offset, clean_shutdown, now_ms)
+
+    @classmethod
+    def open(cls, directory: str, config: TopicConfig, *, recovery_point: int = 0, log_start_offset: int = 0,
+             clean_shutdown: bool = False, now_ms: int,
+             producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS) -> "Log":
+        """Open (creating if needed) and recover the partition at `directory`."""
+        return cls(directory, config, recovery_point=recovery_point, log_start_offset=log_start_offset,
+                   clean_shutdown=clean_shutdown, now_ms=now_ms,
+                   producer_id_expiration_ms=producer_id_expiration_ms)
+
+    # ---- public state ---------------------------------------------------------------
+
+    @property
+    def log_start_offset(self) -> int:
+        return self._view.log_start_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        return self._view.log_end_offset
+
+    @property
+    def high_watermark(self) -> int:
+        return self._view.high_watermark
+
+    @property
+    def segments(self) -> tuple[LogSegment, ...]:
+        return self._view.segments
+
+    @property
+    def active_segment(self) -> LogSegment:
+        return self._view.segments[-1]
+
+    @property
+    def size_bytes(self) -> int:
+        view = self._view
+        return sum(s.size_bytes for s in view.segments[:-1]) + view.active_end_position
+
+    def earliest_offset(self) -> int:
+        return self._view.log_start_offset
+
+    def latest_offset(self) -> int:
+        """The offset a reader starts from to see only new records (ListOffsets latest)."""
+        return self._view.high_watermark
+
+    # ---- loading and recovery ----------------------------------------------------------
+
+    def _new_segment(self, base_offset: int, now_ms: int) -> LogSegment:
+        return LogSegment.create(self.directory, base_offset, index_interval_bytes=self.config.index_interval_bytes,
+                                 max_index_bytes=self.config.segment_index_bytes, now_ms=now_ms)
+
+    def _scan_directory(self) -> list[int]:
+        """Clean leftovers, warn about strays; the base offsets of the `.log` files, sorted."""
+        logs: set[int] = set()
+        indexes: list[tuple[int, str]] = []
+        for name in sorted(os.listdir(self.directory)):
+            path = os.path.join(self.directory, name)
+            if name.endswith(_LEFTOVER_SUFFIXES):
+                log.info("%s: removing leftover %s", self.name, name)
+                _remove(path)
+                continue
+            match = _SEGMENT_FILE.match(name)
+            if match:
+                base_offset = int(match.group(1))
+                if match.group(2) == "log":
+                    logs.add(base_offset)
+                else:
+                    indexes.append((base_offset, path))
+                continue
+            if _SNAPSHOT_FILE.match(name) or name in _KNOWN_FILES:
+                continue  # the producer state's files / metadata we do not own
+            log.warning("%s: ignoring stray file %s, which is not part of a log", self.name, name)
+        for base_offset, path in indexes:
+            if base_offset not in logs:
+                log.info("%s: removing index %s, which has no .log", self.name, os.path.basename(path))
+                _remove(path)
+        return sorted(logs)
+
+    def _load(self, recovery_point: int, log_start_offset: int, clean_shutdown: bool, now_ms: int) -> None:
+        base_offsets = self._scan_directory()
+        config = self.config
+        segments = [LogSegment.open_existing(self.directory, base, index_interval_bytes=config.index_interval_bytes,
+                                             max_index_bytes=config.segment_index_bytes, now_ms=now_ms)
+                    for base in base_offsets]
+        # Everything from the segment holding the recovery point on is checked batch by
+        # batch after a crash; before it, and everywhere after a clean shutdown, the files
+        # are trusted and only inconsistent indexes are rebuilt.
+        if clean_shutdown:
+            first_checked = len(segments)
+        else:
+            first_checked = max(0, bisect_right(base_offsets, recovery_point) - 1)
+        kept: list[LogSegment] = []
+        for i, segment in enumerate(segments):
+            successor_base = base_offsets[i + 1] if i + 1 < len(segments) else None
+            if i >= first_checked:
+                cut_bytes = segment.recover(verify_crc=True)
+            else:
+                cut_bytes = 0
+                try:
+                    segment.load(successor_base)
+                except (IndexCorruptError, CorruptRecordError, StorageError) as e:
+                    log.warning("%s: rebuilding the indexes of segment %d: %s", self.name, segment.base_offset, e)
+                    cut_bytes = segment.recover(verify_crc=False)
+            kept.append(segment)
+            overlaps = successor_base is not None and segment.next_offset > successor_base
+            if (cut_bytes or overlaps) and successor_base is not None:
+                dropped = segments[i + 1:]
+                log.warning("%s: log cut at offset %d in segment %d; deleting %d later segment(s)",
+                            self.name, segment.next_offset, segment.base_offset, len(dropped))
+                for later in dropped:
+                    later.mark_deleted()
+                    later.destroy()
+                break
+        if not kept:
+            kept.append(self._new_segment(max(0, log_start_offset), now_ms))
+        log_end_offset = kept[-1].next_offset
+        log_start_offset = max(log_start_offset, kept[0].base_offset)
+        if log_start_offset > log_end_offset:
+            # The checkpoint says records up to log_start_offset were deleted, yet the log
+            # ends before it: nothing here is readable, start afresh at log_start_offset.
+            log.warning("%s: log start offset %d is past the log end %d; starting an empty log there",
+                        self.name, log_start_offset, log_end_offset)
+            for segment in kept:
+                segment.mark_deleted()
+                segment.destroy()
+            kept = [self._new_segment(log_start_offset, now_ms)]
+            log_end_offset = log_start_offset
+        for segment in kept[:-1]:
+            segment.seal()
+        self._segments = tuple(kept)
+        self._base_offsets = tuple(s.base_offset for s in kept)
+        self._log_start_offset = log_start_offset
+        self._log_end_offset = log_end_offset
+        self._high_watermark = log_end_offset
+        if not clean_shutdown:
+            # What recovery just read may exist only in the page cache; make it durable
+            # before claiming it as recovered.
+            for segment in kept[first_checked:]:
+                segment.flush()
+        self.recovery_point = log_end_offset
+        self._publish()
+        self._load_producer_state(now_ms)
+        log.info("%s: loaded %d segment(s), offsets [%d, %d)%s", self.name, len(kept), log_start_offset,
+                 log_end_offset, "" if clean_shutdown else " after recovery")
+
+    def _load_producer_state(self, now_ms: int) -> None:
+        replay_from = self.producer_state.load(self._log_start_offset, self._log_end_offset, now_ms=now_ms)
+        replayed = 0
+        for header in self._iter_headers_from(replay_from):
+            if header.producer_id != NO_PRODUCER_ID and header.base_offset >= replay_from:
+                self.producer_state.update_from_replay(header)
+                replayed += 1
+        if replayed:
+            log.info("%s: producer state replayed %d batch(es) from offset %d", self.name, replayed, replay_from)
+
+    def _iter_headers_from(self, offset: int):
+        view = self._view
+        first = max(0, bisect_right(view.base_offsets, offset) - 1)
+        for i in range(first, len(view.segments)):
+            segment = view.segments[i]
+            end_position = view.active_end_position if i == len(view.segments) - 1 else segment.size_bytes
+            _, start = segment.offset_index.lookup(offset) if i == first else (0, 0)
+            yield from segment.iter_batches(start, end_position)
+
+    # ---- append -----------------------------------------------------------------------
+
+    def append_as_leader(self, records, now_ms: int, *, origin: AppendOrigin = AppendOrigin.CLIENT,
+                         leader_epoch: int = 0) -> LogAppendInfo:
+        """Validate and append a request's batches; return where they landed.
+
+        Raises CorruptRecordError, InvalidRecordError, MessageTooLargeError,
+        RecordListTooLargeError, OutOfOrderSequenceError, InvalidProducerEpochError or
+        StorageError; in every case the log is unchanged.
+        """
+        prepared = self._prepare_batches(records, origin)
+        config = self.config
+        log_append_time = config.message_timestamp_type == "LogAppendTime"
+        flush_now = False
+        with self._lock:
+            self._check_open()
+            producer_append = None
+            header = prepared.producer_header
+            if header is not None:
+                outcome = self.producer_state.prepare_append(header, now_ms)
+                if isinstance(outcome, DuplicateBatch):
+                    return LogAppendInfo(outcome.first_offset, outcome.last_offset, outcome.timestamp_ms,
+                                         outcome.timestamp_ms if log_append_time else -1,
+                                         header.records_count, 1, duplicate=True)
+                producer_append = outcome
+            # -- write: nothing above changed any state
+            first_offset = self._log_end_offset
+            buf, headers, max_timestamp_ms = _stamp(records, prepared.headers, first_offset, leader_epoch,
+                                                    now_ms if log_append_time else None)
+            last_offset = headers[-1].last_offset
+            active = self._segments[-1]
+            reason = active.roll_reason(
+                incoming_bytes=prepared.size_bytes, incoming_max_timestamp_ms=max_timestamp_ms,
+                incoming_last_offset=last_offset, now_ms=now_ms,
+                segment_bytes=config.segment_bytes, segment_ms=config.segment_ms)
+            if reason is not None:
+                try:
+                    active = self._roll_locked(now_ms, reason)
+                except OSError as e:
+                    raise StorageError(f"{self.name}: could not roll a new segment at offset {first_offset}: {e}") from e
+            active.append(buf, headers, max_timestamp_ms)
+            # -- apply
+            if producer_append is not None:
+                self.producer_state.apply(producer_append, first_offset, last_offset)
+            self._log_end_offset = last_offset + 1
+            self._high_watermark = self._log_end_offset   # one node: everything written is committed
+            self._unflushed_records += prepared.record_count
+            self._publish()
+            flush_now = self._unflushed_records >= config.flush_messages
+        if flush_now:
+            self.flush()
+        return LogAppendInfo(first_offset, last_offset, max_timestamp_ms,
+                             now_ms if log_append_time else -1, prepared.record_count, len(headers))
+
+    def _prepare_batches(self, records, origin: AppendOrigin) -> _PreparedBatches:
+        """Check that `records` is one or more whole, valid v2 batches. Pure."""
+        try:
+            view = memoryview(records)
+        except TypeError:
+            raise InvalidRecordError(f"records must be bytes-like, got {type(records).__name__}") from None
+        if view.nbytes == 0:
+            raise InvalidRecordError(f"{self.name}: the request holds no record batches")
+        max_message_bytes = self.config.max_message_bytes
+        headers: list[BatchHeader] = []
+        size_bytes = 0
+        record_count = 0
+        max_timestamp_ms = -1
+        producer_header = None
+        for header in iter_headers(view):
+            where = f"{self.name}: batch {len(headers)} (byte {header.position})"
+            if header.size_bytes > max_message_bytes:
+                raise MessageTooLargeError(
+                    f"{where} is {header.size_bytes} bytes, larger than max.message.bytes {max_message_bytes}")
+            if header.records_count != header.last_offset_delta + 1:
+                raise InvalidRecordError(
+                    f"{where}: recordsCount {header.records_count} does not match lastOffsetDelta "
+                    f"{header.last_offset_delta} (expected {header.last_offset_delta + 1} records)")
+            verify_crc(view, header)
+            if header.is_control and origin is AppendOrigin.CLIENT:
+                raise InvalidRecordError(f"{where} is a control batch; clients may not write control batches")
+            if header.producer_id != NO_PRODUCER_ID:
+                producer_header = header
+            elif header.is_transactional:
+                raise InvalidRecordError(f"{where} is transactional but has no producer id")
+            headers.append(header)
+            size_bytes += header.size_bytes
+            record_count += header.records_count
+            if header.max_timestamp > max_timestamp_ms:
+                max_timestamp_ms = header.max_timestamp
+        if producer_header is not None and len(headers) > 1:
+            raise InvalidRecordError(
+                f"{self.name}: {len(headers)} batches in one request, but an idempotent or transactional "
+                f"producer may send only one batch per partition per request")
+        if size_bytes > self.config.segment_bytes:
+            raise RecordListTooLargeError(
+                f"{self.name}: {size_bytes} bytes of batches exceed segment.bytes {self.config.segment_bytes}")
+        return _PreparedBatches(headers, size_bytes, record_count, max_timestamp_ms, producer_header)
+
+    def roll(self, now_ms: int) -> LogSegment:
+        """Start a new segment now (if the active one holds anything); return the active one."""
+        with self._lock:
+            self._check_open()
+            if self._segments[-1].is_empty:
+                return self._segments[-1]
+            segment = self._roll_locked(now_ms, "requested")
+            self._publish()
+            return segment
+
+    def _roll_locked(self, now_ms: int, reason: str) -> LogSegment:
+        new_base = self._log_end_offset
+        old = self._segments[-1]
+        segment = self._new_segment(new_base, now_ms)
+        old.seal()
+        self._segments += (segment,)
+        self._base_offsets += (new_base,)
+        # Kafka snapshots the producer state at every roll, so recovery replays at most one
+        # segment's batches.
+        self.producer_state.take_snapshot(new_base)
+        log.info("%s: rolled segment %d at offset %d (%s)", self.name, old.base_offset, new_base, reason)
+        return segment
+
+    def _publish(self) -> None:
+        self._view = _LogView(self._segments, self._base_offsets, self._segments[-1].size_bytes,
+                              self._log_start_offset, self._log_end_offset, self._high_watermark)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StorageError(f"{self.name}: the log is closed")
+
+    # ---- read -------------------------------------------------------------------------
+
+    def read(self, fetch_offset: int, max_bytes: int, *, max_offset_exclusive: int | None = None,
+             min_one_batch: bool = True) -> FetchData:
+        """Whole batches from the one holding `fetch_offset`, at most `max_bytes` of them
+        (but at least one when `min_one_batch`), none reaching `max_offset_exclusive`.
+
+        Raises OffsetOutOfRangeError outside [log_start_offset, log_end_offset]; at
+        log_end_offset the answer is empty.
+        """
+        view = self._view
+        if fetch_offset < view.log_start_offset or fetch_offset > view.log_end_offset:
+            raise OffsetOutOfRangeError(
+                f"{self.name}: fetch offset {fetch_offset} is outside the log's range "
+                f"[{view.log_start_offset}, {view.log_end_offset}]")
+        limit = view.log_end_offset if max_offset_exclusive is None else min(max_offset_exclusive,
+                                                                             view.log_end_offset)
+        if fetch_offset < limit:
+            last = len(view.segments) - 1
+            for i in range(max(0, bisect_right(view.base_offsets, fetch_offset) - 1), last + 1):
+                segment = view.segments[i]
+                end_position = view.active_end_position if i == last else segment.size_bytes
+                found = _read_from_segment(segment, fetch_offset, limit, end_position, max_bytes, min_one_batch,
+                                           limit_is_log_end=limit == view.log_end_offset)
+                if found is not None:
+                    return FetchData(found[0], found[1], view.high_watermark, view.log_start_offset)
+        return FetchData(b"", fetch_offset, view.high_watermark, view.log_start_offset)
+
+    def offset_for_timestamp(self, timestamp_ms: int, *,
+                             max_offset_exclusive: int | None = None) -> tuple[int, int] | None:
+        """(offset, timestamp) of the earliest record whose timestamp is >= `timestamp_ms`,
+        or None when there is none (below `max_offset_exclusive`, default the high watermark)."""
+        view = self._view
+        limit = view.high_watermark if max_offset_exclusive is None else min(max_offset_exclusive,
+                                                                             view.log_end_offset)
+        min_offset = view.log_start_offset
+        last = len(view.segments) - 1
+        for i, segment in enumerate(view.segments):
+            if segment.max_timestamp_ms < timestamp_ms:
+                continue  # every batch in it is older (the maximum covers at least the view)
+            end_position = view.active_end_position if i == last else segment.size_bytes
+            while True:
+                header = segment.find_batch_by_timestamp(timestamp_ms, min_offset, end_position)
+                if header is None:
+                    break
+                if header.base_offset >= limit:
+                    return None
+                found = _first_record_at_or_after(segment, header, timestamp_ms, min_offset)
+                if found is not None:
+                    return found if found[0] < limit else None
+                # the batch's newer records all lie below the log start offset: go on
+                min_offset = header.next_offset
+        return None
+
+    # ---- retention --------------------------------------------------------------------
+
+    def delete_old_segments(self, now_ms: int) -> int:
+        """Delete the oldest segments past retention.ms / retention.bytes or wholly below
+        the log start offset; never the active segment. Returns how many were deleted."""
+        config = self.config
+        with self._lock:
+            self._check_open()
+            segments = self._segments
+            deletable = len(segments) - 1   # never the active segment
+            by_time = 0
+            if config.retention_ms >= 0:
+                while by_time < deletable and now_ms - segments[by_time].largest_timestamp_ms > config.retention_ms:
+                    by_time += 1
+            by_size = 0
+            if config.retention_bytes >= 0:
+                excess = sum(s.size_bytes for s in segments) - config.retention_bytes
+                while by_size < deletable and excess - segments[by_size].size_bytes >= 0:
+                    excess -= segments[by_size].size_bytes
+                    by_size += 1
+            by_start = 0
+            while by_start < deletable and segments[by_start + 1].base_offset <= self._log_start_offset:
+                by_start += 1
+            count = max(by_time, by_size, by_start)
+            if count:
+                reasons = [name for name, n in (("retention.ms", by_time), ("retention.bytes", by_size),
+                                                ("log start offset", by_start)) if n == count]
+                self._delete_segments_locked(count, now_ms, " and ".join(reasons))
+        self._destroy_due(now_ms)
+        return count
+
+    def delete_records_before(self, offset: int, now_ms: int) -> int:
+        """Move the log start offset to `offset` (DeleteRecords) and drop whole segments
+        below it. `offset` may not pass the high watermark. Returns the log start offset."""
+        with self._lock:
+            self._check_open()
+            if offset > self._high_watermark or offset < 0:
+                raise OffsetOutOfRangeError(
+                    f"{self.name}: cannot delete records before {offset}: the high watermark is "
+                    f"{self._high_watermark}")
+            if offset > self._log_start_offset:
+                self._log_start_offset = offset
+                count = 0
+                while count < len(self._segments) - 1 and self._segments[count + 1].base_offset <= offset:
+                    count += 1
+                if count:
+                    self._delete_segments_locked(count, now_ms, "delete records")
+                self._publish()
+            start = self._log_start_offset
+        self._destroy_due(now_ms)
+        return start
+
+    def _delete_segments_locked(self, count: int, now_ms: int, reason: str) -> None:
+        doomed, self._segments = self._segments[:count], self._segments[count:]
+        self._base_offsets = self._base_offsets[count:]
+        self._log_start_offset = max(self._log_start_offset, self._segments[0].base_offset)
+        self.recovery_point = max(self.recovery_point, self._segments[0].base_offset)
+        self._publish()
+        due_ms = now_ms + self.config.file_delete_delay_ms
+        for segment in doomed:
+            segment.mark_deleted()
+            self._pending_deletions.append((due_ms, segment))
+        self.producer_state.delete_snapshots_before(self._segments[0].base_offset)
+        log.info("%s: deleted %d segment(s) by %s; log start offset %d", self.name, count, reason,
+                 self._log_start_offset)
+
+    def _destroy_due(self, now_ms: int | None) -> None:
+        """Close and unlink deleted segments whose delay passed (all of them when now_ms is None)."""
+        with self._lock:
+            due = [s for t, s in self._pending_deletions if now_ms is None or t <= now_ms]
+            self._pending_deletions = [(t, s) for t, s in self._pending_deletions
+                                       if not (now_ms is None or t <= now_ms)]
+        for segment in due:
+            segment.destroy()
+
+    # ---- flush ------------------------------------------------------------------------
+
+    def flush(self, offset: int | None = None, *, now_ms: int | None = None) -> None:
+        """fsync every segment holding offsets below `offset` (default: the log end) and
+        move the recovery point there."""
+        with self._lock:
+            self._check_open()
+            target = self._log_end_offset if offset is None else min(offset, self._log_end_offset)
+            if target <= self.recovery_point:
+                return
+            first = max(0, bisect_right(self._base_offsets, self.recovery_point) - 1)
+            last = max(0, bisect_right(self._base_offsets, target - 1) - 1)
+            segments = self._segments[first:last + 1]
+            unflushed = self._unflushed_records
+        # fsync outside the lock: appends continue meanwhile (the files only grow)
+        for segment in segments:
+            segment.flush()
+        with self._lock:
+            if target > self.recovery_point:
+                self.recovery_point = target
+            if target >= self._log_end_offset:
+                self._unflushed_records = 0
+            else:
+                self._unflushed_records = max(0, self._unflushed_records - unflushed)
+            if now_ms is not None:
+                self._last_flush_ms = now_ms
+
+    def maybe_flush(self, now_ms: int) -> bool:
+        """Flush by flush.messages / flush.ms; otherwise fsync segments already rolled
+        (Kafka does so after each roll). Returns whether the whole log was flushed."""
+        config = self.config
+        with self._lock:
+            if self._closed:
+                return False
+            pending = self._unflushed_records > 0
+            flush_all = pending and (self._unflushed_records >= config.flush_messages
+                                     or now_ms - self._last_flush_ms >= config.flush_ms)
+            active_base = self._segments[-1].base_offset
+            if not pending:
+                self._last_flush_ms = now_ms
+        if flush_all:
+            self.flush(now_ms=now_ms)
+            return True
+        if active_base > self.recovery_point:
+            self.flush(active_base)
+        return False
+
+    # ---- lifecycle --------------------------------------------------------------------
+
+    def update_config(self, config: TopicConfig) -> None:
+        with self._lock:
+            self.config = config
+            self._segments[-1].index_interval_bytes = config.index_interval_bytes
+
+    def remove_expired_producers(self, now_ms: int) -> list[int]:
+        with self._lock:
+            return self.producer_state.remove_expired(now_ms)
+
+    def close(self, *, clean: bool = True) -> None:
+        """Close the files. `clean`: flush everything and snapshot the producer state first
+        (a clean shutdown); without it nothing is written (a log being deleted)."""
+        if self._closed:
+            return
+        if clean:
+            self.flush()
+            with self._lock:
+                self.producer_state.take_snapshot(self._log_end_offset)
+        with self._lock:
+            self._closed = True
+            for segment in self._segments:
+                segment.close()
+        self._destroy_due(None)
+
+    def __repr__(self) -> str:
+        view = self._view
+        return (f"Log({self.name}, offsets [{view.log_start_offset}, {view.log_end_offset}), "
+                f"{len(view.segments)} segment(s))")
+
+
+# ---- helpers ------------------------------------------------------------------------------
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except IsADirectoryError:
+        log.warning("not removing directory %s", path)
+
+
+def _stamp(records, headers: list[BatchHeader], first_offset: int, leader_epoch: int,
+           log_append_time_ms: int | None) -> tuple[bytearray, list[BatchHeader], int]:
+    """Copy the request and write what the log assigns: base offsets, the leader epoch and,
+    under LogAppendTime, the timestamp type and max timestamp (whose CRC is recomputed)."""
+    buf = bytearray(records)
+    stamped: list[BatchHeader] = []
+    next_offset = first_offset
+    max_timestamp_ms = -1
+    for header in headers:
+        position = header.position
+        write_base_offset(buf, position, next_offset)
+        _LEADER_EPOCH_STRUCT.pack_into(buf, position + 12, leader_epoch)
+        if log_append_time_ms is not None:
+            attributes = header.attributes | TIMESTAMP_TYPE_MASK
+            _ATTRIBUTES_STRUCT.pack_into(buf, position + 21, attributes)
+            _TIMESTAMP_STRUCT.pack_into(buf, position + 35, log_append_time_ms)
+            crc = compute_crc(buf, position, header.size_bytes)
+            _CRC_STRUCT.pack_into(buf, position + 17, crc)
+            header = header._replace(base_offset=next_offset, partition_leader_epoch=leader_epoch,
+                                     attributes=attributes, max_timestamp=log_append_time_ms, crc=crc)
+        else:
+            header = header._replace(base_offset=next_offset, partition_leader_epoch=leader_epoch)
+        stamped.append(header)
+        if header.max_timestamp > max_timestamp_ms:
+            max_timestamp_ms = header.max_timestamp
+        next_offset = header.next_offset
+    return buf, stamped, max_timestamp_ms
+
+
+def _read_from_segment(segment: LogSegment, fetch_offset: int, limit: int, end_position: int, max_bytes: int,
+                       min_one_batch: bool, *, limit_is_log_end: bool) -> tuple[bytes, int] | None:
+    """(whole batches, base offset of the first) from `segment`; None when the segment has
+    nothing at or after `fetch_offset` below `end_position` (try the next one)."""
+    first = segment.find_batch(fetch_offset, end_position)
+    if first is None:
+        return None
+    if first.last_offset >= limit:
+        return b"", fetch_offset
+    if not limit_is_log_end:
+        # Batches are whole units: stop before the one that holds `limit`.
+        stop = segment.find_batch(limit, end_position)
+        if stop is not None:
+            end_position = stop.position
+    start = first.position
+    available = end_position - start
+    if available <= max_bytes:
+        return segment.read_bytes(start, available), first.base_offset
+    if first.size_bytes > max_bytes:
+        if not min_one_batch:
+            return b"", fetch_offset
+        return segment.read_bytes(start, first.size_bytes), first.base_offset
+    data = segment.read_bytes(start, max_bytes)
+    # Keep whole batches only: walk the lengths and cut after the last complete one.
+    position = 0
+    unpack_length = BATCH_LENGTH_STRUCT.unpack_from
+    while position + 12 <= max_bytes:
+        size = unpack_length(data, position + _BATCH_LENGTH_AT)[0] + 12
+        if position + size > max_bytes:
+            break
+        position += size
+    return data[:position], first.base_offset
+
+
+def _first_record_at_or_after(segment: LogSegment, header: BatchHeader, timestamp_ms: int,
+                              min_offset: int) -> tuple[int, int] | None:
+    """Within one batch, the first record at or after `min_offset` with a timestamp >=
+    `timestamp_ms`. The one place storage reads records: ListOffsets by time needs it."""
+    if header.attributes & TIMESTAMP_TYPE_MASK:
+        # LogAppendTime: every record carries the batch's max timestamp
+        return max(header.base_offset, min_offset), header.max_timestamp
+    from eos.records.codec import decode_records  # only this rare path decodes records
+
+    data = segment.read_bytes(header.position, header.size_bytes)
+    for record in decode_records(data, header._replace(position=0), "", 0):
+        if record.offset >= min_offset and record.timestamp >= timestamp_ms:
+            return record.offset, record.timestamp
+    return None

@@ -1,0 +1,396 @@
+"""One log segment: a `.log` file of record batches with its `.index` and `.timeindex`.
+
+Theory of operation
+-------------------
+A segment holds a contiguous run of offsets starting at `base_offset`; its files are named
+`<base_offset:020d>.log` / `.index` / `.timeindex` as Kafka names them. Only the newest
+segment of a partition (the active one) is appended to; the `Log` decides when to roll.
+
+Appends arrive as whole, already validated batches with their offsets stamped. The segment
+writes them with one `os.write` on an O_APPEND descriptor, then updates its indexes the way
+Kafka's LogSegment does: when more than index.interval.bytes have gone by since the last
+entry, the batch gets an offset-index entry (its last offset, its position) and the time
+index gets (max timestamp so far, offset of that batch) if the maximum grew.
+
+Reads use `os.pread` on the same descriptor, so they need no seek and may run in other
+threads while an append is in progress: a reader only looks below an end position it took
+from the log's published snapshot, and bytes below it are never rewritten.
+
+`size_bytes`, `next_offset` and the maximum timestamp describe what is in the file and are
+owned here; `recover()` rebuilds them, and both indexes, from the `.log` alone, cutting the
+file at the first thing that is not a whole, valid batch.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Iterator
+
+from eos.errors import CorruptRecordError, InvariantError, StorageError
+from eos.records.header import (
+    HEADER_SIZE,
+    HEADER_STRUCT,
+    LOG_OVERHEAD,
+    MAGIC_V2,
+    BatchHeader,
+    compute_crc,
+)
+from broker.storage.index import IndexCorruptError, OffsetIndex, TimeIndex
+
+log = logging.getLogger(__name__)
+
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+TIME_INDEX_SUFFIX = ".timeindex"
+TXN_INDEX_SUFFIX = ".txnindex"
+DELETED_SUFFIX = ".deleted"
+SEGMENT_SUFFIXES = (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX)
+
+RELATIVE_OFFSET_LIMIT = 2**31 - 1  # Kafka keeps offset - base_offset within an int
+SCAN_BLOCK_BYTES = 16 * 1024       # headers read per pread when scanning near an index entry
+RECOVERY_BLOCK_BYTES = 1 << 20     # bytes read per pread when checking a whole segment
+_MIN_BATCH_LENGTH = HEADER_SIZE - LOG_OVERHEAD
+
+
+def segment_file_name(base_offset: int, suffix: str) -> str:
+    return f"{base_offset:020d}{suffix}"
+
+
+def _write_all(fd: int, data) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+class LogSegment:
+    """The files of one segment and what is known about their contents."""
+
+    def __init__(self, directory: str, base_offset: int, *, index_interval_bytes: int,
+                 max_index_bytes: int, created_ms: int, truncate: bool = False):
+        self.directory = directory
+        self.base_offset = base_offset
+        self.index_interval_bytes = index_interval_bytes
+        self.log_path = os.path.join(directory, segment_file_name(base_offset, LOG_SUFFIX))
+        self.offset_index = OffsetIndex(
+            os.path.join(directory, segment_file_name(base_offset, INDEX_SUFFIX)), base_offset, max_index_bytes)
+        self.time_index = TimeIndex(
+            os.path.join(directory, segment_file_name(base_offset, TIME_INDEX_SUFFIX)), base_offset, max_index_bytes)
+        flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | (os.O_TRUNC if truncate else 0)
+        self._fd = os.open(self.log_path, flags, 0o644)
+        self.size_bytes = os.fstat(self._fd).st_size   # end of the valid bytes
+        self.next_offset = base_offset                   # exclusive end offset
+        self.max_timestamp_ms = -1
+        self.offset_of_max_timestamp = base_offset
+        # segment.ms counts from the largest timestamp of the first append (Kafka's rule),
+        # or from creation when the segment is empty.
+        self.rolling_base_timestamp_ms: int | None = None
+        self.created_ms = created_ms
+        self._bytes_since_last_index_entry = 0
+        self._closed = False
+
+    # -- construction --------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, directory: str, base_offset: int, *, index_interval_bytes: int,
+               max_index_bytes: int, now_ms: int) -> "LogSegment":
+        """A new, empty segment (any file left at that name is emptied)."""
+        segment = cls(directory, base_offset, index_interval_bytes=index_interval_bytes,
+                      max_index_bytes=max_index_bytes, created_ms=now_ms, truncate=True)
+        segment.offset_index.reset([])
+        segment.time_index.reset([])
+        return segment
+
+    @classmethod
+    def open_existing(cls, directory: str, base_offset: int, *, index_interval_bytes: int,
+                      max_index_bytes: int, now_ms: int) -> "LogSegment":
+        """Open the files of an existing segment; call `load` or `recover` next."""
+        return cls(directory, base_offset, index_interval_bytes=index_interval_bytes,
+                   max_index_bytes=max_index_bytes, created_ms=now_ms)
+
+    def load(self, next_offset: int | None) -> None:
+        """Trust the files: read both indexes and find where the segment ends.
+
+        `next_offset` is known for a segment that has a successor (the successor's base
+        offset); for the active segment pass None and the end is found by scanning the
+        headers after the last index entry. Raises IndexCorruptError or CorruptRecordError
+        when the files do not agree; the caller then runs `recover`.
+        """
+        self.offset_index.load(self.size_bytes)
+        if next_offset is None:
+            _, position = self.offset_index.last_entry()
+            next_offset = self.base_offset
+            for header in self.iter_batches(position, self.size_bytes):
+                next_offset = header.next_offset
+        self.next_offset = next_offset
+        self.time_index.load(next_offset if self.size_bytes else None)
+        self.max_timestamp_ms, self.offset_of_max_timestamp = self.time_index.last_entry()
+        if self.size_bytes:
+            first = next(self.iter_batches(0, self.size_bytes))
+            self.rolling_base_timestamp_ms = first.max_timestamp
+
+    def recover(self, *, verify_crc: bool = True) -> int:
+        """Check every batch, cut the file after the last valid one, rebuild both indexes.
+
+        Returns the number of bytes cut (0 when the whole file is valid).
+        """
+        file_size = os.fstat(self._fd).st_size
+        offset_entries: list[tuple[int, int]] = []
+        time_entries: list[tuple[int, int]] = []
+        max_timestamp, offset_of_max = -1, self.base_offset
+        bytes_since_entry = 0
+        next_offset = self.base_offset
+        rolling_base: int | None = None
+        position = 0
+        block, block_start = b"", 0
+        problem = None
+        while position < file_size:
+            relative = position - block_start
+            if relative + HEADER_SIZE > len(block):
+                block = self.read_bytes(position, min(RECOVERY_BLOCK_BYTES, file_size - position))
+                block_start, relative = position, 0
+            if len(block) - relative < HEADER_SIZE:
+                problem = f"{file_size - position} trailing bytes, less than a batch header"
+                break
+            header = BatchHeader(*HEADER_STRUCT.unpack_from(block, relative), position)
+            problem = self._header_problem(header, file_size, next_offset)
+            if problem:
+                break
+            if verify_crc:
+                if relative + header.size_bytes <= len(block):
+                    crc = compute_crc(block, relative, header.size_bytes)
+                else:
+                    crc = compute_crc(self.read_bytes(position, header.size_bytes), 0, header.size_bytes)
+                if crc != header.crc:
+                    problem = f"CRC mismatch (stored {header.crc:#010x}, computed {crc:#010x})"
+                    break
+            if rolling_base is None:
+                rolling_base = header.max_timestamp
+            if header.max_timestamp > max_timestamp:
+                max_timestamp, offset_of_max = header.max_timestamp, header.last_offset
+            if bytes_since_entry > self.index_interval_bytes and \
+                    len(offset_entries) < self.offset_index.max_entries:
+                offset_entries.append((header.last_offset, position))
+                if max_timestamp > (time_entries[-1][0] if time_entries else -1) and \
+                        len(time_entries) < self.time_index.max_entries:
+                    time_entries.append((max_timestamp, offset_of_max))
+                bytes_since_entry = 0
+            bytes_since_entry += header.size_bytes
+            next_offset = header.next_offset
+            position += header.size_bytes
+        truncated = file_size - position
+        if truncated:
+            log.warning("%s: cutting %d bytes at byte %d: %s", self.log_path, truncated, position, problem)
+            os.ftruncate(self._fd, position)
+        # The time index ends with the segment's maximum, as Kafka leaves it at roll and close.
+        if max_timestamp > (time_entries[-1][0] if time_entries else -1):
+            time_entries.append((max_timestamp, offset_of_max))
+        self.offset_index.reset(offset_entries)
+        self.time_index.reset(time_entries)
+        self.size_bytes = position
+        self.next_offset = next_offset
+        self.max_timestamp_ms, self.offset_of_max_timestamp = max_timestamp, offset_of_max
+        self.rolling_base_timestamp_ms = rolling_base
+        self._bytes_since_last_index_entry = bytes_since_entry
+        return truncated
+
+    def _header_problem(self, header: BatchHeader, end_position: int, expected_offset: int) -> str | None:
+        if header.magic != MAGIC_V2:
+            return f"magic {header.magic}, not 2"
+        if header.batch_length < _MIN_BATCH_LENGTH:
+            return f"batch length {header.batch_length}"
+        if header.position + header.size_bytes > end_position:
+            return f"batch of {header.size_bytes} bytes runs past the end ({end_position})"
+        if header.records_count < 0 or header.last_offset_delta < 0:
+            return f"recordsCount {header.records_count}, lastOffsetDelta {header.last_offset_delta}"
+        if header.base_offset < expected_offset:
+            return f"base offset {header.base_offset} below the expected {expected_offset}"
+        if header.last_offset - self.base_offset > RELATIVE_OFFSET_LIMIT:
+            return f"offset {header.last_offset} too far from the segment base {self.base_offset}"
+        return None
+
+    # -- queries -------------------------------------------------------------------------
+
+    @property
+    def is_empty(self) -> bool:
+        return self.size_bytes == 0
+
+    @property
+    def largest_timestamp_ms(self) -> int:
+        """The newest timestamp in the segment (file mtime when no batch has one)."""
+        if self.max_timestamp_ms >= 0:
+            return self.max_timestamp_ms
+        try:
+            return int(os.stat(self.log_path).st_mtime * 1000)
+        except FileNotFoundError:
+            return int(os.fstat(self._fd).st_mtime * 1000)
+
+    def read_bytes(self, position: int, length: int) -> bytes:
+        """`length` bytes at `position`; raise StorageError if the file is shorter."""
+        data = os.pread(self._fd, length, position)
+        if len(data) == length:
+            return data
+        parts = [data]
+        got = len(data)
+        while got < length:
+            more = os.pread(self._fd, length - got, position + got)
+            if not more:
+                raise StorageError(f"{self.log_path}: wanted {length} bytes at {position}, file ends at {position + got}")
+            parts.append(more)
+            got += len(more)
+        return b"".join(parts)
+
+    def iter_batches(self, start_position: int, end_position: int) -> Iterator[BatchHeader]:
+        """Headers of the batches in [start_position, end_position), read in blocks.
+
+        Only header fields are checked, enough not to run off the end; positions are file
+        positions. Raises CorruptRecordError at anything that is not a batch header.
+        """
+        position = start_position
+        block, block_start = b"", start_position
+        while position < end_position:
+            relative = position - block_start
+            if relative + HEADER_SIZE > len(block):
+                block = self.read_bytes(position, min(SCAN_BLOCK_BYTES, end_position - position))
+                block_start, relative = position, 0
+                if len(block) < HEADER_SIZE:
+                    raise CorruptRecordError(
+                        f"{self.log_path}: {len(block)} bytes at {position}, less than a batch header")
+            header = BatchHeader(*HEADER_STRUCT.unpack_from(block, relative), position)
+            if header.magic != MAGIC_V2 or header.batch_length < _MIN_BATCH_LENGTH or \
+                    position + header.size_bytes > end_position:
+                raise CorruptRecordError(
+                    f"{self.log_path}: no valid batch header at byte {position} "
+                    f"(magic {header.magic}, length {header.batch_length})")
+            yield header
+            position += header.size_bytes
+
+    def find_batch(self, offset: int, end_position: int) -> BatchHeader | None:
+        """The first batch below `end_position` whose last offset is >= `offset`."""
+        _, start = self.offset_index.lookup(offset)
+        for header in self.iter_batches(start, end_position):
+            if header.last_offset >= offset:
+                return header
+        return None
+
+    def find_batch_by_timestamp(self, timestamp_ms: int, min_offset: int,
+                                end_position: int) -> BatchHeader | None:
+        """The first batch at or after `min_offset` whose max timestamp is >= `timestamp_ms`."""
+        _, indexed_offset = self.time_index.lookup(timestamp_ms)
+        _, start = self.offset_index.lookup(max(indexed_offset, min_offset))
+        if start >= end_position:
+            start = 0  # the time index already names a batch appended after the caller's view
+        for header in self.iter_batches(start, end_position):
+            if header.last_offset >= min_offset and header.max_timestamp >= timestamp_ms:
+                return header
+        return None
+
+    # -- rolling -------------------------------------------------------------------------
+
+    def roll_reason(self, *, incoming_bytes: int, incoming_max_timestamp_ms: int,
+                    incoming_last_offset: int, now_ms: int, segment_bytes: int,
+                    segment_ms: int) -> str | None:
+        """Why an append of this shape must go to a new segment, or None."""
+        if self.size_bytes == 0:
+            return None  # an empty segment takes anything the log accepted
+        if self.size_bytes > segment_bytes - incoming_bytes:
+            return f"segment.bytes ({self.size_bytes} + {incoming_bytes} > {segment_bytes})"
+        if self.rolling_base_timestamp_ms is not None and self.rolling_base_timestamp_ms >= 0:
+            waited_ms = incoming_max_timestamp_ms - self.rolling_base_timestamp_ms
+        else:
+            waited_ms = now_ms - self.created_ms
+        if waited_ms > segment_ms:
+            return f"segment.ms ({waited_ms} ms > {segment_ms})"
+        if self.offset_index.is_full:
+            return f"offset index full ({self.offset_index.entry_count} entries)"
+        if self.time_index.is_full:
+            return f"time index full ({self.time_index.entry_count} entries)"
+        if incoming_last_offset - self.base_offset > RELATIVE_OFFSET_LIMIT:
+            return f"offset {incoming_last_offset} too far from base {self.base_offset}"
+        return None
+
+    # -- mutation ------------------------------------------------------------------------
+
+    def append(self, buf, headers: list[BatchHeader], largest_timestamp_ms: int) -> None:
+        """Write `buf` (exactly the batches in `headers`, offsets stamped) at the end.
+
+        `headers[i].position` is the batch's position in `buf`. On a failed write the file
+        is cut back to its old size and StorageError is raised; nothing else changes.
+        """
+        if self._closed:
+            raise InvariantError(f"{self.log_path}: append to a closed segment")
+        if headers and headers[0].base_offset < self.next_offset:
+            raise InvariantError(
+                f"{self.log_path}: append at offset {headers[0].base_offset} below the end {self.next_offset}")
+        physical_position = self.size_bytes
+        try:
+            _write_all(self._fd, buf)
+        except OSError as e:
+            try:
+                os.ftruncate(self._fd, physical_position)
+            except OSError:
+                log.exception("%s: could not cut a failed append back to %d bytes", self.log_path, physical_position)
+            raise StorageError(f"{self.log_path}: append of {len(buf)} bytes failed: {e}") from e
+        if physical_position == 0:
+            self.rolling_base_timestamp_ms = largest_timestamp_ms
+        for header in headers:
+            if header.max_timestamp > self.max_timestamp_ms:
+                self.max_timestamp_ms, self.offset_of_max_timestamp = header.max_timestamp, header.last_offset
+            if self._bytes_since_last_index_entry > self.index_interval_bytes:
+                self.offset_index.append(header.last_offset, physical_position + header.position)
+                self.time_index.maybe_append(self.max_timestamp_ms, self.offset_of_max_timestamp)
+                self._bytes_since_last_index_entry = 0
+            self._bytes_since_last_index_entry += header.size_bytes
+        self.size_bytes = physical_position + len(buf)
+        self.next_offset = headers[-1].next_offset
+
+    def seal(self) -> None:
+        """The segment stops being active: record its maximum in the time index, close index fds."""
+        self.time_index.maybe_append(self.max_timestamp_ms, self.offset_of_max_timestamp, skip_full_check=True)
+        self.offset_index.close()
+        self.time_index.close()
+
+    def flush(self) -> None:
+        if self._closed:
+            return
+        os.fsync(self._fd)
+        self.offset_index.fsync()
+        self.time_index.fsync()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self.seal()
+        os.close(self._fd)
+        self._closed = True
+
+    def paths(self) -> list[str]:
+        base = os.path.join(self.directory, f"{self.base_offset:020d}")
+        return [base + suffix for suffix in SEGMENT_SUFFIXES]
+
+    def mark_deleted(self) -> None:
+        """Rename the files to `.deleted`; the descriptor stays open for readers in flight."""
+        self.offset_index.close()
+        self.time_index.close()
+        for path in self.paths():
+            try:
+                os.rename(path, path + DELETED_SUFFIX)
+            except FileNotFoundError:
+                pass
+
+    def destroy(self) -> None:
+        """Close the descriptor and remove the `.deleted` files (after `mark_deleted`)."""
+        if not self._closed:
+            os.close(self._fd)
+            self._closed = True
+        for path in self.paths():
+            try:
+                os.unlink(path + DELETED_SUFFIX)
+            except FileNotFoundError:
+                pass
+
+    def __repr__(self) -> str:
+        return (f"LogSegment(base_offset={self.base_offset}, next_offset={self.next_offset}, "
+                f"size_bytes={self.size_bytes})")
+
+
