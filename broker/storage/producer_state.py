@@ -45,7 +45,7 @@ version 1 (big-endian)::
 
 As in Kafka only each producer's last batch is in a snapshot, so after a restart a retry of
 an older batch than the last gets OUT_OF_ORDER_SEQUENCE_NUMBER (exactly what Kafka answers
-there); the client treats that as an unresolved sequence. `load` picks the newest readable
+there; the batch is in the log, the client just cannot learn its offset). `load` picks the newest readable
 snapshot inside [log_start_offset, log_end_offset], deletes corrupt ones and ones past the
 log end, and tells the log where to start replaying. Producers whose batches were all
 removed by retention are kept until they expire (Kafka since KIP-360 / KAFKA-7190 keeps
