@@ -428,8 +428,12 @@ def _as_timestamp(timestamp_ms) -> int:
 
 
 def _encode_timestamp_delta(timestamp_delta: int, timestamp_ms) -> bytes:
-    if not isinstance(timestamp_ms, int) or not INT64_MIN <= timestamp_delta <= INT64_MAX:
-        raise InvalidRecordError(f"timestamp {timestamp_ms!r} is not a 64-bit int of milliseconds")
+    if not isinstance(timestamp_ms, int) or isinstance(timestamp_ms, bool):
+        raise InvalidRecordError(
+            f"timestamp must be an int of milliseconds, got {type(timestamp_ms).__name__}")
+    if not INT64_MIN <= timestamp_delta <= INT64_MAX:
+        raise InvalidRecordError(
+            f"timestamp {timestamp_ms} is too far from the batch's first timestamp for a 64-bit delta")
     return encode_varlong(timestamp_delta)
 
 
