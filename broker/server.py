@@ -284,8 +284,8 @@ class BrokerServer:
         self._registry = TopicRegistry(self.data_dir, default_config=self.config.topic_defaults,
                                        default_num_partitions=self.config.num_partitions)
         topics = self._registry.load()
-        self._log_manager = _make_log_manager(LogManager, self.data_dir, self._now_ms,
-                                              self.config.producer_id_expiration_ms)
+        self._log_manager = LogManager(str(self.data_dir), now_ms_fn=self._now_ms,
+                                       producer_id_expiration_ms=self.config.producer_id_expiration_ms)
         self._log_manager.load({info.name: info.config for info in topics})
         self._sweep_logs()
         producer_ids = ProducerIdManager(self.data_dir / PRODUCER_IDS_FILE_NAME)
@@ -328,7 +328,8 @@ class BrokerServer:
         """Make the logs on disk match the registry: create what is missing (a create cut
         short, or storage lost), delete what no topic names (a delete cut short)."""
         wanted = {(info.name, p) for info in self._registry.topics() for p in range(info.partition_count)}
-        for topic, partition in _log_keys(self._log_manager):
+        for partition_log in self._log_manager.all_logs():
+            topic, partition = partition_log.topic, partition_log.partition
             if (topic, partition) not in wanted:
                 log.warning("deleting log %s-%d: no topic in the registry names it", topic, partition)
                 self._log_manager.delete_log(topic, partition)
@@ -392,14 +393,6 @@ class BrokerServer:
 
     def __exit__(self, *exc_info) -> None:
         self.stop()
-
-
-def _make_log_manager(log_manager_class, data_dir: Path, now_ms_fn, producer_id_expiration_ms: int):
-    return log_manager_class(str(data_dir), now_ms_fn=now_ms_fn)
-
-
-def _log_keys(log_manager) -> list[tuple[str, int]]:
-    return [(partition_log.topic, partition_log.partition) for partition_log in log_manager.all_logs()]
 
 
 # ---- the blocking entry point -----------------------------------------------------------------
