@@ -1,0 +1,55 @@
+"""Broker append speed against the raw sequential write speed of the same disk.
+
+Append MB/s is what the broker wrote into the topic's ``.log`` segment files during the
+produce run (batch headers and record framing included, read from the data directory
+afterwards) divided by that run's elapsed time; the yardstick is bench/disk.py on the same
+filesystem, measured in the same harness run. The produce run is the acks=all idempotent
+bulk one (or, if that path is missing, the per-record one), reused when produce already ran.
+
+Both disk figures are reported: neither broker fsyncs each append by default, so the
+buffered (page cache) speed is the ceiling that matters; the fsync figure is the device's.
+"""
+from __future__ import annotations
+
+from bench.workloads import Metric, NotAvailable, RunContext, Workload, register
+from bench.workloads import produce
+from bench.workloads.clients import require_client
+
+RUN_PREFERENCE = ("bulk-all-idem", "send-all-idem")
+
+
+def run(ctx: RunContext) -> list[Metric]:
+    require_client(ctx)
+    disk = ctx.shared.get("disk")
+    if disk is None:
+        raise NotAvailable("the raw disk speed was not measured in this run")
+    chosen = None
+    for key in RUN_PREFERENCE:
+        try:
+            chosen = produce.measure(ctx, key)
+            break
+        except NotAvailable:
+            continue
+    if chosen is None:
+        raise NotAvailable("no acks=all produce path to measure appends with")
+    append_mb_s = chosen.log_bytes / chosen.elapsed_s / 1e6
+    if chosen.log_bytes <= 0:
+        raise NotAvailable(f"no .log files for topic {chosen.topic} under {ctx.data_dir}")
+    ctx.progress(f"  append {append_mb_s:.1f} MB/s on disk ({chosen.log_bytes:,} log bytes "
+                 f"in {chosen.elapsed_s:.2f} s); raw disk {disk.buffered_mb_s:.0f} MB/s "
+                 f"buffered, {disk.fsync_mb_s:.0f} MB/s with fsync")
+    note = f"{chosen.config.label}; {chosen.log_bytes:,} .log bytes in {chosen.elapsed_s:.2f} s"
+    return [
+        Metric("append.mb_per_s", "broker append: MB/s on disk", round(append_mb_s, 2),
+               "MB/s", True, note),
+        Metric("append.vs_disk_buffered", "append / raw disk write (buffered)",
+               round(append_mb_s / disk.buffered_mb_s, 4), "ratio", True,
+               f"raw disk {disk.buffered_mb_s:.0f} MB/s, median of {len(disk.buffered_runs_mb_s)}"),
+        Metric("append.vs_disk_fsync", "append / raw disk write (with fsync)",
+               round(append_mb_s / disk.fsync_mb_s, 4), "ratio", True,
+               f"raw disk {disk.fsync_mb_s:.0f} MB/s, median of {len(disk.fsync_runs_mb_s)}"),
+    ]
+
+
+register(Workload("append", "Broker append MB/s against the raw disk",
+                  {"kafka": run, "eos": run}))

@@ -1,0 +1,301 @@
+"""Produce throughput: one producer, 100-byte values, one partition.
+
+Each configuration is measured on a fresh topic after a warm-up on another topic with the
+same producer. The clock runs from the first send until flush returns, i.e. until every
+record is acknowledged. Throughput counts acknowledged records only, and the run fails
+(RecordsLost) unless acknowledged == sent == the records the broker then holds.
+
+Two paths per client, compared like with like:
+- ``send``: one call per record (Kafka: ``Producer.produce``; eos: ``Producer.send``);
+- ``bulk``: one call per 10,000 records (Kafka: ``Producer.produce_batch``; eos:
+  ``Producer.send_batch``).
+A run stops sending after `Sizes.max_measure_s` so that a slow client still finishes within
+the time budget; the figures then cover fewer records, which the note says.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+from bench.workloads import (Metric, NotAvailable, RecordsLost, RunContext, Workload,
+                             register)
+from bench.workloads.clients import (eos_create_topic, eos_module, kafka_create_topic,
+                                     kafka_end_offset, kafka_producer_config,
+                                     require_client)
+
+BULK_RECORDS = 10_000
+LINGER_MS = 5            # Kafka 4.x's and librdkafka's default; set on both for clarity
+FLUSH_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class ProduceConfig:
+    key: str
+    label: str
+    path: str            # "send" or "bulk"
+    acks: str            # "1" or "all"
+    idempotent: bool
+
+
+CONFIGS = {c.key: c for c in (
+    ProduceConfig("send-acks1", "send, acks=1", "send", "1", False),
+    ProduceConfig("send-all-idem", "send, acks=all, idempotent", "send", "all", True),
+    ProduceConfig("bulk-acks1", "bulk, acks=1", "bulk", "1", False),
+    ProduceConfig("bulk-all-idem", "bulk, acks=all, idempotent", "bulk", "all", True),
+    ProduceConfig("bulk-all-plain", "bulk, acks=all, not idempotent", "bulk", "all", False),
+    ProduceConfig("send-all-plain", "send, acks=all, not idempotent", "send", "all", False),
+)}
+DEFAULT_CONFIGS = ("send-acks1", "send-all-idem", "bulk-acks1", "bulk-all-idem")
+
+
+@dataclass(frozen=True)
+class ProduceRun:
+    config: ProduceConfig
+    topic: str
+    sent: int
+    acked: int
+    elapsed_s: float
+    value_bytes: int
+    log_bytes: int       # .log bytes the broker wrote for the topic
+
+    @property
+    def records_per_s(self) -> float:
+        return self.acked / self.elapsed_s
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.acked * self.value_bytes / self.elapsed_s / 1e6
+
+
+# ---------------------------------------------------------------- Kafka
+
+def _kafka_send_each(producer, topic: str, value: bytes, count: int, deadline: float) -> int:
+    produce, poll = producer.produce, producer.poll
+    sent = 0
+    while sent < count:
+        chunk = min(BULK_RECORDS, count - sent)
+        for _ in range(chunk):
+            try:
+                produce(topic, value)
+            except BufferError:
+                while True:
+                    poll(0.001)
+                    try:
+                        produce(topic, value)
+                        break
+                    except BufferError:
+                        continue
+        sent += chunk
+        poll(0)
+        if time.perf_counter() > deadline:
+            break
+    return sent
+
+
+def _kafka_send_bulk(producer, topic: str, value: bytes, count: int, deadline: float) -> int:
+    sent = 0
+    while sent < count:
+        chunk = min(BULK_RECORDS, count - sent)
+        messages = [{"value": value} for _ in range(chunk)]
+        while messages:
+            queued = producer.produce_batch(topic, messages)
+            if queued == len(messages):
+                break
+            # The rest were refused locally (queue full): serve delivery reports, retry them.
+            messages = [m for m in messages if "_error" in m]
+            for message in messages:
+                del message["_error"]
+            producer.poll(0.001)
+        sent += chunk
+        producer.poll(0)
+        if time.perf_counter() > deadline:
+            break
+    return sent
+
+
+def kafka_produce(ctx: RunContext, config: ProduceConfig) -> ProduceRun:
+    from confluent_kafka import Producer
+
+    errors: list = []
+
+    def on_delivery(err, _msg) -> None:
+        if err is not None:
+            errors.append(err)
+
+    producer = Producer(kafka_producer_config(
+        ctx.bootstrap, acks=config.acks, idempotent=config.idempotent, linger_ms=LINGER_MS,
+        # Every message still gets exactly one report; only failures reach Python, so the
+        # count of acknowledged records is sent - failures once flush() leaves 0 behind.
+        **{"delivery.report.only.error": True, "on_delivery": on_delivery}))
+    send = _kafka_send_each if config.path == "send" else _kafka_send_bulk
+    value = b"v" * ctx.sizes.value_bytes
+    warmup = ctx.topic_name("warmup")
+    kafka_create_topic(ctx.bootstrap, warmup)
+    send(producer, warmup, value, ctx.sizes.warmup_records, float("inf"))
+    if producer.flush(FLUSH_TIMEOUT_S) or errors:
+        raise RecordsLost(f"kafka warm-up {config.label} ({errors[:1]})",
+                          ctx.sizes.warmup_records, ctx.sizes.warmup_records - len(errors))
+    topic = ctx.topic_name(config.key)
+    kafka_create_topic(ctx.bootstrap, topic)
+    start = time.perf_counter()
+    sent = send(producer, topic, value, ctx.sizes.records, start + ctx.sizes.max_measure_s)
+    unflushed = producer.flush(FLUSH_TIMEOUT_S)
+    elapsed_s = time.perf_counter() - start
+    acked = sent - len(errors) - unflushed
+    if acked != sent:
+        raise RecordsLost(f"kafka {config.label}: acknowledged ({errors[:1]})", sent, acked)
+    stored = kafka_end_offset(ctx.bootstrap, topic)
+    if stored != sent:
+        raise RecordsLost(f"kafka {config.label}: held by the broker", sent, stored)
+    return ProduceRun(config, topic, sent, acked, elapsed_s, ctx.sizes.value_bytes,
+                      ctx.log_bytes(topic))
+
+
+# ---------------------------------------------------------------- eos
+
+class _AckCounter:
+    """Counts records whose delivery futures completed, without keeping the futures alive."""
+
+    def __init__(self) -> None:
+        self.acked = 0
+        self.failures: list[BaseException] = []
+        self._lock = threading.Lock()
+
+    def done(self, future, records: int = 1) -> None:
+        exc = future.exception()
+        with self._lock:
+            if exc is None:
+                self.acked += records
+            else:
+                self.failures.append(exc)
+
+    def completed(self) -> int:
+        return self.acked + len(self.failures)
+
+
+def _eos_send_each(producer, topic: str, value: bytes, count: int, deadline: float,
+                   counter: _AckCounter) -> int:
+    send = producer.send
+    sent = 0
+    while sent < count:
+        chunk = min(BULK_RECORDS, count - sent)
+        for _ in range(chunk):
+            send(topic, value=value).add_done_callback(counter.done)
+        sent += chunk
+        if time.perf_counter() > deadline:
+            break
+    return sent
+
+
+def _eos_send_bulk(producer, topic: str, value: bytes, count: int, deadline: float,
+                   counter: _AckCounter) -> int:
+    values = [value] * BULK_RECORDS
+    sent = 0
+    while sent < count:
+        chunk = min(BULK_RECORDS, count - sent)
+        result = producer.send_batch(topic, values if chunk == BULK_RECORDS else values[:chunk])
+        # One future per record, or one for the whole call.
+        if isinstance(result, (list, tuple)):
+            for future in result:
+                future.add_done_callback(counter.done)
+        else:
+            result.add_done_callback(lambda f, n=chunk: counter.done(f, n))
+        sent += chunk
+        if time.perf_counter() > deadline:
+            break
+    return sent
+
+
+def _wait_callbacks(counter: _AckCounter, expected: int, timeout_s: float = 5.0) -> None:
+    # flush() returns once every future is resolved, but a done-callback may still be
+    # running on the client's thread; give the last ones a bounded moment.
+    deadline = time.monotonic() + timeout_s
+    while counter.completed() < expected and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def eos_produce(ctx: RunContext, config: ProduceConfig) -> ProduceRun:
+    eos = eos_module()
+    if config.path == "bulk" and not hasattr(eos.Producer, "send_batch"):
+        raise NotAvailable("eos.Producer.send_batch does not exist yet")
+    producer = eos.Producer(ctx.bootstrap, acks=config.acks,
+                            enable_idempotence=config.idempotent, linger_ms=LINGER_MS)
+    try:
+        send = _eos_send_each if config.path == "send" else _eos_send_bulk
+        value = b"v" * ctx.sizes.value_bytes
+        warmup = ctx.topic_name("warmup")
+        eos_create_topic(ctx.bootstrap, warmup)
+        warm_counter = _AckCounter()
+        send(producer, warmup, value, ctx.sizes.warmup_records, float("inf"), warm_counter)
+        producer.flush()
+        _wait_callbacks(warm_counter, ctx.sizes.warmup_records)
+        if warm_counter.acked != ctx.sizes.warmup_records:
+            raise RecordsLost(f"eos warm-up {config.label} ({warm_counter.failures[:1]})",
+                              ctx.sizes.warmup_records, warm_counter.acked)
+        topic = ctx.topic_name(config.key)
+        eos_create_topic(ctx.bootstrap, topic)
+        counter = _AckCounter()
+        start = time.perf_counter()
+        sent = send(producer, topic, value, ctx.sizes.records,
+                    start + ctx.sizes.max_measure_s, counter)
+        producer.flush()
+        elapsed_s = time.perf_counter() - start
+    finally:
+        producer.close()
+    _wait_callbacks(counter, sent)
+    acked = counter.acked
+    if acked != sent:
+        raise RecordsLost(f"eos {config.label}: acknowledged ({counter.failures[:1]})",
+                          sent, acked)
+    return ProduceRun(config, topic, sent, acked, elapsed_s, ctx.sizes.value_bytes,
+                      ctx.log_bytes(topic))
+
+
+RUNNERS = {"kafka": kafka_produce, "eos": eos_produce}
+
+
+def measure(ctx: RunContext, config_key: str) -> ProduceRun:
+    """Run one configuration on ctx.system, or reuse the result of this run."""
+    cache = ctx.shared.setdefault("produce", {})
+    if config_key not in cache:
+        config = CONFIGS[config_key]
+        ctx.progress(f"  produce {config.label}: {ctx.sizes.records:,} records")
+        run = RUNNERS[ctx.system](ctx, config)
+        ctx.progress(f"    {run.records_per_s:,.0f} records/s, {run.mb_per_s:.1f} MB/s "
+                     f"({run.acked:,} acked in {run.elapsed_s:.2f} s)")
+        cache[config_key] = run
+    return cache[config_key]
+
+
+def throughput_metrics(run: ProduceRun, sizes_records: int) -> list[Metric]:
+    note = f"{run.acked:,} records in {run.elapsed_s:.2f} s"
+    if run.sent < sizes_records:
+        note += f" (time cap reached before {sizes_records:,})"
+    key = run.config.key
+    return [
+        Metric(f"{key}.records_per_s", f"{run.config.label}: records/s",
+               round(run.records_per_s), "records/s", True, note),
+        Metric(f"{key}.mb_per_s", f"{run.config.label}: MB/s",
+               round(run.mb_per_s, 2), "MB/s", True, "values only, 10^6 bytes"),
+    ]
+
+
+def run(ctx: RunContext) -> list[Metric]:
+    require_client(ctx)
+    metrics: list[Metric] = []
+    failures: list[Exception] = []
+    for key in DEFAULT_CONFIGS:
+        try:
+            metrics += throughput_metrics(measure(ctx, key), ctx.sizes.records)
+        except NotAvailable as exc:
+            # One path missing (say, no bulk API yet) must not hide the others.
+            ctx.progress(f"    not available: {exc}")
+            failures.append(exc)
+    if not metrics and failures:
+        raise failures[0]
+    return metrics
+
+
+register(Workload("produce", "Produce throughput, one producer, 100-byte values",
+                  {"kafka": run, "eos": run}))
