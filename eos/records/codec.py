@@ -28,16 +28,19 @@ Reading (`decode_records`). Decoding works on the bytes in place (no copy when t
 holds `bytes` and the batch is uncompressed), and validates as it goes: every record's
 declared length must match what its fields consume, the section must hold exactly
 recordsCount records and nothing after them. Any mismatch, a truncated field or a varint
-longer than 5 (10) bytes is CorruptRecordError naming the batch and the byte.
+longer than 5 (10) bytes is CorruptRecordError saying what is wrong and where.
 
-Speed (pure Python; bench/micro_records.py, 100-byte values, null keys, 500-record
-batches, uncompressed; records/s on the 2-core dev machine, noisy, best of 5):
+Speed (pure Python 3.11; bench/micro_records.py, 100k records of 100-byte values, null
+keys, 500-record batches, uncompressed unless said; best of 5 on the shared 2-core dev
+machine, so +-10%):
 
-                       baseline     optimised
-    append             ~390k        ~1.5M       varint tables, flat piece list, no per-record join
-    append_many        ~410k        ~3.0M       + constant head pieces per batch, one join per call
-    decode_records     ~460k        ~1.2M       in-place reads, inline 1-/2-byte varints,
-                                                tuple.__new__ for Record, try/except for bounds
+                         baseline        optimised
+    append               390k rec/s      2.2M rec/s   varint tables, flat piece list, no per-record join
+    append_many          410k rec/s      4.4M rec/s   + precomputed record heads, one join per call
+      (16-byte keys)                     2.5M rec/s   (the general bulk path)
+    rebuild, lz4         25k batch/s     390k batch/s cached compressed section: header + CRC only
+    decode_records       450k rec/s      1.2M rec/s   in-place reads, inline 1-/2-byte varints,
+      (16-byte keys)                     1.1M rec/s   tuple.__new__ for Record, try/except for bounds
 
 Hot-loop choices, each measured: lists of precomputed varint `bytes` for values below 8192
 (`VARINT_OF`); a one-byte zigzag decode table; inlined two-byte varint decoding (the record
@@ -549,7 +552,13 @@ def decode_records(buf, header: BatchHeader, topic: str, partition: int) -> list
                 timestamp_delta = zigzag1[byte]
                 position += 2
             else:
-                timestamp_delta, position = decode_varlong(data, position + 1)
+                byte2 = data[position + 2]
+                if byte2 < 0x80:
+                    raw = (byte & 0x7F) | (byte2 << 7)
+                    timestamp_delta = (raw >> 1) ^ -(raw & 1)
+                    position += 3
+                else:
+                    timestamp_delta, position = decode_varlong(data, position + 1)
             # offsetDelta (varint)
             byte = data[position]
             if byte < 0x80:
@@ -573,7 +582,13 @@ def decode_records(buf, header: BatchHeader, topic: str, partition: int) -> list
                     key_length = zigzag1[byte]
                     position += 1
                 else:
-                    key_length, position = decode_varint(data, position)
+                    byte2 = data[position + 1]
+                    if byte2 < 0x80:
+                        raw = (byte & 0x7F) | (byte2 << 7)
+                        key_length = (raw >> 1) ^ -(raw & 1)
+                        position += 2
+                    else:
+                        key_length, position = decode_varint(data, position)
                 if key_length < 0:
                     raise CorruptRecordError(
                         f"batch at byte {header.position}: record {len(records)} has key length {key_length}")
