@@ -1,7 +1,10 @@
 """Micro-benchmark of the record codec: encode and decode records/s, one thread, no I/O.
 
-    .venv/bin/python bench/micro_records.py [--records N] [--batch-records N]
+    .venv/bin/python -m bench.micro_records [--records N] [--batch-records N]
         [--value-bytes N] [--key-bytes N] [--codecs none,lz4,...] [--repeat N] [--json-out FILE]
+
+(from the repository root; a plain `python bench/micro_records.py` works once eos is
+installed, e.g. `pip install -e .`).
 
 What it measures (best of --repeat runs, each over --records records):
 
