@@ -169,6 +169,41 @@ def _lz4_blocks(frame: bytes) -> list[tuple[int, bool]]:
     return blocks
 
 
+def _xxh32_short(data: bytes, seed: int = 0) -> int:
+    """XXH32 for inputs under 16 bytes (enough for a frame descriptor), from the spec."""
+    assert len(data) < 16
+    p1, p2, p3, p4, p5 = 2654435761, 2246822519, 3266489917, 668265263, 374761393
+    mask = 0xFFFFFFFF
+
+    def rotl(x: int, r: int) -> int:
+        return ((x << r) | (x >> (32 - r))) & mask
+
+    h = (seed + p5 + len(data)) & mask
+    position = 0
+    while position + 4 <= len(data):
+        (word,) = struct.unpack_from("<I", data, position)
+        h = rotl((h + word * p3) & mask, 17) * p4 & mask
+        position += 4
+    for byte in data[position:]:
+        h = rotl((h + byte * p5) & mask, 11) * p1 & mask
+    h ^= h >> 15
+    h = h * p2 & mask
+    h ^= h >> 13
+    h = h * p3 & mask
+    h ^= h >> 16
+    return h
+
+
+def test_xxh32_helper_matches_the_reference_vector():
+    assert _xxh32_short(b"") == 0x02CC5D05
+
+
+def test_lz4_header_checksum_is_computed_as_kafkas_reader_checks_it():
+    frame = compress(LZ4, b"payload")
+    # KafkaLZ4BlockInputStream: (xxh32(FLG..BD, seed 0) >> 8) & 0xFF, over the descriptor only
+    assert frame[6] == (_xxh32_short(frame[4:6]) >> 8) & 0xFF
+
+
 def test_lz4_writes_the_frame_kafka_writes():
     frame = compress(LZ4, b"x" * 1000)
     # magic 0x184D2204 LE; FLG 0x60 = version 01, independent blocks, no block checksum, no
