@@ -414,7 +414,9 @@ class Log:
             if header.is_control and origin is AppendOrigin.CLIENT:
                 raise InvalidRecordError(f"{where} is a control batch; clients may not write control batches")
             if header.producer_id != NO_PRODUCER_ID:
-                producer_header = header
+                if not header.is_control:
+                    # markers end transactions (issue 4); sequences are for data batches
+                    producer_header = header
             elif header.is_transactional:
                 raise InvalidRecordError(f"{where} is transactional but has no producer id")
             headers.append(header)

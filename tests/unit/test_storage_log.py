@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from broker.storage import Log
+from broker.storage import AppendOrigin, Log
 from eos.config import TopicConfig
 from eos.errors import (
     CorruptRecordError,
@@ -184,6 +184,15 @@ def test_a_failing_prepare_changes_nothing(tmp_path, label, build, error, messag
     assert dir_state(log.directory) == before_files
     # and the log still takes good input at the next offset
     assert log.append_as_leader(make_batch(1), now_ms=0).first_offset == before[1]
+
+
+def test_a_coordinator_may_write_control_batches(tmp_path):
+    log = open_log(tmp_path)
+    marker = encode_control_batch(committed=True, producer_id=1, producer_epoch=0, coordinator_epoch=0,
+                                  timestamp_ms=1)
+    info = log.append_as_leader(marker, now_ms=0, origin=AppendOrigin.COORDINATOR)
+    (header,) = whole_batches(log.read(0, 1 << 20).records)
+    assert (info.first_offset, header.is_control, header.is_transactional) == (0, True, True)
 
 
 def test_records_must_be_bytes_like(tmp_path):

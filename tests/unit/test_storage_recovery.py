@@ -247,3 +247,26 @@ def test_clean_shutdown_snapshots_the_producer_state_at_the_log_end(tmp_path):
     assert f"{log.log_end_offset:020d}.snapshot" in os.listdir(path)
     again = reopen(path, clean=True, recovery_point=log.log_end_offset)
     assert again.append_as_leader(idempotent(0), now_ms=0).first_offset == info.first_offset
+
+
+def test_any_cut_of_the_active_segment_recovers_exactly_the_whole_batches_before_it(tmp_path):
+    import random
+    rng = random.Random(20_24)
+    path = tmp_path / "t-0"
+    log = Log.open(str(path), TopicConfig(index_interval_bytes=64), now_ms=0)
+    ends = []   # (end position, next offset) after each batch
+    for i in range(30):
+        info = log.append_as_leader(make_batch(rng.randint(1, 4), value_bytes=rng.randint(0, 80)), now_ms=0)
+        ends.append((log.active_segment.size_bytes, info.last_offset + 1))
+    _crash(log)
+    original = (path / f"{0:020d}.log").read_bytes()
+    for cut in sorted(rng.sample(range(len(original)), 25)) + [0, len(original)]:
+        (path / f"{0:020d}.log").write_bytes(original[:cut])
+        again = reopen(path, clean=False, recovery_point=0, config=TopicConfig(index_interval_bytes=64))
+        whole = [(end, next_offset) for end, next_offset in ends if end <= cut]
+        expected_end = whole[-1][1] if whole else 0
+        assert again.log_end_offset == expected_end, cut
+        assert again.active_segment.size_bytes == (whole[-1][0] if whole else 0)
+        if expected_end:
+            assert whole_batches(again.read(0, 1 << 30).records)[-1].next_offset == expected_end
+        again.close(clean=False)
