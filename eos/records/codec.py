@@ -110,6 +110,14 @@ def _to_bytes(blob, what: str) -> bytes:
     raise InvalidRecordError(f"{what} must be bytes or None, got {type(blob).__name__}")
 
 
+def _record_bytes(blob, what: str, index: int) -> bytes:
+    """`_to_bytes` for the bulk paths, naming the record. A buffer's len() counts items,
+    not bytes, for formats wider than a byte: copying to bytes makes the length right."""
+    if isinstance(blob, (bytearray, memoryview)):
+        return bytes(blob)
+    raise InvalidRecordError(f"record {index}: {what} must be bytes or None, got {type(blob).__name__}")
+
+
 def _encode_headers(headers) -> bytes:
     """headerCount and the headers of one record."""
     try:
@@ -287,6 +295,8 @@ class BatchBuilder:
                 if value is None:
                     extend((varint_of[len(head) + 2], head, b"\x01\x00"))
                 else:
+                    if value.__class__ is not bytes:
+                        value = _record_bytes(value, "value", offset_delta - first_offset_delta)
                     value_length = len(value)
                     if value_length < table_size:
                         value_length_bytes = varint_of[value_length]
@@ -326,6 +336,8 @@ class BatchBuilder:
                     key_length_bytes = _NULL
                     key = b""
                 else:
+                    if key.__class__ is not bytes:
+                        key = _record_bytes(key, "key", index)
                     key_length = len(key)
                     key_length_bytes = (varint_of[key_length] if key_length < table_size
                                         else encode_varint(key_length))
@@ -333,6 +345,8 @@ class BatchBuilder:
                     value_length_bytes = _NULL
                     value = b""
                 else:
+                    if value.__class__ is not bytes:
+                        value = _record_bytes(value, "value", index)
                     value_length = len(value)
                     value_length_bytes = (varint_of[value_length] if value_length < table_size
                                           else encode_varint(value_length))

@@ -438,6 +438,16 @@ def test_buffer_values_are_copied_at_append():
     assert decoded[0].headers == [("h", b"hv")]
 
 
+def test_wide_item_buffers_are_encoded_by_their_bytes_not_their_items():
+    wide = memoryview(b"\x01\x00\x00\x00\x02\x00\x00\x00").cast("I")   # len() == 2 items, 8 bytes
+    builder = BatchBuilder()
+    builder.append(wide, wide, T0)
+    builder.append_many([wide], [wide], [T0])
+    builder.append_many([wide], None, T0)
+    assert [(r.key, r.value) for r in _decode(builder.build())] == \
+        [(wide.tobytes(), wide.tobytes())] * 2 + [(None, wide.tobytes())]
+
+
 def _snapshot(builder: BatchBuilder):
     return builder.record_count, builder.size_bytes, builder.max_timestamp_ms, builder.build()
 
