@@ -1,0 +1,429 @@
+"""Client plumbing shared by Producer, Consumer and Admin: channels and cluster metadata.
+
+Theory of operation
+-------------------
+A client is given a bootstrap string, ``"host:port[,host:port...]"``. `parse_bootstrap`
+checks it. Every gRPC channel is made by `open_channel` with the same options: 100 MiB
+messages both ways (a fetch response may carry many batches), keepalive pings so a dead
+broker is noticed while a long poll waits, and a channel-local subchannel pool so two
+clients in one process get two connections (gRPC would otherwise share one TCP connection
+between channels to the same address, and one client's bulk traffic would queue behind
+the other's).
+
+`ClusterMetadata` is the one owner of what a client knows about the cluster: the brokers
+(node id -> address) and, per topic, the partition count and the leader of each
+partition. It learns them from the Metadata RPC, asked of the bootstrap addresses in turn.
+Lookups read an immutable snapshot without a lock (the snapshot is replaced whole on each
+refresh, never mutated); refreshes serialise on a lock and back off exponentially between
+failed attempts (retry.backoff.ms doubling up to retry.backoff.max.ms, as Kafka's clients).
+
+Leader addresses: a broker advertises the address it listens on. When the bootstrap names
+exactly one address and the cluster has exactly one broker, that broker is reached through
+the bootstrap channel whatever it advertises; so a client pointed at a proxy, a tunnel or
+a NAT address keeps using it (the tests' fault-injecting proxy relies on this). With
+several brokers each is reached at its advertised address, as in Kafka.
+"""
+from __future__ import annotations
+
+import random
+import threading
+import time
+from typing import Iterable, NamedTuple
+
+import grpc
+
+from eos.errors import (
+    EosError,
+    ErrorCode,
+    NetworkError,
+    RequestTimedOutError,
+    UnknownServerError,
+    UnknownTopicOrPartitionError,
+    error_for,
+    reaction_for,
+    Reaction,
+)
+from eos.v1 import broker_pb2, broker_pb2_grpc, txn_pb2_grpc
+
+MESSAGE_BYTES_MAX = 100 * 1024 * 1024
+# 6 minutes: above gRPC servers' default minimum ping interval without data (5 minutes),
+# so a stock server never answers our pings with GOAWAY "too_many_pings".
+KEEPALIVE_TIME_MS = 360_000
+KEEPALIVE_TIMEOUT_MS = 20_000
+
+CHANNEL_OPTIONS = (
+    ("grpc.max_send_message_length", MESSAGE_BYTES_MAX),
+    ("grpc.max_receive_message_length", MESSAGE_BYTES_MAX),
+    ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+    ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+    ("grpc.use_local_subchannel_pool", 1),
+)
+
+DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+RETRY_BACKOFF_MS_DEFAULT = 100
+RETRY_BACKOFF_MAX_MS_DEFAULT = 1000
+METADATA_MAX_AGE_MS_DEFAULT = 300_000
+REQUEST_TIMEOUT_MS_DEFAULT = 30_000
+NO_LEADER = -1
+
+
+def now_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+def parse_bootstrap(bootstrap) -> list[str]:
+    """``"host:port[,host:port]"`` (or a list of such strings) -> ["host:port", ...]."""
+    if isinstance(bootstrap, str):
+        items = bootstrap.split(",")
+    elif isinstance(bootstrap, (list, tuple)):
+        items = list(bootstrap)
+    else:
+        raise TypeError(f"bootstrap must be a string 'host:port[,host:port]', got {type(bootstrap).__name__}")
+    addresses = []
+    for raw in items:
+        if not isinstance(raw, str):
+            raise TypeError(f"bootstrap address must be a string, got {type(raw).__name__}")
+        item = raw.strip()
+        host, sep, port_text = item.rpartition(":")
+        if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+            raise ValueError(f"bootstrap address {raw!r} is not host:port with a port in 1..65535 "
+                             f"(in bootstrap {bootstrap!r})")
+        addresses.append(f"{host}:{int(port_text)}")
+    if not addresses:
+        raise ValueError("bootstrap names no address")
+    return addresses
+
+
+def open_channel(address: str) -> grpc.Channel:
+    return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+
+
+def error_from_rpc(exc: grpc.RpcError, what: str) -> EosError:
+    """A request-level gRPC failure as the eos error a client reacts to."""
+    code = exc.code() if hasattr(exc, "code") else None
+    details = exc.details() if hasattr(exc, "details") else str(exc)
+    message = f"{what}: gRPC {code.name if code else '?'}: {details}"
+    if code is grpc.StatusCode.DEADLINE_EXCEEDED:
+        return RequestTimedOutError(message)
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED):
+        # The connection broke or the server went away mid-call: the request may or may
+        # not have been handled, which is what NETWORK_EXCEPTION means to a Kafka client.
+        return NetworkError(message)
+    if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+        # gRPC refused the message size (the server's receive limit).
+        return EosError(message, ErrorCode.RECORD_LIST_TOO_LARGE)
+    return UnknownServerError(message)
+
+
+class Backoff:
+    """Exponential backoff with 20% jitter: base_ms, 2*base_ms, ... capped at max_ms."""
+
+    def __init__(self, base_ms: int, max_ms: int, rng: random.Random | None = None):
+        self.base_ms = max(1, base_ms)
+        self.max_ms = max(self.base_ms, max_ms)
+        self._rng = rng or random.Random()
+
+    def delay_ms(self, attempt: int) -> int:
+        """The wait after failed attempt number `attempt` (1 for the first failure)."""
+        exp = self.base_ms * (2 ** min(max(attempt - 1, 0), 30))
+        delay = min(exp, self.max_ms)
+        return max(1, int(delay * self._rng.uniform(0.8, 1.2)))
+
+
+class TopicInfo(NamedTuple):
+    name: str
+    partition_count: int
+    leaders: tuple[int, ...]            # leader node id per partition, NO_LEADER if none
+    is_internal: bool
+    configs: dict
+
+
+class _Snapshot(NamedTuple):
+    brokers: dict          # node_id -> "host:port"
+    topics: dict           # name -> TopicInfo
+    fetched_ms: dict       # name -> now_ms() when the topic was last refreshed
+    controller_id: int
+    cluster_id: str
+
+
+class ClusterMetadata:
+    """Brokers, topics, partition counts and leaders, refreshed via the Metadata RPC."""
+
+    def __init__(self, bootstrap, *, request_timeout_ms: int = REQUEST_TIMEOUT_MS_DEFAULT,
+                 retry_backoff_ms: int = RETRY_BACKOFF_MS_DEFAULT,
+                 retry_backoff_max_ms: int = RETRY_BACKOFF_MAX_MS_DEFAULT,
+                 metadata_max_age_ms: int = METADATA_MAX_AGE_MS_DEFAULT):
+        self.bootstrap_addresses = parse_bootstrap(bootstrap)
+        self.request_timeout_ms = request_timeout_ms
+        self.metadata_max_age_ms = metadata_max_age_ms
+        self._backoff = Backoff(retry_backoff_ms, retry_backoff_max_ms)
+        self._snapshot = _Snapshot({}, {}, {}, -1, "")
+        self._refresh_lock = threading.Lock()
+        self._channels_lock = threading.Lock()
+        self._channels: dict[str, grpc.Channel] = {}      # address -> channel
+        self._broker_stubs: dict[str, broker_pb2_grpc.BrokerStub] = {}
+        self._bootstrap_index = 0       # the bootstrap address that answered last
+        self._stale_topics: set[str] = set()
+        self._closed = False
+
+    # ---- channels ----------------------------------------------------------------------
+
+    def channel(self, address: str) -> grpc.Channel:
+        channel = self._channels.get(address)
+        if channel is None:
+            with self._channels_lock:
+                if self._closed:
+                    raise NetworkError("client is closed")
+                channel = self._channels.get(address)
+                if channel is None:
+                    channel = self._channels[address] = open_channel(address)
+        return channel
+
+    def broker_stub_at(self, address: str) -> broker_pb2_grpc.BrokerStub:
+        stub = self._broker_stubs.get(address)
+        if stub is None:
+            stub = self._broker_stubs[address] = broker_pb2_grpc.BrokerStub(self.channel(address))
+        return stub
+
+    @property
+    def bootstrap_address(self) -> str:
+        return self.bootstrap_addresses[self._bootstrap_index % len(self.bootstrap_addresses)]
+
+    def bootstrap_stub(self) -> broker_pb2_grpc.BrokerStub:
+        return self.broker_stub_at(self.bootstrap_address)
+
+    def txn_coordinator_stub(self) -> txn_pb2_grpc.TxnCoordinatorStub:
+        """The TxnCoordinator service; each broker process serves it (embedded coordinator)."""
+        return txn_pb2_grpc.TxnCoordinatorStub(self.channel(self.bootstrap_address))
+
+    def address_of(self, node_id: int) -> str | None:
+        snapshot = self._snapshot
+        address = snapshot.brokers.get(node_id)
+        if address is None:
+            return None
+        if len(snapshot.brokers) == 1 and len(self.bootstrap_addresses) == 1:
+            return self.bootstrap_addresses[0]
+        return address
+
+    def broker_stub(self, node_id: int) -> broker_pb2_grpc.BrokerStub | None:
+        address = self.address_of(node_id)
+        return None if address is None else self.broker_stub_at(address)
+
+    # ---- lookups (lock-free, on the current snapshot) ------------------------------------
+
+    def topic(self, name: str) -> TopicInfo | None:
+        return self._snapshot.topics.get(name)
+
+    def partition_count(self, name: str) -> int | None:
+        info = self._snapshot.topics.get(name)
+        return info.partition_count if info is not None else None
+
+    def leader(self, topic: str, partition: int) -> int:
+        info = self._snapshot.topics.get(topic)
+        if info is None or partition >= info.partition_count:
+            return NO_LEADER
+        return info.leaders[partition]
+
+    def brokers(self) -> dict[int, str]:
+        return dict(self._snapshot.brokers)
+
+    @property
+    def cluster_id(self) -> str:
+        return self._snapshot.cluster_id
+
+    @property
+    def controller_id(self) -> int:
+        return self._snapshot.controller_id
+
+    def mark_stale(self, topic: str) -> None:
+        """A leader moved or a partition was unknown: refresh this topic at the next chance."""
+        self._stale_topics.add(topic)
+
+    def stale_topics(self) -> set[str]:
+        return set(self._stale_topics)
+
+    def needs_refresh(self, topics: Iterable[str]) -> bool:
+        snapshot = self._snapshot
+        now = now_ms()
+        for name in topics:
+            if name in self._stale_topics or name not in snapshot.topics:
+                return True
+            if now - snapshot.fetched_ms.get(name, 0) > self.metadata_max_age_ms:
+                return True
+        return False
+
+    # ---- refresh -------------------------------------------------------------------------
+
+    def fetch(self, topics: list[str] | None = None, *, include_internal: bool = False,
+              timeout_ms: int | None = None) -> broker_pb2.MetadataResponse:
+        """One Metadata RPC (trying each bootstrap address once); updates the snapshot."""
+        request = broker_pb2.MetadataRequest(topics=topics or [], include_internal=include_internal)
+        timeout_s = (timeout_ms if timeout_ms is not None else self.request_timeout_ms) / 1000
+        last_error: EosError | None = None
+        count = len(self.bootstrap_addresses)
+        for attempt in range(count):
+            index = (self._bootstrap_index + attempt) % count
+            address = self.bootstrap_addresses[index]
+            try:
+                response = self.broker_stub_at(address).Metadata(request, timeout=timeout_s)
+            except grpc.RpcError as exc:
+                last_error = error_from_rpc(exc, f"Metadata from {address}")
+                continue
+            self._bootstrap_index = index
+            self._apply(response, topics)
+            return response
+        raise last_error if last_error is not None else NetworkError("no bootstrap address")
+
+    def _apply(self, response: broker_pb2.MetadataResponse, asked: list[str] | None) -> None:
+        with self._refresh_lock:
+            old = self._snapshot
+            brokers = {b.node_id: f"{b.host}:{b.port}" for b in response.brokers}
+            topics = dict(old.topics)
+            fetched = dict(old.fetched_ms)
+            now = now_ms()
+            seen = set()
+            for t in response.topics:
+                seen.add(t.name)
+                if t.error_code != ErrorCode.NONE:
+                    # Unknown (or being created): forget what we knew; callers wait or fail.
+                    topics.pop(t.name, None)
+                    fetched.pop(t.name, None)
+                    continue
+                leaders = [NO_LEADER] * len(t.partitions)
+                for p in t.partitions:
+                    if 0 <= p.partition < len(leaders):
+                        leaders[p.partition] = p.leader_id if p.error_code == ErrorCode.NONE else NO_LEADER
+                topics[t.name] = TopicInfo(t.name, len(t.partitions), tuple(leaders), t.is_internal,
+                                           dict(t.configs))
+                fetched[t.name] = now
+                self._stale_topics.discard(t.name)
+            if not asked:
+                # A full listing: topics it does not name are gone.
+                for name in list(topics):
+                    if name not in seen and not topics[name].is_internal:
+                        topics.pop(name)
+                        fetched.pop(name, None)
+            self._snapshot = _Snapshot(brokers, topics, fetched, response.controller_id,
+                                       response.cluster_id)
+
+    def refresh_topics(self, topics: Iterable[str]) -> None:
+        """Refresh now, one RPC; transport errors propagate (callers back off)."""
+        names = sorted(set(topics))
+        if names:
+            self.fetch(names)
+
+    def wait_for_topic(self, name: str, max_block_ms: int) -> TopicInfo:
+        """The topic's metadata, refreshing with backoff until it is known with a leader
+        for every partition or `max_block_ms` passes (then UnknownTopicOrPartitionError or
+        the transport error, naming the topic and the time waited)."""
+        info = self._snapshot.topics.get(name)
+        if info is not None and name not in self._stale_topics:
+            return info
+        deadline = now_ms() + max_block_ms
+        attempt = 0
+        last_error: EosError | None = None
+        while True:
+            try:
+                response = self.fetch([name], timeout_ms=max(1, min(self.request_timeout_ms,
+                                                                    deadline - now_ms())))
+                last_error = None
+                for t in response.topics:
+                    if t.name == name and t.error_code != ErrorCode.NONE:
+                        err = error_for(t.error_code, t.error_message)
+                        if reaction_for(t.error_code) is not Reaction.RETRY:
+                            raise err   # e.g. an invalid topic name: waiting cannot help
+                        last_error = err
+            except EosError as exc:
+                if not exc.retriable:
+                    raise
+                last_error = exc
+            info = self._snapshot.topics.get(name)
+            if info is not None and NO_LEADER not in info.leaders:
+                return info
+            attempt += 1
+            remaining = deadline - now_ms()
+            if remaining <= 0:
+                if info is not None:
+                    return info  # known, a leader missing: the sender waits for it
+                reason = f" (last error: {last_error})" if last_error else ""
+                raise UnknownTopicOrPartitionError(
+                    f"topic {name!r} not present in metadata after {max_block_ms} ms{reason}")
+            time.sleep(min(self._backoff.delay_ms(attempt), remaining) / 1000)
+
+    def close(self) -> None:
+        with self._channels_lock:
+            self._closed = True
+            channels = list(self._channels.values())
+            self._channels.clear()
+            self._broker_stubs.clear()
+        for channel in channels:
+            channel.close()
+
+
+# ---- configuration ------------------------------------------------------------------------
+
+class ConfigSpec(NamedTuple):
+    default: object
+    convert: object          # callable(name, value) -> value, raising ValueError
+
+
+def as_bool(name: str, value) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise ValueError(f"{name} must be true or false, got {value!r}")
+
+
+def as_int(minimum: int):
+    def convert(name: str, value) -> int:
+        if isinstance(value, bool):
+            raise ValueError(f"{name} must be an integer, got {value!r}")
+        try:
+            number = int(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{name} must be an integer, got {value!r}") from None
+        if isinstance(value, float) and value != number:
+            raise ValueError(f"{name} must be an integer, got {value!r}")
+        if number < minimum:
+            raise ValueError(f"{name} must be at least {minimum}, got {number}")
+        return number
+    return convert
+
+
+def as_str(name: str, value) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{name} must be a string, got {value!r}")
+    return value
+
+
+def as_optional_str(name: str, value) -> str | None:
+    return None if value is None else as_str(name, value)
+
+
+def resolve_config(what: str, spec: dict[str, ConfigSpec], config: dict | None,
+                   kwargs: dict) -> tuple[dict, set[str]]:
+    """Merge a dict of Kafka names and keyword arguments (dots as underscores) into checked
+    values. Returns (values by Kafka name, the names given explicitly). Keyword arguments
+    win over the dict. Unknown names raise one ValueError naming all of them."""
+    given: dict[str, object] = {}
+    unknown = []
+    for source in (config or {}), kwargs:
+        if not isinstance(source, dict):
+            raise TypeError(f"{what} config must be a dict of Kafka config names, got {type(source).__name__}")
+        for raw_name, value in source.items():
+            name = str(raw_name).replace("_", ".")
+            if name not in spec:
+                unknown.append(str(raw_name))
+                continue
+            given[name] = value
+    if unknown:
+        raise ValueError(f"unknown {what} config: {', '.join(sorted(unknown))} "
+                         f"(known: {', '.join(sorted(spec))})")
+    values = {}
+    for name, item in spec.items():
+        if name in given:
+            values[name] = item.convert(name, given[name])
+        else:
+            values[name] = item.default
+    return values, set(given)

@@ -1,0 +1,730 @@
+"""Where records wait to be sent: per-partition queues of batches, and their futures.
+
+Theory of operation
+-------------------
+`send()` and `send_batch()` run on application threads; the sender runs on its own thread.
+The `RecordAccumulator` is what they share, behind one lock held only for list appends:
+
+- Each partition has a deque of `ProducerBatch`es in the order their records were
+  appended. Only the tail may be *open* (still taking records). A batch is *sealed* when
+  the next record would take it past batch.size (an estimate of its encoded size), when
+  the sender drains it, or when a bulk append fills it.
+- An open batch is plain Python lists (values, keys, timestamps, headers). Appending a
+  record is four list appends; encoding happens once per batch on the sender thread, with
+  `BatchBuilder.append_many` (per-record work as cheap as Python allows, and off the
+  application's thread).
+- Memory: each new batch reserves max(batch.size, its first record) bytes of
+  buffer.memory until it is delivered or failed. When the buffer is full, appends wait up
+  to max.block.ms for space, then raise `BufferExhaustedError` (Kafka's
+  BufferExhaustedException).
+- Readiness: the head batch of a partition is ready when it is sealed, or linger.ms has
+  passed since it was opened, or a flush or close is in progress -- and its retry backoff
+  (if it is a retry) has passed. `drain` hands ready head batches to the sender, which
+  decides per batch whether it can take it now (a leader is known, the broker has a free
+  request slot, idempotence allows another unacknowledged batch).
+- Retries go back into their partition's deque *in append order* (`creation_index`),
+  ahead of younger batches, so a retried batch is resent before anything that followed it.
+
+Futures: a `ProducerBatch` is also the completion of all its records. `RecordFuture` is a
+`concurrent.futures.Future` that stores only (batch, index): creating one costs no
+Condition, no lock. Waiting, callbacks and `concurrent.futures.wait()` work through the
+batch's one Condition. Callbacks (`add_done_callback`, `on_delivery`) run on the sender
+thread, as Kafka's callbacks run on its I/O thread, so they must be quick.
+"""
+from __future__ import annotations
+
+import bisect
+import collections
+import itertools
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from typing import Callable, NamedTuple, Sequence
+
+from eos.errors import EosError, ErrorCode, InvariantError, RequestTimedOutError
+
+log = logging.getLogger("eos.producer")
+
+# A v2 record adds a few bytes to its key and value (length, attributes, timestamp and
+# offset deltas, header count); 16 is above what a record of a batch under 1 MiB needs
+# unless its timestamp is far from the batch's first one.
+RECORD_OVERHEAD_ESTIMATE_BYTES = 16
+BATCH_HEADER_BYTES = 61
+NO_OFFSET = -1
+NO_TIMESTAMP = -1
+
+
+class BufferExhaustedError(RequestTimedOutError):
+    """buffer.memory stayed full for max.block.ms (Kafka's BufferExhaustedException)."""
+
+
+class ProducerClosedError(EosError):
+    """The producer was closed before the record could be delivered."""
+
+
+class RecordMetadata(NamedTuple):
+    """Where a record landed. offset is -1 when unknown (acks=0)."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+
+
+def record_size_estimate(value, key, headers) -> int:
+    size = RECORD_OVERHEAD_ESTIMATE_BYTES
+    if value is not None:
+        size += len(value)
+    if key is not None:
+        size += len(key)
+    if headers:
+        for hkey, hvalue in headers:
+            size += len(hkey) + 4 + (len(hvalue) if hvalue is not None else 0)
+    return size
+
+
+class ProducerBatch:
+    """One batch of one partition: its records, its delivery state, and its sending state.
+
+    Records are written by application threads under the accumulator lock until the batch
+    is sealed; from then on the sender thread owns every field. Delivery (`complete` /
+    `fail`) happens once, on the sender thread, under the batch's Condition.
+    """
+
+    __slots__ = (
+        "topic", "partition", "tp", "creation_index", "created_ms",
+        "values", "keys", "timestamps_ms", "headers", "size_estimate_bytes", "reserved_bytes",
+        "has_keys", "has_headers", "sealed",
+        "_condition", "_done", "base_offset", "log_append_time_ms", "exception",
+        "_record_callbacks", "_done_callbacks", "_watched_futures",
+        "payload", "producer_id", "producer_epoch", "base_sequence",
+        "attempts", "retry_after_ms", "last_error", "__weakref__",
+    )
+
+    def __init__(self, topic: str, partition: int, creation_index: int, created_ms: int,
+                 reserved_bytes: int):
+        self.topic = topic
+        self.partition = partition
+        self.tp = (topic, partition)
+        self.creation_index = creation_index
+        self.created_ms = created_ms
+        self.values: list = []
+        self.keys: list = []
+        self.timestamps_ms: list = []
+        self.headers: list = []
+        self.size_estimate_bytes = BATCH_HEADER_BYTES
+        self.reserved_bytes = reserved_bytes
+        self.has_keys = False
+        self.has_headers = False
+        self.sealed = False
+        self._condition = threading.Condition()
+        self._done = False
+        self.base_offset = NO_OFFSET
+        self.log_append_time_ms = NO_TIMESTAMP
+        self.exception: BaseException | None = None
+        self._record_callbacks: list | None = None     # [(index, on_delivery)]
+        self._done_callbacks: list | None = None       # [callable()]
+        self._watched_futures: list | None = None      # RecordFutures with waiters
+        self.payload: bytes | None = None
+        self.producer_id = -1
+        self.producer_epoch = -1
+        self.base_sequence = -1
+        self.attempts = 0
+        self.retry_after_ms = 0
+        self.last_error: BaseException | None = None
+
+    def __repr__(self) -> str:
+        return (f"ProducerBatch({self.topic}-{self.partition} #{self.creation_index}, "
+                f"{len(self.values)} records, seq {self.base_sequence}, attempts {self.attempts})")
+
+    @property
+    def record_count(self) -> int:
+        return len(self.timestamps_ms)   # values are let go at delivery; timestamps stay
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def clear_sequence(self) -> None:
+        """Forget sequence and bytes: the batch is rebuilt when next drained."""
+        self.base_sequence = -1
+        self.producer_id = -1
+        self.producer_epoch = -1
+        self.payload = None
+
+    def metadata(self, index: int) -> RecordMetadata:
+        base = self.base_offset
+        timestamp = self.log_append_time_ms
+        if timestamp == NO_TIMESTAMP:
+            timestamp = self.timestamps_ms[index]
+        return RecordMetadata(self.topic, self.partition, base + index if base >= 0 else NO_OFFSET,
+                              timestamp)
+
+    # ---- waiting and callbacks (any thread) ---------------------------------------------
+
+    def wait(self, timeout: float | None) -> bool:
+        if self._done:
+            return True
+        with self._condition:
+            return self._condition.wait_for(lambda: self._done, timeout)
+
+    def add_done_callback(self, fn: Callable[[], None]) -> None:
+        """Call fn() when the batch is delivered or failed (now, if it already is)."""
+        with self._condition:
+            if not self._done:
+                if self._done_callbacks is None:
+                    self._done_callbacks = []
+                self._done_callbacks.append(fn)
+                return
+        fn()
+
+    def add_record_callback(self, index: int, on_delivery) -> None:
+        """Must be called under the accumulator lock before the batch is sealed."""
+        if self._record_callbacks is None:
+            self._record_callbacks = []
+        self._record_callbacks.append((index, on_delivery))
+
+    # ---- delivery (sender thread) ---------------------------------------------------------
+
+    def complete(self, base_offset: int, log_append_time_ms: int = NO_TIMESTAMP) -> None:
+        self._finish(base_offset, log_append_time_ms, None)
+
+    def fail(self, exception: BaseException) -> None:
+        self._finish(NO_OFFSET, NO_TIMESTAMP, exception)
+
+    def _finish(self, base_offset: int, log_append_time_ms: int, exception) -> None:
+        with self._condition:
+            if self._done:
+                raise InvariantError(f"{self!r} delivered twice")
+            self.base_offset = base_offset
+            self.log_append_time_ms = log_append_time_ms if log_append_time_ms is not None else NO_TIMESTAMP
+            self.exception = exception
+            self._done = True
+            # Futures may outlive the send by far: keep only what RecordMetadata needs.
+            self.values = self.keys = self.headers = None
+            self.payload = None
+            self._condition.notify_all()
+            watched = self._watched_futures
+            self._watched_futures = None
+            if watched:
+                for future in watched:
+                    for waiter in future._waiters:
+                        if exception is None:
+                            waiter.add_result(future)
+                        else:
+                            waiter.add_exception(future)
+            record_callbacks = self._record_callbacks
+            done_callbacks = self._done_callbacks
+            self._record_callbacks = self._done_callbacks = None
+        if record_callbacks:
+            for index, on_delivery in record_callbacks:
+                try:
+                    on_delivery(self.metadata(index), exception)
+                except Exception:
+                    log.exception("on_delivery callback raised for %s-%d", self.topic, self.partition)
+        if done_callbacks:
+            for fn in done_callbacks:
+                try:
+                    fn()
+                except Exception:
+                    log.exception("done callback raised for %s-%d", self.topic, self.partition)
+
+
+_PENDING = "PENDING"
+_FINISHED = "FINISHED"
+
+
+class RecordFuture(Future):
+    """The future of one record: a view of its batch's completion.
+
+    It never runs Future.__init__ (which builds a Condition per future); every method of
+    Future is answered from the batch. `_condition`, `_state` and `_waiters` are provided so
+    that `concurrent.futures.wait()` and `as_completed()` work too.
+    """
+
+    __slots__ = ("_batch", "_index", "_own_waiters")
+
+    def __init__(self, batch: ProducerBatch, index: int):  # noqa: no super().__init__ on purpose
+        self._batch = batch
+        self._index = index
+        self._own_waiters = None
+
+    # What concurrent.futures.wait/as_completed read under the future's condition.
+    @property
+    def _condition(self):
+        return self._batch._condition
+
+    @property
+    def _state(self):
+        return _FINISHED if self._batch._done else _PENDING
+
+    @property
+    def _waiters(self):
+        if self._own_waiters is None:
+            batch = self._batch
+            with batch._condition:
+                if self._own_waiters is None:
+                    self._own_waiters = []
+                    if not batch._done:
+                        if batch._watched_futures is None:
+                            batch._watched_futures = []
+                        batch._watched_futures.append(self)
+        return self._own_waiters
+
+    def __repr__(self) -> str:
+        batch = self._batch
+        if not batch._done:
+            return f"<RecordFuture {batch.topic}-{batch.partition} pending>"
+        if batch.exception is not None:
+            return f"<RecordFuture {batch.topic}-{batch.partition} raised {type(batch.exception).__name__}>"
+        return f"<RecordFuture {batch.topic}-{batch.partition} offset {self._metadata().offset}>"
+
+    def _metadata(self) -> RecordMetadata:
+        return self._batch.metadata(self._index)
+
+    def cancel(self) -> bool:
+        return False   # a record handed to the producer is sent; Kafka's futures cannot cancel
+
+    def cancelled(self) -> bool:
+        return False
+
+    def running(self) -> bool:
+        return not self._batch._done
+
+    def done(self) -> bool:
+        return self._batch._done
+
+    def result(self, timeout: float | None = None) -> RecordMetadata:
+        batch = self._batch
+        if not batch._done and not batch.wait(timeout):
+            raise TimeoutError(f"record for {batch.topic}-{batch.partition} not delivered "
+                               f"within {timeout} s")
+        if batch.exception is not None:
+            raise batch.exception
+        return batch.metadata(self._index)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        batch = self._batch
+        if not batch._done and not batch.wait(timeout):
+            raise TimeoutError(f"record for {batch.topic}-{batch.partition} not delivered "
+                               f"within {timeout} s")
+        return batch.exception
+
+    def add_done_callback(self, fn) -> None:
+        self._batch.add_done_callback(lambda: fn(self))
+
+    def set_running_or_notify_cancel(self) -> bool:
+        raise RuntimeError("a RecordFuture is completed by the producer only")
+
+    def set_result(self, result) -> None:
+        raise RuntimeError("a RecordFuture is completed by the producer only")
+
+    def set_exception(self, exception) -> None:
+        raise RuntimeError("a RecordFuture is completed by the producer only")
+
+
+class _Segment(NamedTuple):
+    batch: ProducerBatch
+    batch_start: int            # index of the first of these records in the batch
+    count: int
+    positions: Sequence[int]    # positions of these records in the send_batch call
+
+
+class SendBatchResult(Sequence):
+    """The RecordMetadata of every record of one send_batch() call, in the call's order.
+
+    Built lazily: indexing creates the RecordMetadata asked for; nothing is created for a
+    caller that only wants to know the call succeeded.
+    """
+
+    def __init__(self, segments: list[_Segment], record_count: int):
+        self._segments = segments
+        self._count = record_count
+        self._where: list | None = None   # position -> (segment index, index in segment)
+
+    def __len__(self) -> int:
+        return self._count
+
+    def _locate(self, position: int) -> tuple[_Segment, int]:
+        if self._where is None:
+            where = [None] * self._count
+            for seg_index, seg in enumerate(self._segments):
+                for i, pos in enumerate(seg.positions):
+                    where[pos] = (seg_index, i)
+            self._where = where
+        seg_index, i = self._where[position]
+        return self._segments[seg_index], i
+
+    def __getitem__(self, position):
+        if isinstance(position, slice):
+            return [self[i] for i in range(*position.indices(self._count))]
+        if position < 0:
+            position += self._count
+        if not 0 <= position < self._count:
+            raise IndexError("SendBatchResult index out of range")
+        seg, i = self._locate(position)
+        return seg.batch.metadata(seg.batch_start + i)
+
+    def __iter__(self):
+        for position in range(self._count):
+            yield self[position]
+
+    def offsets_by_partition(self) -> dict[tuple[str, int], list[tuple[int, int]]]:
+        """{(topic, partition): [(first_offset, record_count), ...]} in append order."""
+        out: dict = {}
+        for seg in self._segments:
+            base = seg.batch.base_offset
+            out.setdefault(seg.batch.tp, []).append(
+                (base + seg.batch_start if base >= 0 else NO_OFFSET, seg.count))
+        return out
+
+
+class _BulkCompletion:
+    """Resolves one send_batch() future when all its segments' batches are done."""
+
+    __slots__ = ("future", "segments", "record_count", "_pending", "_lock", "_error")
+
+    def __init__(self, future: Future, record_count: int):
+        self.future = future
+        self.segments: list[_Segment] = []
+        self.record_count = record_count
+        self._pending = 1          # 1 for the append itself, released by `sealed()`
+        self._lock = threading.Lock()
+        self._error: BaseException | None = None
+
+    def watch(self, segment: _Segment) -> None:
+        self.segments.append(segment)
+        with self._lock:
+            self._pending += 1
+        segment.batch.add_done_callback(lambda batch=segment.batch: self._one_done(batch))
+
+    def sealed(self) -> None:
+        """Every segment is watched: from now on the last batch to finish resolves it."""
+        self._one_done(None)
+
+    def _one_done(self, batch: ProducerBatch | None) -> None:
+        with self._lock:
+            if batch is not None and batch.exception is not None and self._error is None:
+                self._error = batch.exception
+            self._pending -= 1
+            finished = self._pending == 0
+        if finished:
+            if self._error is not None:
+                self.future.set_exception(self._error)
+            else:
+                self.future.set_result(SendBatchResult(self.segments, self.record_count))
+
+
+class RecordAccumulator:
+    """Per-partition batch queues shared by application threads and the sender."""
+
+    def __init__(self, *, batch_size: int, buffer_memory: int, linger_ms: int, max_block_ms: int,
+                 sticky, clock: Callable[[], int]):
+        self.batch_size = batch_size
+        self.buffer_memory = buffer_memory
+        self.linger_ms = linger_ms
+        self.max_block_ms = max_block_ms
+        self._sticky = sticky
+        self._clock = clock
+        self.lock = threading.Lock()
+        self.wakeup = threading.Condition(self.lock)      # the sender waits on this
+        self._space = threading.Condition(self.lock)      # appenders wait for buffer memory
+        self._deques: dict[tuple, collections.deque] = {}
+        self._creation_counter = itertools.count()
+        self._available_bytes = buffer_memory
+        self._incomplete: dict[ProducerBatch, None] = {}  # insertion-ordered set
+        self._flushes_in_progress = 0
+        self.closing = False
+        self.closed = False
+        self.wake_requested = False
+        self._drain_start = 0
+        self.posted: collections.deque = collections.deque()  # finished RPCs, for the sender
+
+    # ---- appending (application threads) ---------------------------------------------------
+
+    def _new_batch_locked(self, topic: str, partition: int, first_record_bytes: int,
+                          deadline_ms: int | None) -> ProducerBatch:
+        reserve = max(self.batch_size, first_record_bytes + BATCH_HEADER_BYTES)
+        if reserve > self.buffer_memory:
+            raise EosError(
+                f"a record of about {first_record_bytes} bytes is larger than buffer.memory "
+                f"({self.buffer_memory} bytes)", ErrorCode.MESSAGE_TOO_LARGE)
+        while self._available_bytes < reserve:
+            if deadline_ms is None:
+                deadline_ms = self._clock() + self.max_block_ms
+            remaining_ms = deadline_ms - self._clock()
+            if remaining_ms <= 0:
+                raise BufferExhaustedError(
+                    f"failed to allocate {reserve} bytes within max.block.ms ({self.max_block_ms} ms): "
+                    f"buffer.memory ({self.buffer_memory} bytes) is full of undelivered batches")
+            self._space.wait(remaining_ms / 1000)
+            self._check_open()   # closed while we waited
+        self._available_bytes -= reserve
+        batch = ProducerBatch(topic, partition, next(self._creation_counter), self._clock(), reserve)
+        dq = self._deques.get(batch.tp)
+        if dq is None:
+            dq = self._deques[batch.tp] = collections.deque()
+        elif dq:
+            # Another thread may have opened a batch while we waited for memory: only the
+            # tail takes records, so the one before it is complete.
+            dq[-1].sealed = True
+        dq.append(batch)
+        self._incomplete[batch] = None
+        # A new batch starts a linger timer the sender may not know about yet.
+        self.wake_requested = True
+        self.wakeup.notify()
+        return batch
+
+    def _check_open(self) -> None:
+        if self.closing or self.closed:
+            raise ProducerClosedError("cannot send after the producer is closed")
+
+    def _open_tail(self, tp) -> ProducerBatch | None:
+        dq = self._deques.get(tp)
+        if dq:
+            batch = dq[-1]
+            if not batch.sealed:
+                return batch
+        return None
+
+    def _batch_with_room_locked(self, topic: str, partition: int, sticky: bool, partition_count: int,
+                                record_bytes: int, deadline_ms: int | None) -> ProducerBatch:
+        """The open batch that takes a record of `record_bytes` (a new one if needed; a
+        batch always takes its first record, whatever its size)."""
+        batch = self._open_tail((topic, partition))
+        if batch is not None:
+            if batch.size_estimate_bytes + record_bytes <= self.batch_size or not batch.values:
+                return batch
+            batch.sealed = True
+        if sticky:
+            # KIP-480: needing a new batch is the moment to move to another partition.
+            partition = self._sticky.switch(topic, partition_count)
+            batch = self._open_tail((topic, partition))
+            if batch is not None:
+                if batch.size_estimate_bytes + record_bytes <= self.batch_size or not batch.values:
+                    return batch
+                batch.sealed = True
+        return self._new_batch_locked(topic, partition, record_bytes, deadline_ms)
+
+    def append(self, topic: str, partition: int | None, partition_count: int, value, key,
+               headers, timestamp_ms: int, record_bytes: int, on_delivery) -> RecordFuture:
+        """Add one record; partition None means the topic's sticky partition."""
+        with self.lock:
+            self._check_open()
+            sticky = partition is None
+            if sticky:
+                partition = self._sticky.current(topic, partition_count)
+            batch = self._open_tail((topic, partition))
+            if batch is None or (batch.size_estimate_bytes + record_bytes > self.batch_size and batch.values):
+                batch = self._batch_with_room_locked(topic, partition, sticky, partition_count,
+                                                     record_bytes, None)
+            index = len(batch.values)
+            batch.values.append(value)
+            batch.keys.append(key)
+            batch.timestamps_ms.append(timestamp_ms)
+            batch.headers.append(headers)
+            if key is not None:
+                batch.has_keys = True
+            if headers:
+                batch.has_headers = True
+            batch.size_estimate_bytes += record_bytes
+            if on_delivery is not None:
+                batch.add_record_callback(index, on_delivery)
+            if batch.size_estimate_bytes >= self.batch_size:
+                batch.sealed = True
+                self.wake_requested = True
+                self.wakeup.notify()
+        return RecordFuture(batch, index)
+
+    def append_many(self, topic: str, partition: int | None, partition_count: int,
+                    values: list, keys: list | None, timestamps_ms: list, headers: list | None,
+                    record_sizes: list[int], positions: Sequence[int] | None,
+                    bulk: _BulkCompletion) -> None:
+        """Add many records to one partition (or to the sticky partitions, switching at
+        each new batch); `positions` says where each record sits in the caller's call."""
+        count = len(values)
+        if positions is None:
+            positions = range(count)
+        cumulative = list(itertools.accumulate(record_sizes))
+        start = 0
+        deadline_ms = self._clock() + self.max_block_ms
+        with self.lock:
+            self._check_open()
+            sticky = partition is None
+            if sticky:
+                partition = self._sticky.current(topic, partition_count)
+            while start < count:
+                batch = self._batch_with_room_locked(topic, partition, sticky, partition_count,
+                                                     record_sizes[start], deadline_ms)
+                partition = batch.partition
+                consumed_before = cumulative[start - 1] if start else 0
+                room = self.batch_size - batch.size_estimate_bytes
+                # The records that fit; at least one (a record over batch.size goes alone).
+                end = bisect.bisect_right(cumulative, consumed_before + room, lo=start)
+                if end <= start:
+                    end = start + 1
+                batch_start = len(batch.values)
+                batch.values.extend(values[start:end])
+                batch.timestamps_ms.extend(timestamps_ms[start:end])
+                if keys is not None:
+                    batch.keys.extend(keys[start:end])
+                    batch.has_keys = True
+                else:
+                    batch.keys.extend(itertools.repeat(None, end - start))
+                if headers is not None:
+                    batch.headers.extend(headers[start:end])
+                    batch.has_headers = True
+                else:
+                    batch.headers.extend(itertools.repeat(None, end - start))
+                batch.size_estimate_bytes += cumulative[end - 1] - consumed_before
+                bulk.watch(_Segment(batch, batch_start, end - start, positions[start:end]))
+                if end < count or batch.size_estimate_bytes >= self.batch_size:
+                    batch.sealed = True
+                    self.wake_requested = True
+                    self.wakeup.notify()
+                start = end
+
+    # ---- flush and close (application threads) --------------------------------------------
+
+    def begin_flush(self) -> list[ProducerBatch]:
+        """Make every batch ready now; returns the batches the flush waits for."""
+        with self.lock:
+            self._flushes_in_progress += 1
+            self.wake_requested = True
+            self.wakeup.notify()
+            return list(self._incomplete)
+
+    def end_flush(self) -> None:
+        with self.lock:
+            self._flushes_in_progress -= 1
+
+    def begin_close(self) -> None:
+        with self.lock:
+            self.closing = True
+            self.wake_requested = True
+            self.wakeup.notify()
+
+    def incomplete_batches(self) -> list[ProducerBatch]:
+        with self.lock:
+            return list(self._incomplete)
+
+    @property
+    def has_incomplete(self) -> bool:
+        return bool(self._incomplete)
+
+    # ---- the sender's side ---------------------------------------------------------------
+
+    def post(self, item) -> None:
+        """From any thread (gRPC callbacks): hand something to the sender and wake it."""
+        with self.lock:
+            self.posted.append(item)
+            self.wake_requested = True
+            self.wakeup.notify()
+
+    def wait_for_work(self, timeout_s: float) -> list:
+        """Sender: sleep until woken or timeout; returns what was posted meanwhile."""
+        with self.lock:
+            if not self.wake_requested and not self.posted and timeout_s > 0:
+                self.wakeup.wait(timeout_s)
+            self.wake_requested = False
+            posted = list(self.posted)
+            self.posted.clear()
+            return posted
+
+    def drain(self, now_ms: int, take: Callable[[ProducerBatch], bool]) -> tuple[list[ProducerBatch], int]:
+        """Pop ready head batches that `take(batch)` accepts, head first per partition.
+
+        Returns (batches, next_ready_ms): the earliest time a batch left behind becomes
+        ready by itself (linger or backoff), or a large number when none will.
+        """
+        taken: list[ProducerBatch] = []
+        next_ready_ms = now_ms + 3_600_000
+        with self.lock:
+            force = self._flushes_in_progress > 0 or self.closing
+            deques = list(self._deques.values())
+            if not deques:
+                return taken, next_ready_ms
+            # Start at a different partition each time, so that when take() runs out of
+            # request slots no partition is always the one left behind.
+            self._drain_start = (self._drain_start + 1) % len(deques)
+            for dq in itertools.chain(deques[self._drain_start:], deques[:self._drain_start]):
+                while dq:
+                    batch = dq[0]
+                    if batch.attempts and batch.retry_after_ms > now_ms:
+                        next_ready_ms = min(next_ready_ms, batch.retry_after_ms)
+                        break
+                    if not (batch.sealed or force or batch.attempts):
+                        linger_end_ms = batch.created_ms + self.linger_ms
+                        if linger_end_ms > now_ms:
+                            next_ready_ms = min(next_ready_ms, linger_end_ms)
+                            break
+                    if not take(batch):
+                        break
+                    batch.sealed = True
+                    dq.popleft()
+                    taken.append(batch)
+        return taken, next_ready_ms
+
+    def reenqueue(self, batch: ProducerBatch) -> None:
+        """Put a batch back for a retry, ahead of every younger batch of its partition."""
+        with self.lock:
+            dq = self._deques.get(batch.tp)
+            if dq is None:
+                dq = self._deques[batch.tp] = collections.deque()
+            position = 0
+            for position, queued in enumerate(dq):
+                if queued.creation_index > batch.creation_index:
+                    break
+            else:
+                position = len(dq)
+            dq.insert(position, batch)
+            self.wake_requested = True
+
+    def expire(self, now_ms: int, delivery_timeout_ms: int) -> list[ProducerBatch]:
+        """Pop queued batches older than delivery.timeout.ms (none of them is in flight)."""
+        expired = []
+        with self.lock:
+            for dq in self._deques.values():
+                while dq and now_ms - dq[0].created_ms >= delivery_timeout_ms:
+                    batch = dq.popleft()
+                    batch.sealed = True
+                    expired.append(batch)
+        return expired
+
+    def queued_batches(self) -> list[ProducerBatch]:
+        with self.lock:
+            return [batch for dq in self._deques.values() for batch in dq]
+
+    def clear_sequences(self) -> None:
+        """After an epoch bump: every queued batch gets a fresh sequence when drained."""
+        with self.lock:
+            for dq in self._deques.values():
+                for batch in dq:
+                    batch.clear_sequence()
+
+    def abort_queued(self, exception: BaseException) -> list[ProducerBatch]:
+        """Pop every queued batch (for a forced close); the caller fails them."""
+        with self.lock:
+            batches = [batch for dq in self._deques.values() for batch in dq]
+            for dq in self._deques.values():
+                dq.clear()
+            for batch in batches:
+                batch.sealed = True
+            return batches
+
+    def deallocate(self, batch: ProducerBatch) -> None:
+        """The batch is delivered or failed: give its memory back."""
+        with self.lock:
+            if self._incomplete.pop(batch, False) is not False:
+                self._available_bytes += batch.reserved_bytes
+                self._space.notify_all()
+
+    def mark_closed(self) -> None:
+        with self.lock:
+            self.closed = True
+            self._space.notify_all()
+
+    def has_queued(self) -> bool:
+        with self.lock:
+            return any(self._deques.values())

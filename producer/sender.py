@@ -1,0 +1,465 @@
+"""The producer's I/O thread: drains ready batches, sends ProduceRequests, handles answers.
+
+Theory of operation
+-------------------
+One thread per producer owns everything about sending: the requests in flight, retries,
+the idempotence bookkeeping (`IdempotenceState`), and the producer id. It loops:
+
+1. Take what gRPC posted (finished Produce calls) and handle each partition's answer:
+   success completes the batch's futures; a retriable error puts the batch back in its
+   partition's queue, in append order, with an exponential backoff; anything else fails
+   it with the exception of its error code (`eos.errors.error_for`). With idempotence the
+   decision comes from `IdempotenceState.on_error` (RETRY, REBUILD, FAIL, FAIL_AND_BUMP).
+2. Fail queued batches older than delivery.timeout.ms.
+3. Get a producer id (InitProducerId) before the first send, and bump the epoch after an
+   unrecoverable sequence error -- only once nothing is in flight, so no batch of the new
+   epoch overtakes one of the old.
+4. Refresh metadata of topics whose leaders are unknown or moved.
+5. Drain: each ready head batch is taken if its leader is known, its broker has a request
+   slot free (max.in.flight.requests.per.connection), and, with idempotence, its partition
+   has fewer than 5 unacknowledged batches. A batch gets its sequence number the first
+   time it is taken; a retry resends the same bytes.
+6. Send one ProduceRequest per slot -- many partitions, one batch of each -- with
+   `stub.Produce.future`; the completion is posted back to step 1. With acks=0 the
+   batches are completed as soon as they are handed to gRPC (offset -1); the response
+   only frees the slot.
+7. Sleep until something is posted, a new batch appears, or the next linger or backoff
+   deadline.
+
+Request-level gRPC failures (the broker went away, the deadline passed) count as
+NETWORK_EXCEPTION / REQUEST_TIMED_OUT for every batch of the request: the batch may or may
+not have been appended, and only idempotence makes the retry safe from duplicates.
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import threading
+from typing import Callable
+
+import grpc
+
+from eos import net
+from eos.errors import (
+    EosError,
+    ErrorCode,
+    Reaction,
+    RequestTimedOutError,
+    error_for,
+    reaction_for,
+)
+from eos.records.codec import BatchBuilder
+from eos.v1 import broker_pb2, txn_pb2
+from producer.accumulator import (
+    NO_OFFSET,
+    NO_TIMESTAMP,
+    ProducerBatch,
+    ProducerClosedError,
+    RecordAccumulator,
+)
+from producer.idempotence import Decision, IdempotenceState
+
+log = logging.getLogger("eos.producer")
+
+# Kafka's rule for produce requests of magic v2: one batch per partition per request. It
+# keeps the broker's answer (one base offset per partition) unambiguous.
+BATCHES_PER_PARTITION_PER_REQUEST = 1
+SLEEP_MAX_MS = 250          # wake at least this often to expire batches and retry metadata
+CLOSE_POLL_MS = 50
+
+# Codes after which a topic's leaders are worth asking again.
+_METADATA_REFRESH_CODES = frozenset({
+    ErrorCode.NOT_LEADER_OR_FOLLOWER,
+    ErrorCode.LEADER_NOT_AVAILABLE,
+    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+    ErrorCode.NETWORK_EXCEPTION,
+    ErrorCode.BROKER_NOT_AVAILABLE,
+    ErrorCode.REPLICA_NOT_AVAILABLE,
+    ErrorCode.KAFKA_STORAGE_ERROR,
+})
+
+
+class _InFlight:
+    __slots__ = ("request_id", "node_id", "batches", "sent_ms")
+
+    def __init__(self, request_id: int, node_id: int, batches: list[ProducerBatch], sent_ms: int):
+        self.request_id = request_id
+        self.node_id = node_id
+        self.batches = batches
+        self.sent_ms = sent_ms
+
+
+class _RequestSlot:
+    """A ProduceRequest being filled during one drain."""
+
+    __slots__ = ("batches", "tps", "size_bytes")
+
+    def __init__(self) -> None:
+        self.batches: list[ProducerBatch] = []
+        self.tps: dict = {}
+        self.size_bytes = 0
+
+
+class Sender(threading.Thread):
+    def __init__(self, *, accumulator: RecordAccumulator, metadata: net.ClusterMetadata,
+                 idempotence: IdempotenceState | None, acks: int, retries: int,
+                 retry_backoff: net.Backoff, request_timeout_ms: int, delivery_timeout_ms: int,
+                 max_in_flight: int, max_request_size: int, compression: int,
+                 transactional_id: str = "", transaction_timeout_ms: int = 60000,
+                 client_id: str = "", clock: Callable[[], int] = net.now_ms):
+        super().__init__(name=f"eos-producer-sender{'-' + client_id if client_id else ''}", daemon=True)
+        self._acc = accumulator
+        self._metadata = metadata
+        self._idempotence = idempotence
+        self._acks = acks
+        self._retries = retries
+        self._backoff = retry_backoff
+        self._request_timeout_ms = request_timeout_ms
+        self._delivery_timeout_ms = delivery_timeout_ms
+        self._max_in_flight = max_in_flight
+        self._max_request_size = max_request_size
+        self._compression = compression
+        self._transactional_id = transactional_id
+        self._transaction_timeout_ms = transaction_timeout_ms
+        self._clock = clock
+        self._request_ids = itertools.count()
+        self._in_flight: dict[int, _InFlight] = {}
+        self._in_flight_by_node: collections.Counter = collections.Counter()
+        self._in_flight_tps: collections.Counter = collections.Counter()
+        self._pid_attempts = 0
+        self._pid_retry_at_ms = 0
+        self._metadata_attempts = 0
+        self._metadata_retry_at_ms = 0
+        self._topics_without_leader: set[str] = set()
+        self._force_close = False
+        self.fatal_error: EosError | None = None   # set once; every later batch fails with it
+
+    # ---- control from application threads ----------------------------------------------
+
+    def force_close(self) -> None:
+        self._force_close = True
+        self._acc.post(None)
+
+    # ---- the loop ------------------------------------------------------------------------
+
+    def run(self) -> None:
+        acc = self._acc
+        timeout_ms = 0
+        try:
+            while True:
+                posted = acc.wait_for_work(timeout_ms / 1000)
+                now = self._clock()
+                for item in posted:
+                    if item is not None:
+                        self._handle_completed_call(item, now)
+                if self._force_close:
+                    self._abort_everything(ProducerClosedError(
+                        "producer closed before the record was acknowledged"))
+                    break
+                if acc.closing and not acc.has_incomplete and not self._in_flight:
+                    break
+                timeout_ms = self._run_once(now)
+        except BaseException as exc:  # a bug: fail every waiting future rather than hang them
+            log.exception("producer sender thread failed")
+            self._abort_everything(EosError(f"producer sender thread failed: {exc!r}"))
+        finally:
+            acc.mark_closed()
+
+    def _run_once(self, now: int) -> int:
+        """One pass; returns how long the loop may sleep (ms) before the next."""
+        acc = self._acc
+        for batch in acc.expire(now, self._delivery_timeout_ms):
+            self._give_up(batch, RequestTimedOutError(
+                f"Expiring {batch.record_count} record(s) for {batch.topic}-{batch.partition}: "
+                f"{now - batch.created_ms} ms has passed since batch creation"
+                + (f" (last error: {batch.last_error})" if batch.last_error else "")))
+        if self.fatal_error is not None:
+            for batch in acc.abort_queued(self.fatal_error):
+                self._fail(batch, self.fatal_error)
+            return SLEEP_MAX_MS
+        wait_ms = SLEEP_MAX_MS
+        idem = self._idempotence
+        if idem is not None and not idem.ready_to_send:
+            if not idem.bump_required or not self._in_flight:
+                self._init_producer_id(now)
+            if not idem.ready_to_send:
+                wait_ms = min(wait_ms, max(1, self._pid_retry_at_ms - now))
+        topics = self._metadata.stale_topics() | self._topics_without_leader
+        if topics and now >= self._metadata_retry_at_ms:
+            self._refresh_metadata(topics, now)
+        self._topics_without_leader = set()
+        take, slots_by_node = self._make_taker()
+        batches, next_ready_ms = acc.drain(now, take)
+        if batches:
+            self._send(slots_by_node, now)
+        if self._topics_without_leader:
+            wait_ms = min(wait_ms, max(1, self._metadata_retry_at_ms - now))
+        return max(0, min(wait_ms, next_ready_ms - now))
+
+    # ---- producer id -----------------------------------------------------------------------
+
+    def _init_producer_id(self, now: int) -> None:
+        idem = self._idempotence
+        if now < self._pid_retry_at_ms:
+            return
+        bump = idem.has_producer_id
+        request = txn_pb2.InitProducerIdRequest(
+            transactional_id=self._transactional_id,
+            transaction_timeout_ms=self._transaction_timeout_ms,
+            producer_id=idem.producer_id if bump else -1,
+            producer_epoch=idem.producer_epoch if bump else -1)
+        try:
+            response = self._metadata.txn_coordinator_stub().InitProducerId(
+                request, timeout=self._request_timeout_ms / 1000)
+        except grpc.RpcError as exc:
+            self._pid_attempts += 1
+            self._pid_retry_at_ms = now + self._backoff.delay_ms(self._pid_attempts)
+            log.info("InitProducerId failed, retrying: %s", net.error_from_rpc(exc, "InitProducerId"))
+            return
+        if response.error_code != ErrorCode.NONE:
+            error = error_for(response.error_code, response.error_message)
+            if reaction_for(response.error_code) is Reaction.RETRY:
+                self._pid_attempts += 1
+                self._pid_retry_at_ms = now + self._backoff.delay_ms(self._pid_attempts)
+                log.info("InitProducerId: %s, retrying", error)
+                return
+            log.error("InitProducerId failed for good: %s", error)
+            self.fatal_error = error
+            return
+        self._pid_attempts = 0
+        idem.set_producer_id(response.producer_id, response.producer_epoch)
+        if bump:
+            log.info("producer epoch bumped: producer id %d epoch %d", response.producer_id,
+                     response.producer_epoch)
+            self._acc.clear_sequences()
+
+    # ---- metadata ------------------------------------------------------------------------
+
+    def _refresh_metadata(self, topics: set[str], now: int) -> None:
+        try:
+            self._metadata.refresh_topics(topics)
+            self._metadata_attempts = 0
+            self._metadata_retry_at_ms = now + self._backoff.base_ms
+        except EosError as exc:
+            self._metadata_attempts += 1
+            self._metadata_retry_at_ms = now + self._backoff.delay_ms(self._metadata_attempts)
+            log.info("metadata refresh for %s failed: %s", sorted(topics), exc)
+
+    # ---- draining and sending ------------------------------------------------------------
+
+    def _make_taker(self):
+        metadata = self._metadata
+        idem = self._idempotence
+        slots_by_node: dict[int, list[_RequestSlot]] = {}
+        in_flight_by_node = self._in_flight_by_node
+        max_in_flight = self._max_in_flight
+        max_request_size = self._max_request_size
+        order_by_muting = idem is None and max_in_flight == 1
+        in_flight_tps = self._in_flight_tps
+
+        last_slot_by_tp: dict = {}    # tp -> index of the slot holding its latest batch
+
+        def take(batch: ProducerBatch) -> bool:
+            node = metadata.leader(batch.topic, batch.partition)
+            if node == net.NO_LEADER or metadata.address_of(node) is None:
+                self._topics_without_leader.add(batch.topic)
+                return False
+            if idem is not None:
+                if not idem.ready_to_send:
+                    return False   # no producer id yet, or an epoch bump is due
+                if batch.base_sequence < 0 and not idem.can_assign(batch.tp):
+                    return False
+            elif order_by_muting and in_flight_tps[batch.tp]:
+                return False   # max.in.flight=1 without idempotence: one batch at a time keeps order
+            slots = slots_by_node.get(node)
+            if slots is None:
+                slots = slots_by_node[node] = []
+            size = len(batch.payload) if batch.payload is not None else batch.size_estimate_bytes
+            # The first slot that has room, but never one before the slot of this
+            # partition's previous batch: requests go out in slot order.
+            slot_index = -1
+            first = last_slot_by_tp.get(batch.tp, -1)
+            for index in range(max(first, 0), len(slots)):
+                candidate = slots[index]
+                if (candidate.tps.get(batch.tp, 0) < BATCHES_PER_PARTITION_PER_REQUEST
+                        and (not candidate.batches or candidate.size_bytes + size <= max_request_size)):
+                    slot_index = index
+                    break
+            if slot_index < 0:
+                if in_flight_by_node[node] + len(slots) >= max_in_flight:
+                    return False
+                slots.append(_RequestSlot())
+                slot_index = len(slots) - 1
+            slot = slots[slot_index]
+            if idem is not None and batch.base_sequence < 0:
+                batch.base_sequence = idem.assign(batch.tp, batch.record_count)
+                batch.producer_id = idem.producer_id
+                batch.producer_epoch = idem.producer_epoch
+                batch.payload = None
+            slot.batches.append(batch)
+            slot.tps[batch.tp] = slot.tps.get(batch.tp, 0) + 1
+            slot.size_bytes += size
+            last_slot_by_tp[batch.tp] = slot_index
+            return True
+
+        return take, slots_by_node
+
+    def _build(self, batch: ProducerBatch) -> bytes:
+        builder = BatchBuilder(compression=self._compression)
+        builder.append_many(batch.values, batch.keys if batch.has_keys else None, batch.timestamps_ms,
+                            batch.headers if batch.has_headers else None)
+        return builder.build(producer_id=batch.producer_id, producer_epoch=batch.producer_epoch,
+                             base_sequence=batch.base_sequence)
+
+    def _send(self, slots_by_node: dict[int, list[_RequestSlot]], now: int) -> None:
+        idem = self._idempotence
+        timeout_s = self._request_timeout_ms / 1000
+        for node, slots in slots_by_node.items():
+            stub = self._metadata.broker_stub(node)
+            for slot in slots:
+                if not slot.batches:
+                    continue
+                partitions = []
+                for batch in slot.batches:
+                    if batch.payload is None:
+                        batch.payload = self._build(batch)
+                    if idem is not None:
+                        idem.on_sent(batch.tp, batch.base_sequence)
+                    batch.attempts += 1
+                    partitions.append(broker_pb2.PartitionRecords(
+                        topic=batch.topic, partition=batch.partition, records=batch.payload))
+                request = broker_pb2.ProduceRequest(
+                    transactional_id=self._transactional_id, acks=self._acks,
+                    timeout_ms=self._request_timeout_ms, partitions=partitions)
+                request_id = next(self._request_ids)
+                in_flight = _InFlight(request_id, node, slot.batches, now)
+                self._in_flight[request_id] = in_flight
+                self._in_flight_by_node[node] += 1
+                for batch in slot.batches:
+                    self._in_flight_tps[batch.tp] += 1
+                try:
+                    call = stub.Produce.future(request, timeout=timeout_s)
+                except Exception as exc:  # the channel refused before sending (closed)
+                    self._acc.post((request_id, _FailedCall(exc)))
+                    continue
+                call.add_done_callback(lambda f, rid=request_id: self._acc.post((rid, f)))
+                if self._acks == 0:
+                    # Fire and forget: nothing will tell us where the records went.
+                    for batch in slot.batches:
+                        self._complete(batch, NO_OFFSET, NO_TIMESTAMP)
+
+    # ---- answers -------------------------------------------------------------------------
+
+    def _handle_completed_call(self, item, now: int) -> None:
+        request_id, call = item
+        in_flight = self._in_flight.pop(request_id, None)
+        if in_flight is None:
+            return
+        self._in_flight_by_node[in_flight.node_id] -= 1
+        for batch in in_flight.batches:
+            self._in_flight_tps[batch.tp] -= 1
+            if not self._in_flight_tps[batch.tp]:
+                del self._in_flight_tps[batch.tp]
+        if self._acks == 0:
+            return
+        try:
+            response = call.result()
+        except Exception as exc:
+            if isinstance(exc, grpc.RpcError):
+                error = net.error_from_rpc(exc, f"Produce to node {in_flight.node_id}")
+            else:  # the channel refused to start the call (e.g. closed)
+                error = EosError(f"Produce to node {in_flight.node_id} failed: {exc!r}",
+                                 ErrorCode.NETWORK_EXCEPTION)
+            for batch in in_flight.batches:
+                self._on_batch_error(batch, error.code, str(error), NO_OFFSET, now)
+            return
+        results = {(r.topic, r.partition): r for r in response.partitions}
+        for batch in in_flight.batches:
+            result = results.get(batch.tp)
+            if result is None:
+                self._on_batch_error(batch, ErrorCode.UNKNOWN_SERVER_ERROR,
+                                     f"the broker's answer has no result for {batch.topic}-{batch.partition}",
+                                     NO_OFFSET, now)
+            elif result.error_code == ErrorCode.NONE:
+                self._complete(batch, result.base_offset, result.log_append_time_ms)
+            else:
+                self._on_batch_error(batch, result.error_code, result.error_message,
+                                     result.base_offset, now)
+
+    def _on_batch_error(self, batch: ProducerBatch, code: int, message: str, base_offset: int,
+                        now: int) -> None:
+        error = error_for(code, message)
+        batch.last_error = error
+        idem = self._idempotence
+        if idem is not None and batch.base_sequence >= 0:
+            decision = idem.on_error(batch.tp, batch.base_sequence, batch.producer_id,
+                                     batch.producer_epoch, code)
+        else:
+            decision = Decision.RETRY if reaction_for(code) is Reaction.RETRY else Decision.FAIL
+        if code in _METADATA_REFRESH_CODES:
+            self._metadata.mark_stale(batch.topic)
+        if decision is Decision.ACCEPT:
+            self._complete(batch, base_offset, NO_TIMESTAMP)
+            return
+        if decision is Decision.RETRY or decision is Decision.REBUILD:
+            if decision is Decision.REBUILD:
+                batch.clear_sequence()
+            if batch.attempts > self._retries:
+                self._give_up(batch, error)
+                return
+            if now - batch.created_ms >= self._delivery_timeout_ms:
+                self._give_up(batch, RequestTimedOutError(
+                    f"Expiring {batch.record_count} record(s) for {batch.topic}-{batch.partition}: "
+                    f"{now - batch.created_ms} ms has passed since batch creation (last error: {error})"))
+                return
+            log.debug("retrying %r after %s", batch, error)
+            batch.retry_after_ms = now + self._backoff.delay_ms(batch.attempts)
+            self._acc.reenqueue(batch)
+            return
+        if decision is Decision.FAIL_AND_BUMP:
+            log.warning("%s-%d: %s; failing the batch and bumping the producer epoch",
+                        batch.topic, batch.partition, error)
+        self._fail(batch, error)
+
+    def _give_up(self, batch: ProducerBatch, error: BaseException) -> None:
+        """Fail a batch without a final verdict from the broker (timeout, retries exhausted)."""
+        idem = self._idempotence
+        if idem is not None and batch.base_sequence >= 0:
+            idem.on_given_up(batch.tp, batch.base_sequence, batch.producer_id, batch.producer_epoch)
+        self._fail(batch, error)
+
+    def _complete(self, batch: ProducerBatch, base_offset: int, log_append_time_ms: int) -> None:
+        idem = self._idempotence
+        if idem is not None and batch.base_sequence >= 0:
+            idem.on_acked(batch.tp, batch.base_sequence, batch.producer_id, batch.producer_epoch)
+        batch.complete(base_offset, log_append_time_ms)
+        self._acc.deallocate(batch)
+
+    def _fail(self, batch: ProducerBatch, error: BaseException) -> None:
+        batch.fail(error)
+        self._acc.deallocate(batch)
+
+    def _abort_everything(self, error: BaseException) -> None:
+        for in_flight in list(self._in_flight.values()):
+            for batch in in_flight.batches:
+                if not batch.done:
+                    self._fail(batch, error)
+        self._in_flight.clear()
+        for batch in self._acc.abort_queued(error):
+            if not batch.done:
+                self._fail(batch, error)
+        # Batches still open in no deque cannot exist; any left incomplete are failed too.
+        for batch in self._acc.incomplete_batches():
+            if not batch.done:
+                self._fail(batch, error)
+
+
+class _FailedCall:
+    """Stands in for a gRPC future whose call could not even start."""
+
+    def __init__(self, exc: BaseException):
+        self._exc = exc
+
+    def result(self):
+        raise self._exc
