@@ -259,6 +259,11 @@ class BrokerServer:
     def log_manager(self):
         return self._log_manager
 
+    @property
+    def fetch_waiter_count(self) -> int:
+        """Long-poll fetches parked right now (for tests and metrics)."""
+        return 0 if self._servicer is None else self._servicer.fetch_waiter_count
+
     # ---- start ------------------------------------------------------------------------------
 
     def start(self) -> "BrokerServer":

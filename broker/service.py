@@ -173,6 +173,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         self._purgatory.close()
         return self._gate.close_and_drain(timeout_s)
 
+    @property
+    def fetch_waiter_count(self) -> int:
+        return self._purgatory.waiter_count
+
     # ---- lookups -----------------------------------------------------------------------------
 
     def _topic(self, topic: str, *, may_create: bool = False) -> TopicInfo:
