@@ -35,7 +35,7 @@ from eos.records.header import (
     BatchHeader,
     compute_crc,
 )
-from broker.storage.index import IndexCorruptError, OffsetIndex, TimeIndex
+from broker.storage.index import OffsetIndex, TimeIndex
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,6 @@ from broker.storage.index import IndexCorruptError
 from eos.config import TopicConfig
 from eos.errors import InvalidTopicError, StorageError
 from tests.storage_batches import batch_of_size, make_batch
-from tests.unit.test_storage_log import whole_batches
 
 
 class FakeClock:
