@@ -237,6 +237,7 @@ class BrokerServer:
         self._lock = _DataDirLock(self.data_dir)
         self._log_manager = None
         self._registry: TopicRegistry | None = None
+        self._producer_ids: ProducerIdManager | None = None
         self._grpc_server: grpc.Server | None = None
         self._servicer: BrokerServicer | None = None
         self._stopping = threading.Event()
@@ -258,6 +259,12 @@ class BrokerServer:
     @property
     def log_manager(self):
         return self._log_manager
+
+    @property
+    def producer_ids(self) -> ProducerIdManager | None:
+        """The node's producer id source (`.next_id` is the transaction coordinator's
+        `new_producer_id`)."""
+        return self._producer_ids
 
     @property
     def fetch_waiter_count(self) -> int:
@@ -294,6 +301,7 @@ class BrokerServer:
         self._log_manager.load({info.name: info.config for info in topics})
         self._sweep_logs()
         producer_ids = ProducerIdManager(self.data_dir / PRODUCER_IDS_FILE_NAME)
+        self._producer_ids = producer_ids
 
         server = grpc.server(
             concurrent.futures.ThreadPoolExecutor(max_workers=RPC_WORKER_THREADS,

@@ -138,9 +138,12 @@ class BrokerProcess:
         stdout = self._process.stdout
 
         def pump():  # keeps draining stdout so the broker can never block on a full pipe
-            for raw in iter(stdout.readline, b""):
-                lines.put(raw.decode("utf-8", "replace"))
-            lines.put(None)
+            try:
+                for raw in iter(stdout.readline, b""):
+                    lines.put(raw.decode("utf-8", "replace"))
+            finally:
+                stdout.close()  # EOF: the process is gone
+                lines.put(None)
 
         threading.Thread(target=pump, name="broker-stdout", daemon=True).start()
         while True:
@@ -207,10 +210,9 @@ class BrokerProcess:
         return txn_pb2_grpc.TxnCoordinatorStub(self.channel())
 
     def close(self) -> None:
-        """Teardown: kill whatever still runs, close channels and the stdout pipe."""
+        """Teardown: kill whatever still runs and close the channels (the stdout pipe is
+        closed by its reader at EOF)."""
         self.kill()
-        if self._process is not None and self._process.stdout is not None:
-            self._process.stdout.close()
 
 
 class InProcessBroker:
