@@ -29,7 +29,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from bench import disk, report
-from bench.eos_server import EosBroker, EosUnavailable
+from bench.eos_server import EosBroker, EosUnavailable, broker_available
 from bench.kafka import KafkaBroker, KafkaUnavailable, resolve_kafka
 from bench.workloads import REGISTRY, NotAvailable, RecordsLost, RunContext, Sizes
 
@@ -214,8 +214,10 @@ def main(argv: list[str] | None = None) -> int:
                 broker, version = start_broker(system, args.kafka_version, args.tmp_dir,
                                                progress)
             except (KafkaUnavailable, EosUnavailable, ImportError) as exc:
-                progress(f"{system}: not available: {exc}")
-                status = "not available" if system == "eos" else "error"
+                # No eos broker program yet is "not available"; one that crashes is an error.
+                missing = system == "eos" and broker_available() is not None
+                status = "not available" if missing else "error"
+                progress(f"{system}: {status}: {exc}")
                 systems[system] = {"status": status, "detail": str(exc), "version": None}
                 for name in args.workloads:
                     per_workload[name][system] = {"status": status,

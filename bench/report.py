@@ -80,7 +80,7 @@ def markdown(run: dict) -> str:
         f"Command: `{run['command']}` ({run['mode']} sizes; {run['duration_s']:.0f} s). "
         f"Machine: {machine['cpu_model']}, {machine['cores']} cores, "
         f"{machine['memory_gib']:.0f} GiB; Python {machine['python']}, {machine['java']}, "
-        f"Kafka {run['systems']['kafka'].get('version') or 'n/a'} with confluent-kafka "
+        f"Kafka {run['systems'].get('kafka', {}).get('version') or 'n/a'} with confluent-kafka "
         f"{machine.get('confluent_kafka', '?')} (librdkafka {machine.get('librdkafka', '?')}); "
         f"eos at {machine['eos_commit']}.",
         "",
@@ -196,7 +196,7 @@ def plot(run: dict, path: Path) -> Path | None:
         for y, v in enumerate(values):
             ax.text(v, y, f" {v:.2f}x", va="center", fontsize=7)
         ax.margins(x=0.15)
-    fig.suptitle(f"eos vs Apache Kafka {run['systems']['kafka'].get('version') or ''} — "
+    fig.suptitle(f"eos vs Apache Kafka {run['systems'].get('kafka', {}).get('version') or ''} — "
                  f"{run['started_utc'][:10]}, {run['machine']['hostname']} "
                  f"({run['mode']})", fontsize=11)
     fig.tight_layout()

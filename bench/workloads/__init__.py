@@ -69,7 +69,8 @@ class Sizes:
     """How much work each workload does; --quick shrinks all of it."""
     records: int = 2_000_000          # records per throughput measurement
     value_bytes: int = 100
-    max_measure_s: float = 20.0       # a throughput run stops sending after this long
+    repeats: int = 3                  # throughput figures are the median of this many runs
+    max_measure_s: float = 10.0       # a throughput run stops sending after this long
     warmup_records: int = 50_000
     latency_rate_per_s: int = 5_000
     latency_duration_s: float = 5.0
@@ -79,7 +80,7 @@ class Sizes:
 
     @classmethod
     def quick(cls) -> "Sizes":
-        return cls(records=300_000, max_measure_s=8.0, warmup_records=10_000,
+        return cls(records=300_000, repeats=1, max_measure_s=6.0, warmup_records=10_000,
                    latency_duration_s=2.0, latency_warmup_s=0.5, consume_timeout_s=60.0,
                    disk_mib=128)
 

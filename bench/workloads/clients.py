@@ -65,14 +65,14 @@ def kafka_end_offset(bootstrap: str, topic: str, partitions: int = 1) -> int:
 
 # ---------------------------------------------------------------- eos
 
-def eos_module():
-    """The eos package with its clients, or NotAvailable naming what is missing."""
+def eos_module(*needed: str):
+    """The eos package, or NotAvailable naming which of its clients `needed` are missing."""
     try:
         import eos
     except ImportError as exc:
         raise NotAvailable(f"cannot import eos: {exc}") from exc
     missing = []
-    for name in ("Producer", "Consumer", "Admin"):
+    for name in needed or ("Producer",):
         try:
             getattr(eos, name)
         except (ImportError, AttributeError) as exc:
@@ -82,18 +82,66 @@ def eos_module():
     return eos
 
 
-def require_client(ctx) -> None:
+def require_client(ctx, *needed: str) -> None:
     """Raise NotAvailable at once when ctx.system's client is missing altogether."""
     if ctx.system == "eos":
-        eos_module()
+        eos_module(*needed)
+
+
+def _eos_broker_stub(bootstrap: str):
+    from eos import net
+    from eos.v1 import broker_pb2_grpc
+
+    channel = net.open_channel(net.parse_bootstrap(bootstrap)[0])
+    return channel, broker_pb2_grpc.BrokerStub(channel)
 
 
 def eos_create_topic(bootstrap: str, name: str, partitions: int = 1) -> None:
-    eos = eos_module()
-    admin = eos.Admin(bootstrap)
+    """eos.Admin.create_topic, or the CreateTopics RPC itself while Admin is not written."""
     try:
-        admin.create_topic(name, partitions=partitions)
+        eos = eos_module("Admin")
+    except NotAvailable:
+        eos = None
+    if eos is not None:
+        admin = eos.Admin(bootstrap)
+        try:
+            admin.create_topic(name, partitions=partitions)
+        finally:
+            close = getattr(admin, "close", None)
+            if close is not None:
+                close()
+        return
+    from eos.v1 import broker_pb2
+
+    channel, stub = _eos_broker_stub(bootstrap)
+    try:
+        response = stub.CreateTopics(broker_pb2.CreateTopicsRequest(
+            topics=[broker_pb2.NewTopic(name=name, num_partitions=partitions,
+                                        replication_factor=1)],
+            timeout_ms=int(TOPIC_READY_TIMEOUT_S * 1000)), timeout=TOPIC_READY_TIMEOUT_S)
     finally:
-        close = getattr(admin, "close", None)
-        if close is not None:
-            close()
+        channel.close()
+    for result in response.topics:
+        if result.error_code != 0:
+            raise RuntimeError(f"eos CreateTopics {name}: error {result.error_code} "
+                               f"{result.error_message}")
+
+
+def eos_end_offset(bootstrap: str, topic: str, partitions: int = 1) -> int:
+    """Sum of the log end offsets of `topic` (ListOffsets latest): the records it holds."""
+    from eos.v1 import broker_pb2
+
+    channel, stub = _eos_broker_stub(bootstrap)
+    try:
+        response = stub.ListOffsets(broker_pb2.ListOffsetsRequest(partitions=[
+            broker_pb2.ListOffsetsPartition(topic=topic, partition=p, timestamp=-1)
+            for p in range(partitions)]), timeout=TOPIC_READY_TIMEOUT_S)
+    finally:
+        channel.close()
+    total = 0
+    for listed in response.partitions:
+        if listed.error_code != 0:
+            raise RuntimeError(f"eos ListOffsets {topic}-{listed.partition}: error "
+                               f"{listed.error_code} {listed.error_message}")
+        total += listed.offset
+    return total

@@ -109,7 +109,7 @@ def kafka_latency(ctx: RunContext) -> list[Metric]:
 
 
 def eos_latency(ctx: RunContext) -> list[Metric]:
-    eos = eos_module()
+    eos = eos_module("Producer")
     warm, measured = _schedule(ctx)
     ctx.progress(f"  latency at {ctx.sizes.latency_rate_per_s:,}/s for "
                  f"{ctx.sizes.latency_duration_s:.0f} s")

@@ -14,15 +14,14 @@ the time budget; the figures then cover fewer records, which the note says.
 """
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass
 
 from bench.workloads import (Metric, NotAvailable, RecordsLost, RunContext, Workload,
                              register)
-from bench.workloads.clients import (eos_create_topic, eos_module, kafka_create_topic,
-                                     kafka_end_offset, kafka_producer_config,
-                                     require_client)
+from bench.workloads.clients import (eos_create_topic, eos_end_offset, eos_module,
+                                     kafka_create_topic, kafka_end_offset,
+                                     kafka_producer_config, require_client)
 
 BULK_RECORDS = 10_000
 LINGER_MS = 5            # Kafka 4.x's and librdkafka's default; set on both for clarity
@@ -154,34 +153,16 @@ def kafka_produce(ctx: RunContext, config: ProduceConfig) -> ProduceRun:
 
 # ---------------------------------------------------------------- eos
 
-class _AckCounter:
-    """Counts records whose delivery futures completed, without keeping the futures alive."""
-
-    def __init__(self) -> None:
-        self.acked = 0
-        self.failures: list[BaseException] = []
-        self._lock = threading.Lock()
-
-    def done(self, future, records: int = 1) -> None:
-        exc = future.exception()
-        with self._lock:
-            if exc is None:
-                self.acked += records
-            else:
-                self.failures.append(exc)
-
-    def completed(self) -> int:
-        return self.acked + len(self.failures)
-
-
 def _eos_send_each(producer, topic: str, value: bytes, count: int, deadline: float,
-                   counter: _AckCounter) -> int:
-    send = producer.send
+                   futures: list) -> int:
+    # The futures are kept (a list append per record, as an application that checks its
+    # sends would do) and checked after the clock stops.
+    send, keep = producer.send, futures.append
     sent = 0
     while sent < count:
         chunk = min(BULK_RECORDS, count - sent)
         for _ in range(chunk):
-            send(topic, value=value).add_done_callback(counter.done)
+            keep(send(topic, value=value))
         sent += chunk
         if time.perf_counter() > deadline:
             break
@@ -189,34 +170,36 @@ def _eos_send_each(producer, topic: str, value: bytes, count: int, deadline: flo
 
 
 def _eos_send_bulk(producer, topic: str, value: bytes, count: int, deadline: float,
-                   counter: _AckCounter) -> int:
+                   futures: list) -> int:
     values = [value] * BULK_RECORDS
     sent = 0
     while sent < count:
         chunk = min(BULK_RECORDS, count - sent)
-        result = producer.send_batch(topic, values if chunk == BULK_RECORDS else values[:chunk])
-        # One future per record, or one for the whole call.
-        if isinstance(result, (list, tuple)):
-            for future in result:
-                future.add_done_callback(counter.done)
-        else:
-            result.add_done_callback(lambda f, n=chunk: counter.done(f, n))
+        futures.append(producer.send_batch(topic, values if chunk == BULK_RECORDS
+                                           else values[:chunk]))
         sent += chunk
         if time.perf_counter() > deadline:
             break
     return sent
 
 
-def _wait_callbacks(counter: _AckCounter, expected: int, timeout_s: float = 5.0) -> None:
-    # flush() returns once every future is resolved, but a done-callback may still be
-    # running on the client's thread; give the last ones a bounded moment.
-    deadline = time.monotonic() + timeout_s
-    while counter.completed() < expected and time.monotonic() < deadline:
-        time.sleep(0.01)
+def _eos_acked(futures: list, path: str) -> tuple[int, list[BaseException]]:
+    """Records acknowledged according to resolved futures, and the first failures."""
+    acked = 0
+    failures: list[BaseException] = []
+    for future in futures:
+        exc = future.exception(timeout=0)
+        if exc is not None:
+            if len(failures) < 3:
+                failures.append(exc)
+            continue
+        # send(): one record per future; send_batch(): a SendBatchResult of the call.
+        acked += 1 if path == "send" else len(future.result(timeout=0))
+    return acked, failures
 
 
 def eos_produce(ctx: RunContext, config: ProduceConfig) -> ProduceRun:
-    eos = eos_module()
+    eos = eos_module("Producer")
     if config.path == "bulk" and not hasattr(eos.Producer, "send_batch"):
         raise NotAvailable("eos.Producer.send_batch does not exist yet")
     producer = eos.Producer(ctx.bootstrap, acks=config.acks,
@@ -226,28 +209,30 @@ def eos_produce(ctx: RunContext, config: ProduceConfig) -> ProduceRun:
         value = b"v" * ctx.sizes.value_bytes
         warmup = ctx.topic_name("warmup")
         eos_create_topic(ctx.bootstrap, warmup)
-        warm_counter = _AckCounter()
-        send(producer, warmup, value, ctx.sizes.warmup_records, float("inf"), warm_counter)
-        producer.flush()
-        _wait_callbacks(warm_counter, ctx.sizes.warmup_records)
-        if warm_counter.acked != ctx.sizes.warmup_records:
-            raise RecordsLost(f"eos warm-up {config.label} ({warm_counter.failures[:1]})",
-                              ctx.sizes.warmup_records, warm_counter.acked)
+        futures: list = []
+        send(producer, warmup, value, ctx.sizes.warmup_records, float("inf"), futures)
+        producer.flush(FLUSH_TIMEOUT_S)
+        acked, failures = _eos_acked(futures, config.path)
+        if acked != ctx.sizes.warmup_records:
+            raise RecordsLost(f"eos warm-up {config.label} ({failures[:1]})",
+                              ctx.sizes.warmup_records, acked)
         topic = ctx.topic_name(config.key)
         eos_create_topic(ctx.bootstrap, topic)
-        counter = _AckCounter()
+        futures = []
         start = time.perf_counter()
         sent = send(producer, topic, value, ctx.sizes.records,
-                    start + ctx.sizes.max_measure_s, counter)
-        producer.flush()
+                    start + ctx.sizes.max_measure_s, futures)
+        producer.flush(FLUSH_TIMEOUT_S)
         elapsed_s = time.perf_counter() - start
     finally:
         producer.close()
-    _wait_callbacks(counter, sent)
-    acked = counter.acked
+    acked, failures = _eos_acked(futures, config.path)
+    del futures
     if acked != sent:
-        raise RecordsLost(f"eos {config.label}: acknowledged ({counter.failures[:1]})",
-                          sent, acked)
+        raise RecordsLost(f"eos {config.label}: acknowledged ({failures[:1]})", sent, acked)
+    stored = eos_end_offset(ctx.bootstrap, topic)
+    if stored != sent:
+        raise RecordsLost(f"eos {config.label}: held by the broker", sent, stored)
     return ProduceRun(config, topic, sent, acked, elapsed_s, ctx.sizes.value_bytes,
                       ctx.log_bytes(topic))
 
@@ -255,23 +240,38 @@ def eos_produce(ctx: RunContext, config: ProduceConfig) -> ProduceRun:
 RUNNERS = {"kafka": kafka_produce, "eos": eos_produce}
 
 
+def measure_once(ctx: RunContext, config: ProduceConfig) -> ProduceRun:
+    run = RUNNERS[ctx.system](ctx, config)
+    ctx.progress(f"    {run.records_per_s:,.0f} records/s, {run.mb_per_s:.1f} MB/s "
+                 f"({run.acked:,} acked in {run.elapsed_s:.2f} s)")
+    return run
+
+
+def median_run(runs: list[ProduceRun]) -> ProduceRun:
+    return sorted(runs, key=lambda r: r.records_per_s)[(len(runs) - 1) // 2]
+
+
 def measure(ctx: RunContext, config_key: str) -> ProduceRun:
-    """Run one configuration on ctx.system, or reuse the result of this run."""
+    """The median of `repeats` runs of one configuration, or the one of this run."""
     cache = ctx.shared.setdefault("produce", {})
     if config_key not in cache:
         config = CONFIGS[config_key]
-        ctx.progress(f"  produce {config.label}: {ctx.sizes.records:,} records")
-        run = RUNNERS[ctx.system](ctx, config)
-        ctx.progress(f"    {run.records_per_s:,.0f} records/s, {run.mb_per_s:.1f} MB/s "
-                     f"({run.acked:,} acked in {run.elapsed_s:.2f} s)")
-        cache[config_key] = run
+        ctx.progress(f"  produce {config.label}: {ctx.sizes.records:,} records"
+                     f" x {ctx.sizes.repeats}")
+        runs = [measure_once(ctx, config) for _ in range(ctx.sizes.repeats)]
+        cache[config_key] = median_run(runs)
+        ctx.shared.setdefault("produce_samples", {})[config_key] = [
+            round(r.records_per_s) for r in runs]
     return cache[config_key]
 
 
-def throughput_metrics(run: ProduceRun, sizes_records: int) -> list[Metric]:
-    note = f"{run.acked:,} records in {run.elapsed_s:.2f} s"
-    if run.sent < sizes_records:
-        note += f" (time cap reached before {sizes_records:,})"
+def throughput_metrics(ctx: RunContext, run: ProduceRun) -> list[Metric]:
+    note = f"median run: {run.acked:,} records in {run.elapsed_s:.2f} s"
+    if run.sent < ctx.sizes.records:
+        note += f" (time cap reached before {ctx.sizes.records:,})"
+    samples = ctx.shared.get("produce_samples", {}).get(run.config.key, [])
+    if len(samples) > 1:
+        note += "; runs " + ", ".join(f"{x:,}" for x in samples) + " records/s"
     key = run.config.key
     return [
         Metric(f"{key}.records_per_s", f"{run.config.label}: records/s",
@@ -282,12 +282,12 @@ def throughput_metrics(run: ProduceRun, sizes_records: int) -> list[Metric]:
 
 
 def run(ctx: RunContext) -> list[Metric]:
-    require_client(ctx)
+    require_client(ctx, "Producer")
     metrics: list[Metric] = []
     failures: list[Exception] = []
     for key in DEFAULT_CONFIGS:
         try:
-            metrics += throughput_metrics(measure(ctx, key), ctx.sizes.records)
+            metrics += throughput_metrics(ctx, measure(ctx, key))
         except NotAvailable as exc:
             # One path missing (say, no bulk API yet) must not hide the others.
             ctx.progress(f"    not available: {exc}")
