@@ -62,9 +62,13 @@ from producer.idempotence import Decision, IdempotenceState
 
 log = logging.getLogger("eos.producer")
 
-# Kafka's rule for produce requests of magic v2: one batch per partition per request. It
-# keeps the broker's answer (one base offset per partition) unambiguous.
-BATCHES_PER_PARTITION_PER_REQUEST = 1
+# Kafka's rule for idempotent and transactional produce requests: one batch per partition
+# per request (the broker checks one sequence range per partition and answers one base
+# offset). Plain producers may send several batches of a partition back to back in one
+# request: the broker appends them at once, at consecutive offsets, so one base offset still
+# locates every record -- and a request costs far more than a batch in Python's gRPC.
+IDEMPOTENT_BATCHES_PER_PARTITION_PER_REQUEST = 1
+PLAIN_BATCHES_PER_PARTITION_PER_REQUEST = 1 << 30   # bounded by max.request.size
 SLEEP_MAX_MS = 250          # wake at least this often to expire batches and retry metadata
 CLOSE_POLL_MS = 50
 
@@ -126,7 +130,8 @@ class Sender(threading.Thread):
         self._request_ids = itertools.count()
         self._in_flight: dict[int, _InFlight] = {}
         self._in_flight_by_node: collections.Counter = collections.Counter()
-        self._in_flight_tps: collections.Counter = collections.Counter()
+        # tp -> creation indexes of its batches in flight (at most 5 with idempotence)
+        self._in_flight_tps: dict[tuple, set[int]] = {}
         self._pid_attempts = 0
         self._pid_retry_at_ms = 0
         self._metadata_attempts = 0
@@ -256,6 +261,8 @@ class Sender(threading.Thread):
         max_in_flight = self._max_in_flight
         max_request_size = self._max_request_size
         order_by_muting = idem is None and max_in_flight == 1
+        per_partition = (IDEMPOTENT_BATCHES_PER_PARTITION_PER_REQUEST if idem is not None
+                         else PLAIN_BATCHES_PER_PARTITION_PER_REQUEST)
         in_flight_tps = self._in_flight_tps
 
         last_slot_by_tp: dict = {}    # tp -> index of the slot holding its latest batch
@@ -268,9 +275,16 @@ class Sender(threading.Thread):
             if idem is not None:
                 if not idem.ready_to_send:
                     return False   # no producer id yet, or an epoch bump is due
-                if batch.base_sequence < 0 and not idem.can_assign(batch.tp):
-                    return False
-            elif order_by_muting and in_flight_tps[batch.tp]:
+                if batch.base_sequence < 0:
+                    if not idem.can_assign(batch.tp):
+                        return False
+                else:
+                    # A resend waits until every older batch of its partition is answered:
+                    # sent together again they could arrive out of order again.
+                    flying = in_flight_tps.get(batch.tp)
+                    if flying and min(flying) < batch.creation_index:
+                        return False
+            elif order_by_muting and batch.tp in in_flight_tps:
                 return False   # max.in.flight=1 without idempotence: one batch at a time keeps order
             slots = slots_by_node.get(node)
             if slots is None:
@@ -282,7 +296,7 @@ class Sender(threading.Thread):
             first = last_slot_by_tp.get(batch.tp, -1)
             for index in range(max(first, 0), len(slots)):
                 candidate = slots[index]
-                if (candidate.tps.get(batch.tp, 0) < BATCHES_PER_PARTITION_PER_REQUEST
+                if (candidate.tps.get(batch.tp, 0) < per_partition
                         and (not candidate.batches or candidate.size_bytes + size <= max_request_size)):
                     slot_index = index
                     break
@@ -320,15 +334,23 @@ class Sender(threading.Thread):
             for slot in slots:
                 if not slot.batches:
                     continue
-                partitions = []
-                for batch in slot.batches:
+                payloads_by_tp: dict[tuple, list[bytes]] = {}
+                for batch in slot.batches:   # per partition in append order
                     if batch.payload is None:
                         batch.payload = self._build(batch)
                     if idem is not None:
                         idem.on_sent(batch.tp, batch.base_sequence)
                     batch.attempts += 1
-                    partitions.append(broker_pb2.PartitionRecords(
-                        topic=batch.topic, partition=batch.partition, records=batch.payload))
+                    payloads = payloads_by_tp.get(batch.tp)
+                    if payloads is None:
+                        payloads_by_tp[batch.tp] = [batch.payload]
+                    else:
+                        payloads.append(batch.payload)
+                partitions = [
+                    broker_pb2.PartitionRecords(
+                        topic=tp[0], partition=tp[1],
+                        records=payloads[0] if len(payloads) == 1 else b"".join(payloads))
+                    for tp, payloads in payloads_by_tp.items()]
                 request = broker_pb2.ProduceRequest(
                     transactional_id=self._transactional_id, acks=self._acks,
                     timeout_ms=self._request_timeout_ms, partitions=partitions)
@@ -337,7 +359,10 @@ class Sender(threading.Thread):
                 self._in_flight[request_id] = in_flight
                 self._in_flight_by_node[node] += 1
                 for batch in slot.batches:
-                    self._in_flight_tps[batch.tp] += 1
+                    flying = self._in_flight_tps.get(batch.tp)
+                    if flying is None:
+                        flying = self._in_flight_tps[batch.tp] = set()
+                    flying.add(batch.creation_index)
                 try:
                     call = stub.Produce.future(request, timeout=timeout_s)
                 except Exception as exc:  # the channel refused before sending (closed)
@@ -358,9 +383,11 @@ class Sender(threading.Thread):
             return
         self._in_flight_by_node[in_flight.node_id] -= 1
         for batch in in_flight.batches:
-            self._in_flight_tps[batch.tp] -= 1
-            if not self._in_flight_tps[batch.tp]:
-                del self._in_flight_tps[batch.tp]
+            flying = self._in_flight_tps.get(batch.tp)
+            if flying is not None:
+                flying.discard(batch.creation_index)
+                if not flying:
+                    del self._in_flight_tps[batch.tp]
         if self._acks == 0:
             return
         try:
@@ -375,6 +402,7 @@ class Sender(threading.Thread):
                 self._on_batch_error(batch, error.code, str(error), NO_OFFSET, now)
             return
         results = {(r.topic, r.partition): r for r in response.partitions}
+        next_offset_by_tp: dict[tuple, int] = {}   # several batches of a partition: consecutive
         for batch in in_flight.batches:
             result = results.get(batch.tp)
             if result is None:
@@ -382,7 +410,10 @@ class Sender(threading.Thread):
                                      f"the broker's answer has no result for {batch.topic}-{batch.partition}",
                                      NO_OFFSET, now)
             elif result.error_code == ErrorCode.NONE:
-                self._complete(batch, result.base_offset, result.log_append_time_ms)
+                base_offset = next_offset_by_tp.get(batch.tp, result.base_offset)
+                if base_offset >= 0:
+                    next_offset_by_tp[batch.tp] = base_offset + batch.record_count
+                self._complete(batch, base_offset, result.log_append_time_ms)
             else:
                 self._on_batch_error(batch, result.error_code, result.error_message,
                                      result.base_offset, now)
@@ -414,7 +445,13 @@ class Sender(threading.Thread):
                     f"{now - batch.created_ms} ms has passed since batch creation (last error: {error})"))
                 return
             log.debug("retrying %r after %s", batch, error)
-            batch.retry_after_ms = now + self._backoff.delay_ms(batch.attempts)
+            if code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER and decision is Decision.RETRY:
+                # An older batch of the partition was behind it (gRPC does not keep the
+                # order of concurrent calls): resend as soon as the older ones are answered,
+                # which take() waits for; a backoff would only stall the partition.
+                batch.retry_after_ms = now
+            else:
+                batch.retry_after_ms = now + self._backoff.delay_ms(batch.attempts)
             self._acc.reenqueue(batch)
             return
         if decision is Decision.FAIL_AND_BUMP:
