@@ -95,7 +95,7 @@ class ProducerBatch:
     __slots__ = (
         "topic", "partition", "tp", "creation_index", "created_ms",
         "values", "keys", "timestamps_ms", "headers", "size_estimate_bytes", "reserved_bytes",
-        "has_keys", "has_headers", "sealed",
+        "has_keys", "has_headers", "sealed", "single_timestamp_ms",
         "_condition", "_done", "base_offset", "log_append_time_ms", "exception",
         "_record_callbacks", "_done_callbacks", "_watched_futures",
         "payload", "producer_id", "producer_epoch", "base_sequence",
@@ -118,6 +118,8 @@ class ProducerBatch:
         self.has_keys = False
         self.has_headers = False
         self.sealed = False
+        # The one timestamp all records share, or -1: lets the encoder take its fast path.
+        self.single_timestamp_ms = None
         self._condition = threading.Condition()
         self._done = False
         self.base_offset = NO_OFFSET
@@ -523,6 +525,8 @@ class RecordAccumulator:
             batch.values.append(value)
             batch.keys.append(key)
             batch.timestamps_ms.append(timestamp_ms)
+            if batch.single_timestamp_ms != timestamp_ms:
+                batch.single_timestamp_ms = timestamp_ms if not index else -1
             batch.headers.append(headers)
             if key is not None:
                 batch.has_keys = True
@@ -540,9 +544,10 @@ class RecordAccumulator:
     def append_many(self, topic: str, partition: int | None, partition_count: int,
                     values: list, keys: list | None, timestamps_ms: list, headers: list | None,
                     record_sizes: list[int], positions: Sequence[int] | None,
-                    bulk: _BulkCompletion) -> None:
+                    bulk: _BulkCompletion, single_timestamp_ms: int = -1) -> None:
         """Add many records to one partition (or to the sticky partitions, switching at
-        each new batch); `positions` says where each record sits in the caller's call."""
+        each new batch); `positions` says where each record sits in the caller's call.
+        `single_timestamp_ms` is the timestamp of every record when they share one."""
         count = len(values)
         if positions is None:
             positions = range(count)
@@ -567,6 +572,10 @@ class RecordAccumulator:
                 batch_start = len(batch.values)
                 batch.values.extend(values[start:end])
                 batch.timestamps_ms.extend(timestamps_ms[start:end])
+                if not batch_start:
+                    batch.single_timestamp_ms = single_timestamp_ms
+                elif batch.single_timestamp_ms != single_timestamp_ms:
+                    batch.single_timestamp_ms = -1
                 if keys is not None:
                     batch.keys.extend(keys[start:end])
                     batch.has_keys = True

@@ -304,12 +304,14 @@ class Producer:
             keys = _normalise_many("key", keys)
             if len(keys) != count:
                 raise ValueError(f"keys has {len(keys)} items for {count} values")
-        now_ms = int(time.time() * 1000)
+        single_timestamp_ms = -1
         if timestamps_ms is None:
-            timestamps = [now_ms] * count
+            single_timestamp_ms = int(time.time() * 1000)
+            timestamps = [single_timestamp_ms] * count
         elif isinstance(timestamps_ms, int) and not isinstance(timestamps_ms, bool):
             if timestamps_ms < 0:
                 raise ValueError(f"timestamps_ms must be non-negative, got {timestamps_ms}")
+            single_timestamp_ms = timestamps_ms
             timestamps = [timestamps_ms] * count
         else:
             timestamps = list(timestamps_ms)
@@ -341,7 +343,7 @@ class Producer:
             acc = self._accumulator
             if partition is not None or keys is None or self._ignore_keys:
                 acc.append_many(topic, partition, partition_count, values, keys, timestamps, headers,
-                                sizes, None, bulk)
+                                sizes, None, bulk, single_timestamp_ms)
             else:
                 groups: dict[int | None, list[int]] = {}
                 for position, key in enumerate(keys):
@@ -356,7 +358,7 @@ class Producer:
                         [values[i] for i in positions], [keys[i] for i in positions],
                         [timestamps[i] for i in positions],
                         [headers[i] for i in positions] if headers is not None else None,
-                        [sizes[i] for i in positions], positions, bulk)
+                        [sizes[i] for i in positions], positions, bulk, single_timestamp_ms)
         except ProducerClosedError:
             raise
         except EosError as exc:

@@ -321,7 +321,10 @@ class Sender(threading.Thread):
 
     def _build(self, batch: ProducerBatch) -> bytes:
         builder = BatchBuilder(compression=self._compression)
-        builder.append_many(batch.values, batch.keys if batch.has_keys else None, batch.timestamps_ms,
+        timestamps = batch.single_timestamp_ms
+        if timestamps is None or timestamps < 0:
+            timestamps = batch.timestamps_ms
+        builder.append_many(batch.values, batch.keys if batch.has_keys else None, timestamps,
                             batch.headers if batch.has_headers else None)
         return builder.build(producer_id=batch.producer_id, producer_epoch=batch.producer_epoch,
                              base_sequence=batch.base_sequence)
