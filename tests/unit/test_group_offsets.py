@@ -212,3 +212,41 @@ def test_unload_partition_forgets_its_groups():
     assert store.groups() == {"g"}
     store.unload_partition(partition_for_group("g"))
     assert store.groups() == set()
+
+
+# ---- KIP-447: a zombie's transactional commit is fenced by the group ---------------------
+
+def test_stale_generation_txn_offset_commit_is_refused_and_stores_nothing():
+    from broker.group.state import GroupCoordinatorCore
+    from consumer.assignors import Subscription, encode_subscription
+
+    ids = iter(range(1, 100))
+    core = GroupCoordinatorCore(initial_rebalance_delay_ms=0, member_id_factory=lambda c, i: f"{c}-{next(ids)}")
+    store = OffsetStore()
+    log = Log(store)
+    md = [("range", encode_subscription(Subscription(("in",))))]
+
+    def join(member_id, client, now):
+        outcome = core.join("g", member_id, None, "consumer", md, 10_000, 30_000, now, client_id=client)
+        return outcome.response.member_id if outcome.response else None
+
+    a = join(join("", "a", 0), "a", 0)                    # generation 1: a alone
+    for write in core.sync("g", 1, a, None, {a: b""}, 0).writes:
+        core.write_completed(write.write_id, 0)
+    b = join("", "b", 0)
+    join(b, "b", 0)                                       # b joins: a rebalance
+    core.join("g", a, None, "consumer", md, 10_000, 30_000, 0)   # a rejoins: generation 2
+
+    def txn_commit(member_id, generation, offset):
+        verdict = core.validate_offset_commit("g", generation, member_id, None, transactional=True)
+        if verdict.ok:                                    # the shell stages only what passes
+            log.write(store.txn_commit("g", PID, EPOCH, {T0: OM(offset)}, 0))
+        return verdict.error
+
+    assert txn_commit(a, 1, 50) is ErrorCode.ILLEGAL_GENERATION   # a's generation 1 is stale
+    assert txn_commit("gone-member", 2, 50) is ErrorCode.UNKNOWN_MEMBER_ID
+    assert store.pending_producers("g") == set()
+    assert txn_commit(b, 2, 60) is ErrorCode.NONE                 # the current generation may commit
+    log.marker(PID, committed=True)
+    assert offsets_of(store)[("in", 0)] == (60, ErrorCode.NONE)
+
