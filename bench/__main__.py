@@ -83,6 +83,8 @@ def machine_info(tmp_dir: str) -> dict:
         "java": (" ".join(java[0].replace('"', "").split()[:3:2]) if java else "no java"),
         "eos_commit": commit + ("+uncommitted" if dirty else ""),
         "data_filesystem": _filesystem_of(tmp_dir),
+        # Other work on a shared machine moves the figures; this shows how busy it was.
+        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
     }
     try:
         import confluent_kafka
@@ -242,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         "finished_utc": finished.isoformat(timespec="seconds"),
         "duration_s": round((finished - started).total_seconds(), 1),
         "sizes": asdict(sizes),
-        "machine": machine,
+        "machine": {**machine, "loadavg_at_end": [round(x, 2) for x in os.getloadavg()]},
         "disk": disk_speed.to_dict(),
         "systems": systems,
         "workloads": [{"name": name, "title": REGISTRY[name].title,

@@ -82,7 +82,9 @@ def markdown(run: dict) -> str:
         f"{machine['memory_gib']:.0f} GiB; Python {machine['python']}, {machine['java']}, "
         f"Kafka {run['systems'].get('kafka', {}).get('version') or 'n/a'} with confluent-kafka "
         f"{machine.get('confluent_kafka', '?')} (librdkafka {machine.get('librdkafka', '?')}); "
-        f"eos at {machine['eos_commit']}.",
+        f"eos at {machine['eos_commit']}. Load average (1/5/15 min) "
+        f"{'/'.join(map(str, machine.get('loadavg_at_start', [])))} at the start, "
+        f"{'/'.join(map(str, machine.get('loadavg_at_end', [])))} at the end.",
         "",
         "**Ratio = eos/Kafka for throughput, Kafka/eos for latency: above 1 means eos is "
         "better.**",
