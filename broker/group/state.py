@@ -18,8 +18,9 @@ threads and never reads a clock: each method takes `now_ms` and returns an `Outc
 
     outcome.response   the answer to send now, or None when the request is parked;
     outcome.token      when parked: the token under which its answer will come later;
-    outcome.completed  [Completed(token, response)]: answers to requests parked earlier
-                       (this one or others) that this call settled;
+    outcome.completed  [Completed(token, response)]: answers to other requests, parked
+                       earlier, that this call settled (a request settled within its own
+                       call is answered in `response`, never parked);
     outcome.writes     [GroupWrite]: group metadata records to append to the group's
                        `__consumer_offsets` partition.
 
@@ -33,13 +34,14 @@ leader's. How a service shell drives the core (one lock around the core):
             future = futures[outcome.token] = Future()      # register before unlocking
         resolve(outcome.completed)                           # futures[t].set_result(resp)
         for write in outcome.writes:                         # append, then report back
-            append(partition_for_group(write.group_id), *write.record())
+            append(write.partition, *write.record())         # key, value (None: tombstone)
             resolve(core.write_completed(write.write_id, clock(), error).completed) # and its writes
     reply(outcome.response if outcome.token is None else future.result(timeout=bound))
 
 and a timer thread calls `core.tick(clock())` (at `core.next_deadline_ms()` or every ~100 ms)
 and handles its Outcome the same way: that is where session timeouts, rebalance timeouts,
-the initial rebalance delay and pending-sync timeouts fire. Every token is completed exactly
+the initial rebalance delay and pending-sync timeouts fire (earliest deadline first, each at
+its own time, so a late tick replays what would have happened in time). Every token is completed exactly
 once (a request superseded by a newer one from the same member is answered
 REBALANCE_IN_PROGRESS; a removed member's parked requests UNKNOWN_MEMBER_ID; a fenced static
 member's FENCED_INSTANCE_ID; an unloaded group's NOT_COORDINATOR), so no parked thread leaks.
@@ -387,8 +389,13 @@ class GroupCoordinatorCore:
                  new_member_join_timeout_ms: int = NEW_MEMBER_JOIN_TIMEOUT_MS,
                  offsets_partitions: int = OFFSETS_TOPIC_PARTITIONS,
                  member_id_factory: Callable[[str, str | None], str] = _default_member_id):
-        if initial_rebalance_delay_ms < 0 or min_session_timeout_ms > max_session_timeout_ms or max_group_size < 1:
-            raise ValueError("invalid group coordinator configuration")
+        if initial_rebalance_delay_ms < 0:
+            raise ValueError(f"group.initial.rebalance.delay.ms {initial_rebalance_delay_ms} is negative")
+        if not 0 < min_session_timeout_ms <= max_session_timeout_ms:
+            raise ValueError(f"group.min.session.timeout.ms {min_session_timeout_ms} must be positive and at most "
+                             f"group.max.session.timeout.ms {max_session_timeout_ms}")
+        if max_group_size < 1:
+            raise ValueError(f"group.max.size {max_group_size} must be at least 1")
         self.initial_rebalance_delay_ms = initial_rebalance_delay_ms
         self.min_session_timeout_ms = min_session_timeout_ms
         self.max_session_timeout_ms = max_session_timeout_ms

@@ -771,3 +771,13 @@ def test_random_clients_never_break_the_core(steps):
 
 
 NEW_MEMBER_MS = 300_000
+
+
+@pytest.mark.parametrize("config, problem", [
+    ({"initial_rebalance_delay_ms": -1}, "group.initial.rebalance.delay.ms -1"),
+    ({"min_session_timeout_ms": 10, "max_session_timeout_ms": 5}, "group.min.session.timeout.ms 10"),
+    ({"max_group_size": 0}, "group.max.size 0"),
+])
+def test_bad_configuration_is_named(config, problem):
+    with pytest.raises(ValueError, match=problem):
+        GroupCoordinatorCore(**config)
