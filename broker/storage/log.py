@@ -42,19 +42,21 @@ import os
 import re
 import struct
 import threading
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from typing import NamedTuple
 
 from eos.config import TopicConfig
 from eos.errors import (
     CorruptRecordError,
     InvalidRecordError,
+    InvalidRequestError,
     InvariantError,
     MessageTooLargeError,
     OffsetOutOfRangeError,
     RecordListTooLargeError,
     StorageError,
 )
+from eos.records.codec import CONTROL_TYPE_COMMIT, decode_control_record, encode_control_batch
 from eos.records.header import (
     BATCH_LENGTH_STRUCT,
     NO_PRODUCER_ID,
@@ -62,12 +64,20 @@ from eos.records.header import (
     BatchHeader,
     compute_crc,
     iter_headers,
+    parse_header,
     verify_crc,
     write_base_offset,
 )
 from broker.storage.index import IndexCorruptError
-from broker.storage.producer_state import DuplicateBatch, ProducerStateManager
+from broker.storage.producer_state import (
+    CompletedTxn,
+    DuplicateBatch,
+    MarkerAppend,
+    ProducerStateEntry,
+    ProducerStateManager,
+)
 from broker.storage.segment import DELETED_SUFFIX, LogSegment
+from broker.storage.txn_index import AbortedTxn, collect_aborted_transactions
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +92,11 @@ _LEADER_EPOCH_STRUCT = struct.Struct(">i")   # partitionLeaderEpoch at byte 12, 
 _CRC_STRUCT = struct.Struct(">I")            # crc at byte 17
 _ATTRIBUTES_STRUCT = struct.Struct(">h")     # attributes at byte 21
 _TIMESTAMP_STRUCT = struct.Struct(">q")      # maxTimestamp at byte 35
+_BASE_OFFSET_STRUCT = struct.Struct(">q")    # baseOffset at byte 0
+_LAST_OFFSET_DELTA_STRUCT = struct.Struct(">i")   # lastOffsetDelta at byte 23
 _BATCH_LENGTH_AT = 8
+_PRODUCER_EPOCH_MAX = 0x7FFF
+_COORDINATOR_EPOCH_MAX = 0x7FFFFFFF
 
 
 def partition_dir_name(topic: str, partition: int) -> str:
@@ -98,7 +112,10 @@ def parse_partition_dir_name(name: str) -> tuple[str, int] | None:
 
 
 class AppendOrigin(enum.Enum):
-    """Who is appending: clients may not write control batches; coordinators (markers) may."""
+    """Who is appending. Clients may not write control batches and their idempotent batches
+    follow every sequence rule. A coordinator may write transaction markers, and its
+    transactional batches (the group coordinator's TxnOffsetCommit, base sequence -1) skip
+    the sequence rules but keep the epoch rule and open the producer's transaction."""
 
     CLIENT = "client"
     COORDINATOR = "coordinator"
@@ -112,6 +129,10 @@ class LogAppendInfo(NamedTuple):
     record_count: int
     batch_count: int
     duplicate: bool = False   # a retained duplicate: the offsets are the original ones, nothing written
+    # A transaction marker: the transaction it completed in this partition (None when the
+    # producer had none open here, and for every data append). The broker tells the group
+    # coordinator about completed transactions of __consumer_offsets partitions.
+    completed_txn: CompletedTxn | None = None
 
 
 class FetchData(NamedTuple):
@@ -119,6 +140,10 @@ class FetchData(NamedTuple):
     first_offset: int         # base offset of the first batch (the fetch offset when empty)
     high_watermark: int
     log_start_offset: int
+    last_stable_offset: int = -1   # from the same snapshot as the records (always set by Log.read)
+    # read_committed only: the aborted transactions overlapping the returned batches,
+    # ordered by their marker offset; always empty under read_uncommitted.
+    aborted_transactions: list[AbortedTxn] | tuple = ()
 
 
 class _LogView(NamedTuple):
@@ -130,6 +155,7 @@ class _LogView(NamedTuple):
     log_start_offset: int
     log_end_offset: int
     high_watermark: int
+    last_stable_offset: int
 
 
 class _PreparedBatches(NamedTuple):
@@ -140,6 +166,7 @@ class _PreparedBatches(NamedTuple):
     record_count: int
     max_timestamp_ms: int
     producer_header: BatchHeader | None
+    marker: tuple[bool, int] | None = None   # a transaction marker: (committed, coordinator epoch)
 
 
 class Log:
@@ -207,12 +234,42 @@ class Log:
         view = self._view
         return sum(s.size_bytes for s in view.segments[:-1]) + view.active_end_position
 
+    @property
+    def last_stable_offset(self) -> int:
+        """The end of what read_committed readers may see: the first offset of the earliest
+        open transaction (never below the log start), or the high watermark when none is
+        open, whichever is smaller."""
+        return self._view.last_stable_offset
+
     def earliest_offset(self) -> int:
         return self._view.log_start_offset
 
-    def latest_offset(self) -> int:
-        """The offset a reader starts from to see only new records (ListOffsets latest)."""
-        return self._view.high_watermark
+    def latest_offset(self, isolation_committed: bool = False) -> int:
+        """The offset a reader starts from to see only new records (ListOffsets latest):
+        the high watermark, or the last stable offset for a read_committed reader."""
+        view = self._view
+        return view.last_stable_offset if isolation_committed else view.high_watermark
+
+    # ---- producers and transactions (reads for the broker) ------------------------------
+
+    def describe_producers(self) -> list[ProducerStateEntry]:
+        """Every producer known in this partition, by id (DescribeProducers): epoch, last
+        sequence, last timestamp, coordinator epoch, first offset of its open transaction."""
+        with self._lock:
+            return self.producer_state.active_producers()
+
+    def open_transactions(self) -> list[tuple[int, int]]:
+        """(producer_id, first_offset) of every open transaction here, by first offset."""
+        with self._lock:
+            return self.producer_state.open_transactions()
+
+    def has_ongoing_transaction(self, producer_id: int, producer_epoch: int) -> bool:
+        """Whether `producer_id` at exactly `producer_epoch` has a transaction open in this
+        partition (KIP-890 part 1: the leader skips asking the coordinator then). Lock-free
+        and possibly stale by the time of the append, which is safe: the marker that closes
+        the transaction bumps the epoch, so an append at `producer_epoch` is then fenced."""
+        entry = self.producer_state.last_entry(producer_id)
+        return entry is not None and entry.has_open_transaction and entry.producer_epoch == producer_epoch
 
     # ---- loading and recovery ----------------------------------------------------------
 
@@ -261,8 +318,14 @@ class Log:
         else:
             first_checked = max(0, bisect_right(base_offsets, recovery_point) - 1)
         kept: list[LogSegment] = []
+        # The first segment whose transaction index is rebuilt by replaying the producer
+        # state: a checked one (its tail may be cut, its index lag the log), one whose
+        # indexes were inconsistent, or one whose .txnindex was torn or corrupt. Every
+        # later segment is rebuilt too, from one replay.
+        txn_rebuild_from: int | None = None
         for i, segment in enumerate(segments):
             successor_base = base_offsets[i + 1] if i + 1 < len(segments) else None
+            rebuild = i >= first_checked or segment.txn_index_needs_rebuild
             if i >= first_checked:
                 cut_bytes = segment.recover(verify_crc=True)
             else:
@@ -272,6 +335,9 @@ class Log:
                 except (IndexCorruptError, CorruptRecordError, StorageError) as e:
                     log.warning("%s: rebuilding the indexes of segment %d: %s", self.name, segment.base_offset, e)
                     cut_bytes = segment.recover(verify_crc=False)
+                    rebuild = True
+            if rebuild and txn_rebuild_from is None:
+                txn_rebuild_from = segment.base_offset
             kept.append(segment)
             overlaps = successor_base is not None and segment.next_offset > successor_base
             if (cut_bytes or overlaps) and successor_base is not None:
@@ -296,6 +362,7 @@ class Log:
                 segment.destroy()
             kept = [self._new_segment(log_start_offset, now_ms)]
             log_end_offset = log_start_offset
+            txn_rebuild_from = None
         for segment in kept[:-1]:
             segment.seal()
         self._segments = tuple(kept)
@@ -303,35 +370,71 @@ class Log:
         self._log_start_offset = log_start_offset
         self._log_end_offset = log_end_offset
         self._high_watermark = log_end_offset
-        if not clean_shutdown:
-            # What recovery just read may exist only in the page cache; make it durable
-            # before claiming it as recovered.
-            for segment in kept[first_checked:]:
-                segment.flush()
+        if txn_rebuild_from is not None:
+            for segment in kept:
+                if segment.base_offset >= txn_rebuild_from:
+                    segment.reset_txn_index()
+        self._load_producer_state(now_ms, txn_rebuild_from)
+        # What recovery just read or rebuilt may exist only in the page cache; make it
+        # durable before claiming it as recovered.
+        flush_from = len(kept) if clean_shutdown else first_checked
+        if txn_rebuild_from is not None:
+            flush_from = min(flush_from, bisect_left(self._base_offsets, txn_rebuild_from))
+        for segment in kept[flush_from:]:
+            segment.flush()
         self.recovery_point = log_end_offset
         self._publish()
-        self._load_producer_state(now_ms)
         log.info("%s: loaded %d segment(s), offsets [%d, %d)%s", self.name, len(kept), log_start_offset,
                  log_end_offset, "" if clean_shutdown else " after recovery")
 
-    def _load_producer_state(self, now_ms: int) -> None:
-        replay_from = self.producer_state.load(self._log_start_offset, self._log_end_offset, now_ms=now_ms)
-        replayed = 0
-        for header in self._iter_headers_from(replay_from):
-            if header.producer_id != NO_PRODUCER_ID and header.base_offset >= replay_from:
-                self.producer_state.update_from_replay(header)
+    def _load_producer_state(self, now_ms: int, txn_rebuild_from: int | None) -> None:
+        """Load the newest usable snapshot and replay the batches after it. With
+        `txn_rebuild_from`, the snapshot is at most that offset, and the ABORT markers
+        replayed from there on refill the (emptied) transaction indexes of their segments:
+        the replay gives each completed transaction exactly the first offset and last stable
+        offset the original append gave it."""
+        state = self.producer_state
+        replay_from = state.load(self._log_start_offset, self._log_end_offset, now_ms=now_ms,
+                                 snapshot_at_most=txn_rebuild_from)
+        replayed = rebuilt = 0
+        segments = self._segments
+        first = max(0, bisect_right(self._base_offsets, replay_from) - 1)
+        for i in range(first, len(segments)):
+            segment = segments[i]
+            rebuilding = txn_rebuild_from is not None and segment.base_offset >= txn_rebuild_from
+            _, start = segment.offset_index.lookup(replay_from) if i == first else (0, 0)
+            for header in segment.iter_batches(start, segment.size_bytes):
+                if header.producer_id == NO_PRODUCER_ID or header.base_offset < replay_from:
+                    continue
                 replayed += 1
+                if not header.is_control:
+                    state.update_from_replay(header)
+                    continue
+                marker = self._read_marker(segment, header)
+                if marker is None:
+                    continue
+                completed = state.update_from_replay(header, control_marker=marker)
+                if completed is not None:
+                    # one node: the marker is below the high watermark once it is in the log
+                    state.on_high_watermark_updated(header.next_offset)
+                    if completed.is_aborted and rebuilding:
+                        segment.txn_index.append(completed.to_aborted_txn())
+                        rebuilt += 1
+        state.on_high_watermark_updated(self._high_watermark)
         if replayed:
-            log.info("%s: producer state replayed %d batch(es) from offset %d", self.name, replayed, replay_from)
+            log.info("%s: producer state replayed %d batch(es) from offset %d%s", self.name, replayed, replay_from,
+                     "" if txn_rebuild_from is None else
+                     f"; transaction indexes from offset {txn_rebuild_from} rebuilt ({rebuilt} aborted)")
 
-    def _iter_headers_from(self, offset: int):
-        view = self._view
-        first = max(0, bisect_right(view.base_offsets, offset) - 1)
-        for i in range(first, len(view.segments)):
-            segment = view.segments[i]
-            end_position = view.active_end_position if i == len(view.segments) - 1 else segment.size_bytes
-            _, start = segment.offset_index.lookup(offset) if i == first else (0, 0)
-            yield from segment.iter_batches(start, end_position)
+    def _read_marker(self, segment: LogSegment, header: BatchHeader) -> tuple[int, int] | None:
+        """(marker type, coordinator epoch) of a control batch in the log; None (with a
+        warning) for one that is not a transaction marker, which replay skips."""
+        data = segment.read_bytes(header.position, header.size_bytes)
+        try:
+            return decode_control_record(data, header._replace(position=0))
+        except CorruptRecordError as e:
+            log.warning("%s: skipping control batch at offset %d in replay: %s", self.name, header.base_offset, e)
+            return None
 
     # ---- append -----------------------------------------------------------------------
 
@@ -339,11 +442,19 @@ class Log:
                          leader_epoch: int = 0) -> LogAppendInfo:
         """Validate and append a request's batches; return where they landed.
 
+        A coordinator's request may instead be one transaction marker (a control batch),
+        which takes the path of `append_txn_marker`.
+
         Raises CorruptRecordError, InvalidRecordError, MessageTooLargeError,
-        RecordListTooLargeError, OutOfOrderSequenceError, InvalidProducerEpochError or
-        StorageError; in every case the log is unchanged.
+        RecordListTooLargeError, OutOfOrderSequenceError, InvalidProducerEpochError,
+        InvalidTxnStateError or StorageError; in every case the log is unchanged.
         """
         prepared = self._prepare_batches(records, origin)
+        if prepared.marker is not None:
+            committed, coordinator_epoch = prepared.marker
+            header = prepared.headers[0]
+            return self._append_marker(records, prepared, header.producer_id, header.producer_epoch,
+                                       coordinator_epoch, committed, now_ms, leader_epoch)
         config = self.config
         log_append_time = config.message_timestamp_type == "LogAppendTime"
         flush_now = False
@@ -352,7 +463,7 @@ class Log:
             producer_append = None
             header = prepared.producer_header
             if header is not None:
-                outcome = self.producer_state.prepare_append(header, now_ms)
+                outcome = self.producer_state.prepare_append(header, now_ms, origin=origin.value)
                 if isinstance(outcome, DuplicateBatch):
                     return LogAppendInfo(outcome.first_offset, outcome.last_offset, outcome.timestamp_ms,
                                          outcome.timestamp_ms if log_append_time else -1,
@@ -377,15 +488,98 @@ class Log:
             # -- apply
             if producer_append is not None:
                 self.producer_state.apply(producer_append, first_offset, last_offset)
-            self._log_end_offset = last_offset + 1
-            self._high_watermark = self._log_end_offset   # one node: everything written is committed
-            self._unflushed_records += prepared.record_count
-            self._publish()
+            self._advance_locked(last_offset + 1, prepared.record_count)
             flush_now = self._unflushed_records >= config.flush_messages
         if flush_now:
             self.flush()
         return LogAppendInfo(first_offset, last_offset, max_timestamp_ms,
                              now_ms if log_append_time else -1, prepared.record_count, len(headers))
+
+    def append_txn_marker(self, producer_id: int, producer_epoch: int, coordinator_epoch: int, committed: bool,
+                          now_ms: int, *, leader_epoch: int = 0) -> LogAppendInfo:
+        """Write a COMMIT or ABORT marker for `producer_id` (WriteTxnMarkers) and end its
+        transaction here. `producer_epoch` is the epoch the coordinator ended the
+        transaction with (KIP-890: the bumped one); `now_ms` becomes the marker's timestamp.
+
+        Returns where the marker landed; `completed_txn` is the transaction it ended (None
+        when the producer had none open here). An ABORT that ended one is in the active
+        segment's transaction index before this returns. Raises InvalidRequestError (ids or
+        epochs out of range), InvalidProducerEpochError (a stale producer epoch),
+        EosError(TRANSACTION_COORDINATOR_FENCED) (a stale coordinator epoch) or StorageError;
+        in every case the log is unchanged.
+        """
+        if not (0 <= producer_id and 0 <= producer_epoch <= _PRODUCER_EPOCH_MAX
+                and 0 <= coordinator_epoch <= _COORDINATOR_EPOCH_MAX):
+            raise InvalidRequestError(
+                f"{self.name}: transaction marker for producer {producer_id} epoch {producer_epoch} from "
+                f"coordinator epoch {coordinator_epoch}: the producer id and coordinator epoch must be "
+                f"non-negative 64/32-bit ints and the producer epoch within 0..{_PRODUCER_EPOCH_MAX}")
+        marker = encode_control_batch(committed=committed, producer_id=producer_id, producer_epoch=producer_epoch,
+                                      coordinator_epoch=coordinator_epoch, timestamp_ms=now_ms)
+        header = parse_header(marker, 0)
+        prepared = _PreparedBatches([header], header.size_bytes, header.records_count, header.max_timestamp,
+                                    None, (bool(committed), coordinator_epoch))
+        return self._append_marker(marker, prepared, producer_id, producer_epoch, coordinator_epoch,
+                                   bool(committed), now_ms, leader_epoch)
+
+    def _append_marker(self, records, prepared: _PreparedBatches, producer_id: int, producer_epoch: int,
+                       coordinator_epoch: int, committed: bool, now_ms: int, leader_epoch: int) -> LogAppendInfo:
+        """prepare (producer state) -> write (log + transaction index) -> apply, for one
+        marker batch in `records`."""
+        config = self.config
+        log_append_time = config.message_timestamp_type == "LogAppendTime"
+        flush_now = False
+        with self._lock:
+            self._check_open()
+            marker = self.producer_state.prepare_marker(producer_id, producer_epoch, coordinator_epoch, committed,
+                                                        now_ms)
+            # -- write: nothing above changed any state
+            marker_offset = self._log_end_offset
+            aborted_txn = self._aborted_txn_of(marker, marker_offset)
+            buf, headers, max_timestamp_ms = _stamp(records, prepared.headers, marker_offset, leader_epoch,
+                                                    now_ms if log_append_time else None)
+            active = self._segments[-1]
+            reason = active.roll_reason(
+                incoming_bytes=prepared.size_bytes, incoming_max_timestamp_ms=max_timestamp_ms,
+                incoming_last_offset=marker_offset, now_ms=now_ms,
+                segment_bytes=config.segment_bytes, segment_ms=config.segment_ms)
+            if reason is not None:
+                try:
+                    active = self._roll_locked(now_ms, reason)
+                except OSError as e:
+                    raise StorageError(f"{self.name}: could not roll a new segment at offset {marker_offset}: {e}") from e
+            active.append(buf, headers, max_timestamp_ms, aborted_txn=aborted_txn)
+            # -- apply
+            completed = self.producer_state.apply_marker(marker, marker_offset)
+            indexed = completed.to_aborted_txn() if completed is not None and completed.is_aborted else None
+            if indexed != aborted_txn:
+                raise InvariantError(f"{self.name}: marker at offset {marker_offset} completed {completed}, but "
+                                     f"the transaction index got {aborted_txn}")
+            self._advance_locked(marker_offset + 1, 1)
+            flush_now = self._unflushed_records >= config.flush_messages
+        if flush_now:
+            self.flush()
+        return LogAppendInfo(marker_offset, marker_offset, max_timestamp_ms, now_ms if log_append_time else -1,
+                             1, 1, completed_txn=completed)
+
+    def _aborted_txn_of(self, marker: MarkerAppend, marker_offset: int) -> AbortedTxn | None:
+        """The transaction index entry an ABORT marker at `marker_offset` will produce,
+        known before anything is written (the producer state confirms it on apply): the
+        transaction's first offset, and the first offset of the earliest transaction of
+        another producer still open (else the marker's offset + 1) as its last stable offset."""
+        if marker.committed or marker.expected_txn_first_offset < 0:
+            return None
+        last_stable_offset = next((first_offset for producer_id, first_offset in self.producer_state.open_transactions()
+                                   if producer_id != marker.producer_id), marker_offset + 1)
+        return AbortedTxn(marker.producer_id, marker.expected_txn_first_offset, marker_offset, last_stable_offset)
+
+    def _advance_locked(self, log_end_offset: int, record_count: int) -> None:
+        """After a write: move the log end and the high watermark, publish."""
+        self._log_end_offset = log_end_offset
+        self._high_watermark = log_end_offset   # one node: everything written is committed
+        self.producer_state.on_high_watermark_updated(log_end_offset)
+        self._unflushed_records += record_count
+        self._publish()
 
     def _prepare_batches(self, records, origin: AppendOrigin) -> _PreparedBatches:
         """Check that `records` is one or more whole, valid v2 batches. Pure."""
@@ -401,6 +595,7 @@ class Log:
         record_count = 0
         max_timestamp_ms = -1
         producer_header = None
+        marker = None
         for header in iter_headers(view):
             where = f"{self.name}: batch {len(headers)} (byte {header.position})"
             if header.size_bytes > max_message_bytes:
@@ -411,11 +606,10 @@ class Log:
                     f"{where}: recordsCount {header.records_count} does not match lastOffsetDelta "
                     f"{header.last_offset_delta} (expected {header.last_offset_delta + 1} records)")
             verify_crc(view, header)
-            if header.is_control and origin is AppendOrigin.CLIENT:
-                raise InvalidRecordError(f"{where} is a control batch; clients may not write control batches")
+            if header.is_control:
+                marker = self._check_marker_batch(view, header, origin, where)
             if header.producer_id != NO_PRODUCER_ID:
                 if not header.is_control:
-                    # markers end transactions (issue 4); sequences are for data batches
                     producer_header = header
             elif header.is_transactional:
                 raise InvalidRecordError(f"{where} is transactional but has no producer id")
@@ -428,10 +622,32 @@ class Log:
             raise InvalidRecordError(
                 f"{self.name}: {len(headers)} batches in one request, but an idempotent or transactional "
                 f"producer may send only one batch per partition per request")
+        if marker is not None and len(headers) > 1:
+            raise InvalidRecordError(
+                f"{self.name}: {len(headers)} batches in one request with a transaction marker; a marker "
+                f"is appended alone")
         if size_bytes > self.config.segment_bytes:
             raise RecordListTooLargeError(
                 f"{self.name}: {size_bytes} bytes of batches exceed segment.bytes {self.config.segment_bytes}")
-        return _PreparedBatches(headers, size_bytes, record_count, max_timestamp_ms, producer_header)
+        return _PreparedBatches(headers, size_bytes, record_count, max_timestamp_ms, producer_header, marker)
+
+    @staticmethod
+    def _check_marker_batch(view, header: BatchHeader, origin: AppendOrigin, where: str) -> tuple[bool, int]:
+        """A control batch is accepted only from a coordinator, only as a transaction
+        marker of a producer: returns (committed, coordinator epoch)."""
+        if origin is AppendOrigin.CLIENT:
+            raise InvalidRecordError(f"{where} is a control batch; clients may not write control batches")
+        if header.producer_id == NO_PRODUCER_ID or header.producer_epoch < 0 or not header.is_transactional:
+            raise InvalidRecordError(
+                f"{where} is a control batch but not a transaction marker of a producer (producer id "
+                f"{header.producer_id}, epoch {header.producer_epoch}, transactional {header.is_transactional})")
+        try:
+            marker_type, coordinator_epoch = decode_control_record(view, header)
+        except CorruptRecordError as e:
+            raise InvalidRecordError(f"{where}: {e}") from None
+        if coordinator_epoch < 0:
+            raise InvalidRecordError(f"{where}: a marker's coordinator epoch is {coordinator_epoch}")
+        return marker_type == CONTROL_TYPE_COMMIT, coordinator_epoch
 
     def roll(self, now_ms: int) -> LogSegment:
         """Start a new segment now (if the active one holds anything); return the active one."""
@@ -457,8 +673,16 @@ class Log:
         return segment
 
     def _publish(self) -> None:
+        high_watermark = self._high_watermark
+        first_unstable_offset = self.producer_state.first_unstable_offset()
+        if first_unstable_offset is None:
+            last_stable_offset = high_watermark
+        else:
+            # an open transaction that began before the log start cannot hold readers
+            # back below the start (Kafka's rule as well)
+            last_stable_offset = min(high_watermark, max(first_unstable_offset, self._log_start_offset))
         self._view = _LogView(self._segments, self._base_offsets, self._segments[-1].size_bytes,
-                              self._log_start_offset, self._log_end_offset, self._high_watermark)
+                              self._log_start_offset, self._log_end_offset, high_watermark, last_stable_offset)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -467,12 +691,19 @@ class Log:
     # ---- read -------------------------------------------------------------------------
 
     def read(self, fetch_offset: int, max_bytes: int, *, max_offset_exclusive: int | None = None,
-             min_one_batch: bool = True) -> FetchData:
+             min_one_batch: bool = True, isolation_committed: bool = False) -> FetchData:
         """Whole batches from the one holding `fetch_offset`, at most `max_bytes` of them
         (but at least one when `min_one_batch`), none reaching `max_offset_exclusive`.
 
+        `isolation_committed` (read_committed): nothing at or past the last stable offset
+        either, and `aborted_transactions` lists the aborted transactions overlapping the
+        returned batches ([first_offset, end of the last batch)), found in the transaction
+        indexes of the segment holding the first batch and the ones after it. The records,
+        offsets and aborted transactions all come from one published snapshot.
+
         Raises OffsetOutOfRangeError outside [log_start_offset, log_end_offset]; at
-        log_end_offset the answer is empty.
+        log_end_offset (or at/past the last stable offset under read_committed) the answer
+        is empty.
         """
         view = self._view
         if fetch_offset < view.log_start_offset or fetch_offset > view.log_end_offset:
@@ -481,6 +712,8 @@ class Log:
                 f"[{view.log_start_offset}, {view.log_end_offset}]")
         limit = view.log_end_offset if max_offset_exclusive is None else min(max_offset_exclusive,
                                                                              view.log_end_offset)
+        if isolation_committed and view.last_stable_offset < limit:
+            limit = view.last_stable_offset
         if fetch_offset < limit:
             last = len(view.segments) - 1
             for i in range(max(0, bisect_right(view.base_offsets, fetch_offset) - 1), last + 1):
@@ -489,16 +722,25 @@ class Log:
                 found = _read_from_segment(segment, fetch_offset, limit, end_position, max_bytes, min_one_batch,
                                            limit_is_log_end=limit == view.log_end_offset)
                 if found is not None:
-                    return FetchData(found[0], found[1], view.high_watermark, view.log_start_offset)
-        return FetchData(b"", fetch_offset, view.high_watermark, view.log_start_offset)
+                    records, first_offset = found
+                    aborted: list[AbortedTxn] | tuple = ()
+                    if isolation_committed and records:
+                        aborted = collect_aborted_transactions(
+                            (s.txn_index for s in view.segments[i:]), first_offset, _end_offset_of(records))
+                    return FetchData(records, first_offset, view.high_watermark, view.log_start_offset,
+                                     view.last_stable_offset, aborted)
+        return FetchData(b"", fetch_offset, view.high_watermark, view.log_start_offset, view.last_stable_offset)
 
-    def offset_for_timestamp(self, timestamp_ms: int, *,
-                             max_offset_exclusive: int | None = None) -> tuple[int, int] | None:
+    def offset_for_timestamp(self, timestamp_ms: int, *, max_offset_exclusive: int | None = None,
+                             isolation_committed: bool = False) -> tuple[int, int] | None:
         """(offset, timestamp) of the earliest record whose timestamp is >= `timestamp_ms`,
-        or None when there is none (below `max_offset_exclusive`, default the high watermark)."""
+        or None when there is none (below `max_offset_exclusive`, default the high watermark,
+        and below the last stable offset for a read_committed reader)."""
         view = self._view
         limit = view.high_watermark if max_offset_exclusive is None else min(max_offset_exclusive,
                                                                              view.log_end_offset)
+        if isolation_committed and view.last_stable_offset < limit:
+            limit = view.last_stable_offset
         min_offset = view.log_start_offset
         last = len(view.segments) - 1
         for i, segment in enumerate(view.segments):
@@ -744,6 +986,19 @@ def _read_from_segment(segment: LogSegment, fetch_offset: int, limit: int, end_p
             break
         position += size
     return data[:position], first.base_offset
+
+
+def _end_offset_of(records: bytes) -> int:
+    """The offset after the last batch of `records` (whole batches, as read): a walk over
+    the batch lengths, then the last header's base offset and last offset delta."""
+    unpack_length = BATCH_LENGTH_STRUCT.unpack_from
+    position = last_position = 0
+    size = len(records)
+    while position < size:
+        last_position = position
+        position += unpack_length(records, position + _BATCH_LENGTH_AT)[0] + 12
+    return (_BASE_OFFSET_STRUCT.unpack_from(records, last_position)[0]
+            + _LAST_OFFSET_DELTA_STRUCT.unpack_from(records, last_position + 23)[0] + 1)
 
 
 def _first_record_at_or_after(segment: LogSegment, header: BatchHeader, timestamp_ms: int,

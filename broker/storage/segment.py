@@ -1,4 +1,4 @@
-"""One log segment: a `.log` file of record batches with its `.index` and `.timeindex`.
+"""One log segment: a `.log` file of record batches with its `.index`, `.timeindex` and `.txnindex`.
 
 Theory of operation
 -------------------
@@ -19,6 +19,15 @@ from the log's published snapshot, and bytes below it are never rewritten.
 `size_bytes`, `next_offset` and the maximum timestamp describe what is in the file and are
 owned here; `recover()` rebuilds them, and both indexes, from the `.log` alone, cutting the
 file at the first thing that is not a whole, valid batch.
+
+The segment also owns its transaction index (`txn_index.TransactionIndex`: the aborted
+transactions whose ABORT marker lies in this segment). Its file is created with the first
+entry, as Kafka does, so most segments have none. The entry of an ABORT marker is written
+with the marker (`append(..., aborted_txn=...)`): index first, then the log, and a failed
+log write takes the entry back out, so the two never disagree after an error. The index
+cannot be rebuilt from this segment alone (a transaction's first offset and the partition's
+last stable offset depend on earlier batches), so the log rebuilds it by replaying its
+producer state; `txn_index_needs_rebuild` tells it that the file was torn or corrupt.
 """
 from __future__ import annotations
 
@@ -36,6 +45,8 @@ from eos.records.header import (
     compute_crc,
 )
 from broker.storage.index import OffsetIndex, TimeIndex
+from broker.storage.txn_index import ENTRY_BYTES as TXN_INDEX_ENTRY_BYTES
+from broker.storage.txn_index import AbortedTxn, TransactionIndex, TxnIndexCorruptError
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +65,21 @@ _MIN_BATCH_LENGTH = HEADER_SIZE - LOG_OVERHEAD
 
 def segment_file_name(base_offset: int, suffix: str) -> str:
     return f"{base_offset:020d}{suffix}"
+
+
+def _open_txn_index(directory: str, base_offset: int) -> tuple[TransactionIndex, bool]:
+    """The segment's transaction index and whether it must be rebuilt (its file was torn
+    or held entries that cannot be right; a corrupt file is removed)."""
+    try:
+        index = TransactionIndex.for_segment(directory, base_offset)
+    except TxnIndexCorruptError as e:
+        log.warning("%s; it will be rebuilt from the log", e)
+        try:
+            os.unlink(os.path.join(directory, segment_file_name(base_offset, TXN_INDEX_SUFFIX)))
+        except FileNotFoundError:
+            pass
+        return TransactionIndex.for_segment(directory, base_offset), True
+    return index, index.cut_bytes > 0
 
 
 def _write_all(fd: int, data) -> None:
@@ -76,6 +102,7 @@ class LogSegment:
             os.path.join(directory, segment_file_name(base_offset, INDEX_SUFFIX)), base_offset, max_index_bytes)
         self.time_index = TimeIndex(
             os.path.join(directory, segment_file_name(base_offset, TIME_INDEX_SUFFIX)), base_offset, max_index_bytes)
+        self.txn_index, self.txn_index_needs_rebuild = _open_txn_index(directory, base_offset)
         flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | (os.O_TRUNC if truncate else 0)
         self._fd = os.open(self.log_path, flags, 0o644)
         self.size_bytes = os.fstat(self._fd).st_size   # end of the valid bytes
@@ -99,6 +126,8 @@ class LogSegment:
                       max_index_bytes=max_index_bytes, created_ms=now_ms, truncate=True)
         segment.offset_index.reset([])
         segment.time_index.reset([])
+        segment.txn_index.delete()   # a leftover at this name describes some other log
+        segment.txn_index_needs_rebuild = False
         return segment
 
     @classmethod
@@ -311,23 +340,30 @@ class LogSegment:
 
     # -- mutation ------------------------------------------------------------------------
 
-    def append(self, buf, headers: list[BatchHeader], largest_timestamp_ms: int) -> None:
+    def append(self, buf, headers: list[BatchHeader], largest_timestamp_ms: int, *,
+               aborted_txn: AbortedTxn | None = None) -> None:
         """Write `buf` (exactly the batches in `headers`, offsets stamped) at the end.
 
-        `headers[i].position` is the batch's position in `buf`. On a failed write the file
-        is cut back to its old size and StorageError is raised; nothing else changes.
+        `headers[i].position` is the batch's position in `buf`. `aborted_txn`: the batch is
+        the ABORT marker of that transaction; its transaction index entry is written first.
+        On a failed write the files are cut back to their old sizes and StorageError is
+        raised; nothing else changes.
         """
         if self._closed:
             raise InvariantError(f"{self.log_path}: append to a closed segment")
         if headers and headers[0].base_offset < self.next_offset:
             raise InvariantError(
                 f"{self.log_path}: append at offset {headers[0].base_offset} below the end {self.next_offset}")
+        if aborted_txn is not None:
+            self._append_txn_index_entry(aborted_txn)
         physical_position = self.size_bytes
         try:
             _write_all(self._fd, buf)
         except OSError as e:
             try:
                 os.ftruncate(self._fd, physical_position)
+                if aborted_txn is not None:
+                    self.txn_index.truncate_to(aborted_txn.last_offset)
             except OSError:
                 log.exception("%s: could not cut a failed append back to %d bytes", self.log_path, physical_position)
             raise StorageError(f"{self.log_path}: append of {len(buf)} bytes failed: {e}") from e
@@ -344,11 +380,30 @@ class LogSegment:
         self.size_bytes = physical_position + len(buf)
         self.next_offset = headers[-1].next_offset
 
+    def _append_txn_index_entry(self, aborted_txn: AbortedTxn) -> None:
+        entries_before = len(self.txn_index)
+        try:
+            self.txn_index.append(aborted_txn)
+        except OSError as e:
+            # A partial entry may have reached the file; the index's memory never got it.
+            try:
+                os.truncate(self.txn_index.path, entries_before * TXN_INDEX_ENTRY_BYTES)
+            except OSError:
+                log.exception("%s: could not cut a failed entry back", self.txn_index.path)
+            raise StorageError(f"{self.txn_index.path}: writing the aborted transaction {aborted_txn} failed: "
+                               f"{e}") from e
+
+    def reset_txn_index(self) -> None:
+        """Forget every aborted transaction of this segment (before the log rebuilds them)."""
+        self.txn_index.delete()
+        self.txn_index_needs_rebuild = False
+
     def seal(self) -> None:
         """The segment stops being active: record its maximum in the time index, close index fds."""
         self.time_index.maybe_append(self.max_timestamp_ms, self.offset_of_max_timestamp, skip_full_check=True)
         self.offset_index.close()
         self.time_index.close()
+        self.txn_index.close()
 
     def flush(self) -> None:
         if self._closed:
@@ -356,6 +411,7 @@ class LogSegment:
         os.fsync(self._fd)
         self.offset_index.fsync()
         self.time_index.fsync()
+        self.txn_index.flush()
 
     def close(self) -> None:
         if self._closed:
@@ -372,6 +428,7 @@ class LogSegment:
         """Rename the files to `.deleted`; the descriptor stays open for readers in flight."""
         self.offset_index.close()
         self.time_index.close()
+        self.txn_index.close()
         for path in self.paths():
             try:
                 os.rename(path, path + DELETED_SUFFIX)
