@@ -19,6 +19,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     BROKER_NOT_AVAILABLE: _ClassVar[ErrorCode]
     REPLICA_NOT_AVAILABLE: _ClassVar[ErrorCode]
     MESSAGE_TOO_LARGE: _ClassVar[ErrorCode]
+    OFFSET_METADATA_TOO_LARGE: _ClassVar[ErrorCode]
     NETWORK_EXCEPTION: _ClassVar[ErrorCode]
     COORDINATOR_LOAD_IN_PROGRESS: _ClassVar[ErrorCode]
     COORDINATOR_NOT_AVAILABLE: _ClassVar[ErrorCode]
@@ -80,6 +81,7 @@ REQUEST_TIMED_OUT: ErrorCode
 BROKER_NOT_AVAILABLE: ErrorCode
 REPLICA_NOT_AVAILABLE: ErrorCode
 MESSAGE_TOO_LARGE: ErrorCode
+OFFSET_METADATA_TOO_LARGE: ErrorCode
 NETWORK_EXCEPTION: ErrorCode
 COORDINATOR_LOAD_IN_PROGRESS: ErrorCode
 COORDINATOR_NOT_AVAILABLE: ErrorCode
