@@ -10,10 +10,13 @@ from hypothesis import HealthCheck, assume, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from broker.storage.log import AppendOrigin
 from broker.storage.producer_state import (
     RETAINED_BATCHES_MAX,
     SEQUENCE_MAX,
+    CompletedTxn,
     DuplicateBatch,
+    MarkerAppend,
     ProducerAppend,
     ProducerStateManager,
     decode_snapshot,
@@ -21,7 +24,18 @@ from broker.storage.producer_state import (
     read_snapshot_file,
     snapshot_path,
 )
-from eos.errors import InvalidProducerEpochError, InvalidRecordError, InvariantError, OutOfOrderSequenceError
+from broker.storage.txn_index import AbortedTxn
+from eos.errors import (
+    EosError,
+    ErrorCode,
+    InvalidProducerEpochError,
+    InvalidRecordError,
+    InvalidRequestError,
+    InvalidTxnStateError,
+    InvariantError,
+    OutOfOrderSequenceError,
+)
+from eos.records.codec import CONTROL_TYPE_ABORT, CONTROL_TYPE_COMMIT
 from eos.records.header import CONTROL_FLAG, TRANSACTIONAL_FLAG, BatchHeader
 
 PID = 1000
@@ -220,6 +234,403 @@ def test_missing_timestamp_takes_now(tmp_path):
     manager = ProducerStateManager(str(tmp_path))
     append_at(manager, header(PID, 0, 0, timestamp_ms=-1), 0, now_ms=5_000)
     assert manager.last_entry(PID).last_timestamp_ms == 5_000
+
+
+# ---- transactions: rule table -------------------------------------------------------------------
+
+def data(epoch: int, sequence: int, count: int = 1, *, txn: bool = True) -> tuple:
+    return ("data", epoch, sequence, count, txn)
+
+
+def coord(epoch: int, count: int = 1, *, txn: bool = True, sequence: int = -1) -> tuple:
+    """An append by a coordinator (TxnOffsetCommit): the producer's id and epoch, no sequence."""
+    return ("coord", epoch, sequence, count, txn)
+
+
+def marker(epoch: int, coordinator_epoch: int = 0, *, commit: bool = True) -> tuple:
+    return ("marker", epoch, coordinator_epoch, commit)
+
+
+def prepare_step(manager: ProducerStateManager, step: tuple, now_ms: int = 50_000):
+    if step[0] == "marker":
+        _, epoch, coordinator_epoch, commit = step
+        return manager.prepare_marker(PID, epoch, coordinator_epoch, commit, now_ms)
+    kind, epoch, sequence, count, txn = step
+    batch = header(PID, epoch, sequence, count, timestamp_ms=now_ms,
+                   attributes=TRANSACTIONAL_FLAG if txn else 0)
+    return manager.prepare_append(batch, now_ms, origin="coordinator" if kind == "coord" else "client")
+
+
+def apply_step(manager: ProducerStateManager, prepared, offset: int) -> tuple[int, CompletedTxn | None]:
+    """Apply at `offset`; return the next offset and what a marker completed."""
+    if isinstance(prepared, MarkerAppend):
+        return offset + 1, manager.apply_marker(prepared, offset)
+    manager.apply(prepared, offset, offset + prepared.offset_delta)
+    return offset + prepared.offset_delta + 1, None
+
+
+def manager_after(tmp_path, steps) -> tuple[ProducerStateManager, int]:
+    manager = ProducerStateManager(str(tmp_path))
+    offset = 0
+    for step in steps:
+        offset, _ = apply_step(manager, prepare_step(manager, step), offset)
+    return manager, offset
+
+
+OPENS = "opens a transaction"
+CONTINUES = "appends without opening"
+COMPLETES = "marker completes the transaction"
+NO_TXN = "marker completes nothing"
+TXN_STATE = InvalidTxnStateError
+BAD_REQUEST = InvalidRequestError
+COORDINATOR_FENCED = "TRANSACTION_COORDINATOR_FENCED"
+DUPLICATE = "duplicate"
+
+TXN = [data(0, 0, 2)]                                # an open transaction at offsets 0-1
+COMMITTED = [data(0, 0, 2), marker(1)]               # ... committed by a marker at offset 2 (epoch 1)
+NEXT_COORDINATOR = [data(0, 0, 1), marker(1, coordinator_epoch=5), data(1, 0)]
+
+TXN_RULES = [
+    # (rule, steps before, incoming step, expected outcome)
+    ("unknown producer: a transactional batch opens a transaction", [], data(0, 0, 2), OPENS),
+    ("unknown producer: a transaction starts at sequence 0", [], data(0, 5), OOS),
+    ("unknown producer: an idempotent batch still takes any sequence", [], data(0, 5, txn=False), CONTINUES),
+    ("the next transactional batch continues the transaction", TXN, data(0, 2), CONTINUES),
+    ("an idempotent batch while a transaction is open", TXN, data(0, 2, txn=False), TXN_STATE),
+    ("an idempotent batch with a new epoch while a transaction is open", TXN, data(1, 0, txn=False), TXN_STATE),
+    ("a transactional batch after idempotent ones opens a transaction", [data(0, 0, 2, txn=False)], data(0, 2),
+     OPENS),
+    ("a retry inside a transaction is a duplicate", TXN + [data(0, 2, 2)], data(0, 0, 2), DUPLICATE),
+    ("a gap inside a transaction", TXN, data(0, 3), OOS),
+    ("an older epoch inside a transaction", [data(1, 0, 2)], data(0, 2), EPOCH),
+    ("a commit marker ends the transaction", TXN, marker(1), COMPLETES),
+    ("an abort marker ends the transaction", TXN, marker(1, commit=False), COMPLETES),
+    ("a marker with a much newer epoch", TXN, marker(7), COMPLETES),
+    ("a marker for a producer unknown here completes nothing", [], marker(1), NO_TXN),
+    ("a marker for a producer without a transaction here", [data(0, 0, txn=False)], marker(1), NO_TXN),
+    ("a marker with the open transaction's own epoch (not bumped)", TXN, marker(0), EPOCH),
+    ("a marker with an older epoch", [data(3, 0, 2)], marker(2), EPOCH),
+    ("a retry of a written marker: same epoch, nothing open", COMMITTED, marker(1), NO_TXN),
+    ("a retry of a marker after the next transaction began", COMMITTED + [data(1, 0)], marker(1), EPOCH),
+    ("a marker older than the last marker", [data(0, 0, 2), marker(2)], marker(1), EPOCH),
+    ("after a marker the next transaction starts at sequence 0", COMMITTED, data(1, 0), OPENS),
+    ("after a marker the old sequences do not continue", COMMITTED, data(1, 2), OOS),
+    ("after a marker a late write of the finished transaction is fenced", COMMITTED, data(0, 2), EPOCH),
+    ("after a marker a retry of the finished transaction is fenced", COMMITTED, data(0, 0, 2), EPOCH),
+    ("after a marker on a partition without data a late write is fenced", [marker(1)], data(0, 0), EPOCH),
+    ("a coordinator epoch older than the last marker's", NEXT_COORDINATOR, marker(2, coordinator_epoch=4),
+     COORDINATOR_FENCED),
+    ("the same coordinator epoch as the last marker's", NEXT_COORDINATOR, marker(2, coordinator_epoch=5), COMPLETES),
+    ("a newer coordinator epoch", NEXT_COORDINATOR, marker(2, coordinator_epoch=6), COMPLETES),
+    ("the producer epoch is checked before the coordinator epoch", NEXT_COORDINATOR,
+     marker(1, coordinator_epoch=4), EPOCH),
+    ("a marker with a negative producer epoch", [], marker(-1), BAD_REQUEST),
+    ("a marker with a negative coordinator epoch", [], marker(0, coordinator_epoch=-1), BAD_REQUEST),
+    ("coordinator append without sequence opens a transaction", [], coord(0), OPENS),
+    ("coordinator append continues the transaction", [coord(0)], coord(0, 3), CONTINUES),
+    ("coordinator append ignores sequences", [data(0, 0, 3, txn=False)], coord(0, sequence=17), OPENS),
+    ("coordinator append with an older epoch is fenced", COMMITTED, coord(0), EPOCH),
+    ("coordinator append, non-transactional, while a transaction is open", [coord(0)], coord(0, txn=False),
+     TXN_STATE),
+    ("coordinator append with a sequence below -1", [], coord(0, sequence=-2), INVALID),
+    ("client batch without a sequence", [], data(0, -1), INVALID),
+]
+
+
+@pytest.mark.parametrize("rule_name, steps, incoming, expected", TXN_RULES, ids=[r[0] for r in TXN_RULES])
+def test_transaction_rule_table(tmp_path, rule_name, steps, incoming, expected):
+    manager, offset = manager_after(tmp_path, steps)
+    before = (manager.active_producers(), manager.open_transactions(), manager.first_unstable_offset())
+    if isinstance(expected, type):
+        with pytest.raises(expected):
+            prepare_step(manager, incoming)
+        assert (manager.active_producers(), manager.open_transactions(), manager.first_unstable_offset()) == before
+        return
+    if expected == COORDINATOR_FENCED:
+        with pytest.raises(EosError) as caught:
+            prepare_step(manager, incoming)
+        assert caught.value.code is ErrorCode.TRANSACTION_COORDINATOR_FENCED
+        assert "coordinator epoch 4" in str(caught.value)
+        return
+    prepared = prepare_step(manager, incoming)
+    assert (manager.active_producers(), manager.open_transactions(), manager.first_unstable_offset()) == before
+    if expected == DUPLICATE:
+        assert isinstance(prepared, DuplicateBatch)
+        return
+    txn_first_offset = manager.last_entry(PID).current_txn_first_offset if manager.last_entry(PID) else -1
+    next_offset, completed = apply_step(manager, prepared, offset)
+    entry = manager.last_entry(PID)
+    if expected in (OPENS, CONTINUES):
+        assert prepared.starts_transaction == (expected == OPENS)
+        if expected == OPENS:
+            assert entry.current_txn_first_offset == offset
+            assert manager.open_transactions() == [(PID, offset)]
+        else:
+            assert entry.current_txn_first_offset == txn_first_offset
+    else:
+        assert entry.producer_epoch == incoming[1] and entry.coordinator_epoch == incoming[2]
+        assert entry.current_txn_first_offset == -1 and manager.open_transactions() == []
+        if expected == COMPLETES:
+            assert completed == CompletedTxn(PID, txn_first_offset, offset, not incoming[3], offset + 1)
+        else:
+            assert completed is None
+
+
+def test_errors_name_the_transaction_problem(tmp_path):
+    manager, _ = manager_after(tmp_path, TXN + [data(0, 2)])
+    with pytest.raises(InvalidTxnStateError, match=r"transaction open in this partition since offset 0"):
+        prepare_step(manager, data(0, 3, txn=False))
+    with pytest.raises(InvalidProducerEpochError, match=r"COMMIT marker .* epoch 0, .* at epoch 0 with a "
+                                                        r"transaction open since offset 0"):
+        prepare_step(manager, marker(0))
+    with pytest.raises(InvalidRequestError, match="must be non-negative"):
+        manager.prepare_marker(-1, 0, 0, True, 0)
+
+
+def test_a_bumped_marker_clears_the_retained_batches(tmp_path):
+    manager, _ = manager_after(tmp_path, [data(0, 0, 2, txn=False), data(0, 2, 2, txn=False)])
+    assert len(manager.last_entry(PID).batches) == 2
+    # a same-epoch marker retry (nothing open) keeps them, as Kafka's maybeUpdateProducerEpoch does
+    apply_step(manager, prepare_step(manager, marker(0)), 4)
+    assert len(manager.last_entry(PID).batches) == 2 and manager.last_entry(PID).producer_epoch == 0
+    apply_step(manager, prepare_step(manager, marker(1)), 5)
+    entry = manager.last_entry(PID)
+    assert entry.batches == () and entry.producer_epoch == 1 and entry.last_timestamp_ms == 50_000
+
+
+# ---- transactions: first unstable offset, staging, restart, replay ----------------------------------
+
+def txn_header(producer_id: int, epoch: int, sequence: int, count: int, offset: int, *,
+               timestamp_ms: int = 1_000) -> BatchHeader:
+    return header(producer_id, epoch, sequence, count, base_offset=offset, timestamp_ms=timestamp_ms,
+                  attributes=TRANSACTIONAL_FLAG)
+
+
+def marker_header(producer_id: int, epoch: int, offset: int, *, timestamp_ms: int = 1_000) -> BatchHeader:
+    return header(producer_id, epoch, -1, 1, base_offset=offset, timestamp_ms=timestamp_ms,
+                  attributes=TRANSACTIONAL_FLAG | CONTROL_FLAG)
+
+
+def append_txn(manager, producer_id, epoch, sequence, count, offset):
+    manager.apply(manager.prepare_append(txn_header(producer_id, epoch, sequence, count, offset), 0),
+                  offset, offset + count - 1)
+
+
+def end_txn(manager, producer_id, epoch, offset, *, commit, coordinator_epoch=0, now_ms=1_000):
+    return manager.apply_marker(manager.prepare_marker(producer_id, epoch, coordinator_epoch, commit, now_ms), offset)
+
+
+def test_first_unstable_offset_and_the_last_stable_offset_of_completed_transactions(tmp_path):
+    manager = ProducerStateManager(str(tmp_path))
+    assert manager.first_unstable_offset() is None
+    append_txn(manager, 1, 0, 0, 2, 0)                      # P1 opens at 0
+    append_txn(manager, 2, 0, 0, 3, 2)                      # P2 opens at 2
+    append_txn(manager, 1, 0, 2, 1, 5)
+    assert manager.first_unstable_offset() == 0
+    assert manager.open_transactions() == [(1, 0), (2, 2)]
+    # P1 aborts at 6: the LSO recorded for it is P2's start, still open
+    assert end_txn(manager, 1, 1, 6, commit=False) == CompletedTxn(1, 0, 6, True, 2)
+    assert manager.open_transactions() == [(2, 2)]
+    assert manager.first_unstable_offset() == 0, "unstable until the high watermark passes the marker"
+    manager.on_high_watermark_updated(6)
+    assert manager.first_unstable_offset() == 0
+    manager.on_high_watermark_updated(7)
+    assert manager.first_unstable_offset() == 2
+    append_txn(manager, 3, 0, 0, 1, 7)                      # P3 opens at 7
+    completed = end_txn(manager, 2, 1, 8, commit=True)      # P2 commits: P3 is the earliest open
+    assert completed == CompletedTxn(2, 2, 8, False, 7)
+    manager.on_high_watermark_updated(9)
+    assert manager.first_unstable_offset() == 7
+    assert end_txn(manager, 3, 1, 9, commit=False).to_aborted_txn() == AbortedTxn(3, 7, 9, 10)
+    manager.on_high_watermark_updated(10)
+    assert manager.first_unstable_offset() is None and manager.open_transactions() == []
+    with pytest.raises(InvariantError, match="only aborted"):
+        completed.to_aborted_txn()
+
+
+def test_a_later_transaction_of_another_producer_is_not_the_first_unstable(tmp_path):
+    manager = ProducerStateManager(str(tmp_path))
+    append_txn(manager, 2, 0, 0, 1, 0)
+    append_txn(manager, 1, 0, 0, 1, 1)
+    end_txn(manager, 1, 1, 2, commit=True)                  # completes the later one
+    manager.on_high_watermark_updated(3)
+    assert manager.first_unstable_offset() == 0 and manager.open_transactions() == [(2, 0)]
+
+
+def test_prepare_marker_changes_nothing_and_stale_markers_are_refused_as_bugs(tmp_path):
+    manager = ProducerStateManager(str(tmp_path))
+    append_txn(manager, 1, 0, 0, 2, 0)
+    before = (manager.active_producers(), manager.open_transactions(), manager.first_unstable_offset())
+    first = manager.prepare_marker(1, 1, 0, True, 5)
+    also = manager.prepare_marker(1, 1, 0, False, 5)
+    assert first.control_type == CONTROL_TYPE_COMMIT and also.control_type == CONTROL_TYPE_ABORT
+    assert (manager.active_producers(), manager.open_transactions(), manager.first_unstable_offset()) == before
+    with pytest.raises(InvariantError, match="not after its last batch"):
+        manager.apply_marker(first, 1)
+    manager.apply_marker(first, 2)
+    with pytest.raises(InvariantError, match="moved between prepare_marker and apply_marker"):
+        manager.apply_marker(also, 3)
+    # a data batch prepared before the marker cannot be applied after it
+    (tmp_path / "second").mkdir()
+    manager2 = ProducerStateManager(str(tmp_path / "second"))
+    append_txn(manager2, 1, 0, 0, 1, 0)
+    late = manager2.prepare_append(txn_header(1, 0, 1, 1, 0), 0)
+    end_txn(manager2, 1, 1, 1, commit=True)
+    with pytest.raises(InvariantError, match="moved between prepare and apply"):
+        manager2.apply(late, 2, 2)
+
+
+def test_transactions_must_open_in_log_order(tmp_path):
+    manager = ProducerStateManager(str(tmp_path))
+    append_txn(manager, 1, 0, 0, 1, 10)
+    with pytest.raises(InvariantError, match="out of log order"):
+        append_txn(manager, 2, 0, 0, 1, 5)
+    assert manager.open_transactions() == [(1, 10)] and manager.last_entry(2) is None
+
+
+def test_origin_may_be_the_logs_enum(tmp_path):
+    manager = ProducerStateManager(str(tmp_path))
+    batch = header(PID, 0, -1, attributes=TRANSACTIONAL_FLAG)
+    assert manager.prepare_append(batch, 0, origin=AppendOrigin.COORDINATOR).starts_transaction
+    with pytest.raises(InvalidRecordError):
+        manager.prepare_append(batch, 0, origin=AppendOrigin.CLIENT)
+    with pytest.raises(InvariantError, match="unknown append origin"):
+        manager.prepare_append(batch, 0, origin="replication")
+
+
+def test_prepare_appends_carries_the_open_transaction_between_batches(tmp_path):
+    manager = ProducerStateManager(str(tmp_path))
+    with pytest.raises(InvalidTxnStateError):
+        manager.prepare_appends([txn_header(PID, 0, 0, 2, 0), header(PID, 0, 2)], 0)
+    appends = manager.prepare_appends([txn_header(PID, 0, 0, 2, 0), txn_header(PID, 0, 2, 1, 0)], 0)
+    assert [a.starts_transaction for a in appends] == [True, False]
+    manager.apply(appends[0], 0, 1)
+    manager.apply(appends[1], 2, 2)
+    assert manager.open_transactions() == [(PID, 0)] and manager.last_entry(PID).last_sequence == 2
+
+
+def test_coordinator_appends_keep_no_sequences_and_survive_a_snapshot(tmp_path):
+    manager = ProducerStateManager(str(tmp_path))
+    for offset in (0, 1):
+        manager.apply(manager.prepare_append(header(PID, 4, -1, attributes=TRANSACTIONAL_FLAG), 0,
+                                             origin="coordinator"), offset, offset)
+    entry = manager.last_entry(PID)
+    assert entry.batches == () and entry.producer_epoch == 4 and entry.current_txn_first_offset == 0
+    manager.take_snapshot(2)
+    reloaded = ProducerStateManager(str(tmp_path))
+    reloaded.load(0, 2)
+    assert reloaded.last_entry(PID) == entry and reloaded.first_unstable_offset() == 0
+    assert end_txn(reloaded, PID, 5, 2, commit=False) == CompletedTxn(PID, 0, 2, True, 3)
+
+
+def test_open_transactions_survive_a_restart_with_the_same_lso(tmp_path):
+    manager = ProducerStateManager(str(tmp_path))
+    append_txn(manager, 1, 0, 0, 2, 0)
+    append_txn(manager, 2, 3, 0, 1, 2)
+    append_txn(manager, 3, 0, 0, 1, 3)
+    end_txn(manager, 1, 1, 4, commit=True, coordinator_epoch=3)
+    manager.on_high_watermark_updated(5)
+    manager.take_snapshot(5)
+    described = {d["producerId"]: d for d in read_snapshot_file(snapshot_path(str(tmp_path), 5))}
+    assert (described[1]["coordinatorEpoch"], described[1]["currentTxnFirstOffset"]) == (3, -1)
+    assert described[2]["currentTxnFirstOffset"] == 2 and described[3]["currentTxnFirstOffset"] == 3
+
+    reloaded = ProducerStateManager(str(tmp_path))
+    assert reloaded.load(0, 5) == 5
+    assert reloaded.open_transactions() == manager.open_transactions() == [(2, 2), (3, 3)]
+    assert reloaded.first_unstable_offset() == manager.first_unstable_offset() == 2
+    with pytest.raises(EosError) as caught:
+        reloaded.prepare_marker(1, 2, 2, True, 0)
+    assert caught.value.code is ErrorCode.TRANSACTION_COORDINATOR_FENCED
+    assert end_txn(reloaded, 2, 4, 5, commit=False) == CompletedTxn(2, 2, 5, True, 3)
+    with pytest.raises(InvalidProducerEpochError):
+        reloaded.prepare_append(txn_header(2, 3, 1, 1, 0), 0)   # the aborted transaction's late write
+
+
+def test_replay_rebuilds_transactions_and_the_completed_ones(tmp_path):
+    """Live appends and markers, then a fresh manager replaying the same batches (from the
+    log start, and from a snapshot in the middle) reaches the same state and reports the
+    same completed transactions, with the same last stable offsets."""
+    live = ProducerStateManager(str(tmp_path))
+    log: list[tuple[BatchHeader, tuple[int, int] | None]] = []
+    completed_live: list[CompletedTxn] = []
+
+    def data_batch(pid, epoch, sequence, count, offset):
+        append_txn(live, pid, epoch, sequence, count, offset)
+        log.append((txn_header(pid, epoch, sequence, count, offset), None))
+
+    def control(pid, epoch, offset, commit, coordinator_epoch):
+        completed = end_txn(live, pid, epoch, offset, commit=commit, coordinator_epoch=coordinator_epoch)
+        if completed is not None:
+            completed_live.append(completed)
+        log.append((marker_header(pid, epoch, offset),
+                    (CONTROL_TYPE_COMMIT if commit else CONTROL_TYPE_ABORT, coordinator_epoch)))
+
+    data_batch(1, 0, 0, 2, 0)
+    data_batch(2, 0, 0, 1, 2)
+    control(1, 1, 3, False, 0)          # aborted while 2 is open: lso 2
+    data_batch(3, 7, 0, 2, 4)
+    live.take_snapshot(6)
+    control(5, 1, 6, True, 0)           # a marker for a producer with no data here
+    control(2, 1, 7, True, 1)
+    data_batch(1, 1, 0, 1, 8)
+    control(3, 8, 9, False, 1)          # lso 8: producer 1's new transaction
+    control(1, 2, 10, False, 1)         # nothing open after it: lso 11
+    data_batch(2, 1, 0, 2, 11)
+    assert [(c.producer_id, c.last_stable_offset) for c in completed_live] == [(1, 2), (2, 4), (3, 8), (1, 11)]
+
+    for replay_from in (0, 6):
+        replayed = ProducerStateManager(str(tmp_path))
+        assert replayed.load(0, 13, snapshot_at_most=replay_from) == replay_from
+        completed_replay = []
+        for batch, control_marker in log:
+            if batch.base_offset >= replay_from:
+                completed = replayed.update_from_replay(batch, control_marker=control_marker)
+                if completed is not None:
+                    completed_replay.append(completed)
+        assert completed_replay == [c for c in completed_live if c.last_offset >= replay_from]
+        assert replayed.active_producers() == live.active_producers()
+        assert replayed.open_transactions() == live.open_transactions() == [(2, 11)]
+        replayed.on_high_watermark_updated(13)
+        live.on_high_watermark_updated(13)
+        assert replayed.first_unstable_offset() == live.first_unstable_offset() == 11
+
+
+def test_replaying_a_control_batch_needs_its_marker(tmp_path):
+    manager = ProducerStateManager(str(tmp_path))
+    with pytest.raises(InvariantError, match="without its marker"):
+        manager.update_from_replay(marker_header(PID, 1, 0))
+
+
+def test_load_can_ignore_newer_snapshots_without_deleting_them(tmp_path):
+    _write_two_snapshots(tmp_path)
+    manager = ProducerStateManager(str(tmp_path))
+    assert manager.load(0, 10, snapshot_at_most=7) == 6
+    assert manager.snapshot_offsets() == [6, 8]
+    assert manager.load(0, 10, snapshot_at_most=5) == 0 and manager.active_producers() == []
+    assert manager.load(0, 10) == 8
+
+
+def test_truncation_forgets_open_transactions_until_reload(tmp_path):
+    manager = ProducerStateManager(str(tmp_path))
+    append_txn(manager, 1, 0, 0, 1, 0)
+    manager.take_snapshot(1)
+    append_txn(manager, 2, 0, 0, 1, 1)
+    manager.truncate_to(1)
+    assert manager.open_transactions() == [] and manager.first_unstable_offset() is None
+    with pytest.raises(InvariantError, match="load"):
+        manager.prepare_marker(1, 1, 0, True, 0)
+    assert manager.load(0, 1) == 1
+    assert manager.open_transactions() == [(1, 0)] and manager.first_unstable_offset() == 0
+
+
+def test_a_producer_expires_only_after_its_transaction_ends(tmp_path):
+    manager = ProducerStateManager(str(tmp_path), producer_id_expiration_ms=HOUR_MS)
+    append_txn(manager, 1, 0, 0, 1, 0)                      # timestamp 1_000
+    assert manager.remove_expired(now_ms=10 * HOUR_MS) == []
+    end_txn(manager, 1, 1, 1, commit=True, now_ms=9 * HOUR_MS)
+    assert manager.remove_expired(now_ms=10 * HOUR_MS - 1) == [], "the marker's time restarts the clock"
+    assert manager.remove_expired(now_ms=10 * HOUR_MS) == [1]
 
 
 # ---- snapshots ------------------------------------------------------------------------------
