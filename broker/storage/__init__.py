@@ -6,9 +6,12 @@ from broker.storage.checkpoint import OffsetCheckpointFile
 from broker.storage.index import OffsetIndex, TimeIndex
 from broker.storage.log import AppendOrigin, FetchData, Log, LogAppendInfo, parse_partition_dir_name, partition_dir_name
 from broker.storage.log_manager import CLEAN_SHUTDOWN_FILE, LogManager
+from broker.storage.producer_state import CompletedTxn, ProducerStateEntry
 from broker.storage.segment import LogSegment
+from broker.storage.txn_index import AbortedTxn, TransactionIndex
 
 __all__ = [
-    "AppendOrigin", "CLEAN_SHUTDOWN_FILE", "FetchData", "Log", "LogAppendInfo", "LogManager", "LogSegment",
-    "OffsetCheckpointFile", "OffsetIndex", "TimeIndex", "parse_partition_dir_name", "partition_dir_name",
+    "AbortedTxn", "AppendOrigin", "CLEAN_SHUTDOWN_FILE", "CompletedTxn", "FetchData", "Log", "LogAppendInfo",
+    "LogManager", "LogSegment", "OffsetCheckpointFile", "OffsetIndex", "ProducerStateEntry", "TimeIndex",
+    "TransactionIndex", "parse_partition_dir_name", "partition_dir_name",
 ]

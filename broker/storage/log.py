@@ -27,12 +27,29 @@ index and a short header scan, and `os.pread`s whole batches below the view's en
 below a published end are never rewritten, and a deleted segment's descriptor stays open
 for file.delete.delay.ms, so a read in flight never sees a torn or reused file.
 
+Transactions: a transactional batch opens its producer's transaction here (producer state).
+A marker (`append_txn_marker`, WriteTxnMarkers) is staged like any append: the producer
+state checks its producer and coordinator epochs (prepare_marker), the log writes the
+control batch and, for an ABORT that ends a transaction, first the transaction index entry
+(`AbortedTxn` with Kafka's last stable offset) into the active segment, then the state
+applies it. The last stable offset = min(first unstable offset, high watermark), kept in the
+published view, bounds read_committed reads; those also get the aborted transactions that
+overlap what they return, from the transaction indexes of the segment holding the first
+returned batch onwards (Kafka's collectAbortedTransactions). read_uncommitted reads do no
+transaction work at all.
+
 Recovery (`Log.open`): leftover `.deleted`/`.cleaned`/`.swap` files are removed, files that
 are not ours are left alone with a warning. Segments below the recovery point are trusted
 (their indexes are rebuilt only if missing or inconsistent); after an unclean shutdown every
 batch from the recovery point's segment on is checked (header, CRC, offsets) and the log is
 cut after the last valid batch, later segments deleted. The producer state is loaded from
-its newest usable snapshot and brought up to date by replaying the batch headers after it.
+its newest usable snapshot and brought up to date by replaying the batch headers after it
+(markers decoded). The transaction indexes of the checked segments, and of any segment
+whose `.txnindex` is torn or corrupt, are emptied and refilled by that replay, which then
+starts at a snapshot no later than the first such segment: the replay gives each aborted
+transaction the same entry the original append wrote. A `.txnindex` missing below the
+recovery point reads as "no aborted transactions", as in Kafka (the file is created only
+with a segment's first abort, so a missing one cannot be told from an empty one).
 """
 from __future__ import annotations
 
