@@ -18,6 +18,8 @@ from bench.workloads import produce
 from bench.workloads.clients import eos_module
 
 ISOLATION = "read_committed"
+# Records handed over per call on both sides: confluent-kafka's consume(num_messages=...)
+# and eos's poll(max_records=...). (Kafka's Java default max.poll.records is 500.)
 MAX_POLL_RECORDS = 10_000
 
 
@@ -122,7 +124,7 @@ def eos_consume(ctx: RunContext) -> list[Metric]:
         start = time.perf_counter()
         deadline = start + ctx.sizes.consume_timeout_s
         while received < expected and time.perf_counter() < deadline:
-            for record in consumer.poll(timeout_ms=1000):
+            for record in consumer.poll(timeout_ms=1000, max_records=MAX_POLL_RECORDS):
                 received += 1
                 value_bytes += len(record.value)
         return received, value_bytes, time.perf_counter() - start
@@ -133,7 +135,7 @@ def eos_consume(ctx: RunContext) -> list[Metric]:
         warm = 0
         warm_deadline = time.monotonic() + 30
         while warm < min(ctx.sizes.warmup_records, expected) and time.monotonic() < warm_deadline:
-            warm += len(consumer.poll(timeout_ms=1000))
+            warm += len(consumer.poll(timeout_ms=1000, max_records=MAX_POLL_RECORDS))
         return _repeat(ctx, timed_read, expected, size)
     finally:
         consumer.close()
