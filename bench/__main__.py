@@ -69,9 +69,14 @@ def machine_info(tmp_dir: str) -> dict:
             memory_gib = int(match.group(1)) / (1 << 20)
     except OSError:
         pass
-    commit = _command_output(["git", "rev-parse", "--short=12", "HEAD"], REPO_ROOT) or "unknown"
-    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--"], cwd=REPO_ROOT,
-                           capture_output=True).returncode != 0
+    # A run from a clean export (git archive HEAD, no .git) names its commit in
+    # EOS_BENCH_COMMIT; a run from a work tree says whether it had uncommitted changes.
+    if (REPO_ROOT / ".git").exists():
+        commit = _command_output(["git", "rev-parse", "--short=12", "HEAD"], REPO_ROOT)
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--"], cwd=REPO_ROOT,
+                               capture_output=True).returncode != 0
+    else:
+        commit, dirty = os.environ.get("EOS_BENCH_COMMIT", "unknown (no .git)"), False
     java = _command_output(["java", "-version"]).splitlines()
     info = {
         "hostname": socket.gethostname(),
