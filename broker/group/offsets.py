@@ -124,8 +124,7 @@ class OffsetStore:
         for tp, value in offsets.items():
             size = len(value.metadata.encode())
             if size > self.metadata_max_bytes:
-                # Kafka answers OFFSET_METADATA_TOO_LARGE (12); eos.errors has no such code yet.
-                errors[tp] = ErrorCode.INVALID_COMMIT_OFFSET_SIZE
+                errors[tp] = ErrorCode.OFFSET_METADATA_TOO_LARGE
                 messages[tp] = (f"offset metadata of {tp.topic}-{tp.partition} is {size} bytes, over "
                                 f"offset.metadata.max.bytes {self.metadata_max_bytes}")
                 continue

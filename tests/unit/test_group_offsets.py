@@ -150,7 +150,7 @@ def test_a_marker_before_the_write_is_acknowledged_is_a_bug():
 def test_oversized_metadata_is_refused_per_partition_and_the_rest_written():
     store = OffsetStore(metadata_max_bytes=4)
     d = store.commit("g", {T0: OM(1, metadata="toolong"), T1: OM(2, metadata="ok")}, 0)
-    assert d.partition_errors == {T0: ErrorCode.INVALID_COMMIT_OFFSET_SIZE}
+    assert d.partition_errors == {T0: ErrorCode.OFFSET_METADATA_TOO_LARGE}
     assert "offset.metadata.max.bytes 4" in d.messages[T0]
     assert [tp for tp, _ in d.write.entries] == [T1]
     only_bad = store.txn_commit("g", PID, EPOCH, {T0: OM(1, metadata="toolong")}, 0)
