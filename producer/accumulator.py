@@ -138,7 +138,7 @@ class ProducerBatch:
 
     def __repr__(self) -> str:
         return (f"ProducerBatch({self.topic}-{self.partition} #{self.creation_index}, "
-                f"{len(self.values)} records, seq {self.base_sequence}, attempts {self.attempts})")
+                f"{self.record_count} records, seq {self.base_sequence}, attempts {self.attempts})")
 
     @property
     def record_count(self) -> int:

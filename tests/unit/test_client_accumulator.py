@@ -1,0 +1,217 @@
+"""The record accumulator: batch sealing, sticky partitions, memory bounds, drain order."""
+from __future__ import annotations
+
+import random
+from concurrent.futures import Future
+
+import pytest
+
+from producer.accumulator import (
+    BATCH_HEADER_BYTES,
+    BufferExhaustedError,
+    ProducerClosedError,
+    RecordAccumulator,
+    _BulkCompletion,
+    record_size_estimate,
+)
+from producer.partitioner import StickyPartitions
+
+
+class Clock:
+    def __init__(self):
+        self.now_ms = 1000
+
+    def __call__(self):
+        return self.now_ms
+
+
+def make(batch_size=1000, buffer_memory=100_000, linger_ms=5, max_block_ms=0, seed=1):
+    clock = Clock()
+    acc = RecordAccumulator(batch_size=batch_size, buffer_memory=buffer_memory, linger_ms=linger_ms,
+                            max_block_ms=max_block_ms, sticky=StickyPartitions(random.Random(seed)),
+                            clock=clock)
+    return acc, clock
+
+
+def append(acc, partition, value=b"x" * 84, topic="t", count=4, key=None):
+    size = record_size_estimate(value, key, None)
+    return acc.append(topic, partition, count, value, key, None, 1, size, None)
+
+
+def take_all(_batch):
+    return True
+
+
+def test_records_fill_one_batch_until_batch_size():
+    acc, _ = make(batch_size=1000)
+    futures = [append(acc, 0) for _ in range(9)]   # 100 bytes each after 61 bytes of header
+    assert len({f._batch for f in futures}) == 1
+    assert [f._index for f in futures] == list(range(9))
+    assert not futures[0]._batch.sealed
+    tenth = append(acc, 0)
+    assert tenth._batch is not futures[0]._batch
+    assert futures[0]._batch.sealed
+
+
+def test_a_record_larger_than_batch_size_gets_a_batch_of_its_own():
+    acc, _ = make(batch_size=1000)
+    small = append(acc, 0)
+    big = append(acc, 0, value=b"x" * 5000)
+    after = append(acc, 0)
+    assert len({small._batch, big._batch, after._batch}) == 3
+    assert big._batch.record_count == 1
+
+
+def test_keyless_records_stick_to_one_partition_until_a_new_batch():
+    acc, _ = make(batch_size=1000)
+    futures = [append(acc, None) for _ in range(30)]
+    partitions = [f._batch.partition for f in futures]
+    # a new batch is where the sticky partition may change, never in the middle of one
+    for f, g in zip(futures, futures[1:]):
+        if f._batch is g._batch:
+            assert f._batch.partition == g._batch.partition
+    changes = sum(1 for a, b in zip(partitions, partitions[1:]) if a != b)
+    assert changes >= 2
+
+
+def test_ready_only_after_linger_unless_sealed_or_flushed():
+    acc, clock = make(linger_ms=5)
+    append(acc, 0)
+    taken, next_ready_ms = acc.drain(clock(), take_all)
+    assert taken == [] and next_ready_ms == clock() + 5
+    clock.now_ms += 5
+    taken, _ = acc.drain(clock(), take_all)
+    assert len(taken) == 1 and taken[0].sealed
+    append(acc, 1)
+    acc.begin_flush()
+    taken, _ = acc.drain(clock(), take_all)
+    assert [b.partition for b in taken] == [1]
+    acc.end_flush()
+
+
+def test_drain_stops_at_the_first_batch_take_refuses_and_keeps_order():
+    acc, clock = make(batch_size=200)
+    futures = [append(acc, 0) for _ in range(3)]  # 3 sealed-by-size batches
+    refused = []
+    taken, _ = acc.drain(clock(), lambda b: refused.append(b) and False)
+    assert taken == [] and refused == [futures[0]._batch]
+    taken, _ = acc.drain(clock() + 10, take_all)
+    assert [b.creation_index for b in taken] == sorted(b.creation_index for b in taken)
+    assert len(taken) == 3
+
+
+def test_reenqueue_puts_a_retry_ahead_of_younger_batches():
+    acc, clock = make(batch_size=200)
+    batches = [append(acc, 0)._batch for _ in range(4)]
+    taken, _ = acc.drain(clock() + 10, lambda b: b.creation_index <= batches[2].creation_index)
+    assert taken == batches[:3]
+    # answers come back in any order; the queue must come out in append order
+    for batch in (taken[2], taken[0], taken[1]):
+        batch.attempts = 1
+        batch.retry_after_ms = 0
+        acc.reenqueue(batch)
+    again, _ = acc.drain(clock() + 10, take_all)
+    assert again == batches
+
+
+def test_retry_backoff_holds_the_partition():
+    acc, clock = make(batch_size=200)
+    first = append(acc, 0)._batch
+    second = append(acc, 0)._batch
+    taken, _ = acc.drain(clock() + 10, lambda b: b is first)
+    first.attempts, first.retry_after_ms = 1, clock() + 100
+    acc.reenqueue(first)
+    taken, next_ready_ms = acc.drain(clock() + 10, take_all)
+    assert taken == [] and next_ready_ms == clock() + 100   # second waits behind the retry
+    taken, _ = acc.drain(clock() + 100, take_all)
+    assert taken == [first, second]
+
+
+def test_buffer_memory_bounds_queued_batches():
+    acc, _ = make(batch_size=1000, buffer_memory=3000, max_block_ms=0)
+    batches = [append(acc, p)._batch for p in range(3)]
+    with pytest.raises(BufferExhaustedError, match="buffer.memory"):
+        append(acc, 3)
+    batches[0].complete(0)
+    acc.deallocate(batches[0])
+    append(acc, 3)  # the memory came back
+
+
+def test_a_record_larger_than_buffer_memory_is_refused():
+    acc, _ = make(batch_size=100, buffer_memory=1000)
+    with pytest.raises(Exception, match="buffer.memory"):
+        append(acc, 0, value=b"x" * 2000)
+
+
+def test_no_appends_after_close():
+    acc, _ = make()
+    acc.begin_close()
+    with pytest.raises(ProducerClosedError):
+        append(acc, 0)
+
+
+def test_expire_pops_old_queued_batches():
+    acc, clock = make()
+    batch = append(acc, 0)._batch
+    assert acc.expire(clock() + 99, 100) == []
+    assert acc.expire(clock() + 100, 100) == [batch]
+    assert not acc.has_queued()
+
+
+def test_bulk_append_splits_by_batch_size_and_maps_results_back():
+    acc, clock = make(batch_size=1000)
+    values = [b"v" * 84] * 25
+    sizes = [record_size_estimate(v, None, None) for v in values]
+    future: Future = Future()
+    bulk = _BulkCompletion(future, len(values))
+    acc.append_many("t", 0, 4, values, None, [7] * 25, None, sizes, None, bulk, 7)
+    bulk.sealed()
+    batches, _ = acc.drain(clock() + 10, take_all)
+    assert [b.record_count for b in batches] == [9, 9, 7]
+    assert all(b.size_estimate_bytes <= 1000 for b in batches)
+    assert all(b.single_timestamp_ms == 7 for b in batches)
+    assert not future.done()
+    for i, batch in enumerate(batches):
+        batch.complete(100 * i)
+    result = future.result(0)
+    assert len(result) == 25
+    assert [m.offset for m in result] == list(range(9)) + list(range(100, 109)) + list(range(200, 207))
+    assert result[-1].timestamp == 7 and result[3:5] == [result[3], result[4]]
+    assert result.offsets_by_partition() == {("t", 0): [(0, 9), (100, 9), (200, 7)]}
+
+
+def test_bulk_future_fails_with_the_first_error():
+    from eos.errors import NetworkError
+    acc, clock = make(batch_size=1000)
+    values = [b"v" * 84] * 12
+    future: Future = Future()
+    bulk = _BulkCompletion(future, len(values))
+    acc.append_many("t", 0, 4, values, None, [1] * 12, None,
+                    [record_size_estimate(v, None, None) for v in values], None, bulk)
+    bulk.sealed()
+    first, second = acc.drain(clock() + 10, take_all)[0]
+    error = NetworkError("x")
+    second.fail(error)
+    assert not future.done()
+    first.complete(0)
+    assert future.exception(0) is error
+
+
+def test_bulk_keyed_positions_map_back_to_call_order():
+    acc, clock = make(batch_size=10_000)
+    future: Future = Future()
+    bulk = _BulkCompletion(future, 4)
+    size = record_size_estimate(b"v", b"k", None)
+    acc.append_many("t", 1, 2, [b"a", b"c"], [b"k", b"k"], [1, 1], None, [size, size], [0, 2], bulk)
+    acc.append_many("t", 0, 2, [b"b", b"d"], [b"k", b"k"], [1, 1], None, [size, size], [1, 3], bulk)
+    bulk.sealed()
+    batches, _ = acc.drain(clock() + 10, take_all)
+    for batch in batches:
+        batch.complete(10 * (batch.partition + 1))
+    result = future.result(0)
+    assert [(m.partition, m.offset) for m in result] == [(1, 20), (0, 10), (1, 21), (0, 11)]
+
+
+def test_header_overhead_counts():
+    assert record_size_estimate(b"x" * 10, b"k", [("h", b"vv")]) > record_size_estimate(b"x" * 10, b"k", None)
+    assert BATCH_HEADER_BYTES == 61
