@@ -1,0 +1,60 @@
+"""Spark fixtures: ONE SparkSession for the whole test run.
+
+`spark` (session scope) -> SparkSession, local[2], 2 shuffle partitions, UI off, the eos
+data source registered; stopped when the run ends. Starting Spark costs seconds, so every
+Spark test shares it; tests must not stop it or change global settings they do not
+restore.
+
+Every test here is marked `spark` and is skipped only when pyspark cannot be imported.
+Any other problem -- no Java, no pyarrow, a session that does not start -- is a failure,
+never a skip.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+PYSPARK_MISSING = importlib.util.find_spec("pyspark") is None
+HERE = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if HERE in Path(item.path).resolve().parents:
+            item.add_marker(pytest.mark.spark)
+            if PYSPARK_MISSING:
+                item.add_marker(pytest.mark.skip(
+                    reason="pyspark is not importable (pip install -e '.[spark]')"))
+
+
+@pytest.fixture(scope="session")
+def spark():
+    # Executors and the planner run Python workers; they must use this interpreter (the
+    # virtualenv's), or they would not find eos.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    import spark_sink
+
+    session = (SparkSession.builder
+               .master("local[2]")
+               .appName("eos-tests")
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.default.parallelism", "2")
+               .config("spark.driver.memory", "1g")
+               .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
+               .config("spark.sql.streaming.stopTimeout", "30000")
+               .config("spark.python.worker.reuse", "true")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("WARN")
+    spark_sink.register(session)
+    try:
+        yield session
+    finally:
+        session.stop()
