@@ -326,7 +326,8 @@ class ProducerStateManager:
         entry = self._producers.get(header.producer_id)
         return self._validate(header, entry, entry, now_ms, _origin_name(origin))
 
-    def prepare_appends(self, headers, now_ms: int, *, origin=ORIGIN_CLIENT) -> list[ProducerAppend | None] | DuplicateBatch:
+    def prepare_appends(self, headers, now_ms: int, *,
+                        origin=ORIGIN_CLIENT) -> list[ProducerAppend | None] | DuplicateBatch:
         """Check every batch of one produce buffer, each against the state the earlier
         ones would leave (several batches of one producer in a buffer are legal). Changes
         nothing.

@@ -3,6 +3,7 @@ tests per rule, staging (prepare changes nothing), snapshots and recovery, expir
 stateful test against a model."""
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -831,55 +832,125 @@ def test_open_transaction_never_expires(tmp_path):
     assert manager.remove_expired(now_ms=10 * HOUR_MS) == []
 
 
-# ---- stateful: random sends, retries, fencing, restarts against a model -------------------------
+# ---- stateful: sends, retries, fencing, transactions, markers, restarts against a model -----------
 
 PRODUCERS = (11, 12, 13)
 START_SEQUENCE = {11: 0, 12: 0, 13: SEQUENCE_MAX - 6}   # producer 13 crosses the wrap soon
+
+
+@dataclasses.dataclass
+class ModelProducer:
+    epoch: int
+    batches: list            # [(first_seq, last_seq, off0, off1, ts)], at most RETAINED_BATCHES_MAX
+    txn_first_offset: int = -1
+    coordinator_epoch: int = -1
+    last_timestamp_ms: int = -1
 
 
 class Model:
     """Kafka's rules written as plainly as possible, over the model's own log."""
 
     def __init__(self):
-        self.retained: dict[int, tuple[int, list[tuple]]] = {}   # pid -> (epoch, [(first, last, off0, off1, ts)])
+        self.producers: dict[int, ModelProducer] = {}
+        self.unreplicated: list[tuple] = []      # completed (pid, first, last, aborted, lso), marker >= hw
 
-    def decide(self, pid, epoch, first, last):
-        if pid not in self.retained:
-            return ("append",)
-        current_epoch, batches = self.retained[pid]
-        if epoch == current_epoch:
-            for b in batches:
+    def decide_data(self, pid, epoch, first, last, transactional, origin):
+        p = self.producers.get(pid)
+        client = origin == "client"
+        if p is None:
+            return ("out_of_order",) if client and transactional and first != 0 else ("append",)
+        if epoch < p.epoch:
+            return ("fenced",)
+        if client and epoch == p.epoch:
+            for b in p.batches:
                 if (b[0], b[1]) == (first, last):
                     return ("duplicate", b[2], b[3], b[4])
-            if first == (batches[-1][1] + 1) % 2**31:
-                return ("append",)
+            if first != ((p.batches[-1][1] + 1) % 2**31 if p.batches else 0):
+                return ("out_of_order",)
+        if client and epoch > p.epoch and first != 0:
             return ("out_of_order",)
-        if epoch < current_epoch:
-            return ("fenced",)
-        return ("append",) if first == 0 else ("out_of_order",)
+        if p.txn_first_offset >= 0 and not transactional:
+            return ("txn_state",)
+        return ("append",)
 
-    def record(self, pid, epoch, first, last, off0, off1, ts):
-        current = self.retained.get(pid)
-        batches = current[1] if current and current[0] == epoch else []
-        self.retained[pid] = (epoch, (batches + [(first, last, off0, off1, ts)])[-RETAINED_BATCHES_MAX:])
+    def record_data(self, pid, epoch, first, last, off0, off1, ts, transactional):
+        p = self.producers.get(pid)
+        if p is None:
+            p = self.producers[pid] = ModelProducer(epoch, [])
+        batches = p.batches if p.epoch == epoch else []
+        if first != -1:
+            batches = (batches + [(first, last, off0, off1, ts)])[-RETAINED_BATCHES_MAX:]
+        p.epoch, p.batches, p.last_timestamp_ms = epoch, batches, ts
+        if transactional and p.txn_first_offset < 0:
+            p.txn_first_offset = off0
+
+    def decide_marker(self, pid, epoch, coordinator_epoch):
+        p = self.producers.get(pid)
+        if p is not None:
+            if epoch < p.epoch or (epoch == p.epoch and p.txn_first_offset >= 0):
+                return ("fenced",)
+            if coordinator_epoch < p.coordinator_epoch:
+                return ("coordinator_fenced",)
+        return ("marker",)
+
+    def record_marker(self, pid, epoch, coordinator_epoch, offset, committed, ts):
+        p = self.producers.get(pid)
+        if p is None:
+            p = self.producers[pid] = ModelProducer(epoch, [])
+        completed = None
+        if p.txn_first_offset >= 0:
+            others = [q.txn_first_offset for qid, q in self.producers.items()
+                      if qid != pid and q.txn_first_offset >= 0]
+            completed = CompletedTxn(pid, p.txn_first_offset, offset, not committed,
+                                     min(others) if others else offset + 1)
+            self.unreplicated.append(completed)
+        if p.epoch != epoch:
+            p.batches = []
+        p.epoch, p.coordinator_epoch, p.txn_first_offset = epoch, coordinator_epoch, -1
+        p.last_timestamp_ms = ts
+        return completed
+
+    def high_watermark(self, hw):
+        self.unreplicated = [c for c in self.unreplicated if c.last_offset >= hw]
+
+    def first_unstable_offset(self):
+        firsts = [p.txn_first_offset for p in self.producers.values() if p.txn_first_offset >= 0]
+        firsts += [c.first_offset for c in self.unreplicated]
+        return min(firsts) if firsts else None
 
     def snapshot(self):
-        return {pid: (epoch, batches[-1:]) for pid, (epoch, batches) in self.retained.items()}
+        """Kafka's snapshot keeps one timestamp per producer: the last batch comes back with
+        the producer's last timestamp (a later marker's or coordinator append's)."""
+        return {pid: ModelProducer(p.epoch, [b[:4] + (p.last_timestamp_ms,) for b in p.batches[-1:]],
+                                   p.txn_first_offset, p.coordinator_epoch, p.last_timestamp_ms)
+                for pid, p in self.producers.items()}
 
 
-def outcome_of(manager, batch, now_ms):
+def outcome_of(manager, batch, now_ms, origin="client"):
     try:
-        result = manager.prepare_append(batch, now_ms)
+        result = manager.prepare_append(batch, now_ms, origin=origin)
     except OutOfOrderSequenceError:
         return ("out_of_order",), None
     except InvalidProducerEpochError:
         return ("fenced",), None
+    except InvalidTxnStateError:
+        return ("txn_state",), None
     if isinstance(result, DuplicateBatch):
         return ("duplicate", result.first_offset, result.last_offset, result.timestamp_ms), None
     return ("append",), result
 
 
-@settings(max_examples=60, stateful_step_count=40, deadline=None,
+def marker_outcome_of(manager, pid, epoch, coordinator_epoch, committed, now_ms):
+    try:
+        return ("marker",), manager.prepare_marker(pid, epoch, coordinator_epoch, committed, now_ms)
+    except InvalidProducerEpochError:
+        return ("fenced",), None
+    except EosError as e:
+        assert e.code is ErrorCode.TRANSACTION_COORDINATOR_FENCED, e
+        return ("coordinator_fenced",), None
+
+
+@settings(max_examples=80, stateful_step_count=50, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 class ProducerStateMachine(RuleBasedStateMachine):
     def __init__(self):
@@ -888,9 +959,14 @@ class ProducerStateMachine(RuleBasedStateMachine):
         self._dir = tempfile.TemporaryDirectory()
         self.manager = ProducerStateManager(self._dir.name)
         self.model = Model()
-        self.log: list[tuple] = []          # (pid, epoch, first, last, off0, off1, ts)
+        # ("data", pid, epoch, first, last, off0, off1, ts, transactional)
+        # ("marker", pid, epoch, coordinator_epoch, offset, committed, ts)
+        self.log: list[tuple] = []
+        self.completed_at: dict[int, CompletedTxn | None] = {}   # marker offset -> what it completed, live
         self.clock_ms = 1_000
-        self.epoch = {pid: 0 for pid in PRODUCERS}
+        self.high_watermark = 0
+        self.coordinator_epoch = 0
+        self.epoch = {pid: 0 for pid in PRODUCERS}               # the client's idea of its epoch
         self.next_seq = dict(START_SEQUENCE)
         self.sent: dict[int, list[BatchHeader]] = {pid: [] for pid in PRODUCERS}   # this epoch, accepted
         self.snapshot_state: tuple[int, dict] | None = None   # (offset, model snapshot)
@@ -900,37 +976,61 @@ class ProducerStateMachine(RuleBasedStateMachine):
 
     @property
     def end_offset(self) -> int:
-        return self.log[-1][5] + 1 if self.log else 0
+        if not self.log:
+            return 0
+        last = self.log[-1]
+        return (last[6] if last[0] == "data" else last[4]) + 1
 
-    def send(self, batch: BatchHeader) -> tuple:
+    def _state(self):
+        return (self.manager.active_producers(), self.manager.open_transactions(),
+                self.manager.first_unstable_offset())
+
+    def send(self, batch: BatchHeader, origin: str = "client") -> tuple:
         self.clock_ms += 1
-        expected = self.model.decide(batch.producer_id, batch.producer_epoch, batch.base_sequence,
-                                     batch.last_sequence)
-        before = self.manager.active_producers()
-        got, append = outcome_of(self.manager, batch, self.clock_ms)
-        assert self.manager.active_producers() == before, "prepare_append changed the state"
+        expected = self.model.decide_data(batch.producer_id, batch.producer_epoch, batch.base_sequence,
+                                          batch.last_sequence, batch.is_transactional, origin)
+        before = self._state()
+        got, append = outcome_of(self.manager, batch, self.clock_ms, origin)
+        assert self._state() == before, "prepare_append changed the state"
         assert got == expected, f"{batch}: manager {got}, model {expected}"
         if append is not None:
             off0 = self.end_offset
             off1 = off0 + batch.last_offset_delta
             self.manager.apply(append, off0, off1)
-            entry = (batch.producer_id, batch.producer_epoch, batch.base_sequence, batch.last_sequence, off0,
-                     off1, batch.max_timestamp)
+            entry = ("data", batch.producer_id, batch.producer_epoch, batch.base_sequence, batch.last_sequence,
+                     off0, off1, batch.max_timestamp, batch.is_transactional)
             self.log.append(entry)
-            self.model.record(*entry[:2], *entry[2:])
+            self.model.record_data(*entry[1:])
         return got
 
-    def fresh(self, pid: int, count: int, base_sequence: int | None = None, epoch: int | None = None):
+    def send_marker(self, pid: int, epoch: int, coordinator_epoch: int, committed: bool) -> tuple:
+        self.clock_ms += 1
+        expected = self.model.decide_marker(pid, epoch, coordinator_epoch)
+        before = self._state()
+        got, append = marker_outcome_of(self.manager, pid, epoch, coordinator_epoch, committed, self.clock_ms)
+        assert self._state() == before, "prepare_marker changed the state"
+        assert got == expected, f"marker {pid} e{epoch} c{coordinator_epoch}: manager {got}, model {expected}"
+        if append is not None:
+            offset = self.end_offset
+            completed = self.manager.apply_marker(append, offset)
+            assert completed == self.model.record_marker(pid, epoch, coordinator_epoch, offset, committed,
+                                                         self.clock_ms)
+            self.completed_at[offset] = completed
+            self.log.append(("marker", pid, epoch, coordinator_epoch, offset, committed, self.clock_ms))
+        return got
+
+    def fresh(self, pid: int, count: int, base_sequence: int | None = None, epoch: int | None = None,
+              transactional: bool = False):
         return header(pid, self.epoch[pid] if epoch is None else epoch,
                       self.next_seq[pid] if base_sequence is None else base_sequence, count,
-                      timestamp_ms=self.clock_ms + 1)
+                      timestamp_ms=self.clock_ms + 1, attributes=TRANSACTIONAL_FLAG if transactional else 0)
 
-    @rule(pid=st.sampled_from(PRODUCERS), count=st.integers(1, 4))
-    def send_next(self, pid, count):
-        batch = self.fresh(pid, count)
-        assert self.send(batch) == ("append",)
-        self.next_seq[pid] = (batch.last_sequence + 1) % 2**31
-        self.sent[pid].append(batch)
+    @rule(pid=st.sampled_from(PRODUCERS), count=st.integers(1, 4), transactional=st.booleans())
+    def send_next(self, pid, count, transactional):
+        batch = self.fresh(pid, count, transactional=transactional)
+        if self.send(batch) == ("append",):
+            self.next_seq[pid] = (batch.last_sequence + 1) % 2**31
+            self.sent[pid].append(batch)
 
     @precondition(lambda self: any(self.sent.values()))
     @rule(data=st.data(), back=st.integers(1, RETAINED_BATCHES_MAX + 2))
@@ -956,25 +1056,58 @@ class ProducerStateMachine(RuleBasedStateMachine):
         count = original.records_count + shift[1] - shift[0]
         assume(count >= 1)
         base = (original.base_sequence + shift[0]) % 2**31
-        self.send(header(pid, original.producer_epoch, base, count, timestamp_ms=self.clock_ms))
+        self.send(header(pid, original.producer_epoch, base, count, timestamp_ms=self.clock_ms,
+                         attributes=original.attributes))
 
     @precondition(lambda self: any(self.epoch[p] > 0 for p in PRODUCERS))
-    @rule(data=st.data())
-    def stale_epoch(self, data):
+    @rule(data=st.data(), transactional=st.booleans())
+    def stale_epoch(self, data, transactional):
         pid = data.draw(st.sampled_from([p for p in PRODUCERS if self.epoch[p] > 0]))
         known = self.manager.last_entry(pid) is not None
-        result = self.send(self.fresh(pid, 1, epoch=self.epoch[pid] - 1))
-        if known:
+        result = self.send(self.fresh(pid, 1, epoch=self.epoch[pid] - 1, transactional=transactional))
+        if known and self.manager.last_entry(pid).producer_epoch == self.epoch[pid]:
             assert result == ("fenced",)
 
-    @rule(pid=st.sampled_from(PRODUCERS), bad_start=st.booleans(), count=st.integers(1, 4))
-    def bump_epoch(self, pid, bad_start, count):
+    @rule(pid=st.sampled_from(PRODUCERS), bad_start=st.booleans(), count=st.integers(1, 4),
+          transactional=st.booleans())
+    def bump_epoch(self, pid, bad_start, count, transactional):
+        """The idempotent client's own bump (KIP-360)."""
         self.epoch[pid] += 1
         if bad_start and self.manager.last_entry(pid) is not None:
             assert self.send(self.fresh(pid, 1, base_sequence=5)) == ("out_of_order",)
         self.next_seq[pid] = 0
         self.sent[pid] = []
-        self.send_next(pid, count)
+        self.send_next(pid, count, transactional)
+
+    @rule(pid=st.sampled_from(PRODUCERS), committed=st.booleans(), coordinator_delta=st.sampled_from([0, 0, -1, 1]))
+    def end_transaction(self, pid, committed, coordinator_delta):
+        """The coordinator's marker with the bumped epoch (KIP-890), from the current
+        coordinator, a deposed one (-1) or a new one (+1, a failover)."""
+        coordinator_epoch = max(0, self.coordinator_epoch + coordinator_delta)
+        if self.send_marker(pid, self.epoch[pid] + 1, coordinator_epoch, committed) == ("marker",):
+            self.coordinator_epoch = max(self.coordinator_epoch, coordinator_epoch)
+            self.epoch[pid] += 1
+            self.next_seq[pid] = 0
+            self.sent[pid] = []
+
+    @rule(pid=st.sampled_from(PRODUCERS), back=st.integers(0, 2), committed=st.booleans())
+    def stale_marker(self, pid, back, committed):
+        """A retried or late marker: the current epoch (a retry, fine if nothing is open) or older."""
+        self.send_marker(pid, max(0, self.epoch[pid] - back), self.coordinator_epoch, committed)
+
+    @rule(pid=st.sampled_from(PRODUCERS), stale=st.booleans(), transactional=st.booleans(),
+          count=st.integers(1, 3))
+    def coordinator_append(self, pid, stale, transactional, count):
+        """The group coordinator writing a TxnOffsetCommit for the producer (no sequence)."""
+        batch = self.fresh(pid, count, base_sequence=-1, epoch=max(0, self.epoch[pid] - stale),
+                           transactional=transactional)
+        self.send(batch, origin="coordinator")
+
+    @rule()
+    def advance_high_watermark(self):
+        self.high_watermark = self.end_offset
+        self.manager.on_high_watermark_updated(self.high_watermark)
+        self.model.high_watermark(self.high_watermark)
 
     @rule()
     def snapshot(self):
@@ -983,44 +1116,74 @@ class ProducerStateMachine(RuleBasedStateMachine):
 
     @rule()
     def restart(self):
-        """A new manager over the same directory: newest snapshot, then replay of the log."""
+        """A new manager over the same directory: newest snapshot, then replay of the log,
+        then the high watermark at the log end (one node)."""
         self.manager = ProducerStateManager(self._dir.name)
         replay_from = self.manager.load(0, self.end_offset)
         expected_from, state = self.snapshot_state if self.snapshot_state else (0, {})
         assert replay_from == expected_from
-        self.model.retained = {pid: (epoch, list(batches)) for pid, (epoch, batches) in state.items()}
-        for pid, epoch, first, last, off0, off1, ts in self.log:
-            if off0 >= replay_from:
-                self.manager.update_from_replay(
-                    header(pid, epoch, first, off1 - off0 + 1, base_offset=off0, timestamp_ms=ts))
-                self.model.record(pid, epoch, first, last, off0, off1, ts)
+        self.model.producers = {pid: ModelProducer(p.epoch, list(p.batches), p.txn_first_offset,
+                                                   p.coordinator_epoch, p.last_timestamp_ms)
+                                for pid, p in state.items()}
+        self.model.unreplicated = []
+        for entry in self.log:
+            if entry[0] == "data":
+                _, pid, epoch, first, last, off0, off1, ts, transactional = entry
+                if off0 >= replay_from:
+                    batch = header(pid, epoch, first, off1 - off0 + 1, base_offset=off0, timestamp_ms=ts,
+                                   attributes=TRANSACTIONAL_FLAG if transactional else 0)
+                    assert self.manager.update_from_replay(batch) is None
+                    self.model.record_data(pid, epoch, first, last, off0, off1, ts, transactional)
+            else:
+                _, pid, epoch, coordinator_epoch, offset, committed, ts = entry
+                if offset >= replay_from:
+                    control = header(pid, epoch, -1, 1, base_offset=offset, timestamp_ms=ts,
+                                     attributes=TRANSACTIONAL_FLAG | CONTROL_FLAG)
+                    completed = self.manager.update_from_replay(control, control_marker=(
+                        CONTROL_TYPE_COMMIT if committed else CONTROL_TYPE_ABORT, coordinator_epoch))
+                    # the transaction index rebuilt from the log equals the one written live
+                    assert completed == self.completed_at[offset]
+                    self.model.record_marker(pid, epoch, coordinator_epoch, offset, committed, ts)
+        self.advance_high_watermark()
 
     @invariant()
-    def retained_batches_match_the_model(self):
+    def state_matches_the_model(self):
         for pid in PRODUCERS:
             entry = self.manager.last_entry(pid)
-            if pid not in self.model.retained:
+            model = self.model.producers.get(pid)
+            if model is None:
                 assert entry is None
                 continue
-            epoch, batches = self.model.retained[pid]
-            assert entry.producer_epoch == epoch
+            assert (entry.producer_epoch, entry.current_txn_first_offset, entry.coordinator_epoch,
+                    entry.last_timestamp_ms) == (model.epoch, model.txn_first_offset, model.coordinator_epoch,
+                                                 model.last_timestamp_ms)
             assert [(b.first_sequence, b.last_sequence, b.first_offset, b.last_offset, b.max_timestamp_ms)
-                    for b in entry.batches] == batches
+                    for b in entry.batches] == model.batches
+
+    @invariant()
+    def first_unstable_offset_matches_the_model(self):
+        assert self.manager.first_unstable_offset() == self.model.first_unstable_offset()
+        assert self.manager.open_transactions() == sorted(
+            ((pid, p.txn_first_offset) for pid, p in self.model.producers.items() if p.txn_first_offset >= 0),
+            key=lambda t: t[1])
 
     @invariant()
     def log_is_exactly_once_in_order(self):
         last: dict[tuple[int, int], int] = {}
-        for pid, epoch, first, last_seq, _, _, _ in self.log:
+        epochs: dict[int, int] = {}
+        for entry in self.log:
+            pid, epoch = entry[1], entry[2]
+            assert epoch >= epochs.get(pid, epoch), "an older epoch was appended after a newer one"
+            epochs[pid] = epoch
+            if entry[0] != "data" or entry[3] == -1:
+                continue                       # markers and coordinator appends carry no sequence
+            first, last_seq = entry[3], entry[4]
             key = (pid, epoch)
             if key in last:
                 assert first == (last[key] + 1) % 2**31, f"gap or duplicate in {key}: {last[key]} then {first}"
             else:
                 assert first == (START_SEQUENCE[pid] if epoch == 0 else 0)
             last[key] = last_seq
-        epochs = {}
-        for pid, epoch, *_ in self.log:
-            assert epoch >= epochs.get(pid, epoch), "an older epoch was appended after a newer one"
-            epochs[pid] = epoch
 
 
 TestProducerStateMachine = ProducerStateMachine.TestCase
