@@ -19,6 +19,10 @@ Rules (Kafka's client, KIP-98 and KIP-360):
   were appended; a retry resends the identical bytes with the same sequence.
 - At most `UNACKED_BATCHES_MAX` (5) sequenced batches per partition are unacknowledged at
   once: the broker remembers the last 5, so any retry is recognised as a duplicate.
+- Until the first batch of a partition is acknowledged in the current epoch, it is the only
+  one sent. A broker that knows nothing of a producer accepts any first sequence (KIP-360),
+  so if gRPC delivered a second batch before the first, the broker would take it, and the
+  first would be refused forever; once one batch is in, the broker checks every sequence.
 - A retriable error keeps the sequence (RETRY). OUT_OF_ORDER_SEQUENCE_NUMBER is retriable
   too when the batch was not the oldest unacknowledged one of its partition, or when it was
   sent while an older one was still unacknowledged: the older batch failed or arrived
@@ -76,10 +80,11 @@ class _Unacked:
 
 
 class _PartitionSequences:
-    __slots__ = ("next_sequence", "unacked")
+    __slots__ = ("next_sequence", "unacked", "acked_any")
 
     def __init__(self) -> None:
         self.next_sequence = 0
+        self.acked_any = False      # the broker holds state for us on this partition
         # base_sequence -> _Unacked, in assignment order (dicts keep insertion order), which
         # is sequence order on the wrapping circle.
         self.unacked: dict[int, _Unacked] = {}
@@ -128,7 +133,14 @@ class IdempotenceState:
 
     def can_assign(self, tp) -> bool:
         """Whether a new batch of `tp` may get a sequence (and so be sent) now."""
-        return self.ready_to_send and self.unacked_count(tp) < UNACKED_BATCHES_MAX
+        if not self.ready_to_send:
+            return False
+        seqs = self._partitions.get(tp)
+        if seqs is None:
+            return True
+        if not seqs.acked_any:
+            return not seqs.unacked   # the first batch goes alone (see the rules above)
+        return len(seqs.unacked) < UNACKED_BATCHES_MAX
 
     def assign(self, tp, record_count: int) -> int:
         """Give the next batch of `tp` its base sequence; it is unacknowledged until told."""
@@ -165,6 +177,7 @@ class IdempotenceState:
         seqs = self._partitions.get(tp)
         if seqs is not None:
             seqs.unacked.pop(base_sequence, None)
+            seqs.acked_any = True
 
     def on_error(self, tp, base_sequence: int, producer_id: int, producer_epoch: int,
                  code: int) -> Decision:

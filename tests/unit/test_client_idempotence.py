@@ -56,8 +56,24 @@ def test_sequences_wrap_after_2_pow_31_minus_1(sequence, count, expected):
     assert increment_sequence(sequence, count) == expected
 
 
+def test_the_first_batch_of_a_partition_goes_alone():
+    state = fresh()
+    assert state.can_assign(TP)
+    seq = send(state, TP, 3)
+    assert not state.can_assign(TP)          # the broker would accept any first sequence
+    assert state.can_assign(OTHER)
+    state.on_acked(TP, seq, PID, EPOCH)
+    assert state.can_assign(TP)
+    send(state, TP, 1)
+    assert state.can_assign(TP)              # now the broker checks every sequence
+    state.set_producer_id(PID, EPOCH + 1)
+    send(state, TP, 1)
+    assert not state.can_assign(TP)          # a new epoch starts afresh
+
+
 def test_at_most_five_unacked_batches_per_partition():
     state = fresh()
+    state.on_acked(TP, state.assign(TP, 1), PID, EPOCH)
     for _ in range(UNACKED_BATCHES_MAX):
         assert state.can_assign(TP)
         send(state, TP, 1)
@@ -65,7 +81,7 @@ def test_at_most_five_unacked_batches_per_partition():
     assert state.can_assign(OTHER)
     with pytest.raises(InvariantError):
         state.assign(TP, 1)
-    state.on_acked(TP, 0, PID, EPOCH)
+    state.on_acked(TP, 1, PID, EPOCH)
     assert state.can_assign(TP)
 
 

@@ -1,0 +1,234 @@
+"""The producer against a real broker process: round trips, partitioning, acks, bulk, threads."""
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+
+import pytest
+
+import eos
+from eos.errors import MessageTooLargeError, UnknownTopicOrPartitionError
+from eos.types import TopicPartition
+from producer import ProducerClosedError, RecordMetadata
+from producer.partitioner import partition_for_key
+
+WAIT_S = 30
+
+
+def consume_all(address: str, topic: str, partitions: int, expected: int, *,
+                isolation_level: str = "read_uncommitted", timeout_s: float = WAIT_S) -> list:
+    """Every record of the topic from the beginning, polling until `expected` arrived."""
+    with eos.Consumer(address, auto_offset_reset="earliest", isolation_level=isolation_level,
+                      fetch_max_wait_ms=100) as consumer:
+        consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
+        records = []
+        deadline = time.monotonic() + timeout_s
+        while len(records) < expected and time.monotonic() < deadline:
+            records.extend(consumer.poll(timeout_ms=200))
+        # anything beyond `expected` (a duplicate) would show up here
+        records.extend(consumer.poll(timeout_ms=300))
+        return records
+
+
+def by_partition(records) -> dict[int, list]:
+    out: dict[int, list] = {}
+    for r in records:
+        out.setdefault(r.partition, []).append(r)
+    return out
+
+
+@pytest.fixture
+def admin(broker):
+    with eos.Admin(broker.address) as admin:
+        yield admin
+
+
+@pytest.mark.parametrize("compression", ["none", "gzip", "snappy", "lz4", "zstd"])
+def test_round_trip_over_three_partitions(broker, admin, compression):
+    admin.create_topic("rt", partitions=3)
+    sent = []
+    with eos.Producer(broker.address, compression_type=compression, linger_ms=1) as producer:
+        futures = []
+        for i in range(600):
+            key = None if i % 3 == 0 else b"key-%d" % (i % 17)
+            headers = [("n", str(i).encode()), ("none", None)] if i % 5 == 0 else None
+            value = None if i == 7 else (b"value-%d-" % i) * (1 + i % 4)
+            futures.append(producer.send("rt", value, key=key, headers=headers, timestamp_ms=1_700_000_000_000 + i))
+            sent.append((key, value, headers or []))
+        metadata = [f.result(WAIT_S) for f in futures]
+    assert all(isinstance(m, RecordMetadata) and m.offset >= 0 for m in metadata)
+    records = consume_all(broker.address, "rt", 3, len(sent))
+    assert len(records) == len(sent)
+    got = {(r.partition, r.offset): r for r in records}
+    for (key, value, headers), md, i in zip(sent, metadata, range(len(sent))):
+        record = got[(md.partition, md.offset)]
+        assert (record.key, record.value, record.headers) == (key, value, headers)
+        assert record.timestamp == md.timestamp == 1_700_000_000_000 + i
+    for recs in by_partition(records).values():
+        assert [r.offset for r in recs] == list(range(len(recs)))
+
+
+def test_keys_land_on_murmur2_partition(broker, admin):
+    admin.create_topic("keyed", partitions=5)
+    keys = [b"user-%d" % i for i in range(200)]
+    with eos.Producer(broker.address) as producer:
+        futures = [producer.send("keyed", b"v", key=k) for k in keys]
+        partitions = [f.result(WAIT_S).partition for f in futures]
+    assert partitions == [partition_for_key(k, 5) for k in keys]
+    records = consume_all(broker.address, "keyed", 5, len(keys))
+    assert sorted((r.key, r.partition) for r in records) == sorted(zip(keys, partitions))
+
+
+def test_keyless_records_are_spread_by_sticky_batches(broker, admin):
+    admin.create_topic("sticky", partitions=3)
+    with eos.Producer(broker.address, batch_size=2000) as producer:
+        futures = [producer.send("sticky", b"x" * 100) for _ in range(600)]
+        partitions = {f.result(WAIT_S).partition for f in futures}
+    assert len(partitions) > 1
+
+
+@pytest.mark.parametrize("acks", [0, 1, "all"])
+def test_acks(broker, admin, acks):
+    admin.create_topic("acks", partitions=2)
+    with eos.Producer(broker.address, acks=acks) as producer:
+        futures = [producer.send("acks", b"%d" % i, key=b"%d" % i) for i in range(300)]
+        producer.flush(WAIT_S)
+        assert all(f.done() for f in futures)
+        offsets = [f.result().offset for f in futures]
+    if acks == 0:
+        assert offsets == [-1] * 300        # fire and forget: where it landed is unknown
+    else:
+        assert all(o >= 0 for o in offsets)
+    records = consume_all(broker.address, "acks", 2, 300)
+    assert sorted(int(r.value) for r in records) == list(range(300))
+
+
+@pytest.mark.parametrize("acks", [1, "all"])
+def test_bulk_path(broker, admin, acks):
+    admin.create_topic("bulk", partitions=3)
+    values = [b"%06d" % i + b"x" * 94 for i in range(20_000)]
+    with eos.Producer(broker.address, acks=acks) as producer:
+        result = producer.send_batch("bulk", values, partition=1).result(WAIT_S)
+        assert len(result) == len(values)
+        assert [m.offset for m in result] == list(range(20_000))
+        assert {m.partition for m in result} == {1}
+        keys = [b"k%d" % (i % 50) for i in range(3000)]
+        keyed = producer.send_batch("bulk", values[:3000], keys=keys, timestamps_ms=1234).result(WAIT_S)
+        assert [m.partition for m in keyed] == [partition_for_key(k, 3) for k in keys]
+        assert {m.timestamp for m in keyed} == {1234}
+        sticky = producer.send_batch("bulk", values[:5000]).result(WAIT_S)
+        assert len({m.partition for m in sticky}) > 1
+        assert producer.send_batch("bulk", []).result(WAIT_S) == [] or len(producer.send_batch("bulk", []).result()) == 0
+    records = consume_all(broker.address, "bulk", 3, 28_000)
+    assert len(records) == 28_000
+    part1 = [r for r in by_partition(records)[1] if r.key is None]
+    assert [r.value for r in part1[:20_000]] == values
+    # keyed records keep their call order within each partition
+    for partition, recs in by_partition([r for r in records if r.key is not None]).items():
+        expected = [values[i] for i in range(3000) if partition_for_key(keys[i], 3) == partition]
+        assert [r.value for r in recs] == expected
+
+
+def test_callbacks_run_with_metadata(broker, admin):
+    admin.create_topic("cb", partitions=1)
+    seen = []
+    done = threading.Event()
+    with eos.Producer(broker.address) as producer:
+        futures = [producer.send("cb", b"%d" % i, on_delivery=lambda md, exc: seen.append((md.offset, exc)))
+                   for i in range(50)]
+        futures[-1].add_done_callback(lambda f: done.set())
+        completed, _ = concurrent.futures.wait(futures, timeout=WAIT_S)
+        assert len(completed) == 50
+        assert done.wait(WAIT_S)
+    assert sorted(seen) == [(i, None) for i in range(50)]
+
+
+def test_flush_and_close(broker, admin):
+    admin.create_topic("fc", partitions=1)
+    producer = eos.Producer(broker.address, linger_ms=60_000)   # only flush() sends
+    futures = [producer.send("fc", b"a") for _ in range(10)]
+    time.sleep(0.2)
+    assert not any(f.done() for f in futures)
+    producer.flush(WAIT_S)
+    assert [f.result().offset for f in futures] == list(range(10))
+    late = producer.send("fc", b"b")
+    producer.close(WAIT_S)                 # close delivers what is queued
+    assert late.result(0).offset == 10
+    producer.close()                       # idempotent
+    with pytest.raises(ProducerClosedError):
+        producer.send("fc", b"c")
+    with pytest.raises(ProducerClosedError):
+        producer.send_batch("fc", [b"c"])
+
+
+def test_close_with_timeout_fails_what_cannot_be_delivered(broker, admin):
+    admin.create_topic("gone", partitions=1)
+    producer = eos.Producer(broker.address, acks=1)
+    producer.send("gone", b"x").result(WAIT_S)
+    broker.kill()
+    future = producer.send("gone", b"y")
+    producer.close(timeout=1)
+    with pytest.raises(Exception) as info:
+        future.result(0)
+    assert "closed" in str(info.value) or "Expiring" in str(info.value)
+
+
+def test_producer_shared_by_four_threads_loses_nothing(broker, admin):
+    admin.create_topic("shared", partitions=3)
+    per_thread = 3000
+    with eos.Producer(broker.address) as producer:
+        failures = []
+
+        def work(thread_id: int):
+            futures = [producer.send("shared", b"%d:%d" % (thread_id, i), key=b"t%d" % thread_id)
+                       for i in range(per_thread)]
+            failures.extend(f for f in futures if f.exception(WAIT_S) is not None)
+
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(WAIT_S * 2)
+        assert not failures
+    records = consume_all(broker.address, "shared", 3, 4 * per_thread)
+    assert len(records) == 4 * per_thread
+    for thread_id in range(4):
+        mine = [int(r.value.split(b":")[1]) for r in records if r.key == b"t%d" % thread_id]
+        assert mine == list(range(per_thread))    # one key, one partition: in send order
+
+
+def test_errors_come_back_as_failed_futures_or_raise(broker, admin):
+    admin.create_topic("small", partitions=2)
+    with eos.Producer(broker.address, max_block_ms=300, max_request_size=10_000) as producer:
+        missing = producer.send("no-such-topic", b"x")
+        with pytest.raises(UnknownTopicOrPartitionError, match="no-such-topic"):
+            missing.result(WAIT_S)
+        seen = []
+        big = producer.send("small", b"x" * 20_000, on_delivery=lambda md, exc: seen.append(exc))
+        with pytest.raises(MessageTooLargeError, match="max.request.size"):
+            big.result(WAIT_S)
+        assert isinstance(seen[0], MessageTooLargeError)
+        with pytest.raises(ValueError, match="partition"):
+            producer.send("small", b"x", partition=2)
+        with pytest.raises(TypeError):
+            producer.send("small", 12345)
+        assert producer.send("small", "text é").result(WAIT_S).offset >= 0   # str is UTF-8
+        assert producer.partitions_for("small") == [0, 1]
+
+
+def test_topic_created_after_the_producer_started(broker, admin):
+    with eos.Producer(broker.address, max_block_ms=20_000) as producer:
+        result = {}
+        sender = threading.Thread(target=lambda: result.setdefault("f", producer.send("later", b"x")))
+        sender.start()
+        time.sleep(0.3)
+        admin.create_topic("later", partitions=1)
+        sender.join(WAIT_S)
+        assert result["f"].result(WAIT_S).offset == 0
+
+
+def test_transactions_are_not_there_yet(broker):
+    with eos.Producer(broker.address, transactional_id="tx-1") as producer:
+        with pytest.raises(NotImplementedError, match="issue 4"):
+            producer.init_transactions()
