@@ -148,6 +148,7 @@ def plot(run: dict, path: Path) -> Path | None:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import FuncFormatter
     except ImportError:
         return None
     all_rows = rows(run)
@@ -158,7 +159,9 @@ def plot(run: dict, path: Path) -> Path | None:
         ("Latency (ms, lower is better)", [r for r in all_rows if r["unit"] == "ms"]),
     ]
     panels = [(title, rs) for title, rs in panels if rs]
-    ratio_rows = [r for r in all_rows if r["ratio"] is not None]
+    # MB/s of values repeats records/s for the same run, so it is left out of the ratios.
+    ratio_rows = [r for r in all_rows if r["ratio"] is not None
+                  and (r["unit"] != "MB/s" or r["workload"] == "append")]
     count = len(panels) + (1 if ratio_rows else 0)
     if count == 0:
         return None
@@ -182,7 +185,9 @@ def plot(run: dict, path: Path) -> Path | None:
         ax.set_yticklabels(labels, fontsize=8)
         ax.invert_yaxis()
         ax.set_title(title, fontsize=10)
-        ax.legend(fontsize=8, loc="lower right")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: f"{x:,.0f}"))
+        ax.legend(fontsize=8, loc="upper right", bbox_to_anchor=(1.0, 1.18), ncol=2,
+                  frameon=False)
         ax.margins(x=0.15)
     if ratio_rows:
         ax = axes[-1, 0]
@@ -207,6 +212,16 @@ def plot(run: dict, path: Path) -> Path | None:
     return path
 
 
+def rewrite(json_path: Path) -> list[Path]:
+    """Regenerate the Markdown and PNG (and latest.*) of a saved run, e.g. after a change
+    of format: ``python -m bench.report bench/results/latest.json``."""
+    run = json.loads(json_path.read_text())
+    run.pop("rows", None)
+    stem = json_path.stem if json_path.stem != "latest" else \
+        f"{run['started_utc'][:10]}-{run['machine']['hostname']}"
+    return write(run, json_path.parent, stem)
+
+
 def write(run: dict, out_dir: Path, stem: str) -> list[Path]:
     """stem.json, stem.md, stem.png in out_dir, each also copied to latest.*."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -225,3 +240,11 @@ def write(run: dict, out_dir: Path, stem: str) -> list[Path]:
         shutil.copyfile(path, latest)
         written.append(latest)
     return written
+
+
+if __name__ == "__main__":
+    import sys
+
+    for argument in sys.argv[1:]:
+        for written in rewrite(Path(argument)):
+            print(f"wrote {written}")

@@ -36,11 +36,12 @@ class NotAvailable(Exception):
 
 
 class RecordsLost(Exception):
-    """Fewer records were acknowledged or received than were sent."""
+    """The records acknowledged or received are not the records sent (missing or extra)."""
 
     def __init__(self, what: str, expected: int, actual: int):
-        super().__init__(f"{what}: expected {expected:,} records, got {actual:,} "
-                         f"({expected - actual:+,} missing)")
+        difference = (f"{expected - actual:,} missing" if actual < expected
+                      else f"{actual - expected:,} extra: duplicates")
+        super().__init__(f"{what}: expected {expected:,} records, got {actual:,} ({difference})")
         self.expected = expected
         self.actual = actual
 
