@@ -46,6 +46,7 @@ from eos.config import TopicConfig
 from eos.errors import EosError, InvalidConfigError, StorageError
 from eos.v1 import broker_pb2_grpc, txn_pb2_grpc
 from txn_coordinator.producer_ids import PRODUCER_IDS_FILE_NAME, ProducerIdManager
+from txn_coordinator.coordinator import BrokerLink, TransactionCoordinator
 from txn_coordinator.service import TxnCoordinatorServicer
 
 log = logging.getLogger("eos.broker")
@@ -94,6 +95,7 @@ class BrokerConfig:
     log_retention_check_interval_ms: int = 5000
     socket_request_max_bytes: int = GRPC_MESSAGE_BYTES_MAX
     producer_id_expiration_ms: int = 86400000
+    transaction_state_log_num_partitions: int = 50
     topic_defaults: TopicConfig = TopicConfig()
 
     @classmethod
@@ -117,6 +119,8 @@ class BrokerConfig:
                                                                 maximum=GRPC_MESSAGE_BYTES_MAX * 20)
             elif name == "producer.id.expiration.ms":
                 values["producer_id_expiration_ms"] = _parse_int(name, raw, minimum=1)
+            elif name == "transaction.state.log.num.partitions":
+                values["transaction_state_log_num_partitions"] = _parse_int(name, raw, minimum=1)
             else:
                 raise InvalidConfigError(f"unknown broker config {name!r}")
         try:
@@ -240,6 +244,8 @@ class BrokerServer:
         self._producer_ids: ProducerIdManager | None = None
         self._grpc_server: grpc.Server | None = None
         self._servicer: BrokerServicer | None = None
+        self._txn_coordinator: TransactionCoordinator | None = None
+        self._txn_link: BrokerLink | None = None
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._housekeeping_thread: threading.Thread | None = None
@@ -330,12 +336,36 @@ class BrokerServer:
             now_ms_fn=self._now_ms, auto_create_topics=self.config.auto_create_topics_enable,
             fetch_max_wait_cap_ms=FETCH_MAX_WAIT_CAP_MS)
         broker_pb2_grpc.add_BrokerServicer_to_server(self._servicer, server)
-        txn_pb2_grpc.add_TxnCoordinatorServicer_to_server(TxnCoordinatorServicer(producer_ids), server)
+        # The transaction coordinator reaches this broker only through the gRPC contract
+        # (DESIGN.md §1), here over loopback; it loads its log once the server is up.
+        self._txn_link = BrokerLink(_format_host_port(self.host, bound_port))
+        self._txn_coordinator = TransactionCoordinator(
+            self._txn_link, producer_ids.next_id, now_ms_fn=self._now_ms,
+            state_topic_partitions=self.config.transaction_state_log_num_partitions)
+        txn_pb2_grpc.add_TxnCoordinatorServicer_to_server(
+            TxnCoordinatorServicer(producer_ids, self._txn_coordinator), server)
         server.start()
+        threading.Thread(target=self._start_txn_coordinator, name="eos-txn-load", daemon=True).start()
 
         self._housekeeping_thread = threading.Thread(
             target=self._housekeeping_loop, name="eos-broker-housekeeping", daemon=True)
         self._housekeeping_thread.start()
+
+    def _start_txn_coordinator(self) -> None:
+        for attempt in range(1, 31):
+            if self._stopping.is_set():
+                return
+            try:
+                self._txn_coordinator.start()
+                return
+            except Exception:
+                log.exception("loading the transaction coordinator failed (attempt %d); retrying", attempt)
+                self._stopping.wait(1.0)
+        log.error("the transaction coordinator did not load; transactional requests will be refused")
+
+    @property
+    def txn_coordinator(self) -> TransactionCoordinator | None:
+        return self._txn_coordinator
 
     def _sweep_logs(self) -> None:
         """Make the logs on disk match the registry: create what is missing (a create cut
@@ -382,6 +412,8 @@ class BrokerServer:
             if not self._started or self._stopped.is_set():
                 return
             self._stopping.set()
+            if self._txn_coordinator is not None:
+                self._txn_coordinator.stop()
             stopped_event = self._grpc_server.stop(grace_s)  # refuses new RPCs at once
             if not self._servicer.close_and_drain(grace_s):
                 log.warning("requests still running after %.1f s; closing the logs anyway", grace_s)
@@ -390,6 +422,8 @@ class BrokerServer:
                 self._housekeeping_thread.join(HOUSEKEEPING_JOIN_TIMEOUT_S)
                 if self._housekeeping_thread.is_alive():
                     log.warning("housekeeping still running at shutdown")
+            if self._txn_link is not None:
+                self._txn_link.close()
             try:
                 self._log_manager.shutdown()
             finally:

@@ -246,6 +246,12 @@ class TransactionCoordinator:
                 # The topic is gone: there is nothing left to mark (Kafka drops it too).
                 log.warning("dropping the marker of %r for deleted %s", marker.transactional_id, tp)
                 continue
+            if code in (ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode.TRANSACTION_COORDINATOR_FENCED):
+                # The partition has moved past this transaction (a newer epoch or coordinator
+                # wrote there): retrying can never succeed, so the marker is dropped.
+                log.error("dropping the marker of %r for %s: %s %s", marker.transactional_id, tp,
+                          ErrorCode(code).name, message)
+                continue
             if reaction_for(code) is not Reaction.RETRY:
                 log.error("marker of %r for %s refused: %s %s; retrying", marker.transactional_id, tp,
                           ErrorCode(code).name, message)
@@ -296,6 +302,17 @@ class TransactionCoordinator:
             decision = self._core.end_transaction(transactional_id, producer_id, producer_epoch, commit,
                                                   self._now_ms(), self._new_producer_id)
         return self._carry_out(decision)
+
+    def abort_hanging(self, tp: TopicPartition, producer_id: int, producer_epoch: int,
+                      coordinator_epoch: int) -> tuple[int, str]:
+        """KIP-664: write an ABORT marker for a producer whose transaction hangs in `tp`
+        (one the coordinator no longer knows about). Returns (error code, message)."""
+        marker = MarkerRequest("", producer_id, producer_epoch, False, coordinator_epoch, frozenset({tp}))
+        try:
+            results = self._link.write_markers(marker)
+        except grpc.RpcError as exc:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE, f"WriteTxnMarkers failed: {exc.code()}"
+        return results.get(tp, (ErrorCode.UNKNOWN_SERVER_ERROR, "no answer for the partition"))
 
     def describe(self, transactional_id: str) -> TxnMetadata | None:
         with self._lock:

@@ -206,7 +206,12 @@ class TxnCoordinatorCore:
             del self.pending[md.transactional_id]
 
     def _markers_for(self, md: TxnMetadata) -> MarkerRequest:
-        return MarkerRequest(md.transactional_id, md.producer_id, md.producer_epoch,
+        # The data sits under the id that wrote it. When the bump rotated to a new id (the
+        # epoch was spent), the markers go out under the old id with the last epoch, and
+        # the client continues with the new id at epoch 0.
+        rotated = md.last_producer_id not in (NO_PRODUCER_ID, md.producer_id)
+        producer_id, epoch = (md.last_producer_id, EPOCH_MAX) if rotated else (md.producer_id, md.producer_epoch)
+        return MarkerRequest(md.transactional_id, producer_id, epoch,
                              md.state is S.PREPARE_COMMIT, self.coordinator_epoch, md.partitions)
 
     def markers_written(self, transactional_id: str, now_ms: int) -> Decision:
@@ -247,7 +252,8 @@ class TxnCoordinatorCore:
         if expected_producer_id != NO_PRODUCER_ID:
             # KIP-360: a producer re-initialising itself names its current id and epoch.
             is_current = (expected_producer_id, expected_producer_epoch) == (md.producer_id, md.producer_epoch)
-            is_retry = (expected_producer_id, expected_producer_epoch) == (md.last_producer_id, md.last_producer_epoch)
+            is_retry = (md.last_producer_epoch >= 0 and (expected_producer_id, expected_producer_epoch)
+                        == (md.last_producer_id, md.last_producer_epoch))
             if is_retry and md.state in IDLE_STATES:
                 return Decision(producer_id=md.producer_id, producer_epoch=md.producer_epoch)
             if not is_current:
@@ -272,10 +278,11 @@ class TxnCoordinatorCore:
                       reply_error: ErrorCode) -> Decision:
         producer_id, epoch = _bumped(md, new_producer_id)
         fenced = _transition(md, state=S.PREPARE_EPOCH_FENCE)
-        # The previous pair is deliberately not remembered: a fenced producer's retry must
-        # never be mistaken for the owner's retry and handed the new epoch.
+        # The previous epoch is deliberately not remembered (only the id, for the markers):
+        # a fenced producer's retry must never be mistaken for the owner's retry and handed
+        # the new epoch.
         aborting = _transition(fenced, state=S.PREPARE_ABORT, producer_id=producer_id, producer_epoch=epoch,
-                               last_producer_id=NO_PRODUCER_ID, last_producer_epoch=NO_PRODUCER_EPOCH,
+                               last_producer_id=md.producer_id, last_producer_epoch=NO_PRODUCER_EPOCH,
                                last_update_ms=now_ms)
         decision = self._propose(aborting)
         return dataclasses.replace(decision, error=reply_error,
@@ -342,7 +349,8 @@ class TxnCoordinatorCore:
         wanted_complete = S.COMPLETE_COMMIT if commit else S.COMPLETE_ABORT
         # A retry of an EndTxn whose answer was lost: the decision is already taken with the
         # epoch bumped, so the request carries the previous pair.
-        is_retry = (producer_id, producer_epoch) == (md.last_producer_id, md.last_producer_epoch)
+        is_retry = md.last_producer_epoch >= 0 and (producer_id, producer_epoch) == (
+            md.last_producer_id, md.last_producer_epoch)
         if is_retry and md.state in (wanted_prepare, wanted_complete):
             if md.state is wanted_prepare:
                 return _refuse(ErrorCode.CONCURRENT_TRANSACTIONS, "the transaction is completing; retry")

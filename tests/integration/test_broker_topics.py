@@ -15,9 +15,12 @@ def create_topics(stub, *topics, validate_only=False):
     return {t.name: t for t in stub.CreateTopics(request, timeout=30).topics}
 
 
+COORDINATOR_TOPICS = {"__transaction_state", "__consumer_offsets"}  # created by the coordinators
+
+
 def topic_names(stub, include_internal=False):
     response = stub.Metadata(broker_pb2.MetadataRequest(include_internal=include_internal), timeout=30)
-    return sorted(t.name for t in response.topics)
+    return sorted(t.name for t in response.topics if t.name not in COORDINATOR_TOPICS)
 
 
 def test_create_list_describe_delete(inprocess_broker):

@@ -233,3 +233,18 @@ def test_verify_partitions_answers_without_writing():
     settle(core, core.end_transaction("app", 1000, 0, True, 10, ids))
     late = core.verify_partitions("app", 1000, 1, [TP0])     # the transaction is decided
     assert late.partition_errors == {TP0: ErrorCode.INVALID_TXN_STATE}
+
+
+def test_markers_after_rotation_use_the_old_id_with_the_last_epoch():
+    core, ids = ongoing()
+    core.durable["app"] = dataclasses.replace(core.describe("app"), producer_epoch=EPOCH_MAX - 1)
+    markers = settle(core, core.end_transaction("app", 1000, EPOCH_MAX - 1, True, 1, ids))
+    assert (markers.producer_id, markers.producer_epoch) == (1000, EPOCH_MAX)
+    md = core.describe("app")
+    assert (md.producer_id, md.producer_epoch) == (1001, 0)
+
+
+def test_fenced_abort_markers_use_the_bumped_epoch_of_the_same_id():
+    core, ids = ongoing()
+    markers = settle(core, core.init_producer_id("app", TIMEOUT_MS, 1, ids))
+    assert (markers.producer_id, markers.producer_epoch) == (1000, 1)
