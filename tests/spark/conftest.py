@@ -37,6 +37,11 @@ def spark():
     # virtualenv's), or they would not find eos.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    # ... and import our packages from this checkout, whatever their working directory.
+    repo_root = str(HERE.parent.parent)
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if repo_root not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([repo_root, *paths])
     from pyspark.sql import SparkSession
 
     import spark_sink

@@ -176,3 +176,182 @@ def test_plan_ranges_splits_large_ranges_evenly_and_covers_them():
 
 def test_plan_ranges_new_partition_starts_at_zero():
     assert plan_ranges({A0: 2}, {A0: 2, A1: 3}) == [OffsetRange("a", 1, 0, 3)]
+
+
+# ---- through Spark, against a real broker ---------------------------------------------------
+
+STREAM_TIMEOUT_S = 180     # a bound on every streaming query; none should come near it
+
+
+@pytest.fixture(scope="module")
+def eos_broker(tmp_path_factory):
+    """One broker subprocess for this module's Spark tests (each test uses its own topics)."""
+    from tests.conftest import BrokerProcess
+
+    process = BrokerProcess(tmp_path_factory.mktemp("spark-broker") / "data")
+    process.start()
+    try:
+        yield process
+    finally:
+        process.close()
+
+
+@pytest.fixture(scope="module")
+def admin(eos_broker):
+    import eos
+
+    client = eos.Admin(eos_broker.address)
+    yield client
+    client.close()
+
+
+def produce(address: str, topic: str, records_per_partition: dict[int, int], *, headers_every: int = 0):
+    """Send known records to explicit partitions; return {(partition, offset): (key, value, headers)}."""
+    import eos
+
+    produced = {}
+    futures = []
+    with eos.Producer(address, linger_ms=5) as producer:
+        for partition, count in records_per_partition.items():
+            for i in range(count):
+                key = f"{topic}-{partition}-k{i}".encode()
+                value = f"value {i} of {topic}-{partition}".encode() * (1 + i % 3)
+                headers = [("n", str(i).encode()), ("empty", None)] if headers_every and i % headers_every == 0 else []
+                futures.append((producer.send(topic, value=value, key=key, partition=partition,
+                                              headers=headers or None), key, value, headers))
+        producer.flush(60)
+        for future, key, value, headers in futures:
+            metadata = future.result(60)
+            produced[(metadata.partition, metadata.offset)] = (key, value, headers)
+    return produced
+
+
+def rows_by_position(rows) -> dict:
+    return {(r.partition, r.offset): (r.key, r.value, [(h.key, h.value) for h in r.headers]) for r in rows}
+
+
+def reader(spark, eos_broker, topic: str, **options):
+    read = spark.read.format("eos").option("bootstrap", eos_broker.address).option("subscribe", topic)
+    for name, value in options.items():
+        read = read.option(name, value)
+    return read.load()
+
+
+def test_batch_read_returns_exactly_what_was_produced(spark, eos_broker, admin):
+    admin.create_topic("batch3", partitions=3)
+    produced = produce(eos_broker.address, "batch3", {0: 120, 1: 75, 2: 0}, headers_every=10)
+    df = reader(spark, eos_broker, "batch3")
+    assert [f.name for f in df.schema.fields] == [
+        "key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "headers"]
+    rows = df.collect()
+    assert len(rows) == len(produced) == 195
+    assert rows_by_position(rows) == produced
+    assert {r.topic for r in rows} == {"batch3"} and {r.timestampType for r in rows} == {0}
+    assert all(r.timestamp is not None for r in rows)
+    # one task per non-empty partition without maxRecordsPerPartition
+    assert df.rdd.getNumPartitions() == 2
+
+
+def test_batch_read_with_starting_and_ending_offsets_json(spark, eos_broker, admin):
+    admin.create_topic("ranges", partitions=2)
+    produced = produce(eos_broker.address, "ranges", {0: 30, 1: 30})
+    df = reader(spark, eos_broker, "ranges",
+                startingOffsets=json.dumps({"ranges": {"0": 5, "1": -2}}),
+                endingOffsets=json.dumps({"ranges": {"0": -1, "1": 12}}))
+    got = rows_by_position(df.collect())
+    expected = {pos: v for pos, v in produced.items()
+                if (pos[0] == 0 and pos[1] >= 5) or (pos[0] == 1 and pos[1] < 12)}
+    assert got == expected and len(got) == 25 + 12
+
+
+def test_large_ranges_are_split_into_several_input_partitions(spark, eos_broker, admin):
+    admin.create_topic("split", partitions=2)
+    produced = produce(eos_broker.address, "split", {0: 100, 1: 7})
+    df = reader(spark, eos_broker, "split", maxRecordsPerPartition="30")
+    assert df.rdd.getNumPartitions() == 4 + 1
+    rows = df.collect()
+    assert rows_by_position(rows) == produced and len(rows) == 107
+
+
+def run_available_now(spark, eos_broker, topic: str, checkpoint: str, **options) -> list[tuple[int, list]]:
+    """Run a stream with trigger(availableNow=True) to its end; return [(batch_id, [(partition, offset)])]."""
+    batches: list[tuple[int, list]] = []
+
+    def collect(batch_df, batch_id):
+        positions = [(r.partition, r.offset) for r in batch_df.select("partition", "offset").collect()]
+        batches.append((batch_id, positions))
+
+    stream = (spark.readStream.format("eos").option("bootstrap", eos_broker.address)
+              .option("subscribe", topic))
+    for name, value in options.items():
+        stream = stream.option(name, value)
+    query = (stream.load().writeStream.foreachBatch(collect)
+             .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+    try:
+        finished = query.awaitTermination(STREAM_TIMEOUT_S)
+        assert finished, f"the availableNow query did not finish within {STREAM_TIMEOUT_S} s"
+        if query.exception() is not None:
+            raise AssertionError(f"the query failed: {query.exception()}")
+    finally:
+        query.stop()
+    return batches
+
+
+def test_stream_max_records_per_trigger_gives_several_micro_batches(spark, eos_broker, admin, tmp_path):
+    admin.create_topic("trig", partitions=3)
+    produced = produce(eos_broker.address, "trig", {0: 50, 1: 30, 2: 20})
+    batches = run_available_now(spark, eos_broker, "trig", str(tmp_path / "cp"),
+                                startingOffsets="earliest", maxRecordsPerTrigger="25")
+    sizes = [len(positions) for _, positions in batches if positions]
+    assert sizes == [25, 25, 25, 25]
+    seen = [pos for _, positions in batches for pos in positions]
+    assert sorted(seen) == sorted(produced)            # every record once, none twice
+
+    # A restart from the same checkpoint resumes after the last batch: only new records.
+    more = produce(eos_broker.address, "trig", {1: 10})
+    new_offsets = sorted(more)
+    again = run_available_now(spark, eos_broker, "trig", str(tmp_path / "cp"),
+                              startingOffsets="earliest", maxRecordsPerTrigger="25")
+    assert sorted(pos for _, positions in again for pos in positions) == new_offsets
+    assert min(batch_id for batch_id, _ in again) > max(batch_id for batch_id, _ in batches)
+
+
+def test_stream_starting_latest_skips_what_was_there(spark, eos_broker, admin, tmp_path):
+    admin.create_topic("late", partitions=1)
+    produce(eos_broker.address, "late", {0: 10})
+    batches = run_available_now(spark, eos_broker, "late", str(tmp_path / "cp"))
+    assert [pos for _, positions in batches for pos in positions] == []
+
+
+@pytest.mark.parametrize("options, words", [
+    ({"subscribe": "x"}, "option bootstrap is required"),
+    ({"bootstrap": "{broker}", "subscribe": "no_such_topic"}, "topic 'no_such_topic' (option subscribe) does not exist"),
+    ({"bootstrap": "{broker}", "subscribe": "errs", "startingOffsets": "{bad"}, "startingOffsets must be earliest"),
+    ({"bootstrap": "{broker}", "subscribe": "errs", "startingOffsets": '{"errs": {"0": 0}}'}, "missing: errs-1"),
+    ({"bootstrap": "{broker}", "subscribe": "errs", "endingOffsets": '{"errs": {"0": 999, "1": -1}}'},
+     "offset 999 of errs-0 is past the end"),
+])
+def test_batch_read_errors_name_the_problem(spark, eos_broker, admin, options, words):
+    try:
+        admin.create_topic("errs", partitions=2)
+    except Exception:
+        pass  # created by an earlier case
+    read = spark.read.format("eos")
+    for name, value in options.items():
+        read = read.option(name, value.replace("{broker}", eos_broker.address))
+    with pytest.raises(Exception) as info:
+        read.load().collect()
+    assert words in str(info.value)
+
+
+def test_stream_past_the_end_is_data_loss_unless_allowed(spark, eos_broker, admin, tmp_path):
+    admin.create_topic("lost", partitions=1)
+    produce(eos_broker.address, "lost", {0: 5})
+    beyond = json.dumps({"lost": {"0": 50}})
+    with pytest.raises(Exception) as info:
+        run_available_now(spark, eos_broker, "lost", str(tmp_path / "cp1"), startingOffsets=beyond)
+    assert "failOnDataLoss" in str(info.value) and "ends at 5" in str(info.value)
+    # failOnDataLoss=false: start again from where the partition ends, and go on
+    batches = run_available_now(spark, eos_broker, "lost", str(tmp_path / "cp2"), startingOffsets=beyond,
+                                failOnDataLoss="false")
+    assert [pos for _, positions in batches for pos in positions] == []

@@ -1,0 +1,405 @@
+"""The Spark data source "eos": `spark.read.format("eos")` and `spark.readStream.format("eos")`.
+
+Theory of operation
+-------------------
+A PySpark Python Data Source (pyspark >= 4.2, for admission control). Three places run
+code, and each does one job:
+
+- The *planner* (a Python worker next to Spark's driver) decides offsets. It asks the
+  broker, through `eos.Admin`, for the partitions of the subscribed topics, their earliest
+  offsets and their *upper bounds* -- ListOffsets "latest" at the query's isolation level,
+  which the broker answers with the last stable offset under read_committed -- and hands
+  the numbers to the pure planning functions of `spark_sink.offsets`. A batch end never
+  passes the upper bound, so an open transaction in the input holds the boundary back.
+- The *executors* read. Each `EosInputPartition` is an offset range [start, end) of one
+  partition; its task opens its own `eos.Consumer` (no group), assigns the partition,
+  seeks to start and polls until the consumer's position reaches end. Under
+  read_committed, markers and aborted records take offsets but are never returned, so
+  the task stops on the position, never on a count. Records go to Spark as Arrow record
+  batches, built column by column. No record ever passes through the driver.
+- Spark's streaming engine keeps the offsets: the JSON {topic: {partition: offset}} that
+  `latestOffset` returns is written to the query's offset log, and a restarted query
+  replays a batch from exactly the same range. `commit` keeps nothing: the exactly-once
+  sink commits the input offsets inside its own transaction.
+
+Options (names are case-insensitive, as Spark's are):
+
+  bootstrap               broker "host:port[,host:port]" (required)
+  subscribe               comma-separated topics (required)
+  startingOffsets         earliest | latest | JSON {"t": {"0": 23, "1": -2}} (-2 earliest,
+                          -1 latest); default latest for streams, earliest for batch reads
+  endingOffsets           batch reads: latest (default) | JSON (-1 latest)
+  maxRecordsPerTrigger    streams: at most this many offsets per micro-batch, shared
+                          among the partitions in proportion to what each has waiting
+  maxRecordsPerPartition  a range of more offsets than this is split into several Spark
+                          partitions (tasks) of near-equal size
+  isolation               read_committed (default) | read_uncommitted
+  failOnDataLoss          true (default): raise when records the query has not read were
+                          deleted, or a partition vanished; false: skip them and go on
+  pollTimeoutMs           a task that makes no progress for this long fails (120000)
+
+Known limit: Spark calls `initialOffset` again when a query restarts before its first
+batch committed; with startingOffsets=latest the first batch may then begin later than
+it first did (Spark's Kafka source keeps the first start in its checkpoint; the Python
+API gives a source no checkpoint directory). Use earliest or JSON offsets where that
+matters.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Iterator
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from eos.errors import EosError, OffsetOutOfRangeError, UnknownTopicOrPartitionError
+from eos.types import TopicPartition
+from spark_sink.offsets import (
+    DataLossError,
+    OffsetRange,
+    SourceOptionError,
+    SourceOptions,
+    check_start,
+    from_json_dict,
+    limit_by_records,
+    parse_options,
+    plan_ranges,
+    resolve_offsets,
+    to_json_dict,
+)
+
+log = logging.getLogger("eos.spark.source")
+
+SOURCE_NAME = "eos"
+HEADERS_TYPE = ArrayType(StructType([
+    StructField("key", StringType(), True),
+    StructField("value", BinaryType(), True),
+]), True)
+SCHEMA = StructType([
+    StructField("key", BinaryType(), True),
+    StructField("value", BinaryType(), True),
+    StructField("topic", StringType(), True),
+    StructField("partition", IntegerType(), True),
+    StructField("offset", LongType(), True),
+    StructField("timestamp", TimestampType(), True),
+    StructField("timestampType", IntegerType(), True),
+    StructField("headers", HEADERS_TYPE, True),
+])
+
+# Records per poll, and so per Arrow batch handed to Spark: big enough that the per-batch
+# cost of Arrow disappears, small enough to stay a few MB.
+RECORDS_PER_POLL_MAX = 8192
+# One poll waits at most this long; the task then checks its position again (a range
+# that ends in markers is finished by the consumer's position without any record).
+POLL_SLICE_MS = 100
+
+
+class EosInputPartition(InputPartition):
+    """One task's work: an `OffsetRange` (picklable; sent to the executor)."""
+
+    def __init__(self, offset_range: OffsetRange):
+        super().__init__(tuple(offset_range))
+        self.offset_range = offset_range
+
+    def __repr__(self) -> str:
+        r = self.offset_range
+        return f"EosInputPartition({r.topic}-{r.partition} [{r.start_offset}, {r.end_offset_exclusive}))"
+
+
+class EosDataSource(DataSource):
+    """`spark.dataSource.register(EosDataSource)`, then `.format("eos")`."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> StructType:
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return EosBatchReader(parse_options(self.options, streaming=False))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return EosStreamReader(parse_options(self.options, streaming=True))
+
+
+# ---- the planner's view of the broker -----------------------------------------------------
+
+class _BrokerOffsets:
+    """Partitions, earliest offsets and upper bounds, from the broker (planner side only).
+
+    Owns one `eos.Admin`, opened on first use and never pickled: the readers that hold
+    this object are shipped to the executors, which do not need it."""
+
+    def __init__(self, options: SourceOptions):
+        self.options = options
+        self._admin = None
+
+    def _client(self):
+        if self._admin is None:
+            from eos.admin import Admin
+            self._admin = Admin(self.options.bootstrap)
+        return self._admin
+
+    def partitions(self) -> list[TopicPartition]:
+        admin = self._client()
+        found: list[TopicPartition] = []
+        for topic in self.options.topics:
+            try:
+                described = admin.describe_topic(topic)
+            except UnknownTopicOrPartitionError:
+                raise UnknownTopicOrPartitionError(
+                    f"eos source: topic {topic!r} (option subscribe) does not exist on "
+                    f"{self.options.bootstrap}") from None
+            found.extend(TopicPartition(topic, p["partition"]) for p in described["partitions"])
+        return found
+
+    def earliest(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+        return self._client().list_offsets({tp: "earliest" for tp in partitions},
+                                            isolation_level=self.options.isolation)
+
+    def upper(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+        """The exclusive offset a reader may go to: the LSO under read_committed."""
+        return self._client().list_offsets({tp: "latest" for tp in partitions},
+                                           isolation_level=self.options.isolation)
+
+    def close(self) -> None:
+        if self._admin is not None:
+            admin, self._admin = self._admin, None
+            admin.close()
+
+    def __getstate__(self):
+        return {"options": self.options, "_admin": None}
+
+
+# ---- batch reads --------------------------------------------------------------------------
+
+class EosBatchReader(DataSourceReader):
+    def __init__(self, options: SourceOptions):
+        self.options = options
+        self._broker = _BrokerOffsets(options)
+
+    def partitions(self) -> list[EosInputPartition]:
+        options = self.options
+        try:
+            tps = self._broker.partitions()
+            earliest = self._broker.earliest(tps)
+            upper = self._broker.upper(tps)
+        finally:
+            self._broker.close()
+        start = resolve_offsets(options.starting, tps, earliest, upper, option="startingOffsets")
+        end = resolve_offsets(options.ending, tps, earliest, upper, option="endingOffsets")
+        for tp in tps:
+            if end[tp] > upper[tp]:
+                raise SourceOptionError(
+                    f"option endingOffsets: offset {end[tp]} of {tp.topic}-{tp.partition} is past "
+                    f"the end of the partition ({upper[tp]} under {options.isolation})")
+            if start[tp] > end[tp]:
+                raise SourceOptionError(
+                    f"{tp.topic}-{tp.partition}: startingOffsets {start[tp]} is after "
+                    f"endingOffsets {end[tp]}")
+        checked = check_start(start, tps, earliest, upper, fail_on_data_loss=options.fail_on_data_loss)
+        for problem in checked.problems:
+            log.warning("eos source: data loss (failOnDataLoss=false): %s", problem)
+        return [EosInputPartition(r) for r in plan_ranges(checked.start, end, options.max_records_per_partition)]
+
+    def read(self, partition: EosInputPartition) -> Iterator:
+        return read_range(self.options, partition.offset_range)
+
+
+# ---- streaming reads ----------------------------------------------------------------------
+
+class EosStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: SourceOptions):
+        self.options = options
+        self._broker = _BrokerOffsets(options)
+        self._available_now_end: dict[TopicPartition, int] | None = None
+        self._last_upper: dict[TopicPartition, int] | None = None
+
+    def __getstate__(self):
+        # Shipped to executors for read(): they need the options only.
+        return {"options": self.options, "_broker": _BrokerOffsets(self.options),
+                "_available_now_end": None, "_last_upper": None}
+
+    def _snapshot(self):
+        tps = self._broker.partitions()
+        earliest = self._broker.earliest(tps)
+        upper = self._broker.upper(tps)
+        self._last_upper = upper
+        return tps, earliest, upper
+
+    def initialOffset(self) -> dict:
+        tps, earliest, upper = self._snapshot()
+        start = resolve_offsets(self.options.starting, tps, earliest, upper, option="startingOffsets")
+        checked = check_start(start, tps, earliest, upper, fail_on_data_loss=self.options.fail_on_data_loss)
+        return to_json_dict(checked.start)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_records_per_trigger is not None:
+            return ReadMaxRows(self.options.max_records_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        # What "available now" means: the upper bounds at this moment. Later batches never
+        # pass them, so the query drains what was there and stops.
+        _, _, upper = self._snapshot()
+        self._available_now_end = dict(upper)
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        start_offsets = from_json_dict(start, what="start offset from Spark's offset log")
+        tps, earliest, upper = self._snapshot()
+        checked = check_start(start_offsets, tps, earliest, upper,
+                              fail_on_data_loss=self.options.fail_on_data_loss)
+        for problem in checked.problems:
+            log.warning("eos source: data loss (failOnDataLoss=false): %s", problem)
+        available = dict(upper)
+        if self._available_now_end is not None:
+            for tp in available:
+                # A partition added after the query began drains only to its bound at
+                # preparation time too (0 when it did not exist then).
+                available[tp] = max(checked.start[tp], min(available[tp], self._available_now_end.get(tp, 0)))
+        if isinstance(limit, ReadMaxRows):
+            end = limit_by_records(checked.start, available, limit.max_rows)
+        else:
+            end = available
+        return to_json_dict(end)
+
+    def reportLatestOffset(self) -> dict | None:
+        return None if self._last_upper is None else to_json_dict(self._last_upper)
+
+    def partitions(self, start: dict, end: dict) -> list[EosInputPartition]:
+        start_offsets = from_json_dict(start, what="start offset from Spark's offset log")
+        end_offsets = from_json_dict(end, what="end offset from Spark's offset log")
+        ranges = plan_ranges(start_offsets, end_offsets, self.options.max_records_per_partition)
+        return [EosInputPartition(r) for r in ranges]
+
+    def read(self, partition: EosInputPartition) -> Iterator:
+        return read_range(self.options, partition.offset_range)
+
+    def commit(self, end: dict) -> None:
+        # Nothing to keep: offsets live in Spark's offset log, and the exactly-once sink
+        # commits them to the consumer group inside its transaction.
+        pass
+
+    def stop(self) -> None:
+        self._broker.close()
+
+
+# ---- the executor side --------------------------------------------------------------------
+
+def read_range(options: SourceOptions, offset_range: OffsetRange) -> Iterator:
+    """The records of [start, end) of one partition, as Arrow record batches."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from consumer import Consumer
+
+    tp = offset_range.tp
+    start, end = offset_range.start_offset, offset_range.end_offset_exclusive
+    if start >= end:
+        return
+    arrow_schema = to_arrow_schema(SCHEMA, timezone="UTC")
+    headers_type = arrow_schema.field("headers").type
+    consumer = Consumer(options.bootstrap, isolation_level=options.isolation,
+                        auto_offset_reset="none",
+                        max_partition_fetch_bytes=4 * 1024 * 1024)
+    try:
+        consumer.assign([tp])
+        position = _start_position(consumer, options, tp, start)
+        consumer.seek(tp, position)
+        last_progress = time.monotonic()
+        while position < end:
+            try:
+                records = consumer.poll(timeout_ms=POLL_SLICE_MS,
+                                        max_records=min(end - position, RECORDS_PER_POLL_MAX))
+            except OffsetOutOfRangeError as exc:
+                # Retention deleted the rest of our range while we read it.
+                position = _after_loss(consumer, options, tp, position, end, exc)
+                consumer.seek(tp, position)
+                continue
+            if records and records[-1].offset >= end:
+                records = [r for r in records if r.offset < end]
+            new_position = consumer.position(tp)
+            if records:
+                yield _arrow_batch(records, tp, arrow_schema, headers_type, pa)
+            if new_position > position:
+                position = new_position
+                last_progress = time.monotonic()
+            elif (time.monotonic() - last_progress) * 1000 > options.poll_timeout_ms:
+                raise EosError(
+                    f"eos source: reading {tp.topic}-{tp.partition} offsets [{start}, {end}) made no "
+                    f"progress for {options.poll_timeout_ms} ms at offset {position} "
+                    f"({options.isolation}; option pollTimeoutMs)")
+    finally:
+        consumer.close()
+
+
+def _start_position(consumer, options: SourceOptions, tp: TopicPartition, start: int) -> int:
+    earliest = consumer.beginning_offsets([tp])[tp]
+    if start >= earliest:
+        return start
+    message = (f"eos source: {tp.topic}-{tp.partition} offsets {start}..{earliest - 1} were deleted "
+               f"(the earliest offset is now {earliest}) before the query read them")
+    if options.fail_on_data_loss:
+        raise DataLossError(message + ". Set option failOnDataLoss=false to skip what is lost and carry on.")
+    log.warning("%s; skipping them (failOnDataLoss=false)", message)
+    return earliest
+
+
+def _after_loss(consumer, options: SourceOptions, tp: TopicPartition, position: int, end: int,
+                error: Exception) -> int:
+    if options.fail_on_data_loss:
+        raise DataLossError(
+            f"eos source: {tp.topic}-{tp.partition} offset {position} is gone while the query read "
+            f"up to {end} ({error}). Set option failOnDataLoss=false to skip what is lost and carry on.")
+    earliest = consumer.beginning_offsets([tp])[tp]
+    log.warning("eos source: %s-%d offsets %d..%d deleted while reading; skipping them "
+                "(failOnDataLoss=false)", tp.topic, tp.partition, position, earliest - 1)
+    return max(position, earliest)
+
+
+def _arrow_batch(records: list, tp: TopicPartition, arrow_schema, headers_type, pa):
+    """Records -> one Arrow record batch of SCHEMA, a column at a time."""
+    count = len(records)
+    _, _, offsets, keys, values, timestamps_ms, headers, timestamp_types = zip(*records)
+    if any(headers):
+        header_column = pa.array(
+            [[{"key": k, "value": v} for k, v in h] if h else [] for h in headers], type=headers_type)
+    else:
+        # Headers are rare: an all-empty list column costs one offsets buffer.
+        header_column = pa.ListArray.from_arrays(
+            pa.array([0] * (count + 1), pa.int32()), pa.array([], headers_type.value_type),
+            type=headers_type)
+    columns = [
+        pa.array(keys, pa.binary()),
+        pa.array(values, pa.binary()),
+        pa.repeat(pa.scalar(tp.topic, pa.string()), count),
+        pa.repeat(pa.scalar(tp.partition, pa.int32()), count),
+        pa.array(offsets, pa.int64()),
+        pa.array(timestamps_ms, pa.int64()).cast(pa.timestamp("ms", tz="UTC")).cast(
+            arrow_schema.field("timestamp").type),
+        pa.array(timestamp_types, pa.int32()),
+        header_column,
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=arrow_schema)
