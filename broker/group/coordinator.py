@@ -1,0 +1,630 @@
+"""The group coordinator's I/O shell: the pure cores, their lock, parked requests, the timer
+thread and the `__consumer_offsets` topic.
+
+Theory of operation
+-------------------
+Two pure cores decide everything (`broker.group.state.GroupCoordinatorCore` for membership,
+`broker.group.offsets.OffsetStore` for committed offsets); this shell carries out what they
+ask for and owns nothing else:
+
+- one lock (`_lock`) around both cores, the parked-request futures and every append to
+  `__consumer_offsets`. Appending and reporting the append back to its core happen under
+  the same hold of the lock, which is what OffsetStore requires: a transaction marker that
+  the broker appends concurrently (outside this lock) is reported through
+  `on_txn_marker`, which waits for the lock, so it always finds the TxnOffsetCommit records
+  that precede it in the log already acknowledged.
+- parked requests: JoinGroup and SyncGroup complete later (when every member has joined,
+  when the leader's assignment is written). The calling gRPC thread registers a Future for
+  the core's token before the lock is released and waits on it, bounded by the group's
+  rebalance timeout plus a margin; when that runs out it answers REQUEST_TIMED_OUT
+  (retriable: the client rejoins with its member id, which supersedes the parked request).
+  At most `max_parked_requests` threads wait at once, because each holds a worker of the
+  broker's thread-per-request gRPC server; past that a JoinGroup/SyncGroup is answered
+  COORDINATOR_NOT_AVAILABLE, which clients retry after a backoff.
+- the timer thread calls `core.tick(now)` at the core's next deadline, and at least every
+  `tick_interval_ms`, so a clock that jumps (the fake clock of a test) is noticed promptly;
+  `stop()` wakes it at once.
+- writes: every `GroupWrite` and `OffsetWrite` is appended with origin COORDINATOR. Plain
+  offset commits and group records are non-transactional batches; a TxnOffsetCommit is ONE
+  transactional batch with the producer's id and epoch and base sequence -1, so the log's
+  epoch rule fences a zombie producer and the batch joins the producer's transaction (its
+  offsets become visible when the broker appends the COMMIT marker and calls
+  `on_txn_marker`; ABORT drops them).
+
+`start()` makes sure `__consumer_offsets` exists (created through the TopicRegistry, logs
+first, as the broker creates topics), then loads every partition in log order: offset
+commit records, group metadata records and transaction markers are replayed into the cores.
+Until `start()` has finished, requests are answered COORDINATOR_LOAD_IN_PROGRESS; after
+`stop()`, NOT_COORDINATOR (and every parked request is answered NOT_COORDINATOR at once, so
+no gRPC thread stays blocked during shutdown).
+
+The topic uses cleanup.policy=delete with retention.ms=-1 and 100 MiB segments. Kafka
+compacts `__consumer_offsets`; eos does not compact yet, so the topic grows with every
+commit and a load replays every record ever written. That is correct (the last record per
+key wins in log order, as compaction would keep it), only slower than Kafka's.
+
+Single node: this broker coordinates every group and every transactional id, so
+FindCoordinator answers the advertised address given to the constructor.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import enum
+import logging
+import threading
+import time
+from typing import Callable, Iterable, Mapping, NamedTuple, Sequence
+
+from broker.group.offsets import NO_PRODUCER_ID, FetchedOffset, OffsetStore, OffsetWrite, OFFSET_METADATA_MAX_BYTES
+from broker.group.records import (OFFSETS_TOPIC, OFFSETS_TOPIC_PARTITIONS, GroupMetadataKey, OffsetAndMetadata,
+                                  OffsetCommitKey, decode_record)
+from broker.group.state import (GROUP_INITIAL_REBALANCE_DELAY_MS, GROUP_MAX_SESSION_TIMEOUT_MS, GROUP_MAX_SIZE,
+                                GROUP_MIN_SESSION_TIMEOUT_MS, GroupCoordinatorCore, GroupDescription, GroupListing,
+                                GroupState, GroupWrite, JoinResponse, Outcome, Reply, SyncResponse)
+from broker.storage.log import AppendOrigin, Log
+from eos.errors import CorruptRecordError, EosError, ErrorCode, InvariantError
+from eos.records.codec import CONTROL_TYPE_COMMIT, decode_control_record, decode_records, encode_batch
+from eos.records.header import NO_SEQUENCE, iter_headers
+from eos.types import TopicPartition
+
+log = logging.getLogger("eos.group_coordinator")
+
+__all__ = ["GroupCoordinator", "CoordinatorType", "CoordinatorAddress", "PartitionResult", "OffsetFetchResult",
+           "OFFSETS_TOPIC_CONFIG", "REQUEST_WAIT_MARGIN_MS", "MAX_PARKED_REQUESTS", "TICK_INTERVAL_MS"]
+
+MIB = 1024 * 1024
+# Kafka compacts this topic; we keep everything (see the module docstring).
+OFFSETS_TOPIC_CONFIG = {"cleanup.policy": "delete", "retention.ms": "-1", "segment.bytes": str(100 * MIB)}
+TICK_INTERVAL_MS = 100              # the timer thread looks at the clock at least this often
+REQUEST_WAIT_MARGIN_MS = 5_000      # a parked request waits its rebalance timeout plus this
+MAX_PARKED_REQUESTS = 32            # gRPC threads parked in JoinGroup/SyncGroup at once
+LOAD_READ_BYTES = 4 * MIB           # one read of a partition while loading
+STOP_JOIN_TIMEOUT_S = 10.0
+
+# Kafka's GroupMetadataManager.storeOffsets: an append error as an OffsetCommit answer.
+_APPEND_ERROR_TO_COMMIT_ERROR = {
+    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.NOT_ENOUGH_REPLICAS: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.NOT_LEADER_OR_FOLLOWER: ErrorCode.NOT_COORDINATOR,
+    ErrorCode.KAFKA_STORAGE_ERROR: ErrorCode.NOT_COORDINATOR,
+    ErrorCode.MESSAGE_TOO_LARGE: ErrorCode.INVALID_COMMIT_OFFSET_SIZE,
+    ErrorCode.RECORD_LIST_TOO_LARGE: ErrorCode.INVALID_COMMIT_OFFSET_SIZE,
+    ErrorCode.INVALID_FETCH_SIZE: ErrorCode.INVALID_COMMIT_OFFSET_SIZE,
+}
+
+
+def _wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class CoordinatorType(enum.IntEnum):
+    """FindCoordinator key types (the proto's CoordinatorType)."""
+
+    GROUP = 0
+    TRANSACTION = 1
+
+
+class CoordinatorAddress(NamedTuple):
+    key: str
+    node_id: int
+    host: str
+    port: int
+    error: ErrorCode = ErrorCode.NONE
+    message: str = ""
+
+
+class PartitionResult(NamedTuple):
+    """The answer for one partition of an OffsetCommit or TxnOffsetCommit."""
+
+    topic: str
+    partition: int
+    error: ErrorCode = ErrorCode.NONE
+    message: str = ""
+
+
+class OffsetFetchResult(NamedTuple):
+    error: ErrorCode                  # a group-level error (then `partitions` is empty)
+    message: str
+    partitions: list[FetchedOffset]
+
+
+class _Phase(enum.Enum):
+    NEW = "new"               # constructed; start() not called
+    LOADING = "loading"
+    RUNNING = "running"
+    STOPPED = "stopped"
+
+
+_PHASE_ERRORS = {
+    _Phase.NEW: (ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, "the group coordinator is starting"),
+    _Phase.LOADING: (ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, "the group coordinator is loading __consumer_offsets"),
+    _Phase.STOPPED: (ErrorCode.NOT_COORDINATOR, "the group coordinator has stopped"),
+}
+
+
+class GroupCoordinator:
+    """Consumer groups and committed offsets of one broker, over its LogManager.
+
+    Thread-safe: every public method may be called from any gRPC thread.
+    """
+
+    def __init__(self, log_manager, topic_registry, *, now_ms_fn: Callable[[], int] = _wall_clock_ms,
+                 node_id: int = 0, host: str = "127.0.0.1", port: int = 9092,
+                 initial_rebalance_delay_ms: int = GROUP_INITIAL_REBALANCE_DELAY_MS,
+                 min_session_timeout_ms: int = GROUP_MIN_SESSION_TIMEOUT_MS,
+                 max_session_timeout_ms: int = GROUP_MAX_SESSION_TIMEOUT_MS,
+                 max_group_size: int = GROUP_MAX_SIZE,
+                 offsets_partitions: int = OFFSETS_TOPIC_PARTITIONS,
+                 offset_metadata_max_bytes: int = OFFSET_METADATA_MAX_BYTES,
+                 tick_interval_ms: int = TICK_INTERVAL_MS,
+                 request_wait_margin_ms: int = REQUEST_WAIT_MARGIN_MS,
+                 max_parked_requests: int = MAX_PARKED_REQUESTS,
+                 run_timer_thread: bool = True):
+        if offsets_partitions < 1:
+            raise ValueError(f"offsets.topic.num.partitions {offsets_partitions} must be at least 1")
+        if tick_interval_ms < 1 or request_wait_margin_ms < 0 or max_parked_requests < 1:
+            raise ValueError(f"tick_interval_ms {tick_interval_ms} must be >= 1, request_wait_margin_ms "
+                             f"{request_wait_margin_ms} >= 0 and max_parked_requests {max_parked_requests} >= 1")
+        # Checked here (the cores are built in start(), once the topic's partition count is known).
+        GroupCoordinatorCore(initial_rebalance_delay_ms=initial_rebalance_delay_ms,
+                             min_session_timeout_ms=min_session_timeout_ms,
+                             max_session_timeout_ms=max_session_timeout_ms, max_group_size=max_group_size)
+        self._log_manager = log_manager
+        self._registry = topic_registry
+        self._now_ms = now_ms_fn
+        self.node_id = node_id
+        self.host = host
+        self.port = port
+        self._core_settings = dict(initial_rebalance_delay_ms=initial_rebalance_delay_ms,
+                                   min_session_timeout_ms=min_session_timeout_ms,
+                                   max_session_timeout_ms=max_session_timeout_ms, max_group_size=max_group_size)
+        self._wanted_partitions = offsets_partitions
+        self._offset_metadata_max_bytes = offset_metadata_max_bytes
+        self._tick_interval_ms = tick_interval_ms
+        self._request_wait_margin_ms = request_wait_margin_ms
+        self._max_parked_requests = max_parked_requests
+        self._run_timer_thread = run_timer_thread
+
+        self._lock = threading.Lock()
+        self._phase = _Phase.NEW
+        self.offsets_partitions = offsets_partitions
+        self.groups: GroupCoordinatorCore | None = None
+        self.offsets: OffsetStore | None = None
+        self._futures: dict[int, concurrent.futures.Future] = {}   # core token -> the parked caller
+        self._logs: list[Log] = []                                  # __consumer_offsets-<i> at index i
+        self._stopping = threading.Event()
+        self._timer_thread: threading.Thread | None = None
+
+    # ---- life --------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Create `__consumer_offsets` if missing, load it, start the timer thread. Call it
+        before the gRPC server starts serving (the topic is created without the broker's
+        admin lock, which is safe only while nothing else can create topics)."""
+        with self._lock:
+            if self._phase is not _Phase.NEW:
+                raise EosError(f"GroupCoordinator.start() called in phase {self._phase.value}")
+            self._phase = _Phase.LOADING
+            started_ms = time.monotonic()
+            info = self._ensure_offsets_topic()
+            self.offsets_partitions = info.partition_count
+            self.groups = GroupCoordinatorCore(offsets_partitions=self.offsets_partitions, **self._core_settings)
+            self.offsets = OffsetStore(offsets_partitions=self.offsets_partitions,
+                                       metadata_max_bytes=self._offset_metadata_max_bytes)
+            self._logs = [self._log_manager.get_log(OFFSETS_TOPIC, p) for p in range(self.offsets_partitions)]
+            records = sum(self._load_partition(p, partition_log) for p, partition_log in enumerate(self._logs))
+            self._phase = _Phase.RUNNING
+            log.info("group coordinator loaded %d record(s) of %s (%d partitions) in %.0f ms: %d group(s), "
+                     "%d with offsets", records, OFFSETS_TOPIC, self.offsets_partitions,
+                     (time.monotonic() - started_ms) * 1000, len(self.groups.groups), len(self.offsets.groups()))
+        if self._run_timer_thread:
+            self._timer_thread = threading.Thread(target=self._timer_loop, name="eos-group-timer", daemon=True)
+            self._timer_thread.start()
+
+    def stop(self) -> None:
+        """Answer every parked request NOT_COORDINATOR, stop the timer thread, refuse what
+        follows. Idempotent. Leaves the logs open (the LogManager's owner closes them)."""
+        self._stopping.set()
+        if self._timer_thread is not None:
+            self._timer_thread.join(STOP_JOIN_TIMEOUT_S)
+            if self._timer_thread.is_alive():
+                log.warning("the group timer thread is still running at stop")
+        with self._lock:
+            if self._phase is _Phase.STOPPED:
+                return
+            running = self._phase is _Phase.RUNNING
+            self._phase = _Phase.STOPPED
+            if running:
+                now_ms = self._now_ms()
+                for partition in range(self.offsets_partitions):
+                    outcome = self.groups.unload_partition(partition, now_ms)
+                    if outcome.writes:
+                        raise InvariantError("unloading a partition asked for writes")
+                    self._resolve(outcome)
+            for token, future in list(self._futures.items()):
+                # Unreachable while the core keeps its promise (every token answered once);
+                # a thread must never stay blocked at shutdown, so answer it anyway.
+                log.error("parked request %d was still open after unloading every group", token)
+                future.set_result(None)
+            self._futures.clear()
+
+    @property
+    def running(self) -> bool:
+        return self._phase is _Phase.RUNNING
+
+    def parked_request_count(self) -> int:
+        """Requests waiting for the core right now (for tests and metrics)."""
+        with self._lock:
+            return len(self._futures)
+
+    # ---- the offsets topic -------------------------------------------------------------------
+
+    def _ensure_offsets_topic(self):
+        info = self._registry.get(OFFSETS_TOPIC)
+        if info is None:
+            info = self._registry.prepare_create(OFFSETS_TOPIC, self._wanted_partitions, 1, OFFSETS_TOPIC_CONFIG)
+            # Logs first, registry second, as the broker does: a crash in between leaves logs
+            # that the broker's start-up sweep removes, and the next start creates the topic.
+            for partition in range(info.partition_count):
+                self._log_manager.create_log(OFFSETS_TOPIC, partition, info.config)
+            self._registry.commit(info)
+            log.info("created %s with %d partitions", OFFSETS_TOPIC, info.partition_count)
+        elif info.partition_count != self._wanted_partitions:
+            # The hash that places a group depends on the count the data was written with.
+            log.warning("%s has %d partitions, not the configured %d; using %d", OFFSETS_TOPIC,
+                        info.partition_count, self._wanted_partitions, info.partition_count)
+        for partition in range(info.partition_count):
+            if self._log_manager.get_log(OFFSETS_TOPIC, partition) is None:
+                self._log_manager.create_log(OFFSETS_TOPIC, partition, info.config)
+        return info
+
+    def _load_partition(self, partition: int, partition_log: Log) -> int:
+        """Replay `__consumer_offsets`-`partition` from its start to its current end."""
+        now_ms = self._now_ms()
+        start = offset = partition_log.log_start_offset
+        end = partition_log.log_end_offset
+        loaded = 0
+        while offset < end:
+            data = partition_log.read(offset, LOAD_READ_BYTES, max_offset_exclusive=end)
+            if not data.records:
+                raise InvariantError(f"{OFFSETS_TOPIC}-{partition}: nothing to read at {offset} below the end {end}")
+            buf = data.records
+            next_offset = offset
+            for header in iter_headers(buf):
+                next_offset = header.next_offset
+                if header.is_control:
+                    marker_type, _coordinator_epoch = decode_control_record(buf, header)
+                    self.offsets.replay_marker(header.producer_id, marker_type == CONTROL_TYPE_COMMIT, partition)
+                    continue
+                producer_id = header.producer_id if header.is_transactional else NO_PRODUCER_ID
+                for record in decode_records(buf, header, OFFSETS_TOPIC, partition):
+                    if record.offset < start:
+                        continue       # below the log start (a batch cut by DeleteRecords)
+                    loaded += 1
+                    self._replay_record(partition, record.offset, record.key, record.value, producer_id, now_ms)
+            if next_offset <= offset:
+                raise InvariantError(f"{OFFSETS_TOPIC}-{partition}: loading made no progress at offset {offset}")
+            offset = next_offset
+        return loaded
+
+    def _replay_record(self, partition: int, record_offset: int, key: bytes | None, value: bytes | None,
+                       producer_id: int, now_ms: int) -> None:
+        try:
+            decoded_key, decoded_value = decode_record(key, value)
+        except CorruptRecordError as e:
+            # The batch passed its CRC, so this is a record we cannot read, not a torn write:
+            # skip it rather than refuse to start every group of the broker.
+            log.error("skipping unreadable record at %s-%d offset %d: %s", OFFSETS_TOPIC, partition,
+                      record_offset, e)
+            return
+        if isinstance(decoded_key, OffsetCommitKey):
+            self.offsets.replay(decoded_key, decoded_value, record_offset, producer_id)
+        elif isinstance(decoded_key, GroupMetadataKey):
+            self.groups.replay(decoded_key.group_id, decoded_value, now_ms)
+
+    # ---- carrying out outcomes (lock held) ----------------------------------------------------
+
+    def _refusal(self) -> tuple[ErrorCode, str] | None:
+        return _PHASE_ERRORS.get(self._phase)
+
+    def _register(self, outcome: Outcome) -> concurrent.futures.Future | None:
+        if outcome.token is None:
+            return None
+        if outcome.token in self._futures:
+            raise InvariantError(f"request token {outcome.token} parked twice")
+        future = self._futures[outcome.token] = concurrent.futures.Future()
+        return future
+
+    def _resolve(self, outcome: Outcome) -> None:
+        for done in outcome.completed:
+            future = self._futures.pop(done.token, None)
+            if future is None:
+                raise InvariantError(f"the core completed request token {done.token}, which nobody parked")
+            future.set_result(done.response)
+
+    def _carry_out(self, outcome: Outcome) -> None:
+        """Answer what the outcome completed and append what it asks to write, then the same
+        for the outcomes those appends produce (each write is reported back before the next)."""
+        pending = [outcome]
+        while pending:
+            current = pending.pop(0)
+            self._resolve(current)
+            for write in current.writes:
+                error = self._append_group_write(write)
+                pending.append(self.groups.write_completed(write.write_id, self._now_ms(), error))
+
+    def _append(self, partition: int, keys: Sequence[bytes], values: Sequence[bytes | None], now_ms: int, *,
+                producer_id: int = NO_PRODUCER_ID, producer_epoch: int = -1) -> int:
+        """Append one batch to `__consumer_offsets`-`partition`; return its first offset."""
+        transactional = producer_id != NO_PRODUCER_ID
+        batch = encode_batch(list(values), keys=list(keys), timestamps_ms=now_ms, producer_id=producer_id,
+                             producer_epoch=producer_epoch, base_sequence=NO_SEQUENCE, transactional=transactional)
+        return self._logs[partition].append_as_leader(batch, now_ms, origin=AppendOrigin.COORDINATOR).first_offset
+
+    def _append_group_write(self, write: GroupWrite) -> ErrorCode:
+        key, value = write.record()
+        try:
+            self._append(write.partition, [key], [value], self._now_ms())
+        except Exception as exc:
+            error = _error_code_of(exc)
+            log.warning("writing group %r to %s-%d failed: %s", write.group_id, OFFSETS_TOPIC, write.partition, exc)
+            return error
+        return ErrorCode.NONE
+
+    def _append_offset_write(self, write: OffsetWrite, now_ms: int) -> tuple[ErrorCode, str]:
+        records = write.records()
+        try:
+            base_offset = self._append(write.partition, [k for k, _ in records], [v for _, v in records], now_ms,
+                                       producer_id=write.producer_id, producer_epoch=write.producer_epoch)
+        except Exception as exc:
+            self.offsets.write_failed(write)
+            error = _error_code_of(exc)
+            log.info("offset commit of group %r to %s-%d failed: %s", write.group_id, OFFSETS_TOPIC,
+                     write.partition, exc)
+            return _APPEND_ERROR_TO_COMMIT_ERROR.get(error, error), str(exc)
+        self.offsets.write_completed(write, base_offset)
+        return ErrorCode.NONE, ""
+
+    def _wait(self, future: concurrent.futures.Future | None, immediate, bound_ms: int, timed_out):
+        if future is None:
+            return immediate
+        try:
+            response = future.result(timeout=bound_ms / 1000)
+        except concurrent.futures.TimeoutError:
+            return timed_out
+        return response if response is not None else timed_out
+
+    def _wait_bound_ms(self, group_id: str, rebalance_timeout_ms: int = 0) -> int:
+        group = self.groups.groups.get(group_id)
+        longest_ms = max(rebalance_timeout_ms, group.rebalance_timeout_ms if group is not None else 0)
+        return longest_ms + self._request_wait_margin_ms
+
+    # ---- membership --------------------------------------------------------------------------
+
+    def join(self, group_id: str, member_id: str, group_instance_id: str | None, protocol_type: str,
+             protocols: Iterable[tuple[str, bytes]], session_timeout_ms: int, rebalance_timeout_ms: int, *,
+             client_id: str = "", client_host: str = "") -> JoinResponse:
+        """JoinGroup; blocks until the join phase completes (or the wait bound passes)."""
+        with self._lock:
+            refusal = self._refusal() or self._parking_refusal()
+            if refusal is not None:
+                return JoinResponse(error=refusal[0], message=refusal[1], member_id=member_id)
+            outcome = self.groups.join(group_id, member_id, group_instance_id, protocol_type, protocols,
+                                       session_timeout_ms, rebalance_timeout_ms, self._now_ms(),
+                                       client_id=client_id, client_host=client_host)
+            future = self._register(outcome)
+            self._carry_out(outcome)
+            bound_ms = self._wait_bound_ms(group_id, rebalance_timeout_ms)
+        return self._wait(future, outcome.response, bound_ms, JoinResponse(
+            error=ErrorCode.REQUEST_TIMED_OUT, member_id=member_id,
+            message=f"the join phase did not complete within {bound_ms} ms; rejoin"))
+
+    def sync(self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None,
+             assignments: Mapping[str, bytes]) -> SyncResponse:
+        """SyncGroup; a follower blocks until the leader's assignment is written."""
+        with self._lock:
+            refusal = self._refusal() or self._parking_refusal()
+            if refusal is not None:
+                return SyncResponse(error=refusal[0], message=refusal[1])
+            outcome = self.groups.sync(group_id, generation_id, member_id, group_instance_id, assignments,
+                                       self._now_ms())
+            future = self._register(outcome)
+            self._carry_out(outcome)
+            bound_ms = self._wait_bound_ms(group_id)
+        return self._wait(future, outcome.response, bound_ms, SyncResponse(
+            error=ErrorCode.REQUEST_TIMED_OUT,
+            message=f"the group's assignment did not arrive within {bound_ms} ms; rejoin"))
+
+    def _parking_refusal(self) -> tuple[ErrorCode, str] | None:
+        if len(self._futures) >= self._max_parked_requests:
+            return (ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                    f"{len(self._futures)} JoinGroup/SyncGroup requests are waiting already (the limit); retry")
+        return None
+
+    def heartbeat(self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None) -> Reply:
+        return self._reply_call(lambda now_ms: self.groups.heartbeat(group_id, generation_id, member_id,
+                                                                     group_instance_id, now_ms))
+
+    def leave(self, group_id: str, member_id: str, group_instance_id: str | None) -> Reply:
+        return self._reply_call(lambda now_ms: self.groups.leave(group_id, member_id, group_instance_id, now_ms))
+
+    def _reply_call(self, call: Callable[[int], Outcome]) -> Reply:
+        with self._lock:
+            refusal = self._refusal()
+            if refusal is not None:
+                return Reply(*refusal)
+            outcome = call(self._now_ms())
+            if outcome.token is not None:
+                raise InvariantError("Heartbeat/LeaveGroup was parked")
+            self._carry_out(outcome)
+            return outcome.response
+
+    # ---- timers ------------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """Fire the core's timers due now (the timer thread calls this; tests may too)."""
+        with self._lock:
+            if self._phase is not _Phase.RUNNING:
+                return
+            self._carry_out(self.groups.tick(self._now_ms()))
+
+    def _timer_loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                self.tick()
+                with self._lock:
+                    deadline_ms = self.groups.next_deadline_ms() if self._phase is _Phase.RUNNING else None
+                wait_ms = self._tick_interval_ms
+                if deadline_ms is not None:
+                    wait_ms = min(wait_ms, max(deadline_ms - self._now_ms(), 0))
+            except Exception:   # one failed tick must not end every session timeout for good
+                log.exception("group coordinator tick failed; retrying")
+                wait_ms = self._tick_interval_ms
+            self._stopping.wait(max(wait_ms, 1) / 1000)
+
+    # ---- offsets -----------------------------------------------------------------------------
+
+    def _unknown_partitions(self, offsets: Mapping[TopicPartition, OffsetAndMetadata]) -> dict[TopicPartition, str]:
+        unknown = {}
+        for tp in offsets:
+            info = self._registry.get(tp.topic)
+            if info is None:
+                unknown[tp] = f"topic {tp.topic!r} does not exist"
+            elif not 0 <= tp.partition < info.partition_count:
+                unknown[tp] = f"topic {tp.topic!r} has no partition {tp.partition} ({info.partition_count} partitions)"
+        return unknown
+
+    def offset_commit(self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None,
+                      offsets: Mapping[TopicPartition, OffsetAndMetadata]) -> list[PartitionResult]:
+        """OffsetCommit: validate membership, append, then make the offsets visible."""
+        return self._commit(group_id, generation_id, member_id, group_instance_id, offsets, None)
+
+    def txn_offset_commit(self, transactional_id: str, group_id: str, producer_id: int, producer_epoch: int,
+                          generation_id: int, member_id: str, group_instance_id: str | None,
+                          offsets: Mapping[TopicPartition, OffsetAndMetadata]) -> list[PartitionResult]:
+        """TxnOffsetCommit: fenced by the group's generation and member (KIP-447) and by the
+        producer epoch (the log's epoch rule); visible when the COMMIT marker arrives."""
+        if producer_id < 0 or producer_epoch < 0:
+            message = (f"TxnOffsetCommit of {transactional_id!r} needs a producer id and epoch, got "
+                       f"{producer_id} and {producer_epoch}")
+            return [PartitionResult(tp.topic, tp.partition, ErrorCode.INVALID_REQUEST, message) for tp in offsets]
+        return self._commit(group_id, generation_id, member_id, group_instance_id, offsets,
+                            (producer_id, producer_epoch))
+
+    def _commit(self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None,
+                offsets: Mapping[TopicPartition, OffsetAndMetadata],
+                producer: tuple[int, int] | None) -> list[PartitionResult]:
+        offsets = {TopicPartition(tp.topic, tp.partition): value for tp, value in offsets.items()}
+
+        def everyone(error: ErrorCode, message: str) -> list[PartitionResult]:
+            return [PartitionResult(tp.topic, tp.partition, error, message) for tp in offsets]
+
+        if not group_id:
+            return everyone(ErrorCode.INVALID_GROUP_ID, "the group id is empty")
+        with self._lock:
+            refusal = self._refusal()
+            if refusal is not None:
+                return everyone(*refusal)
+            reply = self.groups.validate_offset_commit(group_id, generation_id, member_id, group_instance_id,
+                                                       transactional=producer is not None)
+            if not reply.ok:
+                return everyone(reply.error, reply.message)
+            errors: dict[TopicPartition, tuple[ErrorCode, str]] = {
+                tp: (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, message)
+                for tp, message in self._unknown_partitions(offsets).items()}
+            wanted = {tp: value for tp, value in offsets.items() if tp not in errors}
+            now_ms = self._now_ms()
+            if wanted:
+                if producer is None:
+                    decision = self.offsets.commit(group_id, wanted, now_ms)
+                else:
+                    decision = self.offsets.txn_commit(group_id, producer[0], producer[1], wanted, now_ms)
+                for tp, error in decision.partition_errors.items():
+                    errors[tp] = (error, decision.messages.get(tp, ""))
+                if decision.write is not None:
+                    error, message = self._append_offset_write(decision.write, now_ms)
+                    if error is not ErrorCode.NONE:
+                        for tp, _ in decision.write.entries:
+                            errors[tp] = (error, message)
+        return [PartitionResult(tp.topic, tp.partition, *errors.get(tp, (ErrorCode.NONE, ""))) for tp in offsets]
+
+    def on_txn_marker(self, partition: int, producer_id: int, committed: bool) -> None:
+        """The broker appended a COMMIT (committed=True) or ABORT marker of `producer_id` to
+        `__consumer_offsets`-`partition`: make its pending offsets there visible, or drop them.
+        Before start() this does nothing (the load will replay the marker from the log)."""
+        with self._lock:
+            if self._phase is not _Phase.RUNNING:
+                return
+            settled = self.offsets.complete_txn(producer_id, committed, partition)
+        if settled:
+            log.debug("%s marker of producer %d settled the offsets of %s", "commit" if committed else "abort",
+                      producer_id, settled)
+
+    def offset_fetch(self, group_id: str, partitions: Iterable[TopicPartition] | None = None,
+                     require_stable: bool = False) -> OffsetFetchResult:
+        """OffsetFetch; `partitions` None or empty: every partition the group has committed
+        (what `eos groups describe` uses, with ListOffsets, to compute lag)."""
+        if not group_id:
+            return OffsetFetchResult(ErrorCode.INVALID_GROUP_ID, "the group id is empty", [])
+        with self._lock:
+            refusal = self._refusal()
+            if refusal is not None:
+                return OffsetFetchResult(refusal[0], refusal[1], [])
+            wanted = [TopicPartition(tp.topic, tp.partition) for tp in (partitions or ())]
+            return OffsetFetchResult(ErrorCode.NONE, "", self.offsets.fetch(group_id, wanted, require_stable))
+
+    # ---- reads -------------------------------------------------------------------------------
+
+    def list_groups(self, states: Iterable[str] = ()) -> tuple[ErrorCode, list[GroupListing]]:
+        """Every group, with groups that only have committed offsets shown as Empty (as Kafka
+        does). Raises ValueError for an unknown state name."""
+        wanted = {GroupState.from_name(s) for s in states}
+        with self._lock:
+            refusal = self._refusal()
+            if refusal is not None:
+                return refusal[0], []
+            listed = {g.group_id: g for g in self.groups.list()}
+            for group_id in self.offsets.groups():
+                listed.setdefault(group_id, GroupListing(group_id, "", GroupState.EMPTY.value))
+        return ErrorCode.NONE, [listed[g] for g in sorted(listed)
+                                if not wanted or GroupState.from_name(listed[g].state) in wanted]
+
+    def describe_groups(self, group_ids: Iterable[str]) -> list[GroupDescription]:
+        answers = []
+        with self._lock:
+            refusal = self._refusal()
+            for group_id in group_ids:
+                if refusal is not None:
+                    answers.append(GroupDescription(group_id, refusal[0], GroupState.DEAD.value, "", "", -1, ()))
+                    continue
+                described = self.groups.describe(group_id)
+                if described.error is ErrorCode.GROUP_ID_NOT_FOUND and group_id in self.offsets.groups():
+                    described = GroupDescription(group_id, ErrorCode.NONE, GroupState.EMPTY.value, "", "", 0, ())
+                answers.append(described)
+        return answers
+
+    def find_coordinator(self, key_type: int, keys: Iterable[str]) -> list[CoordinatorAddress]:
+        """Single node: this broker coordinates every group and every transactional id."""
+        answers = []
+        for key in keys:
+            if key_type not in (CoordinatorType.GROUP, CoordinatorType.TRANSACTION):
+                answers.append(CoordinatorAddress(key, -1, "", -1, ErrorCode.INVALID_REQUEST,
+                                                  f"unknown coordinator key type {key_type}"))
+            elif not key:
+                answers.append(CoordinatorAddress(key, -1, "", -1, ErrorCode.INVALID_REQUEST,
+                                                  "the coordinator key (group or transactional id) is empty"))
+            elif key_type == CoordinatorType.GROUP and self._phase is not _Phase.RUNNING:
+                _, message = _PHASE_ERRORS[self._phase]
+                answers.append(CoordinatorAddress(key, -1, "", -1, ErrorCode.COORDINATOR_NOT_AVAILABLE, message))
+            else:
+                answers.append(CoordinatorAddress(key, self.node_id, self.host, self.port))
+        return answers
+
+
+def _error_code_of(exc: BaseException) -> ErrorCode:
+    if isinstance(exc, EosError):
+        return ErrorCode(exc.code)
+    # Not an error the log reports by design: a bug or an OS failure; keep its traceback.
+    log.error("unexpected failure appending to %s", OFFSETS_TOPIC, exc_info=exc)
+    return ErrorCode.UNKNOWN_SERVER_ERROR
