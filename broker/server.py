@@ -43,7 +43,8 @@ from broker.purgatory import FetchPurgatory
 from broker.service import FETCH_MAX_WAIT_CAP_MS, BrokerServicer, NodeAddress
 from broker.topics import TopicRegistry, write_file_atomically
 from eos.config import TopicConfig
-from eos.errors import EosError, InvalidConfigError, StorageError
+from eos.errors import EosError, ErrorCode, InvalidConfigError, StorageError
+from eos.types import TopicPartition
 from eos.v1 import broker_pb2_grpc, txn_pb2_grpc
 from txn_coordinator.producer_ids import PRODUCER_IDS_FILE_NAME, ProducerIdManager
 from txn_coordinator.coordinator import BrokerLink, TransactionCoordinator
@@ -96,6 +97,9 @@ class BrokerConfig:
     socket_request_max_bytes: int = GRPC_MESSAGE_BYTES_MAX
     producer_id_expiration_ms: int = 86400000
     transaction_state_log_num_partitions: int = 50
+    # How often the coordinator aborts transactions open past their timeout (Kafka's name
+    # and default); tests make it short to see a hanging transaction aborted.
+    transaction_abort_timed_out_transaction_cleanup_interval_ms: int = 10000
     topic_defaults: TopicConfig = TopicConfig()
 
     @classmethod
@@ -121,6 +125,9 @@ class BrokerConfig:
                 values["producer_id_expiration_ms"] = _parse_int(name, raw, minimum=1)
             elif name == "transaction.state.log.num.partitions":
                 values["transaction_state_log_num_partitions"] = _parse_int(name, raw, minimum=1)
+            elif name == "transaction.abort.timed.out.transaction.cleanup.interval.ms":
+                values["transaction_abort_timed_out_transaction_cleanup_interval_ms"] = _parse_int(
+                    name, raw, minimum=1)
             else:
                 raise InvalidConfigError(f"unknown broker config {name!r}")
         try:
@@ -334,14 +341,15 @@ class BrokerServer:
             registry=self._registry, log_manager=self._log_manager, purgatory=purgatory,
             node=NodeAddress(self.node_id, self.host, bound_port), cluster_id=self.cluster_id,
             now_ms_fn=self._now_ms, auto_create_topics=self.config.auto_create_topics_enable,
-            fetch_max_wait_cap_ms=FETCH_MAX_WAIT_CAP_MS)
+            fetch_max_wait_cap_ms=FETCH_MAX_WAIT_CAP_MS, verify_txn=self._verify_txn_partitions)
         broker_pb2_grpc.add_BrokerServicer_to_server(self._servicer, server)
         # The transaction coordinator reaches this broker only through the gRPC contract
         # (DESIGN.md §1), here over loopback; it loads its log once the server is up.
         self._txn_link = BrokerLink(_format_host_port(self.host, bound_port))
         self._txn_coordinator = TransactionCoordinator(
             self._txn_link, producer_ids.next_id, now_ms_fn=self._now_ms,
-            state_topic_partitions=self.config.transaction_state_log_num_partitions)
+            state_topic_partitions=self.config.transaction_state_log_num_partitions,
+            expiry_interval_ms=self.config.transaction_abort_timed_out_transaction_cleanup_interval_ms)
         txn_pb2_grpc.add_TxnCoordinatorServicer_to_server(
             TxnCoordinatorServicer(producer_ids, self._txn_coordinator), server)
         server.start()
@@ -366,6 +374,20 @@ class BrokerServer:
     @property
     def txn_coordinator(self) -> TransactionCoordinator | None:
         return self._txn_coordinator
+
+    def _verify_txn_partitions(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                               partitions: list[TopicPartition]) -> dict[TopicPartition, tuple[int, str]]:
+        """The Broker service's `verify_txn` (KIP-890 part 1): are these partitions in the
+        producer's open transaction? Asked in-process of the embedded coordinator, which
+        owns every transactional id on a single node; a broker in a cluster would call
+        TxnCoordinator.AddPartitionsToTxn(verify_only=True) on the id's coordinator over gRPC."""
+        coordinator = self._txn_coordinator
+        if coordinator is None or not coordinator.ready:
+            # Its log is not replayed yet: not knowing the id proves nothing; retry later.
+            return {tp: (ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, "the transaction coordinator is loading its log")
+                    for tp in partitions}
+        decision = coordinator.verify_partitions(transactional_id, producer_id, producer_epoch, partitions)
+        return {tp: (int(decision.partition_errors.get(tp, decision.error)), decision.message) for tp in partitions}
 
     def _sweep_logs(self) -> None:
         """Make the logs on disk match the registry: create what is missing (a create cut

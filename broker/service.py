@@ -25,12 +25,30 @@ unary gRPC call always has one; the client may ignore it.
 
 Fetch reads each partition up to min(partition_max_bytes, what is left of max_bytes). The
 first batch of the response is returned whole even when it is larger (as Kafka does since
-KIP-74), so a consumer can never be stuck behind one big batch. The upper bound of a read
-comes from `_upper_bound(log, isolation)`: the high watermark for read_uncommitted, and the
-last stable offset for read_committed, which is the high watermark until transactions land.
-When the response holds fewer than min_bytes and max_wait_ms > 0, the fetch waits in the
-purgatory (woken by appends to its partitions, its deadline, its RPC being cancelled, or
-shutdown) and reads again. No lock is held while reading or appending.
+KIP-74), so a consumer can never be stuck behind one big batch. How far a reader may see
+is `_upper_bound(log, isolation)`: the high watermark for read_uncommitted, the last stable
+offset (LSO: the first offset of the earliest open transaction, else the high watermark)
+for read_committed. A read_committed read is bounded by the LSO of the same log snapshot
+its bytes come from and carries the aborted transactions (producer id, first offset) that
+overlap them, so the consumer can drop aborted batches. Every response carries the LSO.
+When the response holds fewer than min_bytes (counting only what the reader may see) and
+max_wait_ms > 0, the fetch waits in the purgatory (woken by appends and transaction markers
+on its partitions, its deadline, its RPC being cancelled, or shutdown) and reads again. No
+lock is held while reading or appending.
+
+Transactions (KIP-98, KIP-890 part 1). WriteTxnMarkers, sent by the transaction
+coordinator, appends one COMMIT or ABORT control batch per partition; the log checks the
+producer and coordinator epochs and moves the LSO, so the fetch waiters of the partition
+are woken. A marker on a `__consumer_offsets` partition also completes the transactional
+offset commits the group coordinator holds pending (`on_offsets_txn_marker`), after the
+marker is in the log. A transactional batch from a client that would open a transaction in
+a partition (its producer has none open there at that epoch) is first checked with the
+transaction coordinator (`verify_txn`): a partition the coordinator has not registered in
+the producer's open transaction is refused (INVALID_TXN_STATE, or the coordinator's own
+error such as PRODUCER_FENCED) and nothing is appended, so a late write from a finished or
+fenced transaction can never open a transaction that no marker will close. As in Kafka,
+a request with transactional batches but no transactional_id, or with transactional
+batches of more than one producer, is refused as a whole.
 """
 from __future__ import annotations
 
@@ -51,6 +69,7 @@ from eos.errors import (
     InvalidRequestError,
     UnknownTopicOrPartitionError,
 )
+from eos.records.header import iter_headers
 from eos.types import TopicPartition
 from eos.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 
@@ -70,7 +89,19 @@ MAX_TIMESTAMP = -3
 # Topics the coordinators live on; deleting them would break every transaction and group.
 PROTECTED_INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
 
-NOT_YET_TRANSACTIONS = "not implemented until transactions land"
+OFFSETS_TOPIC = "__consumer_offsets"
+
+# Coordinator errors that only mean "could not verify now": answered as Kafka does, with a
+# retriable produce error that does not send the client looking for new metadata.
+_VERIFICATION_UNAVAILABLE = frozenset({
+    ErrorCode.NETWORK_EXCEPTION, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+    ErrorCode.COORDINATOR_NOT_AVAILABLE, ErrorCode.NOT_COORDINATOR,
+})
+
+# verify_txn(transactional_id, producer_id, producer_epoch, partitions) -> {partition: (code, message)}
+VerifyTxn = Callable[[str, int, int, list[TopicPartition]], dict[TopicPartition, tuple[int, str]]]
+# on_offsets_txn_marker(__consumer_offsets partition, producer_id, committed)
+OffsetsTxnMarkerHook = Callable[[int, int, bool], None]
 
 
 class NodeAddress(NamedTuple):
@@ -85,16 +116,10 @@ def _now_ms() -> int:
 
 # ---- isolation: the one place that decides how far a reader may see --------------------
 
-def _last_stable_offset(log) -> int:
-    # Until transactions land no batch is ever "ongoing", so everything below the high
-    # watermark is stable. Issue 4 replaces this with the log's first unstable offset.
-    return log.high_watermark
-
-
 def _upper_bound(log, isolation_level: int) -> int:
     """The exclusive offset a reader at `isolation_level` may read up to."""
     if isolation_level == common_pb2.READ_COMMITTED:
-        return _last_stable_offset(log)
+        return log.last_stable_offset
     return log.high_watermark
 
 
@@ -148,13 +173,64 @@ def _describe(exc: BaseException) -> tuple[int, str]:
     return int(ErrorCode.UNKNOWN_SERVER_ERROR), f"unexpected {type(exc).__name__}: {exc}"
 
 
+class _RequestRefused(EosError):
+    """A produce request refused as a whole: every partition gets this code."""
+
+
+def _produce_error(p: broker_pb2.PartitionRecords, code: int, message: str) -> broker_pb2.PartitionProduceResult:
+    return broker_pb2.PartitionProduceResult(
+        topic=p.topic, partition=p.partition, error_code=code, error_message=message,
+        base_offset=-1, log_append_time_ms=-1, log_start_offset=-1)
+
+
+def _refuse_produce(request: broker_pb2.ProduceRequest, code: int, message: str) -> broker_pb2.ProduceResponse:
+    return broker_pb2.ProduceResponse(partitions=[_produce_error(p, code, message) for p in request.partitions])
+
+
+def _transactional_producers(records: bytes) -> set[tuple[int, int]]:
+    """(producer id, epoch) of the transactional data batches in `records` (one header
+    parse per batch, no record work). Bytes that do not parse yield what was found so far:
+    the append refuses them with the precise error."""
+    found: set[tuple[int, int]] = set()
+    try:
+        for header in iter_headers(records):
+            if header.is_transactional and not header.is_control:
+                found.add((header.producer_id, header.producer_epoch))
+    except Exception:
+        pass
+    return found
+
+
+def _verification_refusal(tp: TopicPartition, transactional_id: str, code: int, message: str) -> tuple[int, str]:
+    """The produce error for a partition the transaction coordinator did not confirm."""
+    where = f"{tp.topic}-{tp.partition}"
+    if code == ErrorCode.INVALID_TXN_STATE:
+        return code, (f"partition {where} was not added to the transaction of {transactional_id!r} "
+                      f"(AddPartitionsToTxn must come first): {message}")
+    if code in _VERIFICATION_UNAVAILABLE:
+        return ErrorCode.NOT_ENOUGH_REPLICAS, (
+            f"could not verify that {where} is in the transaction of {transactional_id!r}; retry "
+            f"(the coordinator answered {ErrorCode(code).name}: {message})")
+    try:
+        name = ErrorCode(code).name
+    except ValueError:
+        name = str(code)
+    return code, f"the transaction coordinator refused the write to {where} ({name}): {message}"
+
+
 class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     """The Broker service of one node. Build with the owners of the state; see module doc."""
 
     def __init__(self, *, registry: TopicRegistry, log_manager, purgatory: FetchPurgatory,
                  node: NodeAddress, cluster_id: str, now_ms_fn: Callable[[], int] = _now_ms,
                  auto_create_topics: bool = False,
-                 fetch_max_wait_cap_ms: int = FETCH_MAX_WAIT_CAP_MS):
+                 fetch_max_wait_cap_ms: int = FETCH_MAX_WAIT_CAP_MS,
+                 verify_txn: VerifyTxn | None = None,
+                 on_offsets_txn_marker: OffsetsTxnMarkerHook | None = None):
+        """`verify_txn` asks the transaction coordinator whether partitions are registered in
+        a producer's open transaction (None: no coordinator, transactional writes are not
+        verified). `on_offsets_txn_marker` is the group coordinator's hook for markers
+        written to `__consumer_offsets` partitions."""
         self._registry = registry
         self._log_manager = log_manager
         self._purgatory = purgatory
@@ -163,6 +239,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         self._now_ms = now_ms_fn
         self._auto_create_topics = auto_create_topics
         self._fetch_max_wait_cap_ms = fetch_max_wait_cap_ms
+        self._verify_txn = verify_txn
+        self._on_offsets_txn_marker = on_offsets_txn_marker
         self._admin_lock = threading.Lock()   # one topic change at a time (registry + logs)
         self._gate = _RequestGate()
 
@@ -204,16 +282,71 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     def Produce(self, request: broker_pb2.ProduceRequest, context) -> broker_pb2.ProduceResponse:
         acks = request.acks
         if acks not in (0, 1, -1):
-            message = f"acks must be 0, 1 or -1 (all), got {acks}"
-            return broker_pb2.ProduceResponse(partitions=[
-                broker_pb2.PartitionProduceResult(
-                    topic=p.topic, partition=p.partition,
-                    error_code=ErrorCode.INVALID_REQUIRED_ACKS, error_message=message,
-                    base_offset=-1, log_append_time_ms=-1, log_start_offset=-1)
-                for p in request.partitions])
+            return _refuse_produce(request, ErrorCode.INVALID_REQUIRED_ACKS,
+                                   f"acks must be 0, 1 or -1 (all), got {acks}")
+        try:
+            refusals = self._verify_transactional_writes(request)
+        except _RequestRefused as refused:
+            return _refuse_produce(request, refused.code, str(refused))
         now_ms = self._now_ms()
-        results = [self._produce_partition(p, acks, now_ms) for p in request.partitions]
+        results = [self._produce_partition(p, acks, now_ms) if i not in refusals
+                   else _produce_error(p, *refusals[i])
+                   for i, p in enumerate(request.partitions)]
         return broker_pb2.ProduceResponse(partitions=results)
+
+    def _verify_transactional_writes(self, request: broker_pb2.ProduceRequest) -> dict[int, tuple[int, str]]:
+        """KIP-890 part 1: the partitions where a transactional batch would open its
+        producer's transaction are checked with the transaction coordinator first. Returns
+        the refused partitions as {index in request.partitions: (code, message)}; raises
+        _RequestRefused when the request as a whole is malformed (Kafka's rules)."""
+        producers: set[tuple[int, int]] = set()
+        candidates: list[tuple[int, broker_pb2.PartitionRecords]] = []
+        for index, p in enumerate(request.partitions):
+            found = _transactional_producers(p.records)
+            if found:
+                producers |= found
+                candidates.append((index, p))
+        if not candidates:
+            return {}
+        if not request.transactional_id:
+            # Kafka refuses the whole request (as TRANSACTIONAL_ID_AUTHORIZATION_FAILED: no id
+            # cannot be authorised); eos has no authorisation, so it is a malformed request.
+            raise _RequestRefused(
+                "the request holds transactional batches but no transactional_id: a transactional "
+                "producer must send its transactional.id with every produce", ErrorCode.INVALID_REQUEST)
+        if len(producers) > 1:
+            pairs = ", ".join(f"{pid}/{epoch}" for pid, epoch in sorted(producers))
+            raise _RequestRefused(
+                f"the transactional batches of one request must come from one producer id and epoch, "
+                f"found {pairs}", ErrorCode.INVALID_PRODUCER_ID_MAPPING)
+        [(producer_id, producer_epoch)] = producers
+        to_verify: dict[TopicPartition, list[int]] = {}
+        for index, p in candidates:
+            partition_log = self._log_manager.get_log(p.topic, p.partition)
+            # Already open here at this epoch: the coordinator registered the partition when
+            # the transaction began, and its end bumps the epoch, fencing later appends.
+            if partition_log is not None and partition_log.has_ongoing_transaction(producer_id, producer_epoch):
+                continue
+            to_verify.setdefault(TopicPartition(p.topic, p.partition), []).append(index)
+        if not to_verify or self._verify_txn is None:
+            return {}
+        try:
+            answers = self._verify_txn(request.transactional_id, producer_id, producer_epoch, list(to_verify))
+        except Exception as exc:
+            log.warning("verifying transactional partitions of %r with the coordinator failed: %s",
+                        request.transactional_id, exc)
+            answers = {tp: (ErrorCode.COORDINATOR_NOT_AVAILABLE, f"{type(exc).__name__}: {exc}") for tp in to_verify}
+        refusals: dict[int, tuple[int, str]] = {}
+        for tp, indexes in to_verify.items():
+            code, message = answers.get(
+                tp, (ErrorCode.UNKNOWN_SERVER_ERROR, "the transaction coordinator gave no answer for it"))
+            if code == ErrorCode.NONE:
+                continue
+            refusal = _verification_refusal(tp, request.transactional_id, code, message)
+            log.debug("Produce %s-%d: transactional write refused: %s", tp.topic, tp.partition, refusal[1])
+            for index in indexes:
+                refusals[index] = refusal
+        return refusals
 
     def _produce_partition(self, p: broker_pb2.PartitionRecords, acks: int,
                            now_ms: int) -> broker_pb2.PartitionProduceResult:
@@ -230,9 +363,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         except Exception as exc:
             code, message = _describe(exc)
             self._log_partition_error("Produce", p.topic, p.partition, exc)
-            return broker_pb2.PartitionProduceResult(
-                topic=p.topic, partition=p.partition, error_code=code, error_message=message,
-                base_offset=-1, log_append_time_ms=-1, log_start_offset=-1)
+            return _produce_error(p, code, message)
         if not append.duplicate:
             self._purgatory.notify(TopicPartition(p.topic, p.partition))
         return broker_pb2.PartitionProduceResult(
@@ -319,12 +450,14 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         partition_log = None
         try:
             partition_log = self._log_for(fp.topic, fp.partition)
-            upper = _upper_bound(partition_log, isolation)
             partition_max_bytes = (fp.partition_max_bytes if fp.partition_max_bytes > 0
                                    else PARTITION_FETCH_MAX_BYTES_DEFAULT)
+            # Under read_committed the log also stops at the LSO of the snapshot it reads
+            # from and lists the aborted transactions of what it returns.
             data = partition_log.read(
                 fp.fetch_offset, max(0, min(partition_max_bytes, budget_bytes)),
-                max_offset_exclusive=upper, min_one_batch=min_one_batch)
+                max_offset_exclusive=partition_log.high_watermark, min_one_batch=min_one_batch,
+                isolation_committed=isolation == common_pb2.READ_COMMITTED)
         except Exception as exc:
             code, message = _describe(exc)
             self._log_partition_error("Fetch", fp.topic, fp.partition, exc)
@@ -335,15 +468,18 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                 # the client resets its position from these on OFFSET_OUT_OF_RANGE
                 try:
                     result.high_watermark = partition_log.high_watermark
-                    result.last_stable_offset = _last_stable_offset(partition_log)
+                    result.last_stable_offset = partition_log.last_stable_offset
                     result.log_start_offset = partition_log.log_start_offset
                 except Exception:  # the error above is the one to report
                     pass
             return result
         return broker_pb2.FetchedPartition(
             topic=fp.topic, partition=fp.partition, error_code=ErrorCode.NONE,
-            high_watermark=data.high_watermark, last_stable_offset=_last_stable_offset(partition_log),
-            log_start_offset=data.log_start_offset, records=data.records)
+            high_watermark=data.high_watermark, last_stable_offset=data.last_stable_offset,
+            log_start_offset=data.log_start_offset, records=data.records,
+            aborted_transactions=[
+                broker_pb2.AbortedTransaction(producer_id=aborted.producer_id, first_offset=aborted.first_offset)
+                for aborted in data.aborted_transactions])
 
     # ---- ListOffsets -------------------------------------------------------------------------
 
@@ -367,13 +503,14 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     @staticmethod
     def _find_offset(partition_log, timestamp_ms: int, isolation: int) -> tuple[int, int]:
         """(timestamp, offset) answering one ListOffsets query; (-1, -1) when none matches."""
-        upper = _upper_bound(partition_log, isolation)
+        committed = isolation == common_pb2.READ_COMMITTED
         if timestamp_ms == EARLIEST_TIMESTAMP:
             return -1, partition_log.log_start_offset
         if timestamp_ms == LATEST_TIMESTAMP:
-            # Kafka answers consumers with the high watermark (the LSO under
-            # read_committed); on one node the high watermark is the log end.
-            return -1, upper
+            # Kafka answers consumers with the high watermark, and with the LSO under
+            # read_committed (where such a consumer starts so it skips nothing committed).
+            return -1, partition_log.latest_offset(isolation_committed=committed)
+        upper = _upper_bound(partition_log, isolation)
         if timestamp_ms == MAX_TIMESTAMP:
             found = _max_timestamp(partition_log)
         elif timestamp_ms < 0:
@@ -381,11 +518,13 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                 f"timestamp {timestamp_ms} is neither a time nor one of the sentinels "
                 f"-1 (latest), -2 (earliest), -3 (max timestamp)")
         else:
-            found = partition_log.offset_for_timestamp(timestamp_ms)
+            found = partition_log.offset_for_timestamp(timestamp_ms, isolation_committed=committed)
         if found is None:
             return -1, -1
         offset, found_timestamp_ms = found
-        if offset >= upper:  # not visible to this reader yet
+        # Kafka's rule: the first match past what this reader may see is no answer, not
+        # a reason to look for an earlier one.
+        if offset >= upper:
             return -1, -1
         return found_timestamp_ms, offset
 
@@ -551,18 +690,43 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             results.append(broker_pb2.TopicResult(name=grow.name, error_code=ErrorCode.NONE))
         return broker_pb2.CreatePartitionsResponse(topics=results)
 
-    # ---- transactions (issue 4) ----------------------------------------------------------------
+    # ---- transactions ------------------------------------------------------------------------
 
     @_gated
     def WriteTxnMarkers(self, request: broker_pb2.WriteTxnMarkersRequest,
                         context) -> broker_pb2.WriteTxnMarkersResponse:
+        now_ms = self._now_ms()
         return broker_pb2.WriteTxnMarkersResponse(markers=[
             broker_pb2.TxnMarkerResult(producer_id=marker.producer_id, partitions=[
-                broker_pb2.PartitionError(topic=tp.topic, partition=tp.partition,
-                                          error_code=ErrorCode.UNSUPPORTED_VERSION,
-                                          error_message=NOT_YET_TRANSACTIONS)
-                for tp in marker.partitions])
+                self._write_marker(marker, tp, now_ms) for tp in marker.partitions])
             for marker in request.markers])
+
+    def _write_marker(self, marker: broker_pb2.TxnMarker, tp, now_ms: int) -> broker_pb2.PartitionError:
+        try:
+            partition_log = self._log_for(tp.topic, tp.partition)
+            partition_log.append_txn_marker(marker.producer_id, marker.producer_epoch, marker.coordinator_epoch,
+                                            marker.committed, now_ms)
+        except Exception as exc:
+            code, message = _describe(exc)
+            self._log_partition_error("WriteTxnMarkers", tp.topic, tp.partition, exc)
+            return broker_pb2.PartitionError(topic=tp.topic, partition=tp.partition, error_code=code,
+                                             error_message=message)
+        # the LSO may have moved: read_committed long polls re-read
+        self._purgatory.notify(TopicPartition(tp.topic, tp.partition))
+        if tp.topic == OFFSETS_TOPIC and self._on_offsets_txn_marker is not None:
+            try:
+                self._on_offsets_txn_marker(tp.partition, marker.producer_id, marker.committed)
+            except Exception as exc:
+                # The marker is in the log but the group coordinator did not take it in:
+                # answer an error so the coordinator sends the marker again (a second marker
+                # for a closed transaction is harmless) and the hook runs again.
+                log.exception("WriteTxnMarkers %s-%d: completing the pending offset commits of producer %d "
+                              "failed", tp.topic, tp.partition, marker.producer_id)
+                return broker_pb2.PartitionError(
+                    topic=tp.topic, partition=tp.partition, error_code=ErrorCode.UNKNOWN_SERVER_ERROR,
+                    error_message=f"the marker is written, but the group coordinator could not complete the "
+                                  f"offset commits of producer {marker.producer_id}: {type(exc).__name__}: {exc}")
+        return broker_pb2.PartitionError(topic=tp.topic, partition=tp.partition, error_code=ErrorCode.NONE)
 
     @_gated
     def DescribeProducers(self, request: broker_pb2.DescribeProducersRequest,
@@ -579,7 +743,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                     last_sequence=entry.last_sequence, last_timestamp_ms=entry.last_timestamp_ms,
                     coordinator_epoch=entry.coordinator_epoch,
                     current_txn_start_offset=entry.current_txn_first_offset)
-                for entry in partition_log.producer_state.active_producers()]
+                for entry in partition_log.describe_producers()]
         except Exception as exc:
             code, message = _describe(exc)
             self._log_partition_error("DescribeProducers", tp.topic, tp.partition, exc)

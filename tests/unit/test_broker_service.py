@@ -30,6 +30,8 @@ class FakeFetchData:
     first_offset: int
     high_watermark: int
     log_start_offset: int
+    last_stable_offset: int
+    aborted_transactions: tuple = ()
 
 
 class FakeLog:
@@ -45,6 +47,13 @@ class FakeLog:
     @property
     def high_watermark(self):
         return self.log_end_offset
+
+    @property
+    def last_stable_offset(self):   # no transactions in the fake
+        return self.log_end_offset
+
+    def has_ongoing_transaction(self, producer_id, producer_epoch):
+        return False
 
     def append_as_leader(self, records: bytes, now_ms: int):
         if self.fail_with is not None:
@@ -62,7 +71,8 @@ class FakeLog:
             self.log_end_offset += header.last_offset_delta + 1
         return FakeAppendInfo(first, self.log_end_offset - 1)
 
-    def read(self, fetch_offset, max_bytes, *, max_offset_exclusive=None, min_one_batch=True):
+    def read(self, fetch_offset, max_bytes, *, max_offset_exclusive=None, min_one_batch=True,
+             isolation_committed=False):
         upper = self.high_watermark if max_offset_exclusive is None else max_offset_exclusive
         if not self.log_start_offset <= fetch_offset <= self.log_end_offset:
             raise OffsetOutOfRangeError(f"offset {fetch_offset} outside [{self.log_start_offset}, {self.log_end_offset}]")
@@ -75,9 +85,9 @@ class FakeLog:
             if len(out) + len(data) > max_bytes and not (min_one_batch and not out):
                 break
             out += data
-        return FakeFetchData(out, fetch_offset, self.high_watermark, self.log_start_offset)
+        return FakeFetchData(out, fetch_offset, self.high_watermark, self.log_start_offset, self.last_stable_offset)
 
-    def offset_for_timestamp(self, ts):
+    def offset_for_timestamp(self, ts, *, isolation_committed=False):
         return None
 
     producer_state = None
