@@ -742,8 +742,10 @@ class Log:
                     records, first_offset = found
                     aborted: list[AbortedTxn] | tuple = ()
                     if isolation_committed and records:
+                        # empty indexes (most segments) can neither add an entry nor end the walk
                         aborted = collect_aborted_transactions(
-                            (s.txn_index for s in view.segments[i:]), first_offset, _end_offset_of(records))
+                            (s.txn_index for s in view.segments[i:] if len(s.txn_index)), first_offset,
+                            _end_offset_of(records))
                     return FetchData(records, first_offset, view.high_watermark, view.log_start_offset,
                                      view.last_stable_offset, aborted)
         return FetchData(b"", fetch_offset, view.high_watermark, view.log_start_offset, view.last_stable_offset)

@@ -20,7 +20,6 @@ from eos.errors import (
     StorageError,
 )
 from eos.records.codec import decode_records, encode_control_batch
-from eos.records.header import iter_headers
 from tests.storage_batches import make_batch
 from tests.unit.test_storage_log import dir_state, whole_batches
 
