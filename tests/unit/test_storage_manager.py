@@ -118,6 +118,39 @@ def test_create_append_shutdown_and_load_again(tmp_path):
     assert third.get_log("orders", 0).config == TopicConfig()   # unknown topic config: defaults
 
 
+def test_open_transactions_and_txn_indexes_survive_shutdown_and_crash(tmp_path):
+    clock = FakeClock()
+    manager = LogManager(str(tmp_path), now_ms_fn=clock, producer_id_expiration_ms=1_000)
+    manager.load({})
+    config = TopicConfig(segment_bytes=500)
+    log = manager.create_log("t", 0, config)
+
+    def txn(producer_id, sequence, epoch=0):
+        return make_batch(2, value_bytes=30, producer_id=producer_id, producer_epoch=epoch, base_sequence=sequence,
+                          transactional=True)
+
+    log.append_as_leader(txn(1, 0), now_ms=clock.now_ms)
+    for round_ in range(6):
+        log.append_as_leader(txn(2, 0, epoch=round_), now_ms=clock.now_ms)
+        log.append_txn_marker(2, round_ + 1, 0, round_ % 2 == 1, now_ms=clock.now_ms)
+    clock.now_ms += 10_000
+    manager.run_housekeeping()                   # producer 1's open transaction keeps it from expiring
+
+    def observed(current):
+        return (current.last_stable_offset, current.open_transactions(),
+                [s.txn_index.all_entries() for s in current.segments])
+
+    before = observed(log)
+    assert before[0] == 0 and before[1] == [(1, 0)] and sum(map(len, before[2])) == 3
+    manager.shutdown()
+    again = LogManager(str(tmp_path), now_ms_fn=clock)
+    again.load({"t": config})
+    assert observed(again.get_log("t", 0)) == before
+    crashed = LogManager(str(tmp_path), now_ms_fn=clock)   # no shutdown of `again`: unclean
+    crashed.load({"t": config})
+    assert not crashed.had_clean_shutdown and observed(crashed.get_log("t", 0)) == before
+
+
 def test_housekeeping_applies_retention_and_writes_checkpoints(tmp_path):
     clock = FakeClock(0)
     manager = LogManager(str(tmp_path), now_ms_fn=clock)
