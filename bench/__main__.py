@@ -19,6 +19,7 @@ import json
 import os
 import platform
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -131,6 +132,15 @@ def run_system(system: str, broker, workloads: list[str], sizes: Sizes, disk_spe
             outcomes[name] = {"status": "not available", "detail": f"no {system} runner"}
             continue
         try:
+            broker.check_alive()
+        except (KafkaUnavailable, EosUnavailable) as exc:
+            # A dead broker fails every workload left; no point waiting on client timeouts.
+            progress(f"  ERROR: {exc}")
+            lines = str(exc).splitlines() or [""]
+            outcomes[name] = {"status": "error", "elapsed_s": 0.0,
+                              "detail": " ... ".join(dict.fromkeys([lines[0], lines[-1]]))}
+            continue
+        try:
             metrics = runner(ctx)
             outcomes[name] = {"status": "ok", "metrics": [m.to_dict() for m in metrics]}
         except NotAvailable as exc:
@@ -143,6 +153,10 @@ def run_system(system: str, broker, workloads: list[str], sizes: Sizes, disk_spe
         except Exception as exc:  # a benchmark must report, not crash the other rows
             progress(f"  ERROR: {type(exc).__name__}: {exc}")
             traceback.print_exc()
+            try:
+                broker.check_alive()
+            except (KafkaUnavailable, EosUnavailable) as dead:
+                progress(f"  the broker died: {dead}")
             outcomes[name] = {"status": "error", "detail": f"{type(exc).__name__}: {exc}"}
         outcomes[name]["elapsed_s"] = round(time.monotonic() - started, 1)
     return outcomes
@@ -191,7 +205,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def _exit_on_sigterm(signum, _frame) -> None:
+    # SIGTERM (timeout, CI) must unwind through the finally blocks that stop the brokers
+    # and remove their temp dirs; Python's default would just die.
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     args = parse_args(argv)
     progress = Progress()
     sizes = Sizes.quick() if args.quick else Sizes()

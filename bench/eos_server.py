@@ -5,8 +5,9 @@ Theory of operation
 `EosBroker` runs ``python -m broker --data-dir DIR --port N`` with the interpreter of the
 running benchmark (so the virtualenv's eos is the one measured). A reader thread copies the
 broker's stdout and stderr into ``server.log`` and sets an event when the line
-``eos broker listening on`` appears. Readiness is bounded: that line, or failing it a TCP
-connection to the port, before `start_timeout_s`. A broker that exits early raises with the
+``eos broker listening on`` appears. Readiness is bounded: that line before
+`start_timeout_s` (or, failing it, an open port at the deadline: the port is bound before
+start-up has finished, so it is only a fallback). A broker that exits early raises with the
 tail of its log. Stopping sends SIGTERM (the broker shuts down cleanly on it), waits, then
 SIGKILL; the temp dir is removed in every case.
 """
@@ -98,18 +99,24 @@ class EosBroker:
         self._reader.start()
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                self._reader.join(timeout=2)
-                raise EosUnavailable(f"the eos broker exited with code {self.proc.returncode}:"
-                                     f"\n{self._tail()}")
+            self.check_alive()
             if self._ready.wait(timeout=0.2):
-                return
-            # gRPC serves as soon as its port accepts, so that is ready too (and covers a
-            # change of wording in the banner).
-            if port_accepts("127.0.0.1", self.port, timeout_s=0.2):
-                return
-        raise EosUnavailable(f"the eos broker was not ready within {self.start_timeout_s:.0f} s:"
-                             f"\n{self._tail()}")
+                break
+        else:
+            # No banner: accept an open port from a live process (the wording may have
+            # changed), but not sooner, since the port is bound before start-up finishes.
+            if not port_accepts("127.0.0.1", self.port):
+                raise EosUnavailable(f"the eos broker was not ready within "
+                                     f"{self.start_timeout_s:.0f} s:\n{self._tail()}")
+        self.check_alive()
+
+    def check_alive(self) -> None:
+        """EosUnavailable with the log's tail if the broker process has exited."""
+        if self.proc is not None and self.proc.poll() is not None:
+            if self._reader is not None:
+                self._reader.join(timeout=2)
+            raise EosUnavailable(f"the eos broker exited with code {self.proc.returncode}:"
+                                 f"\n{self._tail()}")
 
     def _pump(self, proc: subprocess.Popen) -> None:
         if proc.stdout is None or self.tmp is None:

@@ -313,7 +313,7 @@ class KafkaBroker:
 
         deadline = time.monotonic() + self.start_timeout_s
         while not port_accepts("127.0.0.1", self.port):
-            self._check_alive()
+            self.check_alive()
             if time.monotonic() > deadline:
                 raise KafkaUnavailable(f"Kafka did not open port {self.port} within "
                                        f"{self.start_timeout_s:.0f} s:\n{_tail(self.server_log)}")
@@ -321,7 +321,7 @@ class KafkaBroker:
         admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
         last_error: Exception | None = None
         while time.monotonic() < deadline:
-            self._check_alive()
+            self.check_alive()
             try:
                 metadata = admin.list_topics(timeout=5)
                 if metadata.brokers:
@@ -333,7 +333,7 @@ class KafkaBroker:
                                f"{self.start_timeout_s:.0f} s ({last_error}):\n"
                                f"{_tail(self.server_log)}")
 
-    def _check_alive(self) -> None:
+    def check_alive(self) -> None:
         if self.proc is not None and self.proc.poll() is not None:
             raise KafkaUnavailable(f"Kafka exited with code {self.proc.returncode}:\n"
                                    f"{_tail(self.server_log)}")
