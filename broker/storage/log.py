@@ -399,6 +399,8 @@ class Log:
             flush_from = min(flush_from, bisect_left(self._base_offsets, txn_rebuild_from))
         for segment in kept[flush_from:]:
             segment.flush()
+        for segment in kept[:-1]:
+            segment.txn_index.close()   # a replay may have reopened a sealed segment's file
         self.recovery_point = log_end_offset
         self._publish()
         log.info("%s: loaded %d segment(s), offsets [%d, %d)%s", self.name, len(kept), log_start_offset,

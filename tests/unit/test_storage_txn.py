@@ -432,6 +432,15 @@ def test_a_damaged_txn_index_is_rebuilt(tmp_path, damage):
             f.write(b"\x07\x07")   # an unknown version
     again = open_log(tmp_path / "t-0", SMALL_SEGMENTS, recovery_point=recovery_point)
     assert _observed(again) == _observed(reference)
+    if os.path.isdir("/proc/self/fd"):   # the rebuild leaves no descriptor open on sealed segments' indexes
+        sealed = {s.txn_index.path for s in again.segments[:-1]}
+        open_paths = set()
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                open_paths.add(os.readlink(f"/proc/self/fd/{fd}"))
+            except OSError:
+                pass
+        assert not sealed & open_paths
 
 
 def test_a_torn_abort_marker_is_cut_with_its_txn_index_entry(tmp_path):
