@@ -5,14 +5,20 @@ Theory of operation
 `BrokerServer` owns the life of one broker node and nothing else: it validates the broker
 config (no I/O), then `start()` takes the data dir (an exclusive lock, `meta.properties`
 with the cluster id), loads the topic registry and the logs, sweeps the logs against the
-registry, binds the gRPC port, registers the Broker and TxnCoordinator services, and starts
-the housekeeping thread (retention, segment roll by time, flush.ms), which wakes every
-log.retention.check.interval.ms on an Event so that stop never waits for it to sleep out.
+registry, binds the gRPC port, loads the group coordinator (`__consumer_offsets`, written
+in-process through the same LogManager and TopicRegistry), registers the Broker,
+TxnCoordinator and GroupCoordinator services, starts serving, then loads the transaction
+coordinator (which reaches the broker only over loopback gRPC, so it needs the server up),
+and starts the housekeeping thread (retention, segment roll by time, flush.ms), which wakes
+every log.retention.check.interval.ms on an Event so that stop never waits for it to sleep
+out. Two hooks join the pieces: the Broker service asks the transaction coordinator whether
+a transactional write's partition is in the producer's transaction (KIP-890), and tells the
+group coordinator about markers written to `__consumer_offsets`.
 
-`stop()` is the reverse, in an order that keeps acknowledged data safe: refuse new RPCs,
-wake long polls, wait (bounded) for requests in flight, stop housekeeping, then close the
-logs (LogManager.shutdown flushes and writes the clean-shutdown state), and let go of the
-lock. `run_broker()` is the blocking entry of `eos broker start` and `python -m broker`: it
+`stop()` is the reverse, in an order that keeps acknowledged data safe: stop the
+coordinators (parked group requests are answered at once), refuse new RPCs, wake long
+polls, wait (bounded) for requests in flight, stop housekeeping, then close the logs
+(LogManager.shutdown flushes and writes the clean-shutdown state), and let go of the lock. `run_broker()` is the blocking entry of `eos broker start` and `python -m broker`: it
 prints one line "eos broker listening on HOST:PORT (data dir DIR)" once the port is bound
 and serving, and stops cleanly on SIGTERM or SIGINT.
 
@@ -39,6 +45,10 @@ from typing import Callable, Mapping
 
 import grpc
 
+from broker.group.coordinator import GroupCoordinator
+from broker.group.offsets import OFFSET_METADATA_MAX_BYTES
+from broker.group.state import (GROUP_INITIAL_REBALANCE_DELAY_MS, GROUP_MAX_SESSION_TIMEOUT_MS, GROUP_MAX_SIZE,
+                                GROUP_MIN_SESSION_TIMEOUT_MS)
 from broker.purgatory import FetchPurgatory
 from broker.service import FETCH_MAX_WAIT_CAP_MS, BrokerServicer, NodeAddress
 from broker.topics import TopicRegistry, write_file_atomically
@@ -83,6 +93,16 @@ _TOPIC_DEFAULT_NAMES = {
 }
 
 
+# Group coordinator settings (Kafka's names) -> BrokerConfig fields.
+_GROUP_CONFIG_NAMES = {
+    "group.initial.rebalance.delay.ms": "group_initial_rebalance_delay_ms",
+    "group.min.session.timeout.ms": "group_min_session_timeout_ms",
+    "group.max.session.timeout.ms": "group_max_session_timeout_ms",
+    "group.max.size": "group_max_size",
+    "offset.metadata.max.bytes": "offset_metadata_max_bytes",
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class BrokerConfig:
     """Broker settings (Kafka's names, dots to underscores)."""
@@ -100,6 +120,11 @@ class BrokerConfig:
     # How often the coordinator aborts transactions open past their timeout (Kafka's name
     # and default); tests make it short to see a hanging transaction aborted.
     transaction_abort_timed_out_transaction_cleanup_interval_ms: int = 10000
+    group_initial_rebalance_delay_ms: int = GROUP_INITIAL_REBALANCE_DELAY_MS
+    group_min_session_timeout_ms: int = GROUP_MIN_SESSION_TIMEOUT_MS
+    group_max_session_timeout_ms: int = GROUP_MAX_SESSION_TIMEOUT_MS
+    group_max_size: int = GROUP_MAX_SIZE
+    offset_metadata_max_bytes: int = OFFSET_METADATA_MAX_BYTES
     topic_defaults: TopicConfig = TopicConfig()
 
     @classmethod
@@ -128,8 +153,13 @@ class BrokerConfig:
             elif name == "transaction.abort.timed.out.transaction.cleanup.interval.ms":
                 values["transaction_abort_timed_out_transaction_cleanup_interval_ms"] = _parse_int(
                     name, raw, minimum=1)
+            elif name in _GROUP_CONFIG_NAMES:
+                values[_GROUP_CONFIG_NAMES[name]] = _parse_int(name, raw, minimum=0 if name.endswith("delay.ms") else 1)
             else:
                 raise InvalidConfigError(f"unknown broker config {name!r}")
+        if values.get("group_min_session_timeout_ms", GROUP_MIN_SESSION_TIMEOUT_MS) > values.get(
+                "group_max_session_timeout_ms", GROUP_MAX_SESSION_TIMEOUT_MS):
+            raise InvalidConfigError("group.min.session.timeout.ms must not exceed group.max.session.timeout.ms")
         try:
             topic_defaults = TopicConfig.from_overrides(topic_overrides)
         except InvalidConfigError as exc:
@@ -253,6 +283,7 @@ class BrokerServer:
         self._servicer: BrokerServicer | None = None
         self._txn_coordinator: TransactionCoordinator | None = None
         self._txn_link: BrokerLink | None = None
+        self._group_coordinator: GroupCoordinator | None = None
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._housekeeping_thread: threading.Thread | None = None
@@ -336,12 +367,24 @@ class BrokerServer:
         self.port = bound_port
         self._grpc_server = server
 
+        # Loaded before the server serves: it creates __consumer_offsets without the Broker
+        # service's admin lock, which is safe only while no RPC can create topics.
+        config = self.config
+        self._group_coordinator = GroupCoordinator(
+            self._log_manager, self._registry, now_ms_fn=self._now_ms, node_id=self.node_id, host=self.host,
+            port=bound_port, initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
+            min_session_timeout_ms=config.group_min_session_timeout_ms,
+            max_session_timeout_ms=config.group_max_session_timeout_ms, max_group_size=config.group_max_size,
+            offset_metadata_max_bytes=config.offset_metadata_max_bytes)
+        self._group_coordinator.start()
+
         purgatory = FetchPurgatory(max_waiters=RPC_WORKER_THREADS - RPC_WORKERS_KEPT_FREE_OF_LONG_POLLS)
         self._servicer = BrokerServicer(
             registry=self._registry, log_manager=self._log_manager, purgatory=purgatory,
             node=NodeAddress(self.node_id, self.host, bound_port), cluster_id=self.cluster_id,
             now_ms_fn=self._now_ms, auto_create_topics=self.config.auto_create_topics_enable,
-            fetch_max_wait_cap_ms=FETCH_MAX_WAIT_CAP_MS, verify_txn=self._verify_txn_partitions)
+            fetch_max_wait_cap_ms=FETCH_MAX_WAIT_CAP_MS, verify_txn=self._verify_txn_partitions,
+            on_offsets_txn_marker=self._group_coordinator.on_txn_marker)
         broker_pb2_grpc.add_BrokerServicer_to_server(self._servicer, server)
         # The transaction coordinator reaches this broker only through the gRPC contract
         # (DESIGN.md §1), here over loopback; it loads its log once the server is up.
@@ -367,6 +410,8 @@ class BrokerServer:
                 self._txn_coordinator.start()
                 return
             except Exception:
+                if self._stopping.is_set():
+                    return   # the broker stopped while the coordinator loaded; nothing is wrong
                 log.exception("loading the transaction coordinator failed (attempt %d); retrying", attempt)
                 self._stopping.wait(1.0)
         log.error("the transaction coordinator did not load; transactional requests will be refused")
@@ -374,6 +419,10 @@ class BrokerServer:
     @property
     def txn_coordinator(self) -> TransactionCoordinator | None:
         return self._txn_coordinator
+
+    @property
+    def group_coordinator(self) -> GroupCoordinator | None:
+        return self._group_coordinator
 
     def _verify_txn_partitions(self, transactional_id: str, producer_id: int, producer_epoch: int,
                                partitions: list[TopicPartition]) -> dict[TopicPartition, tuple[int, str]]:
@@ -406,6 +455,8 @@ class BrokerServer:
 
     def _teardown_after_failed_start(self) -> None:
         self._stopping.set()
+        if self._group_coordinator is not None:
+            self._group_coordinator.stop()
         if self._grpc_server is not None:
             self._grpc_server.stop(0)
         if self._log_manager is not None:
@@ -436,6 +487,8 @@ class BrokerServer:
             self._stopping.set()
             if self._txn_coordinator is not None:
                 self._txn_coordinator.stop()
+            if self._group_coordinator is not None:
+                self._group_coordinator.stop()   # answers parked JoinGroup/SyncGroup at once
             stopped_event = self._grpc_server.stop(grace_s)  # refuses new RPCs at once
             if not self._servicer.close_and_drain(grace_s):
                 log.warning("requests still running after %.1f s; closing the logs anyway", grace_s)

@@ -368,17 +368,3 @@ def test_list_offsets(inprocess_broker):
     assert (max_ts.offset, max_ts.timestamp) == (2, 3000)
     bad = list_offset(stub, "lo", 0, -9)
     assert bad.error_code == ErrorCode.INVALID_REQUEST and "-9" in bad.error_message
-
-
-def test_not_yet_implemented_rpcs_answer_per_partition(inprocess_broker):
-    stub = inprocess_broker.broker_stub()
-    create_topic(stub, "t")
-    response = stub.WriteTxnMarkers(broker_pb2.WriteTxnMarkersRequest(markers=[broker_pb2.TxnMarker(
-        producer_id=1, producer_epoch=0, committed=True,
-        partitions=[common_pb2.TopicPartition(topic="t", partition=0)])]), timeout=30)
-    [partition] = response.markers[0].partitions
-    assert partition.error_code == ErrorCode.UNSUPPORTED_VERSION
-    producers = stub.DescribeProducers(broker_pb2.DescribeProducersRequest(partitions=[
-        common_pb2.TopicPartition(topic="t", partition=0), common_pb2.TopicPartition(topic="x", partition=0)]),
-        timeout=30)
-    assert [p.error_code for p in producers.partitions] == [ErrorCode.NONE, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION]
