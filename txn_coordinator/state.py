@@ -24,9 +24,25 @@ producer instance calls InitProducerId. An epoch that would pass EPOCH_MAX rotat
 producer id at epoch 0. `last_producer_id`/`last_producer_epoch` remember the previous pair
 so that a retried EndTxn or InitProducerId is recognised and answered the same way.
 
+Participants (eos's extension for writers on many machines, e.g. Spark executors): the
+owner of a transactional.id may ask for *participant* producer ids (`init_participant`).
+Each is a fresh id from the same source as every producer id (so it never repeats), at
+epoch 0, single-use: it belongs to the one open transaction and its partitions are
+tracked apart from the owner's. The owner's EndTxn(commit) names the participants it
+*accepts*; the Prepare* record (the decision) holds that choice, so the markers are fixed
+once, by the decision: the owner's partitions and the accepted participants' get COMMIT,
+every other participant's get ABORT. Abort, timeout and fencing abort every participant.
+A participant's markers carry its epoch + 1, so the partition leaders fence any late
+write of it; a participant of a decided transaction is refused (INVALID_TXN_STATE), and
+after Complete* its id is forgotten (INVALID_PRODUCER_ID_MAPPING), so a straggler can never
+write into the next transaction. The markers of one decision form one `MarkerRequest`: a
+group of (producer id, epoch, committed, partitions) entries, sent together.
+
 Transitions are data: `VALID_PREVIOUS_STATES` lists where each state may be entered from,
 and `_transition` refuses anything else with InvariantError (a bug, never bad input: bad
-input is refused earlier with a Kafka error code).
+input is refused earlier with a Kafka error code). Participants exist only while a
+transaction is open or being decided (`STATES_WITH_PARTICIPANTS`); `_transition` checks
+that too.
 """
 from __future__ import annotations
 
@@ -42,6 +58,9 @@ NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
 TRANSACTION_MAX_TIMEOUT_MS = 900_000        # transaction.max.timeout.ms (15 minutes)
 TRANSACTIONAL_ID_EXPIRATION_MS = 604_800_000  # transactional.id.expiration.ms (7 days)
+# Participants one transaction may have. Each state record holds all of them, so the bound
+# also bounds the record (about 30 bytes a participant plus its partitions).
+PARTICIPANTS_PER_TXN_MAX = 10_000
 
 
 class TxnState(enum.Enum):
@@ -91,6 +110,25 @@ VALID_PREVIOUS_STATES: dict[TxnState, frozenset[TxnState]] = {
 }
 # States in which no transaction is open: a new one may begin, the id may expire.
 IDLE_STATES = frozenset({S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT})
+# The only states whose metadata may hold participants (an open or a deciding transaction).
+STATES_WITH_PARTICIPANTS = frozenset({S.ONGOING, S.PREPARE_COMMIT, S.PREPARE_ABORT, S.PREPARE_EPOCH_FENCE})
+DECIDED_STATES = frozenset({S.PREPARE_COMMIT, S.PREPARE_ABORT})
+
+
+@dataclasses.dataclass(frozen=True)
+class Participant:
+    """A producer id handed out for one writer of the owner's open transaction."""
+
+    producer_id: int
+    producer_epoch: int
+    partitions: frozenset[TopicPartition] = frozenset()
+    accepted: bool = False     # named by the EndTxn(commit) that decided the transaction
+
+    @property
+    def marker_epoch(self) -> int:
+        # One above the epoch it writes with: once the marker is in a partition, the
+        # leader refuses any later write of this participant there.
+        return self.producer_epoch + 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,18 +145,43 @@ class TxnMetadata:
     partitions: frozenset[TopicPartition]
     start_time_ms: int       # when the open transaction began; -1 when none is open
     last_update_ms: int
+    participants: tuple[Participant, ...] = ()   # in the order they were handed out
+
+    def participant(self, producer_id: int) -> Participant | None:
+        for p in self.participants:
+            if p.producer_id == producer_id:
+                return p
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class MarkerEntry:
+    """Write a COMMIT or ABORT marker for (producer_id, producer_epoch) into each partition."""
+
+    producer_id: int
+    producer_epoch: int
+    committed: bool
+    partitions: frozenset[TopicPartition]
 
 
 @dataclasses.dataclass(frozen=True)
 class MarkerRequest:
-    """Write a COMMIT or ABORT marker for (producer_id, producer_epoch) into each partition."""
+    """Every marker of one decided transaction: the owner's entry (if it has partitions)
+    first, then one entry per participant with partitions. Sent as one WriteTxnMarkers."""
 
     transactional_id: str
-    producer_id: int
-    producer_epoch: int
-    committed: bool
     coordinator_epoch: int
-    partitions: frozenset[TopicPartition]
+    entries: tuple[MarkerEntry, ...]
+
+    @property
+    def partition_count(self) -> int:
+        return sum(len(e.partitions) for e in self.entries)
+
+    def entry_for(self, producer_id: int) -> MarkerEntry | None:
+        for entry in self.entries:
+            if entry.producer_id == producer_id:
+                return entry
+        return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,6 +210,10 @@ def _transition(current: TxnMetadata | None, **changes) -> TxnMetadata:
         raise InvariantError(
             f"illegal transaction transition {current.state.display_name} -> {new.state.display_name} "
             f"for {current.transactional_id!r}")
+    if new.participants and new.state not in STATES_WITH_PARTICIPANTS:
+        raise InvariantError(
+            f"{current.transactional_id!r} would keep {len(new.participants)} participants in state "
+            f"{new.state.display_name}")
     return new
 
 
@@ -162,8 +229,10 @@ class TxnCoordinatorCore:
 
     def __init__(self, *, coordinator_epoch: int = 0,
                  max_timeout_ms: int = TRANSACTION_MAX_TIMEOUT_MS,
-                 transactional_id_expiration_ms: int = TRANSACTIONAL_ID_EXPIRATION_MS):
+                 transactional_id_expiration_ms: int = TRANSACTIONAL_ID_EXPIRATION_MS,
+                 participants_per_txn_max: int = PARTICIPANTS_PER_TXN_MAX):
         self.coordinator_epoch = coordinator_epoch
+        self.participants_per_txn_max = participants_per_txn_max
         self.max_timeout_ms = max_timeout_ms
         self.transactional_id_expiration_ms = transactional_id_expiration_ms
         self.durable: dict[str, TxnMetadata] = {}   # as the log says
@@ -180,8 +249,7 @@ class TxnCoordinatorCore:
 
     def unfinished_markers(self) -> list[MarkerRequest]:
         """After a load: every decided transaction whose markers may not all be written."""
-        return [self._markers_for(md) for md in self.durable.values()
-                if md.state in (S.PREPARE_COMMIT, S.PREPARE_ABORT)]
+        return [self._markers_for(md) for md in self.durable.values() if md.state in DECIDED_STATES]
 
     # ---- the write protocol --------------------------------------------------------------
 
@@ -196,7 +264,7 @@ class TxnCoordinatorCore:
             raise InvariantError(f"write_completed for {md.transactional_id!r} does not match the pending write")
         del self.pending[md.transactional_id]
         self.replay(md, md.transactional_id)
-        if md.state in (S.PREPARE_COMMIT, S.PREPARE_ABORT):
+        if md.state in DECIDED_STATES:
             return self._markers_for(md)
         return None
 
@@ -206,25 +274,31 @@ class TxnCoordinatorCore:
             del self.pending[md.transactional_id]
 
     def _markers_for(self, md: TxnMetadata) -> MarkerRequest:
-        # The data sits under the id that wrote it. When the bump rotated to a new id (the
-        # epoch was spent), the markers go out under the old id with the last epoch, and
-        # the client continues with the new id at epoch 0.
-        rotated = md.last_producer_id not in (NO_PRODUCER_ID, md.producer_id)
-        producer_id, epoch = (md.last_producer_id, EPOCH_MAX) if rotated else (md.producer_id, md.producer_epoch)
-        return MarkerRequest(md.transactional_id, producer_id, epoch,
-                             md.state is S.PREPARE_COMMIT, self.coordinator_epoch, md.partitions)
+        committed = md.state is S.PREPARE_COMMIT
+        entries = []
+        if md.partitions:
+            # The data sits under the id that wrote it. When the bump rotated to a new id (the
+            # epoch was spent), the markers go out under the old id with the last epoch, and
+            # the client continues with the new id at epoch 0.
+            rotated = md.last_producer_id not in (NO_PRODUCER_ID, md.producer_id)
+            producer_id, epoch = (md.last_producer_id, EPOCH_MAX) if rotated else (md.producer_id, md.producer_epoch)
+            entries.append(MarkerEntry(producer_id, epoch, committed, md.partitions))
+        for p in md.participants:
+            if p.partitions:
+                entries.append(MarkerEntry(p.producer_id, p.marker_epoch, committed and p.accepted, p.partitions))
+        return MarkerRequest(md.transactional_id, self.coordinator_epoch, tuple(entries))
 
     def markers_written(self, transactional_id: str, now_ms: int) -> Decision:
         """Every partition has its marker: propose Complete*."""
         md = self.durable.get(transactional_id)
-        if md is None or md.state not in (S.PREPARE_COMMIT, S.PREPARE_ABORT):
+        if md is None or md.state not in DECIDED_STATES:
             raise InvariantError(f"markers written for {transactional_id!r} in state "
                                  f"{md.state.display_name if md else 'absent'}")
         if transactional_id in self.pending:
             raise InvariantError(f"markers written for {transactional_id!r} while a write is pending")
         done = S.COMPLETE_COMMIT if md.state is S.PREPARE_COMMIT else S.COMPLETE_ABORT
-        return self._propose(_transition(md, state=done, partitions=frozenset(), start_time_ms=-1,
-                                         last_update_ms=now_ms))
+        return self._propose(_transition(md, state=done, partitions=frozenset(), participants=(),
+                                         start_time_ms=-1, last_update_ms=now_ms))
 
     # ---- requests ------------------------------------------------------------------------
 
@@ -260,7 +334,7 @@ class TxnCoordinatorCore:
                 return _refuse(ErrorCode.PRODUCER_FENCED,
                                f"producer {expected_producer_id} epoch {expected_producer_epoch} is not the "
                                f"current one ({md.producer_id} epoch {md.producer_epoch})")
-        if md.state in (S.PREPARE_COMMIT, S.PREPARE_ABORT):
+        if md.state in DECIDED_STATES:
             return _refuse(ErrorCode.CONCURRENT_TRANSACTIONS,
                            f"{transactional_id!r} is completing a transaction; retry")
         if md.state is S.ONGOING:
@@ -296,22 +370,75 @@ class TxnCoordinatorCore:
                            f"no producer id is registered for {transactional_id!r}; call init_transactions()")
         if producer_id != md.producer_id:
             return _refuse(ErrorCode.INVALID_PRODUCER_ID_MAPPING,
-                           f"producer id {producer_id} does not belong to {transactional_id!r} "
-                           f"(current {md.producer_id})")
+                           f"producer id {producer_id} does not belong to {transactional_id!r}: it is neither "
+                           f"its producer (current {md.producer_id}) nor a participant of its open transaction")
         if producer_epoch != md.producer_epoch:
             return _refuse(ErrorCode.PRODUCER_FENCED,
                            f"producer epoch {producer_epoch} of {transactional_id!r} is fenced "
                            f"(current {md.producer_epoch})")
         return None
 
-    def add_partitions(self, transactional_id: str, producer_id: int, producer_epoch: int,
-                       partitions: Iterable[TopicPartition], now_ms: int) -> Decision:
+    def _check_participant(self, md: TxnMetadata, participant: Participant, producer_epoch: int) -> Decision | None:
+        if producer_epoch != participant.producer_epoch:
+            return _refuse(ErrorCode.PRODUCER_FENCED,
+                           f"participant {participant.producer_id} of {md.transactional_id!r} writes with epoch "
+                           f"{participant.producer_epoch}, not {producer_epoch}")
+        if md.state is not S.ONGOING:
+            return _refuse(ErrorCode.INVALID_TXN_STATE,
+                           f"the transaction of {md.transactional_id!r} that producer {participant.producer_id} "
+                           f"participates in is {md.state.display_name}: its writes are over")
+        return None
+
+    def init_participant(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                         partitions: Iterable[TopicPartition], now_ms: int,
+                         new_producer_id: Callable[[], int]) -> Decision:
+        """The owner (producer_id, producer_epoch) asks for a participant producer id for its
+        open transaction (opened now if it was idle), with `partitions` already registered.
+        The Decision's producer_id/producer_epoch are the participant's."""
         partitions = frozenset(partitions)
         md, refusal = self._current(transactional_id)
         refusal = refusal or self._check_producer(md, transactional_id, producer_id, producer_epoch)
         if refusal:
+            return refusal
+        if md.state in DECIDED_STATES:
+            return _refuse(ErrorCode.CONCURRENT_TRANSACTIONS,
+                           f"the previous transaction of {transactional_id!r} is still completing")
+        if len(md.participants) >= self.participants_per_txn_max:
+            return _refuse(ErrorCode.INVALID_REQUEST,
+                           f"the transaction of {transactional_id!r} already has {len(md.participants)} "
+                           f"participants, the most one transaction may have ({self.participants_per_txn_max})")
+        participant = Participant(new_producer_id(), 0, partitions)
+        start_ms = md.start_time_ms if md.state is S.ONGOING else now_ms
+        ongoing = _transition(md, state=S.ONGOING, participants=md.participants + (participant,),
+                              start_time_ms=start_ms, last_update_ms=now_ms)
+        decision = self._propose(ongoing)
+        return dataclasses.replace(decision, producer_id=participant.producer_id,
+                                   producer_epoch=participant.producer_epoch)
+
+    def add_partitions(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                       partitions: Iterable[TopicPartition], now_ms: int) -> Decision:
+        """Register partitions for the owner (producer_id is the transactional id's) or for
+        one of the open transaction's participants."""
+        partitions = frozenset(partitions)
+        md, refusal = self._current(transactional_id)
+        participant = None
+        if refusal is None and md is not None and producer_id != md.producer_id:
+            participant = md.participant(producer_id)
+        if participant is not None:
+            refusal = self._check_participant(md, participant, producer_epoch)
+        else:
+            refusal = refusal or self._check_producer(md, transactional_id, producer_id, producer_epoch)
+        if refusal:
             return dataclasses.replace(refusal, partition_errors={tp: refusal.error for tp in partitions})
-        if md.state in (S.PREPARE_COMMIT, S.PREPARE_ABORT):
+        if participant is not None:
+            if partitions <= participant.partitions:
+                return Decision(producer_id=participant.producer_id, producer_epoch=participant.producer_epoch)
+            grown = dataclasses.replace(participant, partitions=participant.partitions | partitions)
+            ongoing = _transition(md, participants=tuple(grown if p is participant else p for p in md.participants),
+                                  last_update_ms=now_ms)
+            return dataclasses.replace(self._propose(ongoing), producer_id=participant.producer_id,
+                                       producer_epoch=participant.producer_epoch)
+        if md.state in DECIDED_STATES:
             return _refuse(ErrorCode.CONCURRENT_TRANSACTIONS,
                            f"the previous transaction of {transactional_id!r} is still completing")
         if md.state is S.ONGOING and partitions <= md.partitions:
@@ -325,21 +452,32 @@ class TxnCoordinatorCore:
                           partitions: Iterable[TopicPartition]) -> Decision:
         """KIP-890 part 1: is each partition registered in the producer's open transaction?
         A partition leader asks before it appends a transactional batch, so that a late write
-        from a finished transaction cannot open a hanging one. Never writes."""
+        from a finished transaction cannot open a hanging one. The producer is the owner or
+        a participant of the open transaction. Never writes."""
         partitions = frozenset(partitions)
         md = self.durable.get(transactional_id)
-        refusal = self._check_producer(md, transactional_id, producer_id, producer_epoch)
+        participant = md.participant(producer_id) if md is not None and producer_id != md.producer_id else None
+        if participant is not None:
+            refusal = self._check_participant(md, participant, producer_epoch)
+            registered = participant.partitions
+        else:
+            refusal = self._check_producer(md, transactional_id, producer_id, producer_epoch)
+            registered = md.partitions if md is not None and md.state is S.ONGOING else frozenset()
         if refusal:
             return dataclasses.replace(refusal, partition_errors={tp: refusal.error for tp in partitions})
-        registered = md.partitions if md.state is S.ONGOING else frozenset()
         errors = {tp: ErrorCode.NONE if tp in registered else ErrorCode.INVALID_TXN_STATE for tp in partitions}
         missing = sorted(f"{tp.topic}-{tp.partition}" for tp, e in errors.items() if e is not ErrorCode.NONE)
-        message = f"not in the open transaction of {transactional_id!r}: {', '.join(missing)}" if missing else ""
-        return Decision(producer_id=md.producer_id, producer_epoch=md.producer_epoch,
+        message = (f"not in the open transaction of {transactional_id!r} for producer {producer_id}: "
+                   f"{', '.join(missing)}" if missing else "")
+        return Decision(producer_id=producer_id, producer_epoch=producer_epoch,
                         partition_errors=errors, message=message)
 
     def end_transaction(self, transactional_id: str, producer_id: int, producer_epoch: int,
-                        commit: bool, now_ms: int, new_producer_id: Callable[[], int]) -> Decision:
+                        commit: bool, now_ms: int, new_producer_id: Callable[[], int],
+                        accepted_participants: Iterable[int] = ()) -> Decision:
+        """Decide the open transaction. On commit, `accepted_participants` names the
+        participants whose writes commit with the owner's; every other participant aborts."""
+        accepted = frozenset(accepted_participants)
         md, refusal = self._current(transactional_id)
         if refusal:
             return refusal
@@ -358,11 +496,23 @@ class TxnCoordinatorCore:
         refusal = self._check_producer(md, transactional_id, producer_id, producer_epoch)
         if refusal:
             return refusal
+        if accepted and not commit:
+            return _refuse(ErrorCode.INVALID_REQUEST,
+                           f"an abort of {transactional_id!r} accepts no participants (every participant aborts); "
+                           f"got {len(accepted)}")
         if md.state is S.ONGOING:
+            unknown = accepted - {p.producer_id for p in md.participants}
+            if unknown:
+                shown = ", ".join(str(pid) for pid in sorted(unknown)[:10])
+                return _refuse(ErrorCode.INVALID_PRODUCER_ID_MAPPING,
+                               f"cannot accept {len(unknown)} producer id(s) that are not participants of the "
+                               f"open transaction of {transactional_id!r}: {shown}")
             new_id, new_epoch = _bumped(md, new_producer_id)
+            participants = tuple(dataclasses.replace(p, accepted=p.producer_id in accepted)
+                                 for p in md.participants)
             decided = _transition(md, state=wanted_prepare, producer_id=new_id, producer_epoch=new_epoch,
                                   last_producer_id=md.producer_id, last_producer_epoch=md.producer_epoch,
-                                  last_update_ms=now_ms)
+                                  participants=participants, last_update_ms=now_ms)
             return self._propose(decided)
         if md.state is S.EMPTY and not commit:
             # Kafka lets a producer abort when nothing was sent; nothing to write.
@@ -398,7 +548,8 @@ class TxnCoordinatorCore:
         for md in self.durable.values():
             if states and md.state not in states:
                 continue
-            if producer_ids and md.producer_id not in producer_ids:
+            if producer_ids and md.producer_id not in producer_ids and not any(
+                    p.producer_id in producer_ids for p in md.participants):
                 continue
             if running_longer_than_ms > 0 and (md.start_time_ms < 0 or now_ms - md.start_time_ms < running_longer_than_ms):
                 continue
