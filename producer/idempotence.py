@@ -17,8 +17,12 @@ Rules (Kafka's client, KIP-98 and KIP-360):
 
 - A batch gets its sequence when it is first drained for sending, in the order records
   were appended; a retry resends the identical bytes with the same sequence.
-- At most `UNACKED_BATCHES_MAX` (5) sequenced batches per partition are unacknowledged at
-  once: the broker remembers the last 5, so any retry is recognised as a duplicate.
+- A partition's *window* runs from its oldest unacknowledged batch to its newest sequenced
+  one, acknowledged batches in between included; it holds at most `UNACKED_BATCHES_MAX`
+  (5) batches. The broker remembers the last 5 batches it appended, so a retry of the
+  oldest unacknowledged batch -- appended or not -- is always recognised. (Counting only the
+  unacknowledged batches is not enough: when the answer to batch 1 is lost while batches
+  2..6 are acknowledged, the broker no longer remembers batch 1 when it comes again.)
 - Until the first batch of a partition is acknowledged in the current epoch, it is the only
   one sent. A broker that knows nothing of a producer accepts any first sequence (KIP-360),
   so if gRPC delivered a second batch before the first, the broker would take it, and the
@@ -74,23 +78,46 @@ class Decision(enum.Enum):
 
 
 @dataclass(slots=True)
-class _Unacked:
+class _InWindow:
     record_count: int
     sent_behind_older: bool = False  # an older batch was unacknowledged when this was last sent
+    acked: bool = False
 
 
 class _PartitionSequences:
-    __slots__ = ("next_sequence", "unacked", "acked_any")
+    __slots__ = ("next_sequence", "window", "acked_any")
 
     def __init__(self) -> None:
         self.next_sequence = 0
         self.acked_any = False      # the broker holds state for us on this partition
-        # base_sequence -> _Unacked, in assignment order (dicts keep insertion order), which
-        # is sequence order on the wrapping circle.
-        self.unacked: dict[int, _Unacked] = {}
+        # base_sequence -> _InWindow, in assignment order (dicts keep insertion order), which
+        # is sequence order on the wrapping circle. Its first entry is never acknowledged:
+        # acknowledged entries leave from the front.
+        self.window: dict[int, _InWindow] = {}
 
     def is_oldest(self, base_sequence: int) -> bool:
-        return next(iter(self.unacked), None) == base_sequence
+        return next(iter(self.window), None) == base_sequence
+
+    def remove(self, base_sequence: int) -> None:
+        self.window.pop(base_sequence, None)
+        self._trim()
+
+    def ack(self, base_sequence: int) -> None:
+        entry = self.window.get(base_sequence)
+        if entry is not None:
+            entry.acked = True
+            self._trim()
+
+    def _trim(self) -> None:
+        window = self.window
+        while window:
+            first = next(iter(window))
+            if not window[first].acked:
+                break
+            del window[first]
+
+    def unacked_count(self) -> int:
+        return sum(1 for entry in self.window.values() if not entry.acked)
 
 
 class IdempotenceState:
@@ -129,7 +156,11 @@ class IdempotenceState:
 
     def unacked_count(self, tp) -> int:
         seqs = self._partitions.get(tp)
-        return len(seqs.unacked) if seqs is not None else 0
+        return seqs.unacked_count() if seqs is not None else 0
+
+    def window_count(self, tp) -> int:
+        seqs = self._partitions.get(tp)
+        return len(seqs.window) if seqs is not None else 0
 
     def can_assign(self, tp) -> bool:
         """Whether a new batch of `tp` may get a sequence (and so be sent) now."""
@@ -139,8 +170,8 @@ class IdempotenceState:
         if seqs is None:
             return True
         if not seqs.acked_any:
-            return not seqs.unacked   # the first batch goes alone (see the rules above)
-        return len(seqs.unacked) < UNACKED_BATCHES_MAX
+            return not seqs.window    # the first batch goes alone (see the rules above)
+        return len(seqs.window) < UNACKED_BATCHES_MAX
 
     def assign(self, tp, record_count: int) -> int:
         """Give the next batch of `tp` its base sequence; it is unacknowledged until told."""
@@ -151,11 +182,11 @@ class IdempotenceState:
         seqs = self._partitions.get(tp)
         if seqs is None:
             seqs = self._partitions[tp] = _PartitionSequences()
-        if len(seqs.unacked) >= UNACKED_BATCHES_MAX:
-            raise InvariantError(f"more than {UNACKED_BATCHES_MAX} unacknowledged batches for {tp}")
+        if len(seqs.window) >= UNACKED_BATCHES_MAX:
+            raise InvariantError(f"more than {UNACKED_BATCHES_MAX} batches in the window of {tp}")
         base_sequence = seqs.next_sequence
         seqs.next_sequence = increment_sequence(base_sequence, record_count)
-        seqs.unacked[base_sequence] = _Unacked(record_count)
+        seqs.window[base_sequence] = _InWindow(record_count)
         return base_sequence
 
     def next_sequence(self, tp) -> int:
@@ -165,8 +196,8 @@ class IdempotenceState:
     def on_sent(self, tp, base_sequence: int) -> None:
         """The batch is going on the wire: remember whether an older one is still open."""
         seqs = self._partitions.get(tp)
-        entry = seqs.unacked.get(base_sequence) if seqs is not None else None
-        if entry is None:
+        entry = seqs.window.get(base_sequence) if seqs is not None else None
+        if entry is None or entry.acked:
             raise InvariantError(f"batch {tp} sequence {base_sequence} sent without being assigned")
         entry.sent_behind_older = not seqs.is_oldest(base_sequence)
 
@@ -176,7 +207,7 @@ class IdempotenceState:
             return  # from before a bump: its sequences were already forgotten
         seqs = self._partitions.get(tp)
         if seqs is not None:
-            seqs.unacked.pop(base_sequence, None)
+            seqs.ack(base_sequence)
             seqs.acked_any = True
 
     def on_error(self, tp, base_sequence: int, producer_id: int, producer_epoch: int,
@@ -191,11 +222,11 @@ class IdempotenceState:
             # Sent before the epoch bump; the bump already forgot its sequence.
             return Decision.REBUILD if recoverable else Decision.FAIL
         seqs = self._partitions.get(tp)
-        entry = seqs.unacked.get(base_sequence) if seqs is not None else None
-        if entry is None:
+        entry = seqs.window.get(base_sequence) if seqs is not None else None
+        if entry is None or entry.acked:
             raise InvariantError(f"error {code.name} for {tp} sequence {base_sequence}, which is not open")
         if self.bump_required and recoverable:
-            del seqs.unacked[base_sequence]
+            seqs.remove(base_sequence)
             return Decision.REBUILD
         if reaction_for(code) is Reaction.RETRY:
             return Decision.RETRY
@@ -204,11 +235,11 @@ class IdempotenceState:
             return Decision.RETRY
         if code is ErrorCode.INVALID_PRODUCER_EPOCH:
             # Our current epoch is refused: fenced. Nothing a bump on our side can repair.
-            del seqs.unacked[base_sequence]
+            seqs.remove(base_sequence)
             return Decision.FAIL
         # OUT_OF_ORDER for the oldest batch, UNKNOWN_PRODUCER_ID, or a batch failing for good
         # (too large, invalid): its sequence range becomes a hole; only a new epoch fills it.
-        del seqs.unacked[base_sequence]
+        seqs.remove(base_sequence)
         self.bump_required = True
         return Decision.FAIL_AND_BUMP
 
@@ -220,6 +251,6 @@ class IdempotenceState:
             return Decision.FAIL
         seqs = self._partitions.get(tp)
         if seqs is not None:
-            seqs.unacked.pop(base_sequence, None)
+            seqs.remove(base_sequence)
         self.bump_required = True
         return Decision.FAIL_AND_BUMP

@@ -16,9 +16,12 @@ the idempotence bookkeeping (`IdempotenceState`), and the producer id. It loops:
    epoch overtakes one of the old.
 4. Refresh metadata of topics whose leaders are unknown or moved.
 5. Drain: each ready head batch is taken if its leader is known, its broker has a request
-   slot free (max.in.flight.requests.per.connection), and, with idempotence, its partition
-   has fewer than 5 unacknowledged batches. A batch gets its sequence number the first
-   time it is taken; a retry resends the same bytes.
+   slot free (max.in.flight.requests.per.connection), and, with idempotence, its partition's
+   window has room (`IdempotenceState.can_assign`). A batch gets its sequence number the
+   first time it is taken; a retry resends the same bytes. Without idempotence a partition
+   has one request in flight at a time (gRPC does not keep the order of concurrent calls
+   on a connection, which Kafka's ordering without idempotence relies on); the batches
+   that queue meanwhile travel together in its next request.
 6. Send one ProduceRequest per slot -- many partitions, one batch of each -- with
    `stub.Produce.future`; the completion is posted back to step 1. With acks=0 the
    batches are completed as soon as they are handed to gRPC (offset -1); the response
@@ -260,7 +263,12 @@ class Sender(threading.Thread):
         in_flight_by_node = self._in_flight_by_node
         max_in_flight = self._max_in_flight
         max_request_size = self._max_request_size
-        order_by_muting = idem is None and max_in_flight == 1
+        # gRPC may run two calls of one connection in either order (Kafka's TCP connection
+        # does not), so a plain producer keeps a partition's order by sending its next
+        # request only when the previous one is answered; the batches that queue meanwhile
+        # go together in that next request. Idempotent producers pipeline up to 5 batches:
+        # sequence numbers put them back in order.
+        order_by_muting = idem is None
         per_partition = (IDEMPOTENT_BATCHES_PER_PARTITION_PER_REQUEST if idem is not None
                          else PLAIN_BATCHES_PER_PARTITION_PER_REQUEST)
         in_flight_tps = self._in_flight_tps
@@ -285,7 +293,7 @@ class Sender(threading.Thread):
                     if flying and min(flying) < batch.creation_index:
                         return False
             elif order_by_muting and batch.tp in in_flight_tps:
-                return False   # max.in.flight=1 without idempotence: one batch at a time keeps order
+                return False
             slots = slots_by_node.get(node)
             if slots is None:
                 slots = slots_by_node[node] = []
@@ -294,13 +302,16 @@ class Sender(threading.Thread):
             # partition's previous batch: requests go out in slot order.
             slot_index = -1
             first = last_slot_by_tp.get(batch.tp, -1)
-            for index in range(max(first, 0), len(slots)):
+            last_index = first + 1 if (order_by_muting and first >= 0) else len(slots)
+            for index in range(max(first, 0), last_index):
                 candidate = slots[index]
                 if (candidate.tps.get(batch.tp, 0) < per_partition
                         and (not candidate.batches or candidate.size_bytes + size <= max_request_size)):
                     slot_index = index
                     break
             if slot_index < 0:
+                if order_by_muting and first >= 0:
+                    return False   # one request per partition at a time: the rest waits
                 if in_flight_by_node[node] + len(slots) >= max_in_flight:
                     return False
                 slots.append(_RequestSlot())

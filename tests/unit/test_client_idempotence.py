@@ -85,6 +85,21 @@ def test_at_most_five_unacked_batches_per_partition():
     assert state.can_assign(TP)
 
 
+def test_the_window_counts_acknowledged_batches_behind_an_unacknowledged_one():
+    # the answer to the oldest batch is lost while the younger ones are acknowledged: the
+    # broker remembers only its last 5 batches, so no 6th may follow until the oldest is through
+    state = fresh()
+    state.on_acked(TP, state.assign(TP, 1), PID, EPOCH)
+    seqs = [send(state, TP, 1) for _ in range(UNACKED_BATCHES_MAX)]
+    for seq in seqs[1:]:
+        state.on_acked(TP, seq, PID, EPOCH)
+    assert state.unacked_count(TP) == 1
+    assert state.window_count(TP) == UNACKED_BATCHES_MAX
+    assert not state.can_assign(TP)
+    state.on_acked(TP, seqs[0], PID, EPOCH)      # the retry was recognised as a duplicate
+    assert state.window_count(TP) == 0 and state.can_assign(TP)
+
+
 def test_ack_of_a_stale_epoch_changes_nothing():
     state = fresh()
     seq = send(state, TP, 1)

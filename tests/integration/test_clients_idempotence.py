@@ -1,0 +1,133 @@
+"""The idempotent producer through faults: retries never duplicate, order holds per partition.
+
+The producer talks to the broker through `tests.faults.FaultProxy`, which drops requests,
+drops responses after the broker applied them, duplicates requests and delays (so reorders)
+them. A consumer reads straight from the broker and must find every record exactly once,
+in send order per partition.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+import eos
+from eos.errors import MessageTooLargeError
+from eos.types import TopicPartition
+from eos.v1 import broker_pb2, common_pb2
+from tests.faults import FaultProxy
+from tests.integration.test_clients_producer import consume_all
+
+PARTITIONS = 3
+WAIT_S = 60
+
+
+def check_exactly_once_in_order(records, per_partition: int) -> None:
+    for p in range(PARTITIONS):
+        values = [r.value for r in records if r.partition == p]
+        expected = [b"%d-%d" % (p, i) for i in range(per_partition)]
+        assert len(values) == len(expected), f"partition {p}: {len(values)} records, sent {len(expected)}"
+        assert values == expected, f"partition {p}: duplicates, losses or reordering"
+
+
+def fast_retries(**extra):
+    return dict(retry_backoff_ms=10, retry_backoff_max_ms=100, request_timeout_ms=5000,
+                delivery_timeout_ms=120_000, linger_ms=2, batch_size=4096, **extra)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_dropped_and_duplicated_requests_and_responses(broker, seed):
+    with eos.Admin(broker.address) as admin:
+        admin.create_topic("idem", partitions=PARTITIONS)
+    per_partition = 2000
+    with FaultProxy(broker.address, seed=seed, drop_request_p=0.05, drop_response_p=0.15,
+                    duplicate_request_p=0.1, delay_ms=(0, 3)) as proxy:
+        with eos.Producer(proxy.address, **fast_retries()) as producer:
+            futures = []
+            for i in range(per_partition):
+                for p in range(PARTITIONS):
+                    futures.append(producer.send("idem", b"%d-%d" % (p, i), partition=p))
+            producer.flush(WAIT_S)
+            assert [f.exception() for f in futures if f.exception() is not None] == []
+            # per partition, the acknowledged offsets are exactly 0..n-1 in send order
+            for p in range(PARTITIONS):
+                offsets = [f.result().offset for f in futures[p::PARTITIONS]]
+                assert offsets == list(range(per_partition))
+        counters = proxy.counters
+    assert counters.dropped_responses > 0 and counters.duplicated > 0
+    records = consume_all(broker.address, "idem", PARTITIONS, PARTITIONS * per_partition)
+    check_exactly_once_in_order(records, per_partition)
+
+
+def test_bulk_path_through_faults(broker):
+    with eos.Admin(broker.address) as admin:
+        admin.create_topic("idem-bulk", partitions=PARTITIONS)
+    per_partition = 5000
+    with FaultProxy(broker.address, seed=7, drop_response_p=0.2, duplicate_request_p=0.1,
+                    delay_ms=(0, 2)) as proxy:
+        with eos.Producer(proxy.address, **fast_retries()) as producer:
+            futures = [producer.send_batch("idem-bulk", [b"%d-%d" % (p, i) for i in range(per_partition)],
+                                           partition=p) for p in range(PARTITIONS)]
+            for future in futures:
+                assert [m.offset for m in future.result(WAIT_S)] == list(range(per_partition))
+    records = consume_all(broker.address, "idem-bulk", PARTITIONS, PARTITIONS * per_partition)
+    check_exactly_once_in_order(records, per_partition)
+
+
+def test_broker_killed_and_restarted_mid_stream(broker):
+    with eos.Admin(broker.address) as admin:
+        admin.create_topic("idem-kill", partitions=PARTITIONS)
+    per_partition = 3000
+    with FaultProxy(broker.address, seed=3, drop_response_p=0.1, delay_ms=(0, 2)) as proxy:
+        with eos.Producer(proxy.address, **fast_retries()) as producer:
+            futures = []
+            sending_done = threading.Event()
+
+            def send_all():
+                for i in range(per_partition):
+                    for p in range(PARTITIONS):
+                        futures.append(producer.send("idem-kill", b"%d-%d" % (p, i), partition=p))
+                    if i % 500 == 0:
+                        time.sleep(0.05)     # keep the stream going while the broker dies
+                sending_done.set()
+
+            sender = threading.Thread(target=send_all)
+            sender.start()
+            for _ in range(2):
+                time.sleep(0.3)
+                broker.kill()                # kill -9: requests in flight get no answer
+                time.sleep(0.2)
+                broker.start()
+            sender.join(WAIT_S)
+            assert sending_done.is_set()
+            producer.flush(WAIT_S)
+            failed = [f.exception() for f in futures if f.exception() is not None]
+            assert failed == []
+    records = consume_all(broker.address, "idem-kill", PARTITIONS, PARTITIONS * per_partition)
+    check_exactly_once_in_order(records, per_partition)
+
+
+def test_unrecoverable_batch_bumps_the_epoch_and_the_producer_carries_on(broker):
+    with eos.Admin(broker.address) as admin:
+        admin.create_topic("bump", partitions=1, config={"max.message.bytes": "2000"})
+    tp = TopicPartition("bump", 0)
+
+    def producers_on_partition():
+        response = broker.broker_stub().DescribeProducers(broker_pb2.DescribeProducersRequest(
+            partitions=[common_pb2.TopicPartition(topic=tp.topic, partition=tp.partition)]), timeout=10)
+        return {(p.producer_id, p.producer_epoch) for p in response.partitions[0].producers}
+
+    with eos.Producer(broker.address) as producer:
+        assert producer.send("bump", b"before").result(WAIT_S).offset == 0
+        first = producers_on_partition()
+        too_big = producer.send("bump", b"x" * 5000)     # over the topic's max.message.bytes
+        with pytest.raises(MessageTooLargeError):
+            too_big.result(WAIT_S)
+        after = [producer.send("bump", b"after-%d" % i) for i in range(10)]
+        assert [f.result(WAIT_S).offset for f in after] == list(range(1, 11))
+        second = producers_on_partition()
+    assert len(first) == 1 and second - first, "a new producer id or epoch wrote after the failure"
+    records = consume_all(broker.address, "bump", 1, 11)
+    assert [r.value for r in records] == [b"before"] + [b"after-%d" % i for i in range(10)]
+
