@@ -8,8 +8,10 @@ The core (txn_coordinator.state) decides; this shell carries the decisions out:
    `partition_for(transactional.id)`) with acks=all, *then* applied (`write_completed`).
    The topic is the coordinator's only durable state: `start()` replays it into the core.
 2. After a Prepare* record is written, the decision is final. A bounded marker queue feeds
-   one marker thread that sends WriteTxnMarkers to the partition leaders, retrying with
-   backoff until every partition has its marker, then writes Complete*. After a restart,
+   one marker thread. The markers of one decision are a group (the owner's entry and one
+   per participant, each a producer id, epoch, COMMIT/ABORT and partitions), sent in one
+   WriteTxnMarkers; only the (entry, partition) pairs that failed are sent again, with
+   backoff, until every partition has its marker; then Complete* is written. After a restart,
    `start()` re-queues every transaction the log shows as decided but not complete, so a
    coordinator killed right after PrepareCommit still finishes the commit.
 3. An expiry thread aborts transactions open past transaction.timeout.ms (fencing their
@@ -26,6 +28,7 @@ touches the disk once per block of 1000 ids.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import queue
 import threading
@@ -40,7 +43,7 @@ from eos.records.header import iter_headers
 from eos.types import TopicPartition
 from eos.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 from txn_coordinator import txn_log
-from txn_coordinator.state import Decision, MarkerRequest, TxnCoordinatorCore, TxnMetadata
+from txn_coordinator.state import Decision, MarkerEntry, MarkerRequest, TxnCoordinatorCore, TxnMetadata
 
 log = logging.getLogger("eos.txn_coordinator")
 
@@ -121,17 +124,22 @@ class BrokerLink:
             if offset >= fetched.high_watermark:
                 return
 
-    def write_markers(self, marker: MarkerRequest) -> dict[TopicPartition, tuple[int, str]]:
+    def write_markers(self, group: MarkerRequest) -> dict[tuple[int, TopicPartition], tuple[int, str]]:
+        """Send every entry of `group` in one WriteTxnMarkersRequest. Returns
+        {(entry index, partition): (error code, message)} for the answers received."""
         response = self._stub.WriteTxnMarkers(broker_pb2.WriteTxnMarkersRequest(markers=[
-            broker_pb2.TxnMarker(producer_id=marker.producer_id, producer_epoch=marker.producer_epoch,
-                                 committed=marker.committed, coordinator_epoch=marker.coordinator_epoch,
+            broker_pb2.TxnMarker(producer_id=entry.producer_id, producer_epoch=entry.producer_epoch,
+                                 committed=entry.committed, coordinator_epoch=group.coordinator_epoch,
                                  partitions=[common_pb2.TopicPartition(topic=tp.topic, partition=tp.partition)
-                                             for tp in marker.partitions])]),
+                                             for tp in sorted(entry.partitions)])
+            for entry in group.entries]),
             timeout=RPC_TIMEOUT_S)
         results = {}
-        for result in response.markers:
+        # The broker answers marker by marker in request order (a producer id may appear in
+        # two entries only in theory, so the index, not the id, names the entry).
+        for index, result in enumerate(response.markers[:len(group.entries)]):
             for p in result.partitions:
-                results[TopicPartition(p.topic, p.partition)] = (p.error_code, p.error_message)
+                results[(index, TopicPartition(p.topic, p.partition))] = (p.error_code, p.error_message)
         return results
 
 
@@ -212,51 +220,62 @@ class TransactionCoordinator:
         retry: collections.deque[tuple[float, MarkerRequest]] = collections.deque()
         while not self._stopping.is_set():
             if retry and retry[0][0] <= time.monotonic():
-                marker = retry.popleft()[1]
+                group = retry.popleft()[1]
             else:
                 try:
-                    marker = self._markers.get(timeout=0.05)
+                    group = self._markers.get(timeout=0.05)
                 except queue.Empty:
                     continue
-            remaining = self._send_markers(marker)
-            if remaining:
-                retry.append((time.monotonic() + MARKER_RETRY_BACKOFF_MS / 1000,
-                              MarkerRequest(marker.transactional_id, marker.producer_id, marker.producer_epoch,
-                                            marker.committed, marker.coordinator_epoch, remaining)))
+            remaining = self._send_markers(group) if group.entries else None
+            if remaining is not None:
+                retry.append((time.monotonic() + MARKER_RETRY_BACKOFF_MS / 1000, remaining))
                 continue
             with self._lock:
-                decision = self._core.markers_written(marker.transactional_id, self._now_ms())
+                decision = self._core.markers_written(group.transactional_id, self._now_ms())
             if not self._carry_out(decision).ok:
-                # Complete* not written: the transaction stays decided; send again later.
-                retry.append((time.monotonic() + MARKER_RETRY_BACKOFF_MS / 1000, marker))
+                # Complete* not written: the transaction stays decided. Its markers are all
+                # in; only the Complete* write is retried (an empty group goes straight to it).
+                retry.append((time.monotonic() + MARKER_RETRY_BACKOFF_MS / 1000,
+                              MarkerRequest(group.transactional_id, group.coordinator_epoch, ())))
 
-    def _send_markers(self, marker: MarkerRequest) -> frozenset[TopicPartition]:
-        """Send the markers; return the partitions that still need one."""
+    def _send_markers(self, group: MarkerRequest) -> MarkerRequest | None:
+        """Send the group; return the part that still needs sending (None: all written)."""
         try:
-            results = self._link.write_markers(marker)
+            results = self._link.write_markers(group)
         except grpc.RpcError as exc:
-            log.warning("WriteTxnMarkers for %r failed: %s", marker.transactional_id, exc.code())
-            return marker.partitions
-        remaining = set()
-        for tp in marker.partitions:
-            code, message = results.get(tp, (ErrorCode.UNKNOWN_SERVER_ERROR, "no answer for the partition"))
-            if code == ErrorCode.NONE:
-                continue
-            if code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
-                # The topic is gone: there is nothing left to mark (Kafka drops it too).
-                log.warning("dropping the marker of %r for deleted %s", marker.transactional_id, tp)
-                continue
-            if code in (ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode.TRANSACTION_COORDINATOR_FENCED):
-                # The partition has moved past this transaction (a newer epoch or coordinator
-                # wrote there): retrying can never succeed, so the marker is dropped.
-                log.error("dropping the marker of %r for %s: %s %s", marker.transactional_id, tp,
-                          ErrorCode(code).name, message)
-                continue
-            if reaction_for(code) is not Reaction.RETRY:
-                log.error("marker of %r for %s refused: %s %s; retrying", marker.transactional_id, tp,
-                          ErrorCode(code).name, message)
-            remaining.add(tp)
-        return frozenset(remaining)
+            log.warning("WriteTxnMarkers for %r failed: %s", group.transactional_id, exc.code())
+            return group
+        remaining_entries = []
+        for index, entry in enumerate(group.entries):
+            remaining = frozenset(tp for tp in entry.partitions
+                                  if self._needs_resend(group, entry, tp, results.get((index, tp))))
+            if remaining:
+                remaining_entries.append(dataclasses.replace(entry, partitions=remaining))
+        if not remaining_entries:
+            return None
+        return MarkerRequest(group.transactional_id, group.coordinator_epoch, tuple(remaining_entries))
+
+    @staticmethod
+    def _needs_resend(group: MarkerRequest, entry: MarkerEntry, tp: TopicPartition,
+                      answer: tuple[int, str] | None) -> bool:
+        code, message = answer or (ErrorCode.UNKNOWN_SERVER_ERROR, "no answer for the partition")
+        if code == ErrorCode.NONE:
+            return False
+        if code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+            # The topic is gone: there is nothing left to mark (Kafka drops it too).
+            log.warning("dropping the marker of %r (producer %d) for deleted %s", group.transactional_id,
+                        entry.producer_id, tp)
+            return False
+        if code in (ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode.TRANSACTION_COORDINATOR_FENCED):
+            # The partition has moved past this transaction (a newer epoch or coordinator
+            # wrote there): retrying can never succeed, so the marker is dropped.
+            log.error("dropping the marker of %r (producer %d) for %s: %s %s", group.transactional_id,
+                      entry.producer_id, tp, ErrorCode(code).name, message)
+            return False
+        if reaction_for(code) is not Reaction.RETRY:
+            log.error("marker of %r (producer %d) for %s refused: %s %s; retrying", group.transactional_id,
+                      entry.producer_id, tp, ErrorCode(code).name, message)
+        return True
 
     def _expiry_loop(self) -> None:
         while not self._stopping.wait(self._expiry_interval_ms / 1000):
@@ -291,28 +310,39 @@ class TransactionCoordinator:
         tp = TopicPartition(OFFSETS_TOPIC, txn_log.partition_for(group_id, offsets_partitions))
         return self.add_partitions(transactional_id, producer_id, producer_epoch, [tp])
 
+    def init_participant(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                         partitions: list[TopicPartition] = ()) -> Decision:
+        """The owner (producer_id, producer_epoch) asks for a participant producer id; the
+        Decision carries the participant's id and epoch."""
+        with self._lock:
+            decision = self._core.init_participant(transactional_id, producer_id, producer_epoch, partitions,
+                                                   self._now_ms(), self._new_producer_id)
+        return self._carry_out(decision)
+
     def verify_partitions(self, transactional_id: str, producer_id: int, producer_epoch: int,
                           partitions: list[TopicPartition]) -> Decision:
         with self._lock:
             return self._core.verify_partitions(transactional_id, producer_id, producer_epoch, partitions)
 
     def end_transaction(self, transactional_id: str, producer_id: int, producer_epoch: int,
-                        commit: bool) -> Decision:
+                        commit: bool, accepted_participants: list[int] = ()) -> Decision:
         with self._lock:
             decision = self._core.end_transaction(transactional_id, producer_id, producer_epoch, commit,
-                                                  self._now_ms(), self._new_producer_id)
+                                                  self._now_ms(), self._new_producer_id,
+                                                  accepted_participants=accepted_participants)
         return self._carry_out(decision)
 
     def abort_hanging(self, tp: TopicPartition, producer_id: int, producer_epoch: int,
                       coordinator_epoch: int) -> tuple[int, str]:
         """KIP-664: write an ABORT marker for a producer whose transaction hangs in `tp`
         (one the coordinator no longer knows about). Returns (error code, message)."""
-        marker = MarkerRequest("", producer_id, producer_epoch, False, coordinator_epoch, frozenset({tp}))
+        marker = MarkerRequest("", coordinator_epoch, (MarkerEntry(producer_id, producer_epoch, False,
+                                                                    frozenset({tp})),))
         try:
             results = self._link.write_markers(marker)
         except grpc.RpcError as exc:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE, f"WriteTxnMarkers failed: {exc.code()}"
-        return results.get(tp, (ErrorCode.UNKNOWN_SERVER_ERROR, "no answer for the partition"))
+        return results.get((0, tp), (ErrorCode.UNKNOWN_SERVER_ERROR, "no answer for the partition"))
 
     def describe(self, transactional_id: str) -> TxnMetadata | None:
         with self._lock:

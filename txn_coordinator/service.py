@@ -7,6 +7,10 @@ response. Errors travel as Kafka codes in the response, never as gRPC failures, 
 handles them like any other Kafka error. Until the coordinator has replayed its log, every
 transactional request is answered COORDINATOR_LOAD_IN_PROGRESS (retriable).
 
+InitParticipant hands the owner of a transactional.id a participant producer id for its
+open transaction (see txn_coordinator.state); AddPartitionsToTxn, its verify_only form and
+EndTxn's accepted_participants take participants' ids.
+
 InitProducerId without a transactional.id serves an idempotent producer: it always gets a
 fresh producer id with epoch 0, also when it passes its current id and epoch to "bump" it
 after a sequence error (KIP-360). That is what Kafka does for idempotent producers: the
@@ -81,6 +85,14 @@ class TxnCoordinatorServicer(txn_pb2_grpc.TxnCoordinatorServicer):
                                               producer_id=d.producer_id if d.ok else -1,
                                               producer_epoch=d.producer_epoch if d.ok else -1)
 
+    @_guarded(txn_pb2.InitParticipantResponse, producer_id=-1, producer_epoch=-1)
+    def InitParticipant(self, request, context):
+        d = self._coordinator.init_participant(request.transactional_id, request.producer_id,
+                                               request.producer_epoch, _tps(request.partitions))
+        return txn_pb2.InitParticipantResponse(error_code=int(d.error), error_message=d.message,
+                                               producer_id=d.producer_id if d.ok else -1,
+                                               producer_epoch=d.producer_epoch if d.ok else -1)
+
     @_guarded(txn_pb2.AddPartitionsToTxnResponse)
     def AddPartitionsToTxn(self, request, context):
         partitions = _tps(request.partitions)
@@ -106,7 +118,7 @@ class TxnCoordinatorServicer(txn_pb2_grpc.TxnCoordinatorServicer):
     @_guarded(txn_pb2.EndTxnResponse, producer_id=-1, producer_epoch=-1)
     def EndTxn(self, request, context):
         d = self._coordinator.end_transaction(request.transactional_id, request.producer_id, request.producer_epoch,
-                                              request.committed)
+                                              request.committed, list(request.accepted_participants))
         return txn_pb2.EndTxnResponse(error_code=int(d.error), error_message=d.message,
                                       producer_id=d.producer_id if d.ok else -1,
                                       producer_epoch=d.producer_epoch if d.ok else -1)
@@ -121,7 +133,8 @@ class TxnCoordinatorServicer(txn_pb2_grpc.TxnCoordinatorServicer):
                                        running_longer_than_ms=request.duration_filter_ms)
         return txn_pb2.ListTransactionsResponse(error_code=ErrorCode.NONE, transactions=[
             txn_pb2.TransactionListing(transactional_id=md.transactional_id, producer_id=md.producer_id,
-                                       state=md.state.display_name) for md in found])
+                                       state=md.state.display_name, participant_count=len(md.participants))
+            for md in found])
 
     def DescribeTransactions(self, request, context):
         return txn_pb2.DescribeTransactionsResponse(
@@ -142,7 +155,12 @@ class TxnCoordinatorServicer(txn_pb2_grpc.TxnCoordinatorServicer):
             transaction_start_time_ms=md.start_time_ms,
             partitions=[common_pb2.TopicPartition(topic=tp.topic, partition=tp.partition)
                         for tp in sorted(md.partitions)],
-            coordinator_epoch=self._coordinator.coordinator_epoch)
+            coordinator_epoch=self._coordinator.coordinator_epoch,
+            participants=[txn_pb2.TxnParticipant(
+                producer_id=p.producer_id, producer_epoch=p.producer_epoch, accepted=p.accepted,
+                partitions=[common_pb2.TopicPartition(topic=tp.topic, partition=tp.partition)
+                            for tp in sorted(p.partitions)])
+                for p in md.participants])
 
     @_guarded(txn_pb2.AbortTransactionResponse)
     def AbortTransaction(self, request, context):

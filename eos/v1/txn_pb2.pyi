@@ -31,6 +31,30 @@ class InitProducerIdResponse(_message.Message):
     producer_epoch: int
     def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ...) -> None: ...
 
+class InitParticipantRequest(_message.Message):
+    __slots__ = ("transactional_id", "producer_id", "producer_epoch", "partitions")
+    TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    partitions: _containers.RepeatedCompositeFieldContainer[_common_pb2.TopicPartition]
+    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[_common_pb2.TopicPartition, _Mapping]]] = ...) -> None: ...
+
+class InitParticipantResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "producer_id", "producer_epoch")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    producer_id: int
+    producer_epoch: int
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ...) -> None: ...
+
 class AddPartitionsToTxnRequest(_message.Message):
     __slots__ = ("transactional_id", "producer_id", "producer_epoch", "partitions", "verify_only")
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
@@ -88,16 +112,18 @@ class AddOffsetsToTxnResponse(_message.Message):
     def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ...) -> None: ...
 
 class EndTxnRequest(_message.Message):
-    __slots__ = ("transactional_id", "producer_id", "producer_epoch", "committed")
+    __slots__ = ("transactional_id", "producer_id", "producer_epoch", "committed", "accepted_participants")
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_PARTICIPANTS_FIELD_NUMBER: _ClassVar[int]
     transactional_id: str
     producer_id: int
     producer_epoch: int
     committed: bool
-    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., committed: _Optional[bool] = ...) -> None: ...
+    accepted_participants: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., committed: _Optional[bool] = ..., accepted_participants: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class EndTxnResponse(_message.Message):
     __slots__ = ("error_code", "error_message", "producer_id", "producer_epoch")
@@ -130,14 +156,16 @@ class ListTransactionsResponse(_message.Message):
     def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., transactions: _Optional[_Iterable[_Union[TransactionListing, _Mapping]]] = ...) -> None: ...
 
 class TransactionListing(_message.Message):
-    __slots__ = ("transactional_id", "producer_id", "state")
+    __slots__ = ("transactional_id", "producer_id", "state", "participant_count")
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
+    PARTICIPANT_COUNT_FIELD_NUMBER: _ClassVar[int]
     transactional_id: str
     producer_id: int
     state: str
-    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., state: _Optional[str] = ...) -> None: ...
+    participant_count: int
+    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., state: _Optional[str] = ..., participant_count: _Optional[int] = ...) -> None: ...
 
 class DescribeTransactionsRequest(_message.Message):
     __slots__ = ("transactional_ids",)
@@ -152,7 +180,7 @@ class DescribeTransactionsResponse(_message.Message):
     def __init__(self, transactions: _Optional[_Iterable[_Union[TransactionDescription, _Mapping]]] = ...) -> None: ...
 
 class TransactionDescription(_message.Message):
-    __slots__ = ("transactional_id", "error_code", "error_message", "state", "producer_id", "producer_epoch", "transaction_timeout_ms", "transaction_start_time_ms", "partitions", "groups", "coordinator_epoch")
+    __slots__ = ("transactional_id", "error_code", "error_message", "state", "producer_id", "producer_epoch", "transaction_timeout_ms", "transaction_start_time_ms", "partitions", "groups", "coordinator_epoch", "participants")
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
@@ -164,6 +192,7 @@ class TransactionDescription(_message.Message):
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PARTICIPANTS_FIELD_NUMBER: _ClassVar[int]
     transactional_id: str
     error_code: _common_pb2.ErrorCode
     error_message: str
@@ -175,7 +204,20 @@ class TransactionDescription(_message.Message):
     partitions: _containers.RepeatedCompositeFieldContainer[_common_pb2.TopicPartition]
     groups: _containers.RepeatedScalarFieldContainer[str]
     coordinator_epoch: int
-    def __init__(self, transactional_id: _Optional[str] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., state: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., transaction_timeout_ms: _Optional[int] = ..., transaction_start_time_ms: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[_common_pb2.TopicPartition, _Mapping]]] = ..., groups: _Optional[_Iterable[str]] = ..., coordinator_epoch: _Optional[int] = ...) -> None: ...
+    participants: _containers.RepeatedCompositeFieldContainer[TxnParticipant]
+    def __init__(self, transactional_id: _Optional[str] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., state: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., transaction_timeout_ms: _Optional[int] = ..., transaction_start_time_ms: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[_common_pb2.TopicPartition, _Mapping]]] = ..., groups: _Optional[_Iterable[str]] = ..., coordinator_epoch: _Optional[int] = ..., participants: _Optional[_Iterable[_Union[TxnParticipant, _Mapping]]] = ...) -> None: ...
+
+class TxnParticipant(_message.Message):
+    __slots__ = ("producer_id", "producer_epoch", "partitions", "accepted")
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    producer_id: int
+    producer_epoch: int
+    partitions: _containers.RepeatedCompositeFieldContainer[_common_pb2.TopicPartition]
+    accepted: bool
+    def __init__(self, producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[_common_pb2.TopicPartition, _Mapping]]] = ..., accepted: _Optional[bool] = ...) -> None: ...
 
 class AbortTransactionRequest(_message.Message):
     __slots__ = ("partition", "producer_id", "producer_epoch", "coordinator_epoch")

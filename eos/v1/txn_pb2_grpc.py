@@ -54,6 +54,11 @@ class TxnCoordinatorStub:
                 request_serializer=eos_dot_v1_dot_txn__pb2.EndTxnRequest.SerializeToString,
                 response_deserializer=eos_dot_v1_dot_txn__pb2.EndTxnResponse.FromString,
                 _registered_method=True)
+        self.InitParticipant = channel.unary_unary(
+                '/eos.v1.TxnCoordinator/InitParticipant',
+                request_serializer=eos_dot_v1_dot_txn__pb2.InitParticipantRequest.SerializeToString,
+                response_deserializer=eos_dot_v1_dot_txn__pb2.InitParticipantResponse.FromString,
+                _registered_method=True)
         self.ListTransactions = channel.unary_unary(
                 '/eos.v1.TxnCoordinator/ListTransactions',
                 request_serializer=eos_dot_v1_dot_txn__pb2.ListTransactionsRequest.SerializeToString,
@@ -93,6 +98,12 @@ class TxnCoordinatorServicer:
         raise NotImplementedError('Method not implemented!')
 
     def EndTxn(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def InitParticipant(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -139,6 +150,11 @@ def add_TxnCoordinatorServicer_to_server(servicer, server):
                     servicer.EndTxn,
                     request_deserializer=eos_dot_v1_dot_txn__pb2.EndTxnRequest.FromString,
                     response_serializer=eos_dot_v1_dot_txn__pb2.EndTxnResponse.SerializeToString,
+            ),
+            'InitParticipant': grpc.unary_unary_rpc_method_handler(
+                    servicer.InitParticipant,
+                    request_deserializer=eos_dot_v1_dot_txn__pb2.InitParticipantRequest.FromString,
+                    response_serializer=eos_dot_v1_dot_txn__pb2.InitParticipantResponse.SerializeToString,
             ),
             'ListTransactions': grpc.unary_unary_rpc_method_handler(
                     servicer.ListTransactions,
@@ -264,6 +280,33 @@ class TxnCoordinator:
             '/eos.v1.TxnCoordinator/EndTxn',
             eos_dot_v1_dot_txn__pb2.EndTxnRequest.SerializeToString,
             eos_dot_v1_dot_txn__pb2.EndTxnResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def InitParticipant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/eos.v1.TxnCoordinator/InitParticipant',
+            eos_dot_v1_dot_txn__pb2.InitParticipantRequest.SerializeToString,
+            eos_dot_v1_dot_txn__pb2.InitParticipantResponse.FromString,
             options,
             channel_credentials,
             insecure,
