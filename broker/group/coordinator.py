@@ -29,7 +29,10 @@ ask for and owns nothing else:
   transactional batch with the producer's id and epoch and base sequence -1, so the log's
   epoch rule fences a zombie producer and the batch joins the producer's transaction (its
   offsets become visible when the broker appends the COMMIT marker and calls
-  `on_txn_marker`; ABORT drops them).
+  `on_txn_marker`; ABORT drops them). With a `verify_txn` hook (KIP-890 part 1) a
+  TxnOffsetCommit is first checked with the transaction coordinator: the group's
+  `__consumer_offsets` partition must be in the producer's open transaction
+  (AddOffsetsToTxn), so a late or stray commit cannot open a hanging transaction there.
 
 `start()` makes sure `__consumer_offsets` exists (created through the TopicRegistry, logs
 first, as the broker creates topics), then loads every partition in log order: offset
@@ -57,7 +60,7 @@ from typing import Callable, Iterable, Mapping, NamedTuple, Sequence
 
 from broker.group.offsets import NO_PRODUCER_ID, FetchedOffset, OffsetStore, OffsetWrite, OFFSET_METADATA_MAX_BYTES
 from broker.group.records import (OFFSETS_TOPIC, OFFSETS_TOPIC_PARTITIONS, GroupMetadataKey, OffsetAndMetadata,
-                                  OffsetCommitKey, decode_record)
+                                  OffsetCommitKey, decode_record, partition_for_group)
 from broker.group.state import (GROUP_INITIAL_REBALANCE_DELAY_MS, GROUP_MAX_SESSION_TIMEOUT_MS, GROUP_MAX_SIZE,
                                 GROUP_MIN_SESSION_TIMEOUT_MS, GroupCoordinatorCore, GroupDescription, GroupListing,
                                 GroupState, GroupWrite, JoinResponse, Outcome, Reply, SyncResponse)
@@ -69,7 +72,7 @@ from eos.types import TopicPartition
 
 log = logging.getLogger("eos.group_coordinator")
 
-__all__ = ["GroupCoordinator", "CoordinatorType", "CoordinatorAddress", "PartitionResult", "OffsetFetchResult",
+__all__ = ["GroupCoordinator", "CoordinatorType", "CoordinatorAddress", "PartitionResult", "OffsetFetchResult", "VerifyTxn",
            "OFFSETS_TOPIC_CONFIG", "REQUEST_WAIT_MARGIN_MS", "MAX_PARKED_REQUESTS", "TICK_INTERVAL_MS"]
 
 MIB = 1024 * 1024
@@ -92,6 +95,11 @@ _APPEND_ERROR_TO_COMMIT_ERROR = {
     ErrorCode.RECORD_LIST_TOO_LARGE: ErrorCode.INVALID_COMMIT_OFFSET_SIZE,
     ErrorCode.INVALID_FETCH_SIZE: ErrorCode.INVALID_COMMIT_OFFSET_SIZE,
 }
+
+
+# verify_txn(transactional_id, producer_id, producer_epoch, partitions) -> {partition: (code, message)}:
+# the Broker service's KIP-890 hook, asked whether partitions are in the producer's transaction.
+VerifyTxn = Callable[[str, int, int, list[TopicPartition]], Mapping[TopicPartition, tuple[int, str]]]
 
 
 def _wall_clock_ms() -> int:
@@ -160,7 +168,8 @@ class GroupCoordinator:
                  tick_interval_ms: int = TICK_INTERVAL_MS,
                  request_wait_margin_ms: int = REQUEST_WAIT_MARGIN_MS,
                  max_parked_requests: int = MAX_PARKED_REQUESTS,
-                 run_timer_thread: bool = True):
+                 run_timer_thread: bool = True,
+                 verify_txn: VerifyTxn | None = None):
         if offsets_partitions < 1:
             raise ValueError(f"offsets.topic.num.partitions {offsets_partitions} must be at least 1")
         if tick_interval_ms < 1 or request_wait_margin_ms < 0 or max_parked_requests < 1:
@@ -185,6 +194,7 @@ class GroupCoordinator:
         self._request_wait_margin_ms = request_wait_margin_ms
         self._max_parked_requests = max_parked_requests
         self._run_timer_thread = run_timer_thread
+        self._verify_txn = verify_txn
 
         self._lock = threading.Lock()
         self._phase = _Phase.NEW
@@ -509,6 +519,16 @@ class GroupCoordinator:
             message = (f"TxnOffsetCommit of {transactional_id!r} needs a producer id and epoch, got "
                        f"{producer_id} and {producer_epoch}")
             return [PartitionResult(tp.topic, tp.partition, ErrorCode.INVALID_REQUEST, message) for tp in offsets]
+        if self._verify_txn is not None and group_id and self._phase is _Phase.RUNNING:
+            # Outside the lock: the transaction coordinator has its own. If the transaction
+            # ends between this check and the append, the marker's epoch bump fences the append.
+            offsets_tp = TopicPartition(OFFSETS_TOPIC, partition_for_group(group_id, self.offsets_partitions))
+            error, message = self._verify_txn(transactional_id, producer_id, producer_epoch,
+                                              [offsets_tp]).get(offsets_tp, (ErrorCode.NONE, ""))
+            if error != ErrorCode.NONE:
+                message = (f"TxnOffsetCommit of {transactional_id!r} to {offsets_tp.topic}-{offsets_tp.partition} "
+                           f"(group {group_id!r}) refused by the transaction coordinator: {message}")
+                return [PartitionResult(tp.topic, tp.partition, ErrorCode(error), message) for tp in offsets]
         return self._commit(group_id, generation_id, member_id, group_instance_id, offsets,
                             (producer_id, producer_epoch))
 

@@ -368,6 +368,31 @@ def test_a_txn_offset_commit_without_a_producer_is_an_invalid_request(broker):
     assert "producer id" in results[0].message
 
 
+def test_verify_txn_refuses_a_commit_outside_the_producers_transaction(broker):
+    """KIP-890 part 1: the group's offsets partition must be in the open transaction."""
+    asked = []
+    registered: set[TopicPartition] = set()
+
+    def verify_txn(transactional_id, producer_id, producer_epoch, partitions):
+        asked.append((transactional_id, producer_id, producer_epoch, list(partitions)))
+        return {tp: (ErrorCode.NONE, "") if tp in registered else
+                (ErrorCode.INVALID_TXN_STATE, "not added with AddOffsetsToTxn") for tp in partitions}
+
+    coordinator = broker.start_coordinator(verify_txn=verify_txn)
+    offsets_tp = TopicPartition(OFFSETS_TOPIC, partition_for_group(GROUP, OFFSETS_PARTITIONS))
+    end_before = broker.offsets_log(GROUP).log_end_offset
+    results = coordinator.txn_offset_commit("copier-0", GROUP, PRODUCER_ID, EPOCH, -1, "", None, offsets(p0=5))
+    assert errors_of(results) == {T0: ErrorCode.INVALID_TXN_STATE}
+    assert "AddOffsetsToTxn" in results[0].message and "copier-0" in results[0].message
+    assert asked == [("copier-0", PRODUCER_ID, EPOCH, [offsets_tp])]
+    assert broker.offsets_log(GROUP).log_end_offset == end_before
+    assert fetch_errors(coordinator, [T0]) == {T0: ErrorCode.NONE}
+
+    registered.add(offsets_tp)
+    assert txn_commit(coordinator, p0=5) == {T0: ErrorCode.NONE}
+    assert fetch_errors(coordinator, [T0]) == {T0: ErrorCode.UNSTABLE_OFFSET_COMMIT}
+
+
 # ---- membership through threads ------------------------------------------------------------
 
 def test_three_members_joining_together_complete_one_generation(broker, clock):
