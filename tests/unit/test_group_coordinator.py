@@ -250,6 +250,19 @@ def test_a_refused_commit_writes_nothing(broker):
     assert committed(coordinator) == {}
 
 
+def test_a_commit_the_log_refuses_changes_nothing(broker):
+    """A batch over max.message.bytes: Kafka's INVALID_COMMIT_OFFSET_SIZE for every partition of it."""
+    broker.registry.commit(broker.registry.prepare_create("wide", 400, 1, {}))
+    coordinator = broker.start_coordinator()
+    big = {TopicPartition("wide", p): OffsetAndMetadata(p, metadata="m" * 4000) for p in range(400)}
+    end_before = broker.offsets_log(GROUP).log_end_offset
+    results = coordinator.offset_commit(GROUP, -1, "", None, big)
+    assert {r.error for r in results} == {ErrorCode.INVALID_COMMIT_OFFSET_SIZE}
+    assert broker.offsets_log(GROUP).log_end_offset == end_before
+    assert fetch_errors(coordinator, list(big)[:3]) == {tp: ErrorCode.NONE for tp in list(big)[:3]}
+    assert committed(coordinator) == {}
+
+
 # ---- transactional offset commits ----------------------------------------------------------
 
 PRODUCER_ID, EPOCH = 4000, 3
