@@ -1,0 +1,291 @@
+"""The transactional copier: one input partition copied to an output topic, exactly once.
+
+Theory of operation
+-------------------
+After Kafka's TransactionalMessageCopier, but without group membership: each copier owns
+one input partition (copier-0 reads partition 0, copier-1 partition 1) under its own
+transactional.id, and keeps its input position as the committed offset of a consumer group
+that no member ever joins (TxnOffsetCommit with generation -1 is a "simple" commit).
+
+1. `init_transactions()` first: the epoch bump fences any earlier instance of this
+   transactional.id (a copier killed with kill -9) and aborts its open transaction, input
+   offsets included.
+2. Then the committed offset of the input partition, asked with require_stable
+   (KIP-447): while a transactional offset commit of the group is still pending -- the
+   previous instance's commit waiting for its markers, or its abort -- the coordinator
+   answers UNSTABLE_OFFSET_COMMIT and the copier asks again, so it never starts from an
+   offset that is about to change. No committed offset: the start of the partition.
+3. The loop: poll read_committed; open a transaction; send each record to the output
+   topic, keyed by its input key (so the output partition is the key's), with the value
+   transformed (`transform`); keep polling into the same transaction until it holds
+   `--txn-records` records or `--txn-max-ms` has passed; add the consumer's position as the
+   group's offset (send_offsets_to_transaction); commit.
+4. Errors: a fatal one (fenced, a newer instance exists) ends the process with exit code
+   2. Anything else in a transaction aborts it and rewinds the consumer to the committed
+   offset (step 2), as Kafka's copier does; if even the abort fails, exit code 3 and the
+   supervisor starts a new instance, which fences this one's transaction.
+
+Because the output records and the input offset commit in one transaction, every input
+record is in the output exactly once, whenever the process dies: a transaction that did
+not commit is aborted and its records are invisible to read_committed readers, and the
+next instance starts where the last committed transaction ended.
+
+Usage::
+
+    python -m tests.chaos.copier --bootstrap 127.0.0.1:PORT --input IN --output OUT --partition N
+        [--group copier] [--transactional-id copier-N] [--txn-records 2000] [--txn-max-ms 1000]
+        [--transaction-timeout-ms 60000] [--stop-at-end]
+
+Stdout, one flushed line per event (the supervising test reads them)::
+
+    ready position=<next input offset> end=<input end offset, -1 without --stop-at-end>
+    committed position=<next input offset> records=<in this transaction> total=<by this process>
+    aborted position=<rewound to> reason=<error>
+    done position=<next input offset>
+
+Exit codes: 0 done (--stop-at-end: the input's end was reached), 2 a fatal error,
+3 a transaction that could not be aborted; a traceback goes to stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+
+import grpc
+
+from eos.errors import EosError, ErrorCode, error_for
+from eos.types import TopicPartition
+from eos.v1 import common_pb2, group_pb2, group_pb2_grpc
+
+log = logging.getLogger("eos.chaos.copier")
+
+TRANSFORM_SUFFIX = b"|copied"
+OFFSET_FETCH_TIMEOUT_S = 60.0      # bound on waiting for a stable committed offset
+RPC_TIMEOUT_S = 10.0
+RETRY_BACKOFF_S = 0.05
+EXIT_DONE = 0
+EXIT_FATAL = 2
+EXIT_ABORT_FAILED = 3
+_RETRIABLE_OFFSET_FETCH = {ErrorCode.UNSTABLE_OFFSET_COMMIT, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+                           ErrorCode.COORDINATOR_NOT_AVAILABLE, ErrorCode.NOT_COORDINATOR}
+_RETRIABLE_GRPC = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
+
+
+def transform(value: bytes) -> bytes:
+    """What the copier does to a value (the key is kept as it is)."""
+    return value + TRANSFORM_SUFFIX
+
+
+def emit(line: str) -> None:
+    print(line, flush=True)
+
+
+class CommittedOffsets:
+    """The group's committed offsets, read stable (OffsetFetch with require_stable=True)
+    from the group's coordinator, retrying what a coordinator answers while it loads or
+    while a transactional commit is pending, up to `timeout_s`."""
+
+    def __init__(self, bootstrap: str, group_id: str, timeout_s: float = OFFSET_FETCH_TIMEOUT_S):
+        self._bootstrap = bootstrap
+        self.group_id = group_id
+        self._timeout_s = timeout_s
+        self._channels: dict[str, grpc.Channel] = {}
+
+    def _stub(self, address: str) -> group_pb2_grpc.GroupCoordinatorStub:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = grpc.insecure_channel(address)
+        return group_pb2_grpc.GroupCoordinatorStub(channel)
+
+    def _coordinator_address(self) -> str:
+        response = self._stub(self._bootstrap).FindCoordinator(group_pb2.FindCoordinatorRequest(
+            key_type=group_pb2.GROUP, keys=[self.group_id]), timeout=RPC_TIMEOUT_S)
+        for found in response.coordinators:
+            if found.key == self.group_id and found.error_code == ErrorCode.NONE:
+                return f"{found.host}:{found.port}"
+            raise error_for(found.error_code, f"FindCoordinator({self.group_id!r}): {found.error_message}")
+        raise error_for(ErrorCode.COORDINATOR_NOT_AVAILABLE, f"no coordinator named for {self.group_id!r}")
+
+    def fetch(self, tp: TopicPartition) -> int | None:
+        """The committed offset of `tp` (None: nothing committed)."""
+        deadline = time.monotonic() + self._timeout_s
+        last_problem = ""
+        while True:
+            try:
+                stub = self._stub(self._coordinator_address())
+                response = stub.OffsetFetch(group_pb2.OffsetFetchRequest(
+                    group_id=self.group_id, require_stable=True,
+                    partitions=[common_pb2.TopicPartition(topic=tp.topic, partition=tp.partition)]),
+                    timeout=RPC_TIMEOUT_S)
+                code = ErrorCode(response.error_code)
+                if code is ErrorCode.NONE:
+                    for fetched in response.partitions:
+                        if (fetched.topic, fetched.partition) != (tp.topic, tp.partition):
+                            continue
+                        code = ErrorCode(fetched.error_code)
+                        if code is ErrorCode.NONE:
+                            return fetched.offset if fetched.offset >= 0 else None
+                        break
+                    else:
+                        return None
+                if code not in _RETRIABLE_OFFSET_FETCH:
+                    raise error_for(code, f"OffsetFetch({self.group_id!r}, {tp}): {response.error_message}")
+                last_problem = code.name
+            except EosError as exc:
+                if exc.code not in _RETRIABLE_OFFSET_FETCH:
+                    raise
+                last_problem = exc.code.name
+            except grpc.RpcError as exc:
+                if exc.code() not in _RETRIABLE_GRPC:
+                    raise
+                last_problem = f"gRPC {exc.code().name}"
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"no stable committed offset for {self.group_id!r} {tp} after "
+                                   f"{self._timeout_s} s (last: {last_problem})")
+            time.sleep(RETRY_BACKOFF_S)
+
+    def close(self) -> None:
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()
+
+
+def group_metadata_of(consumer, group_id: str):
+    """The consumer's group metadata for send_offsets_to_transaction. A consumer that
+    never joins the group has generation -1 and no member id, which the coordinator takes
+    as a commit outside group management."""
+    return consumer.group_metadata()
+
+
+class Copier:
+    def __init__(self, args: argparse.Namespace):
+        import eos   # the clients; imported here so `--help` stays fast
+
+        self.args = args
+        self.tp = TopicPartition(args.input, args.partition)
+        self.transactional_id = args.transactional_id or f"copier-{args.partition}"
+        self.producer = eos.Producer(
+            args.bootstrap, transactional_id=self.transactional_id,
+            transaction_timeout_ms=args.transaction_timeout_ms, linger_ms=args.linger_ms,
+            batch_size=args.batch_size)
+        self.consumer = eos.Consumer(
+            args.bootstrap, group_id=args.group, isolation_level="read_committed",
+            auto_offset_reset="earliest", max_poll_records=args.txn_records)
+        self.offsets = CommittedOffsets(args.bootstrap, args.group)
+        self.copied_total = 0
+
+    def close(self) -> None:
+        self.consumer.close()
+        self.producer.close(timeout=5)
+        self.offsets.close()
+
+    def rewind(self) -> int:
+        """Seek the input to its committed offset (or its start); return where that is."""
+        committed = self.offsets.fetch(self.tp)
+        if committed is None:
+            self.consumer.seek_to_beginning(self.tp)
+        else:
+            self.consumer.seek(self.tp, committed)
+        return self.consumer.position(self.tp)
+
+    def run(self) -> int:
+        args = self.args
+        self.producer.init_transactions()
+        self.consumer.assign([self.tp])
+        position = self.rewind()
+        end = self.consumer.end_offsets([self.tp])[self.tp] if args.stop_at_end else -1
+        group_metadata = group_metadata_of(self.consumer, args.group)
+        emit(f"ready position={position} end={end}")
+        while end < 0 or position < end:
+            records = self.consumer.poll(timeout_ms=args.poll_timeout_ms, max_records=args.txn_records)
+            if not records:
+                position = self.consumer.position(self.tp)
+                continue
+            try:
+                count = self._copy_in_one_transaction(records, group_metadata, end)
+            except EosError as exc:
+                if exc.fatal:
+                    raise
+                position = self._abort_and_rewind(exc)
+                continue
+            position = self.consumer.position(self.tp)
+            self.copied_total += count
+            emit(f"committed position={position} records={count} total={self.copied_total}")
+        emit(f"done position={position}")
+        return EXIT_DONE
+
+    def _copy_in_one_transaction(self, records, group_metadata, end: int) -> int:
+        args, producer, output = self.args, self.producer, self.args.output
+        deadline = time.monotonic() + args.txn_max_ms / 1000
+        producer.begin_transaction()
+        count = 0
+        while True:
+            for record in records:
+                producer.send(output, value=transform(record.value), key=record.key)
+            count += len(records)
+            remaining_s = deadline - time.monotonic()
+            if count >= args.txn_records or remaining_s <= 0:
+                break
+            if 0 <= end <= self.consumer.position(self.tp):
+                break
+            records = self.consumer.poll(timeout_ms=int(remaining_s * 1000),
+                                         max_records=args.txn_records - count)
+            if not records:
+                break
+        producer.send_offsets_to_transaction({self.tp: self.consumer.position(self.tp)}, group_metadata)
+        producer.commit_transaction()
+        return count
+
+    def _abort_and_rewind(self, error: EosError) -> int:
+        log.warning("transaction failed (%s); aborting and rewinding", error)
+        try:
+            self.producer.abort_transaction()
+        except Exception:
+            log.exception("the abort failed too")
+            raise SystemExit(EXIT_ABORT_FAILED)
+        position = self.rewind()
+        emit(f"aborted position={position} reason={error.code.name}")
+        return position
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m tests.chaos.copier",
+                                     description="Copy one input partition to an output topic, exactly once.")
+    parser.add_argument("--bootstrap", required=True)
+    parser.add_argument("--input", required=True, help="input topic")
+    parser.add_argument("--output", required=True, help="output topic")
+    parser.add_argument("--partition", type=int, required=True, help="the input partition this copier owns")
+    parser.add_argument("--group", default="copier", help="the group that holds the input offsets")
+    parser.add_argument("--transactional-id", default=None, help="default copier-<partition>")
+    parser.add_argument("--txn-records", type=int, default=2000, help="records per transaction at most")
+    parser.add_argument("--txn-max-ms", type=int, default=1000, help="a transaction's collecting time at most")
+    parser.add_argument("--transaction-timeout-ms", type=int, default=60000)
+    parser.add_argument("--poll-timeout-ms", type=int, default=500)
+    parser.add_argument("--linger-ms", type=int, default=5)
+    parser.add_argument("--batch-size", type=int, default=65536)
+    parser.add_argument("--stop-at-end", action="store_true",
+                        help="exit 0 once the input's end (as of start) is copied")
+    args = parser.parse_args(argv)
+    if args.partition < 0 or args.txn_records < 1 or args.txn_max_ms < 0:
+        parser.error("--partition must be >= 0, --txn-records >= 1 and --txn-max-ms >= 0")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    copier = Copier(args)
+    try:
+        return copier.run()
+    except EosError as exc:
+        log.exception("fatal error %s; exiting", exc.code.name)
+        return EXIT_FATAL
+    finally:
+        copier.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
