@@ -47,6 +47,7 @@ import grpc
 
 from broker.group.coordinator import GroupCoordinator
 from broker.group.offsets import OFFSET_METADATA_MAX_BYTES
+from broker.group.service import GroupCoordinatorServicer
 from broker.group.state import (GROUP_INITIAL_REBALANCE_DELAY_MS, GROUP_MAX_SESSION_TIMEOUT_MS, GROUP_MAX_SIZE,
                                 GROUP_MIN_SESSION_TIMEOUT_MS)
 from broker.purgatory import FetchPurgatory
@@ -55,7 +56,7 @@ from broker.topics import TopicRegistry, write_file_atomically
 from eos.config import TopicConfig
 from eos.errors import EosError, ErrorCode, InvalidConfigError, StorageError
 from eos.types import TopicPartition
-from eos.v1 import broker_pb2_grpc, txn_pb2_grpc
+from eos.v1 import broker_pb2_grpc, group_pb2_grpc, txn_pb2_grpc
 from txn_coordinator.producer_ids import PRODUCER_IDS_FILE_NAME, ProducerIdManager
 from txn_coordinator.coordinator import BrokerLink, TransactionCoordinator
 from txn_coordinator.service import TxnCoordinatorServicer
@@ -395,6 +396,7 @@ class BrokerServer:
             expiry_interval_ms=self.config.transaction_abort_timed_out_transaction_cleanup_interval_ms)
         txn_pb2_grpc.add_TxnCoordinatorServicer_to_server(
             TxnCoordinatorServicer(producer_ids, self._txn_coordinator), server)
+        group_pb2_grpc.add_GroupCoordinatorServicer_to_server(GroupCoordinatorServicer(self._group_coordinator), server)
         server.start()
         threading.Thread(target=self._start_txn_coordinator, name="eos-txn-load", daemon=True).start()
 
