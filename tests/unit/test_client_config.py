@@ -130,3 +130,14 @@ def test_backoff_grows_and_is_capped():
     assert 160 <= delays[1] <= 240
     assert all(d <= 1200 for d in delays)
     assert delays[-1] >= 800
+
+
+def test_public_names_resolve_lazily_from_eos():
+    import eos
+    import consumer
+    import producer
+    from eos.admin import Admin
+    assert eos.Producer is producer.Producer
+    assert eos.RecordMetadata is producer.RecordMetadata
+    assert eos.Consumer is consumer.Consumer
+    assert eos.Admin is Admin
