@@ -1,0 +1,144 @@
+"""The driver's side of a participant transaction: the owner of the transactional.id.
+
+Theory of operation
+-------------------
+`TransactionOwner` speaks to the transaction and group coordinators directly over gRPC,
+one method per step, each retried while the answer is retriable:
+
+    init()                      InitProducerId: a new epoch. When the previous instance (a
+                                crashed driver) left a transaction open, the coordinator
+                                aborts it -- with all its participants -- and answers
+                                CONCURRENT_TRANSACTIONS until the abort is complete; the
+                                owner retries, so init() returns with the old one fenced.
+    committed(group, tps)       OffsetFetch(require_stable): the group's committed offsets
+                                and metadata, waiting out a commit whose markers are in flight.
+    commit_offsets(group, ...)  AddOffsetsToTxn + TxnOffsetCommit: the input offsets join the
+                                open transaction (generation -1: the sink is not a group member).
+    commit(accepted)            EndTxn(commit, accepted participants): the decision.
+    abort()                     EndTxn(abort): every participant aborts with the owner.
+
+The epoch goes up at every end (KIP-890), so `identity()` -- what the executors need to
+register as participants -- must be taken per transaction, after the previous end.
+A fenced owner (another instance initialised the same transactional.id, or the
+transaction outlived transaction.timeout.ms) gets a ProducerFencedError-like EosError
+and must stop. The coordinators are reached at the bootstrap address: the embedded
+broker serves both (as `ClusterMetadata.txn_coordinator_stub` assumes).
+"""
+from __future__ import annotations
+
+import logging
+
+from eos import net
+from eos.errors import EosError, ErrorCode
+from eos.types import TopicPartition
+from eos.v1 import common_pb2, group_pb2, group_pb2_grpc, txn_pb2
+from spark_sink.participant import RPC_TIMEOUT_S, OwnerIdentity, retrying
+
+log = logging.getLogger("eos.spark.owner")
+
+TRANSACTION_TIMEOUT_MS_DEFAULT = 60_000
+REQUEST_TIMEOUT_MS_DEFAULT = 120_000
+
+
+def _first_partition_error(partitions) -> tuple[int, str]:
+    for p in partitions:
+        if p.error_code != ErrorCode.NONE:
+            return p.error_code, f"{p.topic}-{p.partition}: {p.error_message}"
+    return ErrorCode.NONE, ""
+
+
+class TransactionOwner:
+    """Owns one transactional.id for the driver (see the module doc). Not thread-safe."""
+
+    def __init__(self, bootstrap: str, transactional_id: str, *,
+                 transaction_timeout_ms: int = TRANSACTION_TIMEOUT_MS_DEFAULT,
+                 request_timeout_ms: int = REQUEST_TIMEOUT_MS_DEFAULT):
+        if not transactional_id:
+            raise ValueError("transactional_id must be a non-empty string")
+        self.bootstrap = bootstrap
+        self.transactional_id = transactional_id
+        self.transaction_timeout_ms = transaction_timeout_ms
+        self.request_timeout_ms = request_timeout_ms
+        self.producer_id = -1
+        self.producer_epoch = -1
+        self._metadata = net.ClusterMetadata(bootstrap)
+        self._txn = self._metadata.txn_coordinator_stub()
+        self._groups = group_pb2_grpc.GroupCoordinatorStub(self._metadata.channel(self._metadata.bootstrap_address))
+
+    def identity(self) -> OwnerIdentity:
+        if self.producer_id < 0:
+            raise EosError("the transaction owner is not initialised; call init() first", ErrorCode.INVALID_TXN_STATE)
+        return OwnerIdentity(self.bootstrap, self.transactional_id, self.producer_id, self.producer_epoch)
+
+    def _retry(self, call, what: str, error_of=None, retry_codes: frozenset[int] = frozenset()):
+        return retrying(call, what, timeout_ms=self.request_timeout_ms,
+                        error_of=error_of or (lambda a: (a.error_code, a.error_message)), retry_codes=retry_codes)
+
+    def init(self) -> tuple[int, int]:
+        """A new epoch for the transactional.id; fences (and aborts) any previous instance."""
+        request = txn_pb2.InitProducerIdRequest(transactional_id=self.transactional_id,
+                                                transaction_timeout_ms=self.transaction_timeout_ms,
+                                                producer_id=-1, producer_epoch=-1)
+        answer = self._retry(lambda: self._txn.InitProducerId(request, timeout=RPC_TIMEOUT_S),
+                             f"InitProducerId for {self.transactional_id!r}")
+        self.producer_id, self.producer_epoch = answer.producer_id, answer.producer_epoch
+        log.info("transactional id %r: producer %d epoch %d", self.transactional_id, self.producer_id,
+                 self.producer_epoch)
+        return self.producer_id, self.producer_epoch
+
+    def committed(self, group_id: str, partitions: list[TopicPartition]) -> dict[TopicPartition, tuple[int, str]]:
+        """{partition: (offset, metadata)} the group has committed (stable: pending
+        transactional commits are waited for); partitions without a commit are left out."""
+        request = group_pb2.OffsetFetchRequest(group_id=group_id, require_stable=True, partitions=[
+            common_pb2.TopicPartition(topic=tp.topic, partition=tp.partition) for tp in partitions])
+
+        def error_of(answer) -> tuple[int, str]:
+            if answer.error_code != ErrorCode.NONE:
+                return answer.error_code, answer.error_message
+            for p in answer.partitions:
+                if p.error_code != ErrorCode.NONE:
+                    return p.error_code, f"{p.topic}-{p.partition}"
+            return ErrorCode.NONE, ""
+
+        answer = self._retry(lambda: self._groups.OffsetFetch(request, timeout=RPC_TIMEOUT_S),
+                             f"OffsetFetch for group {group_id!r}", error_of=error_of)
+        return {TopicPartition(p.topic, p.partition): (p.offset, p.metadata)
+                for p in answer.partitions if p.offset >= 0}
+
+    def commit_offsets(self, group_id: str, offsets: dict[TopicPartition, int], metadata: str) -> None:
+        """The input offsets join the open transaction (visible when it commits)."""
+        add = txn_pb2.AddOffsetsToTxnRequest(transactional_id=self.transactional_id, producer_id=self.producer_id,
+                                             producer_epoch=self.producer_epoch, group_id=group_id)
+        self._retry(lambda: self._txn.AddOffsetsToTxn(add, timeout=RPC_TIMEOUT_S),
+                    f"AddOffsetsToTxn for {self.transactional_id!r}")
+        commit = group_pb2.TxnOffsetCommitRequest(
+            transactional_id=self.transactional_id, group_id=group_id, producer_id=self.producer_id,
+            producer_epoch=self.producer_epoch, generation_id=-1, member_id="",
+            offsets=[group_pb2.OffsetToCommit(topic=tp.topic, partition=tp.partition, offset=offset,
+                                              leader_epoch=-1, metadata=metadata)
+                     for tp, offset in sorted(offsets.items())])
+        self._retry(lambda: self._groups.TxnOffsetCommit(commit, timeout=RPC_TIMEOUT_S),
+                    f"TxnOffsetCommit for group {group_id!r}",
+                    error_of=lambda a: _first_partition_error(a.partitions))
+
+    def _end(self, committed: bool, accepted: list[int]) -> None:
+        request = txn_pb2.EndTxnRequest(transactional_id=self.transactional_id, producer_id=self.producer_id,
+                                        producer_epoch=self.producer_epoch, committed=committed,
+                                        accepted_participants=sorted(accepted))
+        # A retry after a lost answer carries the same pair; the coordinator recognises it.
+        answer = self._retry(lambda: self._txn.EndTxn(request, timeout=RPC_TIMEOUT_S),
+                             f"EndTxn({'commit' if committed else 'abort'}) for {self.transactional_id!r}")
+        self.producer_id, self.producer_epoch = answer.producer_id, answer.producer_epoch
+
+    def commit(self, accepted_participants: list[int]) -> None:
+        """Decide: the owner's writes and the accepted participants' commit; the rest abort."""
+        self._end(True, accepted_participants)
+
+    def abort(self) -> None:
+        self._end(False, [])
+
+    def close(self) -> None:
+        self._metadata.close()
+
+
+__all__ = ["TransactionOwner", "TRANSACTION_TIMEOUT_MS_DEFAULT"]
