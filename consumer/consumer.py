@@ -36,6 +36,7 @@ from consumer.fetcher import (
 
 __all__ = ["Consumer", "NoOffsetForPartitionError"]
 
+RESET_BUDGET_MIN_MS = 1000
 GROUPS_NOT_YET = ("consumer groups are not implemented yet (they arrive with issue 5); "
                   "use group_id=None with assign()")
 
@@ -253,7 +254,13 @@ class Consumer:
             fetcher.raise_pending_error()
             remaining_ms = int((deadline - time.monotonic()) * 1000)
             if any(s.position is None for s in fetcher.states.values()):
-                fetcher.reset_positions(max(remaining_ms, self._default_api_timeout_ms))
+                # Within the poll's time (at least a second, so that poll(0) can finish a
+                # reset against a live broker); a broker that is away is tried again later.
+                try:
+                    fetcher.reset_positions(max(remaining_ms, RESET_BUDGET_MIN_MS))
+                except EosError as exc:
+                    if not exc.retriable:
+                        raise
             fetcher.wakeup.clear()
             fetcher.send_fetches()
             fetcher.handle_arrivals()

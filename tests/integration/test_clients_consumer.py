@@ -159,3 +159,14 @@ def test_a_consumer_waits_out_a_broker_restart(filled):
             producer.send("c", b"after", partition=0).result(WAIT_S)
         records = poll_until(consumer, 1)
         assert [(r.offset, r.value) for r in records] == [(100, b"after")]
+
+
+def test_poll_without_a_position_while_the_broker_is_away(filled):
+    with eos.Consumer(filled.address, auto_offset_reset="earliest", fetch_max_wait_ms=100,
+                      request_timeout_ms=2000) as consumer:
+        consumer.assign([TP1])
+        filled.kill()
+        assert consumer.poll(timeout_ms=200) == []   # a retriable failure is not raised
+        filled.start()
+        records = poll_until(consumer, 100)
+        assert [r.offset for r in records] == list(range(100))
