@@ -86,7 +86,7 @@ def cmd_produce(args) -> int:
     separator = args.key_separator.encode() if args.key_separator else None
     failures = []
 
-    def on_delivery(error, _metadata):
+    def on_delivery(_metadata, error):  # Kafka's (metadata, exception) order
         if error is not None:
             failures.append(error)
 
