@@ -39,6 +39,11 @@ class BrokerStub:
                 request_serializer=eos_dot_v1_dot_broker__pb2.ProduceRequest.SerializeToString,
                 response_deserializer=eos_dot_v1_dot_broker__pb2.ProduceResponse.FromString,
                 _registered_method=True)
+        self.ProduceStream = channel.stream_stream(
+                '/eos.v1.Broker/ProduceStream',
+                request_serializer=eos_dot_v1_dot_broker__pb2.ProduceRequest.SerializeToString,
+                response_deserializer=eos_dot_v1_dot_broker__pb2.ProduceResponse.FromString,
+                _registered_method=True)
         self.Fetch = channel.unary_unary(
                 '/eos.v1.Broker/Fetch',
                 request_serializer=eos_dot_v1_dot_broker__pb2.FetchRequest.SerializeToString,
@@ -86,6 +91,15 @@ class BrokerServicer:
 
     def Produce(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ProduceStream(self, request_iterator, context):
+        """Produce over one ordered stream, as Kafka's connection is: the broker handles the
+        requests of a stream one at a time in arrival order and answers in that order, so a
+        client may pipeline up to max.in.flight requests without reordering its sequences.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -143,6 +157,11 @@ def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Produce': grpc.unary_unary_rpc_method_handler(
                     servicer.Produce,
+                    request_deserializer=eos_dot_v1_dot_broker__pb2.ProduceRequest.FromString,
+                    response_serializer=eos_dot_v1_dot_broker__pb2.ProduceResponse.SerializeToString,
+            ),
+            'ProduceStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.ProduceStream,
                     request_deserializer=eos_dot_v1_dot_broker__pb2.ProduceRequest.FromString,
                     response_serializer=eos_dot_v1_dot_broker__pb2.ProduceResponse.SerializeToString,
             ),
@@ -212,6 +231,33 @@ class Broker:
             request,
             target,
             '/eos.v1.Broker/Produce',
+            eos_dot_v1_dot_broker__pb2.ProduceRequest.SerializeToString,
+            eos_dot_v1_dot_broker__pb2.ProduceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProduceStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/eos.v1.Broker/ProduceStream',
             eos_dot_v1_dot_broker__pb2.ProduceRequest.SerializeToString,
             eos_dot_v1_dot_broker__pb2.ProduceResponse.FromString,
             options,
