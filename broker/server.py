@@ -376,7 +376,7 @@ class BrokerServer:
             port=bound_port, initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
             min_session_timeout_ms=config.group_min_session_timeout_ms,
             max_session_timeout_ms=config.group_max_session_timeout_ms, max_group_size=config.group_max_size,
-            offset_metadata_max_bytes=config.offset_metadata_max_bytes)
+            offset_metadata_max_bytes=config.offset_metadata_max_bytes, verify_txn=self._verify_txn_partitions)
         self._group_coordinator.start()
 
         purgatory = FetchPurgatory(max_waiters=RPC_WORKER_THREADS - RPC_WORKERS_KEPT_FREE_OF_LONG_POLLS)
@@ -428,8 +428,8 @@ class BrokerServer:
 
     def _verify_txn_partitions(self, transactional_id: str, producer_id: int, producer_epoch: int,
                                partitions: list[TopicPartition]) -> dict[TopicPartition, tuple[int, str]]:
-        """The Broker service's `verify_txn` (KIP-890 part 1): are these partitions in the
-        producer's open transaction? Asked in-process of the embedded coordinator, which
+        """The `verify_txn` of the Broker service and the group coordinator (KIP-890 part 1):
+        are these partitions in the producer's open transaction? Asked in-process of the embedded coordinator, which
         owns every transactional id on a single node; a broker in a cluster would call
         TxnCoordinator.AddPartitionsToTxn(verify_only=True) on the id's coordinator over gRPC."""
         coordinator = self._txn_coordinator
