@@ -1,17 +1,38 @@
 """The Spark side of eos: the data source "eos", the exactly-once sink, pipeline stages.
 
 `register(spark)` makes `spark.read.format("eos")` and `spark.readStream.format("eos")`
-available in a session. pyspark is imported only when it is called, so importing
-`spark_sink` costs nothing where Spark is not installed.
+available in a session (and the sinks' internal writer format "eos_participant").
+`ExactlyOnceSink`, `AtLeastOnceSink` and `App` are handed out lazily: pyspark is imported
+only when they are used, so importing `spark_sink` costs nothing where Spark is not installed.
 """
 from __future__ import annotations
 
+import importlib
+
+_LAZY = {
+    "ExactlyOnceSink": ("spark_sink.sink", "ExactlyOnceSink"),
+    "AtLeastOnceSink": ("spark_sink.sink", "AtLeastOnceSink"),
+    "App": ("spark_sink.app", "App"),
+}
+
 
 def register(spark) -> None:
-    """Register the eos data source (`spark_sink.source.EosDataSource`) with a SparkSession."""
+    """Register the eos data source (`spark_sink.source.EosDataSource`) and the sinks'
+    participant writer with a SparkSession."""
+    from spark_sink.sink import ParticipantDataSource
     from spark_sink.source import EosDataSource
 
     spark.dataSource.register(EosDataSource)
+    spark.dataSource.register(ParticipantDataSource)
 
 
-__all__ = ["register"]
+def __getattr__(name: str):
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'spark_sink' has no attribute {name!r}")
+    value = getattr(importlib.import_module(target[0]), target[1])
+    globals()[name] = value
+    return value
+
+
+__all__ = ["register", *sorted(_LAZY)]

@@ -1,0 +1,375 @@
+"""`ExactlyOnceSink`: a foreachBatch sink whose micro-batches reach eos exactly once.
+
+Theory of operation
+-------------------
+Design (a) of issue 6, written up in docs/architecture.md: the executors are *participant*
+producers in ONE transaction that the driver owns; the coordinator decides it once.
+
+    df.writeStream.foreachBatch(ExactlyOnceSink(bootstrap, "out", transactional_id="t",
+                                                group_id="g", checkpoint_location=cp))
+      .option("checkpointLocation", cp).start()
+
+Per micro-batch (`__call__(df, batch_id)`, on the driver):
+
+1. The first call initialises the transactional.id (InitProducerId). The epoch bump fences
+   a previous driver that crashed and aborts its open transaction with every participant.
+2. The batch's input end offsets are read from Spark's offset log, written before the
+   batch ran: `<checkpoint>/offsets/<batch_id>`, one JSON line per source; the lines of eos
+   sources are `{topic: {partition: offset}}`. The query id comes from `<checkpoint>/metadata`.
+3. Replay check: the group's committed offsets (OffsetFetch, require_stable) carry metadata
+   `{"sink": "eos", "query": <query id>, "batch": <id>}`. If this query already committed
+   this batch id (or a later one), the batch was written before a crash; nothing is written.
+4. Write: `df.write.format("eos_participant")` -- a Python data source whose Arrow writer
+   runs one `ParticipantWriter` per Spark task on the executors (records never pass through
+   the driver). Spark hands the commit messages of the successful task attempts, one per
+   partition, to the writer's `commit()`, which reports their participant ids back to the
+   driver through a file (`commit()` runs in a Python worker beside the driver). A failed
+   or duplicate attempt's participant is not among them.
+5. Commit: AddOffsetsToTxn + TxnOffsetCommit of the end offsets with the metadata above,
+   then EndTxn(commit, accepted participants) -- the one decision: outputs and input
+   offsets become visible together or not at all. Any error before the decision aborts
+   the transaction and re-raises (the query fails; a restart replays the batch).
+
+The group's offsets are ordinary committed offsets, so `eos groups describe` shows the
+pipeline's lag. `AtLeastOnceSink` is the same write path without a transaction (the
+baseline for benchmarks): no producer id, no offsets, no replay check.
+
+Crash tests: the environment variable EOS_SINK_CRASH_AT="<point>:<batch_id>[,...]" makes
+the driver kill itself with SIGKILL at a point of a batch -- before_write, after_write
+(outputs written, nothing committed), after_offsets, after_commit (decided, but Spark has
+not recorded the batch) -- its whole process group when it leads one (the JVM and the
+Python workers die with it).
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import logging
+import os
+import signal
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
+
+from eos.errors import EosError, ErrorCode
+from eos.types import TopicPartition
+from spark_sink.owner import TRANSACTION_TIMEOUT_MS_DEFAULT, TransactionOwner
+from spark_sink.participant import FLUSH_BYTES_DEFAULT, TIMEOUT_MS_DEFAULT, OwnerIdentity, write_arrow_batches
+
+log = logging.getLogger("eos.spark.sink")
+
+WRITER_SOURCE_NAME = "eos_participant"
+CRASH_ENV = "EOS_SINK_CRASH_AT"
+CRASH_POINTS = ("before_write", "after_write", "after_offsets", "after_commit")
+STATS_KEPT_MAX = 10_000
+
+
+# ---- the executor-side writer, as a Python data source -----------------------------------------
+
+@dataclasses.dataclass
+class TaskWrite(WriterCommitMessage):
+    """One successful task's report: its participant id (-1 when it wrote nothing)."""
+
+    producer_id: int
+    records: int
+
+
+class ParticipantDataSource(DataSource):
+    """`df.write.format("eos_participant")`: the sinks' write step (not meant for users).
+
+    Options: bootstrap, topic, transactionalId, producerId, producerEpoch, transactional
+    (true|false), resultPath (where commit() reports the tasks), flushBytes, timeoutMs."""
+
+    @classmethod
+    def name(cls) -> str:
+        return WRITER_SOURCE_NAME
+
+    def writer(self, schema, overwrite: bool) -> "ParticipantArrowWriter":
+        return ParticipantArrowWriter(dict(self.options))
+
+
+class ParticipantArrowWriter(DataSourceArrowWriter):
+    def __init__(self, options: dict):
+        self.options = {k.lower(): v for k, v in options.items()}
+        transactional = self.options.get("transactional", "true").lower() == "true"
+        self.owner = OwnerIdentity(self.options["bootstrap"], self.options.get("transactionalid", ""),
+                                   int(self.options.get("producerid", -1)), int(self.options.get("producerepoch", -1)))
+        self.topic = self.options["topic"]
+        self.transactional = transactional
+        self.flush_bytes = int(self.options.get("flushbytes", FLUSH_BYTES_DEFAULT))
+        self.timeout_ms = int(self.options.get("timeoutms", TIMEOUT_MS_DEFAULT))
+        self.result_path = self.options["resultpath"]
+
+    def write(self, iterator) -> TaskWrite:
+        result = write_arrow_batches(self.owner, self.topic, iterator, transactional=self.transactional,
+                                     flush_bytes=self.flush_bytes, timeout_ms=self.timeout_ms)
+        return TaskWrite(result.producer_id, result.records)
+
+    def commit(self, messages) -> None:
+        tasks = [m for m in messages if m is not None]
+        report = {"participants": sorted(m.producer_id for m in tasks if m.producer_id >= 0),
+                  "records": sum(m.records for m in tasks), "tasks": len(tasks)}
+        temporary = f"{self.result_path}.tmp"
+        with open(temporary, "w") as f:
+            json.dump(report, f)
+        os.replace(temporary, self.result_path)
+
+    def abort(self, messages) -> None:
+        # Nothing to undo here: the driver aborts the transaction, and with it every participant.
+        pass
+
+
+# ---- Spark's checkpoint, read ----------------------------------------------------------------------
+
+def local_checkpoint_path(location: str) -> Path:
+    """A checkpoint location as a local path ("file:" URIs too); other file systems are refused."""
+    text = str(location)
+    if text.startswith("file://"):
+        text = text[len("file://"):]
+    elif text.startswith("file:"):
+        text = text[len("file:"):]
+    elif "://" in text:
+        raise ValueError(f"checkpoint location {location!r}: only local checkpoints are supported by the "
+                         f"exactly-once sink")
+    return Path(text)
+
+
+def query_id(checkpoint_location: str) -> str:
+    """The id Spark keeps for the query in `<checkpoint>/metadata` (stable across restarts)."""
+    path = local_checkpoint_path(checkpoint_location) / "metadata"
+    try:
+        return json.loads(path.read_text().splitlines()[0])["id"]
+    except (OSError, ValueError, KeyError, IndexError) as exc:
+        raise EosError(f"cannot read the query id from {path}: {exc}", ErrorCode.INVALID_REQUEST) from None
+
+
+def parse_offset_log(text: str) -> dict[TopicPartition, int]:
+    """The eos source offsets of one offset-log file: every source line shaped
+    {topic: {partition: offset}} (other sources' lines are skipped)."""
+    lines = text.splitlines()
+    if not lines or not lines[0].startswith("v"):
+        raise ValueError("not a Spark offset log file (no version line)")
+    offsets: dict[TopicPartition, int] = {}
+    for line in lines[2:]:
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(value, dict) or not value:
+            continue
+        if not all(isinstance(parts, dict) and all(str(p).isdigit() and isinstance(o, int) and not isinstance(o, bool)
+                                                   for p, o in parts.items()) for parts in value.values()):
+            continue
+        for topic, parts in value.items():
+            for partition, offset in parts.items():
+                offsets[TopicPartition(topic, int(partition))] = offset
+    return offsets
+
+
+def batch_end_offsets(checkpoint_location: str, batch_id: int) -> dict[TopicPartition, int]:
+    path = local_checkpoint_path(checkpoint_location) / "offsets" / str(batch_id)
+    try:
+        return parse_offset_log(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise EosError(f"cannot read the offsets of batch {batch_id} from {path}: {exc}",
+                       ErrorCode.INVALID_REQUEST) from None
+
+
+def batch_metadata(query: str, batch_id: int) -> str:
+    return json.dumps({"sink": "eos", "query": query, "batch": batch_id}, separators=(",", ":"))
+
+
+def committed_batch(committed: dict[TopicPartition, tuple[int, str]], query: str) -> int | None:
+    """The highest batch id this query committed, by the metadata of the group's offsets."""
+    found = None
+    for _, metadata in committed.values():
+        try:
+            value = json.loads(metadata)
+        except (TypeError, ValueError):
+            continue
+        if isinstance(value, dict) and value.get("sink") == "eos" and value.get("query") == query \
+                and isinstance(value.get("batch"), int):
+            found = value["batch"] if found is None else max(found, value["batch"])
+    return found
+
+
+def _crash_if_asked(point: str, batch_id: int) -> None:
+    wanted = os.environ.get(CRASH_ENV)
+    if not wanted:
+        return
+    for item in wanted.split(","):
+        name, _, batch = item.strip().partition(":")
+        if name == point and batch.strip() == str(batch_id):
+            log.warning("%s=%s: killing the driver at %s of batch %d", CRASH_ENV, wanted, point, batch_id)
+            for handler in logging.getLogger().handlers:
+                handler.flush()
+            if os.getpgid(0) == os.getpid():
+                os.killpg(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+# ---- the sinks -----------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class BatchReport:
+    """What the sink did with one micro-batch."""
+
+    batch_id: int
+    skipped: bool              # a replay of a batch already committed: nothing written
+    records: int
+    participants: int
+    write_ms: float            # the executors' writes (the Spark job)
+    commit_ms: float           # offsets + the decision (EndTxn) on the driver
+
+
+class _SinkBase:
+    def __init__(self, bootstrap: str, topic: str, *, key_column: str, value_column: str,
+                 flush_bytes: int, task_timeout_ms: int):
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.key_column = key_column
+        self.value_column = value_column
+        self.flush_bytes = flush_bytes
+        self.task_timeout_ms = task_timeout_ms
+        self.reports: collections.deque[BatchReport] = collections.deque(maxlen=STATS_KEPT_MAX)
+        self._result_dir = tempfile.mkdtemp(prefix="eos-sink-")
+        self._registered_sessions: set[int] = set()
+
+    def _key_value(self, df):
+        from pyspark.sql import functions as F
+
+        columns = df.columns
+        if self.value_column not in columns:
+            raise EosError(f"the DataFrame has no value column {self.value_column!r} (columns: "
+                           f"{', '.join(columns)}); pass value_column=", ErrorCode.INVALID_REQUEST)
+        key = (F.col(self.key_column).cast("binary") if self.key_column in columns
+               else F.lit(None).cast("binary"))
+        return df.select(key.alias("key"), F.col(self.value_column).cast("binary").alias("value"))
+
+    def _write(self, df, batch_id: int, owner: OwnerIdentity, transactional: bool) -> dict:
+        """Run the Spark job that writes the batch; returns commit()'s report."""
+        session = df.sparkSession
+        if id(session) not in self._registered_sessions:
+            session.dataSource.register(ParticipantDataSource)
+            self._registered_sessions.add(id(session))
+        result_path = os.path.join(self._result_dir, f"batch-{batch_id}-{uuid.uuid4().hex}.json")
+        (self._key_value(df).write.format(WRITER_SOURCE_NAME).mode("append")
+         .option("bootstrap", self.bootstrap).option("topic", self.topic)
+         .option("transactionalId", owner.transactional_id).option("producerId", str(owner.producer_id))
+         .option("producerEpoch", str(owner.producer_epoch))
+         .option("transactional", "true" if transactional else "false")
+         .option("resultPath", result_path).option("flushBytes", str(self.flush_bytes))
+         .option("timeoutMs", str(self.task_timeout_ms)).save())
+        try:
+            with open(result_path) as f:
+                return json.load(f)
+        except (OSError, ValueError) as exc:
+            raise EosError(f"batch {batch_id}: the write finished but its task report {result_path} is "
+                           f"unreadable: {exc}", ErrorCode.UNKNOWN_SERVER_ERROR) from None
+        finally:
+            try:
+                os.unlink(result_path)
+            except OSError:
+                pass
+
+
+class ExactlyOnceSink(_SinkBase):
+    """A foreachBatch function that writes each micro-batch to `topic` exactly once (see the
+    module doc). `checkpoint_location` is the query's checkpointLocation; when None the sink
+    looks it up from the running query (needs the query to be active in this session)."""
+
+    def __init__(self, bootstrap: str, topic: str, *, transactional_id: str, group_id: str,
+                 checkpoint_location: str | None = None, key_column: str = "key", value_column: str = "value",
+                 transaction_timeout_ms: int = TRANSACTION_TIMEOUT_MS_DEFAULT,
+                 flush_bytes: int = FLUSH_BYTES_DEFAULT, task_timeout_ms: int = TIMEOUT_MS_DEFAULT):
+        if not group_id:
+            raise ValueError("group_id must be a non-empty string: the input offsets are committed to it")
+        super().__init__(bootstrap, topic, key_column=key_column, value_column=value_column,
+                         flush_bytes=flush_bytes, task_timeout_ms=task_timeout_ms)
+        self.transactional_id = transactional_id
+        self.group_id = group_id
+        self.checkpoint_location = checkpoint_location
+        self._owner = TransactionOwner(bootstrap, transactional_id, transaction_timeout_ms=transaction_timeout_ms)
+        self._initialised = False
+
+    def __call__(self, df, batch_id: int) -> None:
+        started = time.perf_counter()
+        checkpoint = self.checkpoint_location or _running_checkpoint(df)
+        query = query_id(checkpoint)
+        end_offsets = batch_end_offsets(checkpoint, batch_id)
+        if not self._initialised:
+            self._owner.init()
+            self._initialised = True
+        if end_offsets:
+            done = committed_batch(self._owner.committed(self.group_id, sorted(end_offsets)), query)
+            if done is not None and done >= batch_id:
+                log.info("batch %d of query %s was committed before (up to batch %d): writing nothing",
+                         batch_id, query, done)
+                self.reports.append(BatchReport(batch_id, True, 0, 0, 0.0, 0.0))
+                return
+        else:
+            log.warning("batch %d: no eos source offsets in the checkpoint; a replay of this batch cannot "
+                        "be recognised", batch_id)
+        _crash_if_asked("before_write", batch_id)
+        try:
+            report = self._write(df, batch_id, self._owner.identity(), transactional=True)
+            written = time.perf_counter()
+            _crash_if_asked("after_write", batch_id)
+            if end_offsets:
+                self._owner.commit_offsets(self.group_id, end_offsets, batch_metadata(query, batch_id))
+            _crash_if_asked("after_offsets", batch_id)
+            self._owner.commit(report["participants"])
+        except BaseException:
+            self._abort_quietly(batch_id)
+            raise
+        committed = time.perf_counter()
+        self.reports.append(BatchReport(batch_id, False, report["records"], len(report["participants"]),
+                                        (written - started) * 1000, (committed - written) * 1000))
+        _crash_if_asked("after_commit", batch_id)
+
+    def _abort_quietly(self, batch_id: int) -> None:
+        try:
+            self._owner.abort()
+        except Exception as exc:   # fenced or unreachable: the coordinator's timeout aborts it
+            log.warning("batch %d: aborting the transaction of %r failed: %s", batch_id, self.transactional_id, exc)
+
+    def close(self) -> None:
+        self._owner.close()
+
+
+class AtLeastOnceSink(_SinkBase):
+    """The same executor write path without a transaction: a retried or replayed batch is
+    written again. The baseline the exactly-once sink is measured against."""
+
+    def __init__(self, bootstrap: str, topic: str, *, key_column: str = "key", value_column: str = "value",
+                 flush_bytes: int = FLUSH_BYTES_DEFAULT, task_timeout_ms: int = TIMEOUT_MS_DEFAULT):
+        super().__init__(bootstrap, topic, key_column=key_column, value_column=value_column,
+                         flush_bytes=flush_bytes, task_timeout_ms=task_timeout_ms)
+
+    def __call__(self, df, batch_id: int) -> None:
+        started = time.perf_counter()
+        report = self._write(df, batch_id, OwnerIdentity(self.bootstrap, "", -1, -1), transactional=False)
+        self.reports.append(BatchReport(batch_id, False, report["records"], 0,
+                                        (time.perf_counter() - started) * 1000, 0.0))
+
+    def close(self) -> None:
+        pass
+
+
+def _running_checkpoint(df) -> str:
+    """The checkpoint root of the query running this foreachBatch (best effort)."""
+    session = df.sparkSession
+    query_id_text = session.sparkContext.getLocalProperty("sql.streaming.queryId")
+    for query in session.streams.active:
+        if query.id == query_id_text:
+            return query._jsq.streamingQuery().resolvedCheckpointRoot()
+    raise EosError("ExactlyOnceSink: cannot find the running query's checkpoint; pass checkpoint_location= "
+                   "(the query's checkpointLocation)", ErrorCode.INVALID_REQUEST)
+
+
+__all__ = ["AtLeastOnceSink", "BatchReport", "ExactlyOnceSink", "ParticipantDataSource", "batch_end_offsets",
+           "committed_batch", "parse_offset_log", "query_id"]

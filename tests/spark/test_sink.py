@@ -1,0 +1,146 @@
+"""The exactly-once foreachBatch sink through a real local[2] Spark session and a real broker.
+
+Each micro-batch is written by the executors as participants of the driver's transaction
+and committed with the batch's input offsets in one decision; a replayed batch id writes
+nothing; a crashed attempt's open transaction (participants and all) is aborted by the next
+driver. Streams run with trigger(availableNow=True) and a bounded awaitTermination; output
+is read back read_committed once no transaction is open (spark_sink.readback)."""
+from __future__ import annotations
+
+import collections
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+
+from eos.types import TopicPartition
+from spark_sink.owner import TransactionOwner
+from spark_sink.readback import read_committed
+from spark_sink.sink import ExactlyOnceSink, batch_metadata, committed_batch, parse_offset_log
+from tests.spark.test_source import STREAM_TIMEOUT_S, admin, eos_broker, produce  # noqa: F401 (fixtures)
+
+
+# ---- pure parts ----------------------------------------------------------------------------------
+
+def test_offset_log_lines_of_eos_sources_are_read_and_others_skipped():
+    text = "\n".join(["v1", '{"batchWatermarkMs":0,"conf":{}}', '{"a":{"0":5,"1":7}}', "42",
+                      '{"logOffset": "x"}', '{"b":{"2":0}}'])
+    assert parse_offset_log(text) == {TopicPartition("a", 0): 5, TopicPartition("a", 1): 7, TopicPartition("b", 2): 0}
+    with pytest.raises(ValueError, match="version line"):
+        parse_offset_log("")
+
+
+def test_committed_batch_reads_only_this_querys_metadata():
+    tp = TopicPartition("a", 0)
+    assert committed_batch({tp: (5, batch_metadata("q1", 3))}, "q1") == 3
+    assert committed_batch({tp: (5, batch_metadata("q0", 3))}, "q1") is None        # another checkpoint
+    assert committed_batch({tp: (5, "not json"), TopicPartition("a", 1): (1, "")}, "q1") is None
+
+
+# ---- through Spark -------------------------------------------------------------------------------
+
+def upper_values(df):
+    from pyspark.sql import functions as F
+
+    return df.select("key", F.upper(F.col("value").cast("string")).alias("value"))
+
+
+def run_stage(spark, address: str, source: str, sink, checkpoint: str, **options):
+    stream = (spark.readStream.format("eos").option("bootstrap", address).option("subscribe", source)
+              .option("startingOffsets", "earliest"))
+    for name, value in options.items():
+        stream = stream.option(name, value)
+    query = (upper_values(stream.load()).writeStream.foreachBatch(sink)
+             .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+    try:
+        assert query.awaitTermination(STREAM_TIMEOUT_S), "the availableNow query did not finish"
+        if query.exception() is not None:
+            raise AssertionError(f"the query failed: {query.exception()}")
+    finally:
+        query.stop()
+
+
+def expected_upper(produced: dict) -> collections.Counter:
+    return collections.Counter((key, value.decode().upper().encode() if value is not None else None)
+                               for key, value, _ in produced.values())
+
+
+def got(records) -> collections.Counter:
+    return collections.Counter((r.key, r.value) for r in records)
+
+
+def test_each_micro_batch_is_written_exactly_once_with_its_offsets(spark, eos_broker, admin, tmp_path):
+    admin.create_topic("eo_in", partitions=3)
+    admin.create_topic("eo_out", partitions=2)
+    produced = produce(eos_broker.address, "eo_in", {0: 120, 1: 100, 2: 80})
+    checkpoint = str(tmp_path / "cp")
+    sink = ExactlyOnceSink(eos_broker.address, "eo_out", transactional_id="eo-stage", group_id="eo-group",
+                           checkpoint_location=checkpoint)
+    run_stage(spark, eos_broker.address, "eo_in", sink, checkpoint, maxRecordsPerTrigger="100")
+    assert [(r.batch_id, r.skipped, r.records) for r in sink.reports] == [
+        (0, False, 100), (1, False, 100), (2, False, 100)]
+    assert all(r.participants >= 1 for r in sink.reports)
+    assert got(read_committed(eos_broker.address, "eo_out")) == expected_upper(produced)
+    owner = TransactionOwner(eos_broker.address, "reader-only")
+    try:
+        committed = owner.committed("eo-group", [TopicPartition("eo_in", p) for p in range(3)])
+    finally:
+        owner.close()
+    assert {tp: offset for tp, (offset, _) in committed.items()} == {
+        TopicPartition("eo_in", 0): 120, TopicPartition("eo_in", 1): 100, TopicPartition("eo_in", 2): 80}
+    assert {json.loads(meta)["batch"] for _, meta in committed.values()} == {2}
+    sink.close()
+
+
+def hand_made_checkpoint(path: Path, batches: dict[int, dict]) -> str:
+    """A checkpoint as Spark writes it: metadata with a query id and offsets/<batch_id>."""
+    (path / "offsets").mkdir(parents=True)
+    (path / "metadata").write_text(json.dumps({"id": str(uuid.uuid4())}))
+    for batch_id, offsets in batches.items():
+        (path / "offsets" / str(batch_id)).write_text("\n".join(["v1", "{}", json.dumps(offsets)]))
+    return str(path)
+
+
+def test_a_replayed_batch_id_writes_nothing_also_after_a_driver_restart(spark, eos_broker, admin, tmp_path):
+    admin.create_topic("rp_in", partitions=2)
+    admin.create_topic("rp_out", partitions=2)
+    produced = produce(eos_broker.address, "rp_in", {0: 40, 1: 30})
+    checkpoint = hand_made_checkpoint(tmp_path / "cp", {0: {"rp_in": {"0": 40, "1": 30}},
+                                                        1: {"rp_in": {"0": 40, "1": 30}}})
+    batch = upper_values(spark.read.format("eos").option("bootstrap", eos_broker.address)
+                         .option("subscribe", "rp_in").load())
+    first = ExactlyOnceSink(eos_broker.address, "rp_out", transactional_id="rp-stage", group_id="rp-group",
+                            checkpoint_location=checkpoint)
+    first(batch, 0)
+    first(batch, 0)                                   # Spark replays batch 0
+    restarted = ExactlyOnceSink(eos_broker.address, "rp_out", transactional_id="rp-stage", group_id="rp-group",
+                                checkpoint_location=checkpoint)
+    restarted(batch, 0)                               # ... also after a restart
+    assert [r.skipped for r in first.reports] == [False, True]
+    assert [r.skipped for r in restarted.reports] == [True]
+    assert got(read_committed(eos_broker.address, "rp_out")) == expected_upper(produced)
+    restarted(batch, 1)                               # the next batch id is written
+    assert got(read_committed(eos_broker.address, "rp_out")) == expected_upper(produced) + expected_upper(produced)
+    for sink in (first, restarted):
+        sink.close()
+
+
+def test_a_crashed_drivers_open_transaction_is_aborted_with_its_participants(spark, eos_broker, admin, tmp_path):
+    admin.create_topic("cr_in", partitions=2)
+    admin.create_topic("cr_out", partitions=3)
+    produced = produce(eos_broker.address, "cr_in", {0: 25, 1: 25})
+    checkpoint = hand_made_checkpoint(tmp_path / "cp", {0: {"cr_in": {"0": 25, "1": 25}}})
+    batch = upper_values(spark.read.format("eos").option("bootstrap", eos_broker.address)
+                         .option("subscribe", "cr_in").load())
+    crashed = ExactlyOnceSink(eos_broker.address, "cr_out", transactional_id="cr-stage", group_id="cr-group",
+                              checkpoint_location=checkpoint)
+    crashed._owner.init()
+    report = crashed._write(batch, 0, crashed._owner.identity(), transactional=True)   # written, never decided
+    assert report["records"] == 50 and report["participants"]
+    restarted = ExactlyOnceSink(eos_broker.address, "cr_out", transactional_id="cr-stage", group_id="cr-group",
+                                checkpoint_location=checkpoint)
+    restarted(batch, 0)
+    assert got(read_committed(eos_broker.address, "cr_out")) == expected_upper(produced)   # once, not twice
+    for sink in (crashed, restarted):
+        sink.close()
