@@ -192,11 +192,24 @@ def test_producer_ids_never_repeat_across_restarts(broker):
     assert seen[:5] == sorted(seen[:5])
 
 
-def test_init_producer_id_for_transactions_not_yet(broker):
-    response = broker.txn_stub().InitProducerId(
-        txn_pb2.InitProducerIdRequest(transactional_id="app-1", producer_id=-1, producer_epoch=-1), timeout=30)
-    assert response.error_code == ErrorCode.UNSUPPORTED_VERSION
-    assert "not implemented" in response.error_message
+def _init_transactional(broker, transactional_id):
+    deadline = time.monotonic() + 30
+    while True:
+        response = broker.txn_stub().InitProducerId(txn_pb2.InitProducerIdRequest(
+            transactional_id=transactional_id, transaction_timeout_ms=60000, producer_id=-1, producer_epoch=-1),
+            timeout=30)
+        if response.error_code != ErrorCode.COORDINATOR_LOAD_IN_PROGRESS or time.monotonic() > deadline:
+            assert response.error_code == ErrorCode.NONE, response.error_message
+            return response.producer_id, response.producer_epoch
+        time.sleep(0.05)   # the coordinator replays its log after start; retry as a client does
+
+
+def test_transactional_ids_survive_kill_9(broker):
+    producer_id, epoch = _init_transactional(broker, "app-1")
+    broker.kill()
+    broker.start()
+    # the coordinator replayed __transaction_state: same id, the next epoch (fencing the old one)
+    assert _init_transactional(broker, "app-1") == (producer_id, epoch + 1)
 
 
 def test_a_second_broker_cannot_share_the_data_dir_or_port(broker, tmp_path):
