@@ -133,4 +133,5 @@ def register(workload: Workload) -> Workload:
 
 
 # Run order = import order. Later issues add: transactions, copier, end-to-end latency, spark.
-from bench.workloads import produce, consume, latency, append, idempotence  # noqa: E402,F401
+from bench.workloads import (produce, consume, latency, append, append_storage,  # noqa: E402,F401
+                             append_broker, idempotence)

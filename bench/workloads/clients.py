@@ -127,8 +127,25 @@ def eos_create_topic(bootstrap: str, name: str, partitions: int = 1) -> None:
                                f"{result.error_message}")
 
 
+def eos_delete_topics(bootstrap: str, names: list[str]) -> None:
+    """Delete topics (eos.Admin), e.g. so that a measurement's dirty pages do not linger."""
+    eos = eos_module("Admin")
+    admin = eos.Admin(bootstrap)
+    try:
+        admin.delete_topics(names)
+    finally:
+        close = getattr(admin, "close", None)
+        if close is not None:
+            close()
+
+
 def eos_end_offset(bootstrap: str, topic: str, partitions: int = 1) -> int:
     """Sum of the log end offsets of `topic` (ListOffsets latest): the records it holds."""
+    return sum(eos_end_offset_by_partition(bootstrap, topic, partitions).values())
+
+
+def eos_end_offset_by_partition(bootstrap: str, topic: str, partitions: int = 1) -> dict[int, int]:
+    """{partition: log end offset} of `topic` (ListOffsets latest)."""
     from eos.v1 import broker_pb2
 
     channel, stub = _eos_broker_stub(bootstrap)
@@ -138,10 +155,10 @@ def eos_end_offset(bootstrap: str, topic: str, partitions: int = 1) -> int:
             for p in range(partitions)]), timeout=TOPIC_READY_TIMEOUT_S)
     finally:
         channel.close()
-    total = 0
+    offsets: dict[int, int] = {}
     for listed in response.partitions:
         if listed.error_code != 0:
             raise RuntimeError(f"eos ListOffsets {topic}-{listed.partition}: error "
                                f"{listed.error_code} {listed.error_message}")
-        total += listed.offset
-    return total
+        offsets[listed.partition] = listed.offset
+    return offsets
