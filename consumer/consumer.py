@@ -1,44 +1,56 @@
-"""`eos.Consumer`: Kafka's KafkaConsumer over gRPC (manual assignment for now).
+"""`eos.Consumer`: Kafka's KafkaConsumer over gRPC: manual assignment or consumer groups.
 
 Theory of operation
 -------------------
 The consumer is driven by the application's thread: `poll()` hands out records the
 `Fetcher` has received, sends the next Fetch calls before it returns (so the broker works
 on the next response while the application processes this one), and otherwise waits for
-an answer up to its timeout. A partition without a position gets one from ListOffsets by
-auto.offset.reset ("latest" by default, as in Kafka; "earliest"; "none" raises), lazily,
-on the first poll() or position() that needs it.
+an answer up to its timeout. A partition without a position gets one lazily, on the first
+poll() or position() that needs it: a group consumer's from the group's committed offset
+(OffsetFetch with require_stable, so never from inside an open transaction), and otherwise,
+or when nothing is committed, from ListOffsets by auto.offset.reset ("latest" by default,
+as in Kafka; "earliest"; "none" raises).
+
+Groups: with a `group_id`, `subscribe()` hands the choice of partitions to the group
+(`consumer.group.ConsumerCoordinator`): each poll() first advances the membership protocol
+(join, sync, rebalance listener calls, auto-commit) and fetches only while the member is
+stable; a background thread heartbeats, and leaves the group when poll() is not called
+within max.poll.interval.ms. `assign()` with a `group_id` reads the given partitions and
+commits outside group management, as Kafka's consumer does. subscribe() and assign()
+exclude each other until unsubscribe().
 
 Configuration uses Kafka's names: the keyword arguments of the constructor, any other
 setting as a keyword argument with dots turned into underscores, or a dict of Kafka names
-in `config`. A keyword argument left at its default does not override the dict.
-
-Groups (subscribe, commit, group_metadata) arrive with the consumer groups work; until
-then `group_id` must be None for anything that needs a group, and those methods raise
-NotImplementedError. Like Kafka's consumer, one consumer is used by one thread.
+in `config`. A keyword argument left at its default does not override the dict. Like
+Kafka's consumer, one consumer is used by one thread.
 """
 from __future__ import annotations
 
+import itertools
+import re
 import time
 from typing import Iterable
 
 from eos import net
-from eos.errors import EosError
+from eos.errors import EosError, ErrorCode
 from eos.types import Record, TopicPartition
 from eos.v1.common_pb2 import IsolationLevel
 from consumer.fetcher import (
+    COMMITTED,
     EARLIEST_TIMESTAMP,
     LATEST_TIMESTAMP,
     OFFSET_RESET_STRATEGIES,
     Fetcher,
     NoOffsetForPartitionError,
 )
+from consumer.group import ConsumerCoordinator, ConsumerGroupMetadata, OffsetAndMetadata, assignor_names
 
 __all__ = ["Consumer", "NoOffsetForPartitionError"]
 
 RESET_BUDGET_MIN_MS = 1000
-GROUPS_NOT_YET = ("consumer groups are not implemented yet (they arrive with issue 5); "
-                  "use group_id=None with assign()")
+GROUP_WAIT_S = 0.1          # poll() looks at a rebalance in progress at least this often
+CLOSE_TIMEOUT_MS = 30_000   # Kafka's default close timeout
+_client_numbers = itertools.count(1)
 
 
 def _isolation(name: str, value) -> int:
@@ -76,6 +88,11 @@ CONSUMER_CONFIG: dict[str, net.ConfigSpec] = {
     "retry.backoff.ms": net.ConfigSpec(100, net.as_int(0)),
     "retry.backoff.max.ms": net.ConfigSpec(1000, net.as_int(0)),
     "metadata.max.age.ms": net.ConfigSpec(300000, net.as_int(1)),
+    "group.instance.id": net.ConfigSpec(None, net.as_optional_str),
+    "session.timeout.ms": net.ConfigSpec(45000, net.as_int(1)),
+    "heartbeat.interval.ms": net.ConfigSpec(3000, net.as_int(1)),
+    "max.poll.interval.ms": net.ConfigSpec(300000, net.as_int(1)),
+    "partition.assignment.strategy": net.ConfigSpec(("range",), assignor_names),
 }
 
 _NAMED_DEFAULTS = {
@@ -120,6 +137,19 @@ class Consumer:
         settings, _ = net.resolve_config("consumer", CONSUMER_CONFIG, config, kwargs)
         if settings["enable.auto.commit"] and settings["group.id"] is None:
             raise ValueError("enable.auto.commit cannot be true without a group.id")
+        if settings["group.instance.id"] is not None and settings["group.id"] is None:
+            raise ValueError("group.instance.id cannot be set without a group.id")
+        if settings["group.id"] == "":
+            raise ValueError("group.id must not be empty (None means no group)")
+        if settings["group.instance.id"] == "":
+            raise ValueError("group.instance.id must not be empty (None means a dynamic member)")
+        if settings["heartbeat.interval.ms"] >= settings["session.timeout.ms"]:
+            raise ValueError(f"heartbeat.interval.ms ({settings['heartbeat.interval.ms']}) must be lower than "
+                             f"session.timeout.ms ({settings['session.timeout.ms']})")
+        if not settings["client.id"]:
+            number = next(_client_numbers)
+            settings["client.id"] = (f"consumer-{settings['group.id']}-{number}" if settings["group.id"]
+                                     else f"consumer-{number}")
         self.config = settings
         if settings["bootstrap.servers"]:
             bootstrap = settings["bootstrap.servers"]
@@ -140,6 +170,22 @@ class Consumer:
             max_partition_fetch_bytes=settings["max.partition.fetch.bytes"],
             check_crcs=settings["check.crcs"], request_timeout_ms=settings["request.timeout.ms"],
             backoff=net.Backoff(settings["retry.backoff.ms"], settings["retry.backoff.max.ms"]))
+        self._group: ConsumerCoordinator | None = None
+        if self.group_id is not None:
+            self._group = ConsumerCoordinator(
+                self._metadata, group_id=self.group_id, group_instance_id=settings["group.instance.id"],
+                client_id=settings["client.id"], assignors=settings["partition.assignment.strategy"],
+                session_timeout_ms=settings["session.timeout.ms"],
+                heartbeat_interval_ms=settings["heartbeat.interval.ms"],
+                max_poll_interval_ms=settings["max.poll.interval.ms"],
+                request_timeout_ms=settings["request.timeout.ms"],
+                backoff=net.Backoff(settings["retry.backoff.ms"], settings["retry.backoff.max.ms"]),
+                enable_auto_commit=settings["enable.auto.commit"],
+                auto_commit_interval_ms=settings["auto.commit.interval.ms"],
+                metadata_max_age_ms=settings["metadata.max.age.ms"],
+                assign_partitions=lambda tps: self._fetcher.assign(tps, initial_reset=COMMITTED),
+                positions=self._positions, wakeup=self._fetcher.wakeup)
+        self._manually_assigned = False
         self._closed = False
 
     @property
@@ -151,30 +197,148 @@ class Consumer:
         if self._closed:
             raise RuntimeError("this consumer is closed")
 
-    # ---- assignment ----------------------------------------------------------------------
+    # ---- assignment and subscription -----------------------------------------------------
 
     def assign(self, partitions: Iterable) -> None:
-        """Read exactly these partitions (replacing any earlier assignment)."""
+        """Read exactly these partitions (replacing any earlier assignment). With a group_id,
+        positions start at the group's committed offsets and commits carry no generation."""
         self._check_open()
-        self._fetcher.assign([_as_tp(tp) for tp in partitions])
+        if self._group is not None and self._group.subscribed:
+            raise RuntimeError("this consumer is subscribed: subscribe() and assign() exclude each other; "
+                               "call unsubscribe() first")
+        tps = [_as_tp(tp) for tp in partitions]
+        self._fetcher.assign(tps, initial_reset=COMMITTED if self._group is not None else None)
+        self._manually_assigned = bool(tps)
 
     def assignment(self) -> set[TopicPartition]:
         return set(self._fetcher.states)
 
-    def unsubscribe(self) -> None:
-        self._fetcher.assign([])
-
     def subscribe(self, topics, listener=None) -> None:
-        raise NotImplementedError(GROUPS_NOT_YET)
+        """Join the group (group_id) for `topics`: a list of topic names, or a compiled regular
+        expression (`re.compile("orders-.*")`) matched in full against the cluster's topics,
+        again every metadata.max.age.ms. `listener` may have on_partitions_revoked(partitions),
+        on_partitions_assigned(partitions) and on_partitions_lost(partitions), called from
+        poll() (eager protocol: everything is revoked before each rebalance; lost means the
+        generation was gone, so commits were no longer possible). An empty list unsubscribes."""
+        self._check_open()
+        group = self._require_group("subscribe()")
+        if self._manually_assigned:
+            raise RuntimeError("this consumer has a manual assignment: subscribe() and assign() exclude each "
+                               "other; call unsubscribe() first")
+        if listener is not None:
+            for name in ("on_partitions_revoked", "on_partitions_assigned"):
+                if not callable(getattr(listener, name, None)):
+                    raise TypeError(f"the rebalance listener must have a callable {name}(partitions)")
+        if isinstance(topics, re.Pattern):
+            group.subscribe(pattern=topics, listener=listener)
+            return
+        if isinstance(topics, (str, bytes)) or not isinstance(topics, Iterable):
+            raise TypeError(f"subscribe() takes a list of topic names or a compiled re pattern, got {topics!r}")
+        names = list(topics)
+        for name in names:
+            if not isinstance(name, str) or not name:
+                raise TypeError(f"topic names are non-empty strings, got {name!r}")
+        if not names:
+            self.unsubscribe()
+            return
+        group.subscribe(topics=names, listener=listener)
 
-    def commit(self, offsets=None) -> None:
-        raise NotImplementedError(GROUPS_NOT_YET)
+    def subscription(self) -> set[str]:
+        """The topics subscribed to (for a pattern: those it matches now)."""
+        return self._group.subscription if self._group is not None else set()
 
-    def committed(self, partitions) -> dict:
-        raise NotImplementedError(GROUPS_NOT_YET)
+    def unsubscribe(self) -> None:
+        """Drop the subscription (revoking the partitions, leaving the group) or the manual
+        assignment."""
+        self._check_open()
+        if self._group is not None and self._group.subscribed:
+            self._group.unsubscribe()
+        self._fetcher.assign([])
+        self._manually_assigned = False
 
-    def group_metadata(self):
-        raise NotImplementedError(GROUPS_NOT_YET)
+    def _require_group(self, what: str) -> ConsumerCoordinator:
+        if self._group is None:
+            raise EosError(f"{what} needs a consumer group: construct the Consumer with group_id=...",
+                           ErrorCode.INVALID_GROUP_ID)
+        return self._group
+
+    def group_metadata(self) -> ConsumerGroupMetadata:
+        """group_id, generation_id, member_id and group_instance_id of this member now, for
+        Producer.send_offsets_to_transaction (KIP-447: a stale generation is fenced)."""
+        self._check_open()
+        return self._require_group("group_metadata()").group_metadata()
+
+    # ---- offsets of the group --------------------------------------------------------------
+
+    def _positions(self) -> dict[TopicPartition, int]:
+        return {tp: s.position for tp, s in self._fetcher.states.items() if s.position is not None}
+
+    def _offsets_to_commit(self, offsets) -> dict[TopicPartition, OffsetAndMetadata]:
+        if offsets is None:
+            return {tp: OffsetAndMetadata(o) for tp, o in self._positions().items()}
+        result = {}
+        for tp, value in dict(offsets).items():
+            if isinstance(value, OffsetAndMetadata):
+                om = value
+            elif isinstance(value, tuple) and len(value) == 2:
+                om = OffsetAndMetadata(*value)
+            else:
+                om = OffsetAndMetadata(value)
+            if isinstance(om.offset, bool) or not isinstance(om.offset, int) or om.offset < 0:
+                raise ValueError(f"the offset to commit for {tp} must be a non-negative int, got {om.offset!r}")
+            if not isinstance(om.metadata, str):
+                raise ValueError(f"the commit metadata for {tp} must be a str, got {om.metadata!r}")
+            result[_as_tp(tp)] = om
+        return result
+
+    def commit(self, offsets=None, asynchronous: bool = False, *, timeout_ms: int | None = None) -> None:
+        """Commit `offsets` ({tp: offset of the next record to read}, or OffsetAndMetadata
+        values), by default the current position of every assigned partition. Synchronous
+        commits retry coordinator errors up to `timeout_ms` (default.api.timeout.ms) and raise
+        CommitFailedError when the group rebalanced away from this member."""
+        self._check_open()
+        group = self._require_group("commit()")
+        to_commit = self._offsets_to_commit(offsets)
+        if asynchronous:
+            group.commit_async(to_commit)
+            return
+        group.commit_sync(to_commit, timeout_ms if timeout_ms is not None else self._default_api_timeout_ms)
+
+    def commit_async(self, callback=None, offsets=None) -> None:
+        """Commit without waiting; `callback(offsets, error_or_None)` runs in a later poll(),
+        commit() or close() on this thread."""
+        self._check_open()
+        self._require_group("commit_async()").commit_async(self._offsets_to_commit(offsets), callback)
+
+    def committed(self, partitions, timeout_ms: int | None = None) -> dict[TopicPartition, int | None]:
+        """The group's committed offset of each partition (None: nothing committed). Asks with
+        require_stable and waits out (with backoff, up to `timeout_ms`) a transactional commit
+        still pending, as exactly-once copiers need."""
+        self._check_open()
+        group = self._require_group("committed()")
+        if isinstance(partitions, TopicPartition):
+            partitions = [partitions]
+        return group.fetch_committed([_as_tp(tp) for tp in partitions],
+                                     timeout_ms if timeout_ms is not None else self._default_api_timeout_ms)
+
+    def _positions_from_committed(self, timeout_ms: int, *, raise_on_timeout: bool) -> None:
+        """Give partitions awaiting their committed offset a position (or hand them to
+        auto.offset.reset when the group has none)."""
+        if self._group is None:
+            return
+        states = self._fetcher.states
+        pending = [tp for tp, s in states.items() if s.position is None and s.reset_strategy == COMMITTED]
+        if not pending:
+            return
+        committed = self._group.fetch_committed(pending, timeout_ms, raise_on_timeout=raise_on_timeout)
+        for tp, offset in (committed or {}).items():
+            state = states.get(tp)
+            if state is None or state.position is not None or state.reset_strategy != COMMITTED:
+                continue   # re-assigned or sought meanwhile
+            if offset is None:
+                state.reset_strategy = None
+            else:
+                state.seek(offset)
 
     # ---- positions -----------------------------------------------------------------------
 
@@ -207,7 +371,9 @@ class Consumer:
         self._check_open()
         state = self._fetcher.state(_as_tp(tp))
         if state.position is None:
-            self._fetcher.reset_positions(timeout_ms if timeout_ms is not None else self._default_api_timeout_ms)
+            timeout_ms = timeout_ms if timeout_ms is not None else self._default_api_timeout_ms
+            self._positions_from_committed(timeout_ms, raise_on_timeout=True)
+            self._fetcher.reset_positions(timeout_ms)
         if state.position is None:
             raise EosError(f"no position for {tp} after the reset")
         return state.position
@@ -244,8 +410,19 @@ class Consumer:
         elif max_records < 1:
             raise ValueError(f"max_records must be at least 1, got {max_records}")
         fetcher = self._fetcher
+        group = self._group
         deadline = time.monotonic() + max(0, timeout_ms) / 1000
         while True:
+            if group is not None:
+                fetcher.wakeup.clear()
+                group.poll(int(deadline * 1000))
+                if not group.ready():
+                    # A rebalance in progress: its RPCs finish in the background and wake us.
+                    remaining_s = deadline - time.monotonic()
+                    if remaining_s <= 0:
+                        return []
+                    fetcher.wakeup.wait(min(remaining_s, GROUP_WAIT_S))
+                    continue
             fetcher.handle_arrivals()
             records = fetcher.collect(max_records)
             if records:
@@ -257,6 +434,7 @@ class Consumer:
                 # Within the poll's time (at least a second, so that poll(0) can finish a
                 # reset against a live broker); a broker that is away is tried again later.
                 try:
+                    self._positions_from_committed(max(remaining_ms, RESET_BUDGET_MIN_MS), raise_on_timeout=False)
                     fetcher.reset_positions(max(remaining_ms, RESET_BUDGET_MIN_MS))
                 except EosError as exc:
                     if not exc.retriable:
@@ -271,6 +449,8 @@ class Consumer:
                 return []
             if fetcher._arrived:
                 continue
+            if group is not None and not group.ready():
+                continue   # the heartbeat thread asked for a rejoin (its wakeup may be cleared above)
             # Wait for a Fetch to finish, or (nothing in flight: leaders unknown, backing
             # off) a short while before trying again.
             wait_s = remaining_ms / 1000 if fetcher.has_in_flight else min(remaining_ms / 1000, 0.05)
@@ -278,12 +458,18 @@ class Consumer:
 
     # ---- shutdown ------------------------------------------------------------------------
 
-    def close(self) -> None:
+    def close(self, timeout_ms: int | None = None) -> None:
+        """Commit (enable.auto.commit), revoke, leave the group (a static member stays until
+        its session times out), and release everything; bounded by `timeout_ms` (30 s)."""
         if self._closed:
             return
         self._closed = True
-        self._fetcher.close()
-        self._metadata.close()
+        try:
+            if self._group is not None:
+                self._group.close(timeout_ms if timeout_ms is not None else CLOSE_TIMEOUT_MS)
+        finally:
+            self._fetcher.close()
+            self._metadata.close()
 
     def __enter__(self) -> Consumer:
         return self

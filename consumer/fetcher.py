@@ -64,6 +64,10 @@ CONTROL_TYPE_ABORT = 0
 BUFFERED_RESPONSES_MAX = 2
 
 OFFSET_RESET_STRATEGIES = ("earliest", "latest", "none")
+# The reset strategy of a partition a group consumer was just assigned: its position is the
+# group's committed offset, looked up by the consumer (it owns the group client); a partition
+# without one falls back to auto.offset.reset.
+COMMITTED = "committed"
 
 
 class NoOffsetForPartitionError(OffsetOutOfRangeError):
@@ -78,7 +82,7 @@ class PartitionState:
     def __init__(self, tp: TopicPartition):
         self.tp = tp
         self.position: int | None = None        # next offset to hand out; None: to be reset
-        self.reset_strategy: str | None = None  # an explicit seek_to_beginning/end pending
+        self.reset_strategy: str | None = None  # seek_to_beginning/end or COMMITTED pending
         self.fetch_offset: int | None = None    # where the next Fetch starts
         self.fetch_epoch = 0
         self.buffered = 0                       # responses received and not yet consumed
@@ -155,14 +159,17 @@ class Fetcher:
 
     # ---- assignment ----------------------------------------------------------------------
 
-    def assign(self, partitions: list[TopicPartition]) -> None:
+    def assign(self, partitions: list[TopicPartition], initial_reset: str | None = None) -> None:
+        """Fetch exactly these partitions. New ones start without a position, to be reset by
+        `initial_reset` (COMMITTED for a group consumer) or else auto.offset.reset."""
         wanted = dict.fromkeys(partitions)
         for tp in list(self.states):
             if tp not in wanted:
                 del self.states[tp]
         for tp in wanted:
             if tp not in self.states:
-                self.states[tp] = PartitionState(tp)
+                state = self.states[tp] = PartitionState(tp)
+                state.reset_strategy = initial_reset
         self._ready = collections.deque(r for r in self._ready if r.tp in self.states)
 
     def state(self, tp: TopicPartition) -> PartitionState:
@@ -257,6 +264,8 @@ class Fetcher:
             if state.position is not None:
                 continue
             strategy = state.reset_strategy or self.auto_offset_reset
+            if strategy == COMMITTED:
+                continue   # the consumer looks the committed offset up first (it owns the group)
             if strategy == "none":
                 raise NoOffsetForPartitionError(
                     f"no position for {tp.topic}-{tp.partition} and auto.offset.reset is none")

@@ -1,0 +1,1130 @@
+"""Consumer groups, the member's side: Kafka's classic group protocol (JoinGroup, SyncGroup,
+Heartbeat, LeaveGroup) and committed offsets (OffsetCommit, OffsetFetch).
+
+Theory of operation
+-------------------
+`ConsumerCoordinator` is the member's half of the protocol whose other half is
+`broker/group`. Like Kafka's ConsumerCoordinator it is driven from two threads:
+
+- The application's thread, inside `Consumer.poll()` (`poll()` here). It finds the group's
+  coordinator, starts a rebalance when one is needed (eager protocol: commit if auto-commit
+  is on, `on_partitions_revoked` with everything owned, then JoinGroup), advances it as its
+  RPCs finish (JoinGroup; the leader assigns with the chosen assignor; SyncGroup; the new
+  assignment goes to the fetcher, then `on_partitions_assigned`), commits automatically
+  every auto.commit.interval.ms, runs the callbacks of asynchronous commits, and every
+  metadata.max.age.ms looks at the topics: a pattern subscription that now matches other
+  topics, or (leader only) a topic of the group whose partition count differs from the one
+  the assignment was made with, asks for a rejoin. JoinGroup and SyncGroup travel as gRPC
+  futures, so `poll(timeout_ms)` never blocks longer than its timeout on a rebalance; the
+  next poll picks the answer up. The fetcher and the listener are only ever touched here.
+- The heartbeat thread. While the member has a generation (SYNCING or STABLE) it sends a
+  Heartbeat every heartbeat.interval.ms. REBALANCE_IN_PROGRESS asks for a rejoin;
+  ILLEGAL_GENERATION and UNKNOWN_MEMBER_ID drop the generation (the partitions are lost);
+  FENCED_INSTANCE_ID is fatal (the next poll raises it). It also watches the application:
+  when poll() has not been called for max.poll.interval.ms the member leaves the group (a
+  dynamic member sends LeaveGroup), so its partitions go to members that still work; the
+  next poll rejoins.
+
+Member state (`_lock` guards it and everything the two threads share; no RPC is made while
+holding it):
+
+    UNJOINED --poll--> JOINING --JoinGroup ok--> SYNCING --SyncGroup ok--> STABLE
+    STABLE --rejoin asked (heartbeat, metadata, subscribe)--> (poll revokes) JOINING
+    SYNCING | STABLE --ILLEGAL_GENERATION | UNKNOWN_MEMBER_ID | poll timeout--> UNJOINED
+
+A member leaving STABLE for UNJOINED has lost its partitions: the next poll calls
+`on_partitions_lost` (or, when the listener has none, `on_partitions_revoked`, as Kafka's
+default does) and commits nothing, since its generation is gone.
+
+Subscription metadata (Kafka's ConsumerProtocol, consumer/assignors.py): the subscribed
+topics and, for the sticky assignor only, the partitions owned in the last generation with
+that generation's id. (The eager protocol revokes everything before rejoining; Kafka's
+eager sticky assignor therefore carries the previous assignment in its user data, ours
+reads it from owned_partitions.) For range and roundrobin the metadata holds only the
+topics, so a restarted static member sends the same bytes and the coordinator gives it its
+old assignment back without a rebalance.
+
+Static membership (group.instance.id): close() and a missed poll interval do not send
+LeaveGroup, so a member restarted within session.timeout.ms keeps its partitions.
+FENCED_INSTANCE_ID (another process took over the instance id) is fatal.
+
+Offsets: `commit_sync` retries coordinator errors until its deadline. ILLEGAL_GENERATION,
+UNKNOWN_MEMBER_ID and REBALANCE_IN_PROGRESS raise CommitFailedError: the group moved on, and
+the records since the last successful commit will be delivered again to whoever owns the
+partitions now. `fetch_committed` asks with require_stable (KIP-447) and retries
+UNSTABLE_OFFSET_COMMIT with backoff: a read-process-write copier must not start from an
+offset whose transaction is still open.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import enum
+import logging
+import re
+import threading
+from typing import Callable, Iterable, Mapping, NamedTuple
+
+import grpc
+
+from consumer.assignors import (
+    CONSUMER_PROTOCOL_TYPE,
+    DEFAULT_GENERATION,
+    Assignment,
+    Subscription,
+    assignor_for,
+    decode_assignment,
+    decode_subscription,
+    encode_assignment,
+    encode_subscription,
+)
+from eos import net
+from eos.errors import EosError, ErrorCode, InvariantError, Reaction, error_for, reaction_for
+from eos.types import TopicPartition
+from eos.v1 import common_pb2, group_pb2, group_pb2_grpc
+
+log = logging.getLogger("eos.consumer.group")
+
+__all__ = ["ConsumerCoordinator", "ConsumerGroupMetadata", "OffsetAndMetadata", "CommitFailedError",
+           "FencedInstanceIdError", "MemberState", "CLIENT_ID_METADATA_KEY", "NO_GENERATION", "NO_MEMBER_ID"]
+
+NO_GENERATION = -1
+NO_MEMBER_ID = ""
+CLIENT_ID_METADATA_KEY = "client-id"    # the gRPC metadata key the coordinator reads (Kafka's header field)
+JOIN_TIMEOUT_MARGIN_MS = 5_000          # JoinGroup/SyncGroup wait the rebalance timeout plus this (Kafka's)
+LEAVE_TIMEOUT_MS = 5_000                # a LeaveGroup on close or poll timeout is best effort
+HEARTBEAT_IDLE_WAIT_S = 1.0             # the heartbeat thread looks at the state at least this often
+REBALANCE_STEPS_MAX = 8                 # state changes one poll() makes at most before returning
+
+_COORDINATOR_MOVED = {ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE}
+_SPECIAL_ASSIGNOR_NAMES = {"rangeassignor": "range", "roundrobinassignor": "roundrobin",
+                           "stickyassignor": "sticky"}
+
+
+# ---- values handed to applications -------------------------------------------------------------
+
+class ConsumerGroupMetadata(NamedTuple):
+    """The consumer's group membership, as a transactional producer passes it to
+    TxnOffsetCommit (KIP-447) so that a zombie member's offsets are fenced."""
+
+    group_id: str
+    generation_id: int = NO_GENERATION
+    member_id: str = NO_MEMBER_ID
+    group_instance_id: str | None = None
+
+
+class OffsetAndMetadata(NamedTuple):
+    """An offset to commit (the offset of the next record to read) and its metadata string."""
+
+    offset: int
+    metadata: str = ""
+
+
+class CommitFailedError(EosError):
+    """The group rebalanced (or this member left it) before the commit: the partitions may
+    belong to another member now. `code` says why (ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID,
+    REBALANCE_IN_PROGRESS)."""
+
+    code = ErrorCode.ILLEGAL_GENERATION
+
+
+class FencedInstanceIdError(EosError):
+    """Another consumer joined with this group.instance.id: this one is fenced for good."""
+
+    code = ErrorCode.FENCED_INSTANCE_ID
+
+
+class MemberState(enum.Enum):
+    UNJOINED = "unjoined"
+    JOINING = "joining"
+    SYNCING = "syncing"
+    STABLE = "stable"
+
+
+def assignor_names(name: str, value) -> tuple[str, ...]:
+    """partition.assignment.strategy: a list or a comma-separated string of assignor names
+    ("range", "roundrobin", "sticky"; Kafka's class names are accepted too)."""
+    items = value.split(",") if isinstance(value, str) else value
+    try:
+        raw = [str(item).strip() for item in items]
+    except TypeError:
+        raise ValueError(f"{name} must be a list of assignor names, got {value!r}") from None
+    names = []
+    for item in raw:
+        if not item:
+            continue
+        short = item.rsplit(".", 1)[-1]
+        short = _SPECIAL_ASSIGNOR_NAMES.get(short.lower(), short)
+        assignor_for(short)   # raises ValueError naming the known ones
+        if short not in names:
+            names.append(short)
+    if not names:
+        raise ValueError(f"{name} names no assignor")
+    return tuple(names)
+
+
+# ---- the coordinator client ----------------------------------------------------------------------
+
+class _Call(NamedTuple):
+    kind: str                  # "join" | "sync"
+    future: object             # a grpc future
+    generation_id: int         # for "sync": the generation the JoinGroup gave
+    member_id: str
+
+
+class _CommitDone(NamedTuple):
+    """A finished (or refused) asynchronous commit, waiting for its callback to run."""
+
+    callback: object | None
+    offsets: dict
+    error: EosError | None = None
+    future: object | None = None      # the OffsetCommit call, read on the application's thread
+    generation_id: int = NO_GENERATION
+
+
+class _Subscription(NamedTuple):
+    topics: frozenset          # the topics subscribed (for a pattern: those it matches now)
+    pattern: re.Pattern | None
+    listener: object | None
+
+
+class ConsumerCoordinator:
+    """The consumer's group membership and committed offsets (see the module docstring).
+
+    `assign_partitions(list)` hands an assignment to the fetcher; `positions()` answers the
+    current position of each assigned partition (what a default commit commits). Both are
+    called on the application's thread only."""
+
+    def __init__(self, metadata: net.ClusterMetadata, *, group_id: str, group_instance_id: str | None,
+                 client_id: str, assignors: Iterable[str] = ("range",), session_timeout_ms: int = 45_000,
+                 heartbeat_interval_ms: int = 3_000, max_poll_interval_ms: int = 300_000,
+                 request_timeout_ms: int = 30_000, backoff: net.Backoff | None = None,
+                 enable_auto_commit: bool = False, auto_commit_interval_ms: int = 5_000,
+                 metadata_max_age_ms: int = 300_000,
+                 assign_partitions: Callable[[list[TopicPartition]], None],
+                 positions: Callable[[], dict[TopicPartition, int]],
+                 wakeup: threading.Event | None = None, clock: Callable[[], int] = net.now_ms,
+                 stub_for: Callable[[str], object] | None = None, start_heartbeat_thread: bool = True):
+        if not group_id:
+            raise ValueError("group.id must be a non-empty string")
+        if heartbeat_interval_ms >= session_timeout_ms:
+            raise ValueError(f"heartbeat.interval.ms ({heartbeat_interval_ms}) must be lower than "
+                             f"session.timeout.ms ({session_timeout_ms})")
+        self.group_id = group_id
+        self.group_instance_id = group_instance_id or None
+        self.client_id = client_id
+        self.assignors = tuple(assignors)
+        for name in self.assignors:
+            assignor_for(name)
+        self.session_timeout_ms = session_timeout_ms
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self.max_poll_interval_ms = max_poll_interval_ms
+        self.request_timeout_ms = request_timeout_ms
+        self.enable_auto_commit = enable_auto_commit
+        self.auto_commit_interval_ms = auto_commit_interval_ms
+        self.metadata_max_age_ms = metadata_max_age_ms
+        self._metadata = metadata
+        self._backoff = backoff or net.Backoff(100, 1000)
+        self._assign_partitions = assign_partitions
+        self._positions = positions
+        self.wakeup = wakeup or threading.Event()
+        self._clock = clock
+        self._stub_for = stub_for or (lambda address: group_pb2_grpc.GroupCoordinatorStub(metadata.channel(address)))
+        self._start_heartbeat_thread = start_heartbeat_thread
+        self._call_metadata = ((CLIENT_ID_METADATA_KEY, client_id),) if client_id else ()
+
+        # Shared with the heartbeat thread (under _lock).
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._state = MemberState.UNJOINED
+        self._generation_id = NO_GENERATION
+        self._member_id = NO_MEMBER_ID
+        self._protocol: str | None = None
+        self._rejoin_needed = True
+        self._fatal: EosError | None = None
+        self._coordinator: str | None = None       # address of the group's coordinator
+        self._last_poll_ms = clock()
+        self._last_heartbeat_sent_ms = 0
+        self._last_heartbeat_ok_ms = 0
+        self._heartbeat_retry_at_ms = 0
+        self._closed = False
+        self._heartbeat_thread: threading.Thread | None = None
+
+        # Application thread only.
+        self._subscription: _Subscription | None = None
+        self._join_call: _Call | None = None
+        self._join_retry_at_ms = 0
+        self._join_attempts = 0
+        self._needs_join_prepare = True
+        self._owned: list[TopicPartition] = []               # the assignment handed to the fetcher
+        self._sticky_owned: list[TopicPartition] = []        # claimed in the next join (sticky only)
+        self._owned_generation = DEFAULT_GENERATION          # the generation they were assigned in
+        self._leader_topics: frozenset | None = None          # leader: every topic of the group
+        self._assignment_snapshot: dict[str, int] | None = None   # leader: partition counts assigned with
+        self._next_metadata_check_ms = 0
+        self._next_auto_commit_ms = clock() + auto_commit_interval_ms
+        self._completed_commits: collections.deque = collections.deque()   # from gRPC threads
+        self._async_commits_in_flight = 0
+
+    # ---- what others read ----------------------------------------------------------------------
+
+    @property
+    def state(self) -> MemberState:
+        return self._state
+
+    @property
+    def subscribed(self) -> bool:
+        return self._subscription is not None
+
+    @property
+    def subscription(self) -> set[str]:
+        return set(self._subscription.topics) if self._subscription is not None else set()
+
+    def group_metadata(self) -> ConsumerGroupMetadata:
+        with self._lock:
+            return ConsumerGroupMetadata(self.group_id, self._generation_id, self._member_id, self.group_instance_id)
+
+    def ready(self) -> bool:
+        """True when the member may fetch: not subscribed, or STABLE with its assignment handed
+        out (and no rejoin asked that poll has yet to start)."""
+        if self._subscription is None:
+            return True
+        with self._lock:
+            return self._state is MemberState.STABLE and not self._needs_join_prepare_now()
+
+    def _needs_join_prepare_now(self) -> bool:
+        return self._rejoin_needed or self._state is MemberState.UNJOINED
+
+    # ---- subscription --------------------------------------------------------------------------
+
+    def subscribe(self, topics: Iterable[str] | None = None, pattern: re.Pattern | None = None,
+                  listener=None) -> None:
+        if (topics is None) == (pattern is None):
+            raise InvariantError("subscribe takes topics or a pattern")
+        current = self._subscription
+        if pattern is not None:
+            # Resolved against the cluster's topics at the next poll.
+            keep = current.topics if current is not None and current.pattern == pattern else frozenset()
+            self._subscription = _Subscription(keep, pattern, listener)
+            self._next_metadata_check_ms = 0
+        else:
+            self._subscription = _Subscription(frozenset(topics), None, listener)
+        if current is None or current.topics != self._subscription.topics or pattern is not None:
+            self._request_rejoin("the subscription changed")
+
+    def _request_rejoin(self, reason: str) -> None:
+        with self._lock:
+            if not self._rejoin_needed:
+                log.info("group %s: rejoin requested: %s", self.group_id, reason)
+            self._rejoin_needed = True
+        self.wakeup.set()
+
+    def unsubscribe(self) -> None:
+        """Give up the subscription: revoke (the listener hears it), leave the group."""
+        if self._subscription is None:
+            return
+        try:
+            self._revoke_or_lose()
+        finally:
+            self._leave_group("the consumer unsubscribed")
+            self._subscription = None
+            self._cancel_join_call()
+
+    # ---- the application's thread: poll -----------------------------------------------------
+
+    def poll(self, deadline_ms: int) -> None:
+        """One step of the group protocol (see the module docstring); raises a fatal error."""
+        now = self._clock()
+        with self._lock:
+            self._last_poll_ms = now
+            fatal = self._fatal
+        if fatal is not None:
+            raise fatal
+        self._run_commit_callbacks()
+        if self._subscription is not None:
+            if self._coordinator is None and not self._find_coordinator(deadline_ms):
+                return
+            self._maybe_check_metadata(now)
+            self._advance_rebalance()
+        self._maybe_auto_commit(now)
+        with self._lock:
+            fatal = self._fatal
+        if fatal is not None:
+            raise fatal
+
+    def _advance_rebalance(self) -> None:
+        for _ in range(REBALANCE_STEPS_MAX):
+            call = self._join_call
+            if call is not None:
+                if not call.future.done():
+                    return
+                self._join_call = None
+                if call.kind == "join":
+                    self._handle_join(call)
+                else:
+                    self._handle_sync(call)
+                continue
+            with self._lock:
+                needed = self._needs_join_prepare_now()
+            if not needed or self._fatal is not None or self._clock() < self._join_retry_at_ms:
+                return
+            if self._coordinator is None:
+                return
+            if self._needs_join_prepare:
+                self._on_join_prepare()
+            self._send_join()
+
+    def _on_join_prepare(self) -> None:
+        """Eager protocol: commit (auto-commit), then give up everything before rejoining."""
+        with self._lock:
+            generation_valid = self._state is MemberState.STABLE
+        if generation_valid and self.enable_auto_commit and self._owned:
+            self._auto_commit_sync("before rejoining")
+        self._needs_join_prepare = False
+        self._revoke_or_lose()
+
+    def _revoke_or_lose(self) -> None:
+        owned, self._owned = self._owned, []
+        with self._lock:
+            generation_valid = self._state is MemberState.STABLE
+            self._assignment_snapshot = None
+            self._leader_topics = None
+        self._assign_partitions([])
+        if not generation_valid:
+            # Lost, not revoked: another member may own them now, so they are not claimed.
+            self._sticky_owned, self._owned_generation = [], DEFAULT_GENERATION
+        if not owned:
+            return
+        listener = self._subscription.listener if self._subscription is not None else None
+        if listener is None:
+            return
+        if not generation_valid and hasattr(listener, "on_partitions_lost"):
+            listener.on_partitions_lost(list(owned))
+        else:
+            listener.on_partitions_revoked(list(owned))
+
+    def _subscription_bytes(self, assignor: str) -> bytes:
+        topics = tuple(sorted(self._subscription.topics))
+        if assignor == "sticky":
+            return encode_subscription(Subscription(topics, owned_partitions=tuple(self._sticky_owned),
+                                                    generation_id=self._owned_generation))
+        return encode_subscription(Subscription(topics))
+
+    def _send_join(self) -> None:
+        with self._lock:
+            self._state = MemberState.JOINING
+            member_id = self._member_id
+            address = self._coordinator
+        if address is None:
+            return
+        request = group_pb2.JoinGroupRequest(
+            group_id=self.group_id, session_timeout_ms=self.session_timeout_ms,
+            rebalance_timeout_ms=self.max_poll_interval_ms, member_id=member_id,
+            group_instance_id=self.group_instance_id or "", protocol_type=CONSUMER_PROTOCOL_TYPE,
+            protocols=[group_pb2.GroupProtocol(name=name, metadata=self._subscription_bytes(name))
+                       for name in self.assignors])
+        future = self._stub_for(address).JoinGroup.future(
+            request, timeout=(self.max_poll_interval_ms + JOIN_TIMEOUT_MARGIN_MS) / 1000,
+            metadata=self._call_metadata)
+        self._join_call = _Call("join", future, NO_GENERATION, member_id)
+        future.add_done_callback(lambda _f: self.wakeup.set())
+
+    def _call_result(self, call: _Call, what: str):
+        """The response of a finished call, or None after a transport failure (handled here)."""
+        try:
+            return call.future.result()
+        except grpc.FutureCancelledError:
+            return None
+        except grpc.RpcError as exc:
+            error = net.error_from_rpc(exc, f"{what} of group {self.group_id}")
+            log.info("%s", error)
+            self._retry_join_later(coordinator_moved=True)
+            return None
+
+    def _retry_join_later(self, *, coordinator_moved: bool = False) -> None:
+        self._join_attempts += 1
+        self._join_retry_at_ms = self._clock() + self._backoff.delay_ms(self._join_attempts)
+        with self._lock:
+            self._state = MemberState.UNJOINED
+            self._rejoin_needed = True
+            if coordinator_moved:
+                self._coordinator = None
+
+    def _handle_join(self, call: _Call) -> None:
+        response = self._call_result(call, "JoinGroup")
+        if response is None:
+            return
+        code = response.error_code
+        if code == ErrorCode.NONE:
+            with self._lock:
+                if self._state is not MemberState.JOINING:
+                    return   # closed or reset meanwhile
+                self._generation_id = response.generation_id
+                self._member_id = response.member_id
+                self._protocol = response.protocol_name
+                self._state = MemberState.SYNCING
+                self._rejoin_needed = False
+                now = self._clock()
+                self._last_heartbeat_ok_ms = now
+                self._last_heartbeat_sent_ms = now
+                self._cond.notify_all()
+            self._join_attempts = 0
+            self._ensure_heartbeat_thread()
+            assignments: Mapping[str, bytes] = {}
+            if response.leader == response.member_id:
+                assignments = self._assign_as_leader(response.protocol_name, response.members,
+                                                     response.skip_assignment)
+            self._send_sync(response.generation_id, response.member_id, assignments)
+            return
+        self._on_join_or_sync_error("JoinGroup", code, response.error_message, response.member_id)
+
+    def _on_join_or_sync_error(self, what: str, code: int, message: str, member_id_given: str = "") -> None:
+        code = ErrorCode(code)
+        log.info("group %s: %s answered %s: %s", self.group_id, what, code.name, message)
+        if code is ErrorCode.MEMBER_ID_REQUIRED:
+            # KIP-394: rejoin at once with the id the coordinator handed out.
+            with self._lock:
+                self._member_id = member_id_given
+                self._state = MemberState.UNJOINED
+                self._rejoin_needed = True
+            return
+        if code is ErrorCode.UNKNOWN_MEMBER_ID:
+            self._reset_generation(reset_member_id=True)
+            return
+        if code in (ErrorCode.ILLEGAL_GENERATION, ErrorCode.REBALANCE_IN_PROGRESS):
+            self._reset_generation(reset_member_id=False)
+            return
+        if code is ErrorCode.FENCED_INSTANCE_ID:
+            self._set_fatal(FencedInstanceIdError(
+                f"group {self.group_id}: group.instance.id {self.group_instance_id!r} was taken over by "
+                f"another consumer ({message})"))
+            return
+        if code in _COORDINATOR_MOVED:
+            self._retry_join_later(coordinator_moved=True)
+            return
+        if reaction_for(code) is Reaction.RETRY:
+            self._retry_join_later()
+            return
+        # INVALID_SESSION_TIMEOUT, INCONSISTENT_GROUP_PROTOCOL, GROUP_MAX_SIZE_REACHED, ...:
+        # configuration the application must fix.
+        self._set_fatal(error_for(code, f"group {self.group_id}: {what} refused: {message or code.name}"))
+
+    def _set_fatal(self, error: EosError) -> None:
+        with self._lock:
+            if self._fatal is None:
+                self._fatal = error
+            self._state = MemberState.UNJOINED
+            self._cond.notify_all()
+        self.wakeup.set()
+
+    def _reset_generation(self, *, reset_member_id: bool) -> None:
+        with self._lock:
+            self._reset_generation_locked(reset_member_id)
+        self.wakeup.set()
+
+    def _reset_generation_locked(self, reset_member_id: bool) -> None:
+        self._generation_id = NO_GENERATION
+        self._protocol = None
+        if reset_member_id:
+            self._member_id = NO_MEMBER_ID
+        self._state = MemberState.UNJOINED
+        self._rejoin_needed = True
+        self._cond.notify_all()
+
+    def _assign_as_leader(self, protocol: str, members, skip_assignment: bool) -> dict[str, bytes]:
+        subscriptions: dict[str, Subscription] = {}
+        for m in members:
+            try:
+                sub = decode_subscription(m.metadata)
+            except ValueError as exc:
+                log.warning("group %s: member %s sent a subscription that does not decode (%s); it gets "
+                            "nothing", self.group_id, m.member_id, exc)
+                sub = Subscription(())
+            subscriptions[m.member_id] = dataclasses.replace(sub, group_instance_id=m.group_instance_id or None)
+        topics = frozenset(t for s in subscriptions.values() for t in s.topics)
+        counts = self._partition_counts(topics)
+        self._leader_topics = topics
+        self._assignment_snapshot = counts
+        if skip_assignment:
+            # A static leader that restarted: the coordinator keeps the current assignment.
+            return {}
+        plan = assignor_for(protocol).assign(counts, subscriptions)
+        log.info("group %s: leader assigned %s with %s", self.group_id,
+                 {m: len(tps) for m, tps in plan.items()}, protocol)
+        return {m: encode_assignment(Assignment(tuple(tps))) for m, tps in plan.items()}
+
+    def _partition_counts(self, topics: Iterable[str]) -> dict[str, int]:
+        names = sorted(topics)
+        if names:
+            try:
+                self._metadata.fetch(names)
+            except EosError as exc:
+                log.info("group %s: metadata refresh failed (%s); assigning with what is known", self.group_id, exc)
+        counts = {}
+        for name in names:
+            count = self._metadata.partition_count(name)
+            if count is not None:
+                counts[name] = count
+        return counts
+
+    def _send_sync(self, generation_id: int, member_id: str, assignments: Mapping[str, bytes]) -> None:
+        with self._lock:
+            address = self._coordinator
+        if address is None:
+            self._retry_join_later()
+            return
+        request = group_pb2.SyncGroupRequest(
+            group_id=self.group_id, generation_id=generation_id, member_id=member_id,
+            group_instance_id=self.group_instance_id or "",
+            assignments=[group_pb2.SyncGroupAssignment(member_id=m, assignment=a)
+                         for m, a in sorted(assignments.items())])
+        future = self._stub_for(address).SyncGroup.future(
+            request, timeout=(self.max_poll_interval_ms + JOIN_TIMEOUT_MARGIN_MS) / 1000,
+            metadata=self._call_metadata)
+        self._join_call = _Call("sync", future, generation_id, member_id)
+        future.add_done_callback(lambda _f: self.wakeup.set())
+
+    def _handle_sync(self, call: _Call) -> None:
+        response = self._call_result(call, "SyncGroup")
+        if response is None:
+            return
+        code = response.error_code
+        if code != ErrorCode.NONE:
+            with self._lock:
+                current = self._generation_id == call.generation_id and self._state is MemberState.SYNCING
+            if current:
+                self._on_join_or_sync_error("SyncGroup", code, response.error_message, call.member_id)
+            return
+        try:
+            assignment = decode_assignment(response.assignment) if response.assignment else Assignment(())
+        except ValueError as exc:
+            self._set_fatal(EosError(f"group {self.group_id}: the assignment does not decode: {exc}",
+                                     ErrorCode.INCONSISTENT_GROUP_PROTOCOL))
+            return
+        subscribed = self._subscription.topics if self._subscription is not None else frozenset()
+        partitions = sorted(dict.fromkeys(tp for tp in assignment.partitions if tp.topic in subscribed))
+        if len(partitions) != len(assignment.partitions):
+            # The leader assigned a topic we did not ask for (its view was older): rejoin.
+            log.info("group %s: assignment names unsubscribed topics; rejoining", self.group_id)
+        with self._lock:
+            if self._state is not MemberState.SYNCING or self._generation_id != call.generation_id:
+                return   # the heartbeat thread dropped the generation meanwhile
+            self._state = MemberState.STABLE
+            if len(partitions) != len(assignment.partitions):
+                self._rejoin_needed = True
+            generation_id = self._generation_id
+        log.info("group %s: generation %d, member %s assigned %s", self.group_id, generation_id,
+                 call.member_id, partitions)
+        self._needs_join_prepare = True
+        self._owned = partitions
+        self._sticky_owned = list(partitions)
+        self._owned_generation = generation_id
+        self._next_auto_commit_ms = self._clock() + self.auto_commit_interval_ms
+        self._assign_partitions(list(partitions))
+        listener = self._subscription.listener if self._subscription is not None else None
+        if listener is not None:
+            listener.on_partitions_assigned(list(partitions))
+
+    def _cancel_join_call(self) -> None:
+        call, self._join_call = self._join_call, None
+        if call is not None:
+            call.future.cancel()
+
+    # ---- metadata: patterns and partition counts --------------------------------------------------
+
+    def _maybe_check_metadata(self, now: int) -> None:
+        if now < self._next_metadata_check_ms:
+            return
+        self._next_metadata_check_ms = now + self.metadata_max_age_ms
+        sub = self._subscription
+        if sub is not None and sub.pattern is not None:
+            try:
+                response = self._metadata.fetch(None)
+            except EosError as exc:
+                log.info("group %s: metadata for the pattern subscription failed: %s", self.group_id, exc)
+                self._next_metadata_check_ms = now + self._backoff.max_ms
+                return
+            matched = frozenset(t.name for t in response.topics
+                                if t.error_code == ErrorCode.NONE and not t.is_internal
+                                and sub.pattern.fullmatch(t.name))
+            if matched != sub.topics:
+                self._subscription = sub._replace(topics=matched)
+                self._request_rejoin(f"pattern {sub.pattern.pattern!r} now matches {sorted(matched)}")
+        snapshot, topics = self._assignment_snapshot, self._leader_topics
+        if snapshot is not None and topics is not None and self._state is MemberState.STABLE:
+            counts = self._partition_counts(topics)
+            if counts != snapshot:
+                self._assignment_snapshot = None
+                self._request_rejoin(f"partition counts changed from {snapshot} to {counts}")
+
+    # ---- coordinator lookup --------------------------------------------------------------------
+
+    def _find_coordinator(self, deadline_ms: int) -> bool:
+        """FindCoordinator through the bootstrap broker, retried until `deadline_ms` (at least
+        one attempt). True when the coordinator is known."""
+        attempt = 0
+        while True:
+            address = self._lookup_once(deadline_ms)
+            if address is not None:
+                with self._lock:
+                    self._coordinator = address
+                return True
+            attempt += 1
+            delay_ms = self._backoff.delay_ms(attempt)
+            if self._clock() + delay_ms >= deadline_ms:
+                return False
+            self.wakeup.wait(delay_ms / 1000)
+
+    def _lookup_once(self, deadline_ms: int) -> str | None:
+        bootstrap = self._metadata.bootstrap_address
+        request = group_pb2.FindCoordinatorRequest(key_type=group_pb2.GROUP, keys=[self.group_id])
+        try:
+            response = self._stub_for(bootstrap).FindCoordinator(request, timeout=self._rpc_timeout_s(deadline_ms))
+        except grpc.RpcError as exc:
+            log.info("%s", net.error_from_rpc(exc, f"FindCoordinator for group {self.group_id}"))
+            return None
+        for found in response.coordinators:
+            if found.key != self.group_id:
+                continue
+            if found.error_code != ErrorCode.NONE:
+                if reaction_for(found.error_code) is not Reaction.RETRY:
+                    self._set_fatal(error_for(found.error_code, f"FindCoordinator for group {self.group_id}: "
+                                                                f"{found.error_message}"))
+                return None
+            return self._address_of(found.host, found.port)
+        return None
+
+    def _address_of(self, host: str, port: int) -> str:
+        # As net.ClusterMetadata.address_of: one bootstrap address and one broker means the
+        # bootstrap channel (a proxy or tunnel in front of the broker keeps being used).
+        if len(self._metadata.bootstrap_addresses) == 1 and len(self._metadata.brokers()) <= 1:
+            return self._metadata.bootstrap_address
+        return f"{host}:{port}"
+
+    def _coordinator_stub(self, deadline_ms: int):
+        with self._lock:
+            address = self._coordinator
+        if address is None:
+            if not self._find_coordinator(deadline_ms):
+                raise EosError(f"the coordinator of group {self.group_id} was not found in time",
+                               ErrorCode.COORDINATOR_NOT_AVAILABLE)
+            with self._lock:
+                address = self._coordinator
+        return self._stub_for(address)
+
+    def _mark_coordinator_unknown(self) -> None:
+        with self._lock:
+            self._coordinator = None
+
+    def _rpc_timeout_s(self, deadline_ms: int) -> float:
+        return max(0.001, min(self.request_timeout_ms, max(1, deadline_ms - self._clock()))) / 1000
+
+    def _sleep_backoff(self, attempt: int, deadline_ms: int) -> bool:
+        """Back off before attempt `attempt + 1`; False when the deadline leaves no time."""
+        delay_ms = self._backoff.delay_ms(attempt)
+        if self._clock() + delay_ms >= deadline_ms:
+            return False
+        threading.Event().wait(delay_ms / 1000)
+        return True
+
+    # ---- offsets -------------------------------------------------------------------------------
+
+    def _commit_generation(self) -> tuple[int, str, str]:
+        """(generation, member id, instance id) a commit carries, or CommitFailedError."""
+        if self._subscription is None:
+            return NO_GENERATION, NO_MEMBER_ID, ""   # manual assignment: outside group management
+        with self._lock:
+            state = self._state
+            if state is MemberState.STABLE:
+                return self._generation_id, self._member_id, self.group_instance_id or ""
+        if state in (MemberState.JOINING, MemberState.SYNCING):
+            raise CommitFailedError(f"group {self.group_id} is rebalancing: the commit cannot be completed; "
+                                    f"poll() to rejoin, then process and commit again", ErrorCode.REBALANCE_IN_PROGRESS)
+        raise CommitFailedError(f"this consumer is not a member of group {self.group_id} any more (its "
+                                f"partitions may have moved); poll() to rejoin", ErrorCode.UNKNOWN_MEMBER_ID)
+
+    @staticmethod
+    def _commit_request_offsets(offsets: Mapping[TopicPartition, OffsetAndMetadata]) -> list:
+        return [group_pb2.OffsetToCommit(topic=tp.topic, partition=tp.partition, offset=om.offset,
+                                         leader_epoch=-1, metadata=om.metadata)
+                for tp, om in sorted(offsets.items())]
+
+    def default_offsets(self) -> dict[TopicPartition, OffsetAndMetadata]:
+        return {tp: OffsetAndMetadata(offset) for tp, offset in self._positions().items()}
+
+    def commit_sync(self, offsets: Mapping[TopicPartition, OffsetAndMetadata], timeout_ms: int) -> None:
+        """OffsetCommit, retried on coordinator errors until `timeout_ms`."""
+        self._run_commit_callbacks()
+        if not offsets:
+            return
+        deadline = self._clock() + timeout_ms
+        attempt = 0
+        last_error: EosError | None = None
+        while True:
+            generation_id, member_id, instance_id = self._commit_generation()
+            try:
+                stub = self._coordinator_stub(deadline)
+                request = group_pb2.OffsetCommitRequest(
+                    group_id=self.group_id, generation_id=generation_id, member_id=member_id,
+                    group_instance_id=instance_id, offsets=self._commit_request_offsets(offsets))
+                response = stub.OffsetCommit(request, timeout=self._rpc_timeout_s(deadline))
+            except grpc.RpcError as exc:
+                last_error = net.error_from_rpc(exc, f"OffsetCommit of group {self.group_id}")
+                if not last_error.retriable:
+                    raise last_error from None
+            except EosError as exc:
+                if not exc.retriable:
+                    raise
+                last_error = exc
+            else:
+                failed = [p for p in response.partitions if p.error_code != ErrorCode.NONE]
+                if not failed:
+                    return
+                last_error = self._commit_error(failed, generation_id)
+                if last_error is None:
+                    return
+            attempt += 1
+            if not self._sleep_backoff(attempt, deadline):
+                raise last_error
+
+    def _commit_error(self, failed, generation_id: int) -> EosError:
+        """What a failed commit means; raises unless the error is worth retrying."""
+        first = failed[0]
+        code = ErrorCode(first.error_code)
+        where = ", ".join(f"{p.topic}-{p.partition}" for p in failed[:5])
+        message = f"commit of group {self.group_id} failed for {where}: {first.error_message or code.name}"
+        if code in _COORDINATOR_MOVED:
+            self._mark_coordinator_unknown()
+            return error_for(code, message)
+        if code in (ErrorCode.ILLEGAL_GENERATION, ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.REBALANCE_IN_PROGRESS):
+            self._after_commit_refused(code, generation_id)
+            raise CommitFailedError(f"{message}: the group rebalanced or this member left it; the partitions "
+                                    f"may belong to another member now", code)
+        if code is ErrorCode.FENCED_INSTANCE_ID:
+            error = FencedInstanceIdError(message)
+            self._set_fatal(error)
+            raise error
+        if reaction_for(code) is Reaction.RETRY:
+            return error_for(code, message)
+        raise error_for(code, message)
+
+    def _after_commit_refused(self, code: ErrorCode, generation_id: int) -> None:
+        if self._subscription is None:
+            return
+        with self._lock:
+            if self._generation_id != generation_id:
+                return
+            if code is ErrorCode.REBALANCE_IN_PROGRESS:
+                self._rejoin_needed = True
+            else:
+                self._reset_generation_locked(reset_member_id=code is ErrorCode.UNKNOWN_MEMBER_ID)
+        self.wakeup.set()
+
+    def commit_async(self, offsets: Mapping[TopicPartition, OffsetAndMetadata], callback=None) -> None:
+        """OffsetCommit without waiting; `callback(offsets, error_or_None)` runs on the
+        application's thread, in a later poll(), commit or close. Not retried (as Kafka)."""
+        if not offsets:
+            if callback is not None:
+                self._completed_commits.append(_CommitDone(callback, dict(offsets)))
+            return
+        offsets = dict(offsets)
+        try:
+            generation_id, member_id, instance_id = self._commit_generation()
+            with self._lock:
+                address = self._coordinator
+            if address is None:
+                self._coordinator_stub(self._clock() + self.request_timeout_ms)
+                with self._lock:
+                    address = self._coordinator
+        except EosError as exc:
+            self._completed_commits.append(_CommitDone(callback, offsets, error=exc))
+            return
+        request = group_pb2.OffsetCommitRequest(
+            group_id=self.group_id, generation_id=generation_id, member_id=member_id,
+            group_instance_id=instance_id, offsets=self._commit_request_offsets(offsets))
+        future = self._stub_for(address).OffsetCommit.future(request, timeout=self.request_timeout_ms / 1000)
+        self._async_commits_in_flight += 1
+
+        def done(f) -> None:   # a gRPC thread: only hand the result over
+            self._completed_commits.append(_CommitDone(callback, offsets, future=f, generation_id=generation_id))
+            self.wakeup.set()
+
+        future.add_done_callback(done)
+
+    def _run_commit_callbacks(self) -> None:
+        while self._completed_commits:
+            done: _CommitDone = self._completed_commits.popleft()
+            error = done.error
+            if done.future is not None:
+                self._async_commits_in_flight -= 1
+                error = self._async_commit_outcome(done.future, done.generation_id)
+            if done.callback is not None:
+                done.callback(done.offsets, error)
+            elif error is not None:
+                log.warning("group %s: asynchronous commit failed: %s", self.group_id, error)
+
+    def _async_commit_outcome(self, future, generation_id: int) -> EosError | None:
+        try:
+            response = future.result()
+        except grpc.FutureCancelledError:
+            return EosError(f"commit of group {self.group_id} cancelled", ErrorCode.NETWORK_EXCEPTION)
+        except grpc.RpcError as exc:
+            return net.error_from_rpc(exc, f"OffsetCommit of group {self.group_id}")
+        failed = [p for p in response.partitions if p.error_code != ErrorCode.NONE]
+        if not failed:
+            return None
+        try:
+            return self._commit_error(failed, generation_id)
+        except EosError as exc:
+            return exc
+
+    def wait_for_async_commits(self, timeout_ms: int) -> None:
+        deadline = self._clock() + timeout_ms
+        while self._async_commits_in_flight > 0 and self._clock() < deadline:
+            self.wakeup.clear()
+            self._run_commit_callbacks()
+            if self._async_commits_in_flight > 0:
+                self.wakeup.wait(min(0.05, max(0.0, (deadline - self._clock()) / 1000)))
+        self._run_commit_callbacks()
+
+    def fetch_committed(self, partitions: Iterable[TopicPartition], timeout_ms: int, *,
+                        raise_on_timeout: bool = True) -> dict[TopicPartition, int | None] | None:
+        """The committed offset of each partition (None: nothing committed), with
+        require_stable: UNSTABLE_OFFSET_COMMIT (a transactional commit awaiting its marker) and
+        coordinator errors are retried with backoff until `timeout_ms`; then the last error is
+        raised, or None returned when `raise_on_timeout` is False."""
+        wanted = list(dict.fromkeys(partitions))
+        result: dict[TopicPartition, int | None] = {}
+        if not wanted:
+            return result
+        deadline = self._clock() + timeout_ms
+        attempt = 0
+        while True:
+            remaining = [tp for tp in wanted if tp not in result]
+            error = self._fetch_committed_once(remaining, deadline, result)
+            if error is None:
+                return {tp: result[tp] for tp in wanted}
+            attempt += 1
+            if not self._sleep_backoff(attempt, deadline):
+                if raise_on_timeout:
+                    raise error
+                return None
+
+    def _fetch_committed_once(self, partitions: list[TopicPartition], deadline: int,
+                              result: dict) -> EosError | None:
+        """One OffsetFetch; fills `result`; returns the retriable error if any is left to retry."""
+        try:
+            stub = self._coordinator_stub(deadline)
+            response = stub.OffsetFetch(group_pb2.OffsetFetchRequest(
+                group_id=self.group_id, require_stable=True,
+                partitions=[common_pb2.TopicPartition(topic=tp.topic, partition=tp.partition) for tp in partitions]),
+                timeout=self._rpc_timeout_s(deadline))
+        except grpc.RpcError as exc:
+            error = net.error_from_rpc(exc, f"OffsetFetch of group {self.group_id}")
+            if not error.retriable:
+                raise error from None
+            return error
+        except EosError as exc:
+            if not exc.retriable:
+                raise
+            return exc
+        if response.error_code != ErrorCode.NONE:
+            code = ErrorCode(response.error_code)
+            error = error_for(code, f"OffsetFetch of group {self.group_id}: {response.error_message or code.name}")
+            if code in _COORDINATOR_MOVED:
+                self._mark_coordinator_unknown()
+            if reaction_for(code) is Reaction.RETRY:
+                return error
+            raise error
+        unstable = []
+        for p in response.partitions:
+            tp = TopicPartition(p.topic, p.partition)
+            if p.error_code == ErrorCode.UNSTABLE_OFFSET_COMMIT:
+                unstable.append(tp)
+            elif p.error_code != ErrorCode.NONE:
+                raise error_for(p.error_code, f"OffsetFetch of group {self.group_id} for {p.topic}-{p.partition}")
+            else:
+                result[tp] = p.offset if p.offset >= 0 else None
+        if unstable:
+            return error_for(ErrorCode.UNSTABLE_OFFSET_COMMIT,
+                             f"group {self.group_id} has a transactional commit pending for "
+                             f"{', '.join(f'{t.topic}-{t.partition}' for t in unstable)}")
+        missing = [tp for tp in partitions if tp not in result]
+        if missing:
+            return EosError(f"OffsetFetch of group {self.group_id} did not answer for {missing}",
+                            ErrorCode.UNKNOWN_SERVER_ERROR)
+        return None
+
+    # ---- auto-commit ---------------------------------------------------------------------------
+
+    def _maybe_auto_commit(self, now: int) -> None:
+        if not self.enable_auto_commit or now < self._next_auto_commit_ms:
+            return
+        self._next_auto_commit_ms = now + self.auto_commit_interval_ms
+        if self._subscription is not None and self._state is not MemberState.STABLE:
+            return
+        offsets = self.default_offsets()
+        if offsets:
+            self.commit_async(offsets, callback=self._auto_commit_done)
+
+    def _auto_commit_done(self, offsets, error) -> None:
+        if error is not None:
+            log.warning("group %s: auto-commit of %d partitions failed: %s", self.group_id, len(offsets), error)
+
+    def _auto_commit_sync(self, why: str) -> None:
+        offsets = self.default_offsets()
+        if not offsets:
+            return
+        try:
+            self.commit_sync(offsets, min(self.max_poll_interval_ms, self.request_timeout_ms))
+        except EosError as exc:
+            log.warning("group %s: auto-commit %s failed: %s", self.group_id, why, exc)
+
+    # ---- the heartbeat thread ------------------------------------------------------------------
+
+    def _ensure_heartbeat_thread(self) -> None:
+        if not self._start_heartbeat_thread or self._heartbeat_thread is not None:
+            return
+        self._heartbeat_thread = threading.Thread(target=self._run_heartbeats, daemon=True,
+                                                  name=f"eos-heartbeat-{self.client_id or self.group_id}")
+        self._heartbeat_thread.start()
+
+    def _run_heartbeats(self) -> None:
+        while True:
+            with self._lock:
+                if self._closed:
+                    return
+                action, wait_s = self.heartbeat_step(self._clock())
+                if action is None:
+                    self._cond.wait(wait_s)
+                    continue
+            action()
+
+    def heartbeat_step(self, now: int):
+        """(action to run without the lock, None) or (None, seconds to wait). Called with the lock."""
+        if self._fatal is not None or self._state not in (MemberState.SYNCING, MemberState.STABLE):
+            return None, HEARTBEAT_IDLE_WAIT_S
+        if now - self._last_poll_ms > self.max_poll_interval_ms:
+            generation = (self._generation_id, self._member_id)
+            return (lambda: self._leave_for_poll_timeout(generation)), None
+        if self._coordinator is None:
+            return None, min(HEARTBEAT_IDLE_WAIT_S, self._backoff.base_ms / 1000)
+        if now - self._last_heartbeat_ok_ms > self.session_timeout_ms:
+            # No answer for a whole session: look for the coordinator again (Kafka's rule).
+            log.info("group %s: no heartbeat answered within session.timeout.ms %d", self.group_id,
+                     self.session_timeout_ms)
+            self._coordinator = None
+            self._last_heartbeat_ok_ms = now
+            self.wakeup.set()
+            return None, min(HEARTBEAT_IDLE_WAIT_S, self._backoff.base_ms / 1000)
+        due = max(self._last_heartbeat_sent_ms + self.heartbeat_interval_ms, self._heartbeat_retry_at_ms)
+        poll_due = self._last_poll_ms + self.max_poll_interval_ms + 1
+        if now < due:
+            return None, max(0.001, (min(due, poll_due) - now) / 1000)
+        request = group_pb2.HeartbeatRequest(group_id=self.group_id, generation_id=self._generation_id,
+                                             member_id=self._member_id,
+                                             group_instance_id=self.group_instance_id or "")
+        address = self._coordinator
+        self._last_heartbeat_sent_ms = now
+        return (lambda: self._send_heartbeat(address, request)), None
+
+    def _send_heartbeat(self, address: str, request: group_pb2.HeartbeatRequest) -> None:
+        try:
+            response = self._stub_for(address).Heartbeat(
+                request, timeout=min(self.request_timeout_ms, self.session_timeout_ms) / 1000)
+        except grpc.RpcError as exc:
+            log.info("%s", net.error_from_rpc(exc, f"Heartbeat of group {self.group_id}"))
+            with self._lock:
+                self._heartbeat_retry_at_ms = self._clock() + self._backoff.base_ms
+            return
+        except ValueError:
+            return   # the channel was closed under us: the consumer is closing
+        self.handle_heartbeat_response(request.generation_id, request.member_id, response.error_code,
+                                       response.error_message)
+
+    def handle_heartbeat_response(self, generation_id: int, member_id: str, code: int, message: str = "") -> None:
+        code = ErrorCode(code)
+        with self._lock:
+            if (self._generation_id, self._member_id) != (generation_id, member_id) or self._closed:
+                return   # an answer for a generation this member has left behind
+            now = self._clock()
+            if code is ErrorCode.NONE:
+                self._last_heartbeat_ok_ms = now
+                return
+            log.info("group %s: heartbeat answered %s: %s", self.group_id, code.name, message)
+            if code is ErrorCode.REBALANCE_IN_PROGRESS:
+                self._last_heartbeat_ok_ms = now
+                self._rejoin_needed = True
+            elif code is ErrorCode.ILLEGAL_GENERATION:
+                self._reset_generation_locked(reset_member_id=False)
+            elif code is ErrorCode.UNKNOWN_MEMBER_ID:
+                self._reset_generation_locked(reset_member_id=True)
+            elif code is ErrorCode.FENCED_INSTANCE_ID:
+                self._fatal = FencedInstanceIdError(
+                    f"group {self.group_id}: group.instance.id {self.group_instance_id!r} was taken over by "
+                    f"another consumer ({message})")
+                self._state = MemberState.UNJOINED
+            elif code in _COORDINATOR_MOVED:
+                self._coordinator = None
+            elif reaction_for(code) is Reaction.RETRY:
+                self._heartbeat_retry_at_ms = now + self._backoff.base_ms
+            else:
+                self._fatal = error_for(code, f"group {self.group_id}: heartbeat refused: {message or code.name}")
+                self._state = MemberState.UNJOINED
+        self.wakeup.set()
+
+    def _leave_for_poll_timeout(self, generation: tuple[int, str]) -> None:
+        with self._lock:
+            if (self._generation_id, self._member_id) != generation or self._closed:
+                return
+            log.warning("group %s: poll() was not called within max.poll.interval.ms %d; leaving the group so "
+                        "that its partitions move to live members", self.group_id, self.max_poll_interval_ms)
+            address, member_id = self._coordinator, self._member_id
+            self._reset_generation_locked(reset_member_id=True)
+        if self.group_instance_id is None and address is not None and member_id:
+            self._send_leave(address, member_id)
+        self.wakeup.set()
+
+    def _send_leave(self, address: str, member_id: str) -> None:
+        try:
+            response = self._stub_for(address).LeaveGroup(
+                group_pb2.LeaveGroupRequest(group_id=self.group_id, member_id=member_id),
+                timeout=min(self.request_timeout_ms, LEAVE_TIMEOUT_MS) / 1000)
+        except (grpc.RpcError, ValueError) as exc:
+            log.info("group %s: LeaveGroup failed: %s", self.group_id, exc)
+            return
+        if response.error_code != ErrorCode.NONE:
+            log.info("group %s: LeaveGroup answered %s", self.group_id, ErrorCode(response.error_code).name)
+
+    def _leave_group(self, reason: str) -> None:
+        """Leave (a dynamic member sends LeaveGroup; a static one stays until its session
+        times out, so that a restart keeps its partitions) and drop the generation."""
+        with self._lock:
+            address, member_id = self._coordinator, self._member_id
+            joined = self._state is not MemberState.UNJOINED or self._join_call is not None
+            self._reset_generation_locked(reset_member_id=True)
+        if self.group_instance_id is None and address is not None and member_id and joined:
+            log.info("group %s: member %s leaves: %s", self.group_id, member_id, reason)
+            self._send_leave(address, member_id)
+
+    # ---- shutdown ------------------------------------------------------------------------------
+
+    def close(self, timeout_ms: int) -> None:
+        """Commit (auto-commit), revoke, leave the group (dynamic members), stop the heartbeat thread."""
+        try:
+            if self.enable_auto_commit and (self._subscription is None or self._state is MemberState.STABLE):
+                self._auto_commit_sync("on close")
+            self.wait_for_async_commits(min(timeout_ms, self.request_timeout_ms))
+            if self._subscription is not None:
+                try:
+                    self._revoke_or_lose()
+                finally:
+                    self._cancel_join_call()
+                    self._leave_group("the consumer is closing")
+        finally:
+            with self._lock:
+                self._closed = True
+                self._cond.notify_all()
+            thread = self._heartbeat_thread
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(timeout=min(timeout_ms, self.request_timeout_ms) / 1000)
