@@ -5,6 +5,9 @@ data source registered; stopped when the run ends. Starting Spark costs seconds,
 Spark test shares it; tests must not stop it or change global settings they do not
 restore.
 
+`eos_broker` (module scope) -> tests.conftest.BrokerProcess, one broker subprocess per test
+module (each test uses its own topics); `admin` (module scope) -> eos.Admin on it.
+
 Every test here is marked `spark` and is skipped only when pyspark cannot be imported.
 Any other problem -- no Java, no pyarrow, a session that does not start -- is a failure,
 never a skip.
@@ -63,3 +66,25 @@ def spark():
         yield session
     finally:
         session.stop()
+
+
+@pytest.fixture(scope="module")
+def eos_broker(tmp_path_factory):
+    """One broker subprocess per test module (each test uses its own topics)."""
+    from tests.conftest import BrokerProcess
+
+    process = BrokerProcess(tmp_path_factory.mktemp("spark-broker") / "data")
+    process.start()
+    try:
+        yield process
+    finally:
+        process.close()
+
+
+@pytest.fixture(scope="module")
+def admin(eos_broker):
+    import eos
+
+    client = eos.Admin(eos_broker.address)
+    yield client
+    client.close()

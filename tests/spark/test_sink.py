@@ -18,7 +18,7 @@ from eos.types import TopicPartition
 from spark_sink.owner import TransactionOwner
 from spark_sink.readback import read_committed
 from spark_sink.sink import ExactlyOnceSink, batch_metadata, committed_batch, parse_offset_log
-from tests.spark.test_source import STREAM_TIMEOUT_S, admin, eos_broker, produce  # noqa: F401 (fixtures)
+from tests.spark.helpers import STREAM_TIMEOUT_S, produce
 
 
 # ---- pure parts ----------------------------------------------------------------------------------

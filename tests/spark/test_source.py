@@ -13,6 +13,7 @@ import json
 import pytest
 
 from eos.types import TopicPartition
+from tests.spark.helpers import produce, run_available_now
 from spark_sink.offsets import (
     DataLossError,
     OffsetRange,
@@ -180,54 +181,6 @@ def test_plan_ranges_new_partition_starts_at_zero():
 
 # ---- through Spark, against a real broker ---------------------------------------------------
 
-STREAM_TIMEOUT_S = 180     # a bound on every streaming query; none should come near it
-
-
-@pytest.fixture(scope="module")
-def eos_broker(tmp_path_factory):
-    """One broker subprocess for this module's Spark tests (each test uses its own topics)."""
-    from tests.conftest import BrokerProcess
-
-    process = BrokerProcess(tmp_path_factory.mktemp("spark-broker") / "data")
-    process.start()
-    try:
-        yield process
-    finally:
-        process.close()
-
-
-@pytest.fixture(scope="module")
-def admin(eos_broker):
-    import eos
-
-    client = eos.Admin(eos_broker.address)
-    yield client
-    client.close()
-
-
-def produce(address: str, topic: str, records_per_partition: dict[int, int], *, headers_every: int = 0):
-    """Send known records to explicit partitions; return {(partition, offset): (key, value, headers)}."""
-    import eos
-
-    produced = {}
-    futures = []
-    with eos.Producer(address, linger_ms=5) as producer:
-        for partition, count in records_per_partition.items():
-            for i in range(count):
-                key = f"{topic}-{partition}-k{i}".encode()
-                value = f"value {i} of {topic}-{partition}".encode() * (1 + i % 3)
-                if i % 17 == 16:
-                    key = value = None     # null keys and tombstones come through as nulls
-                headers = [("n", str(i).encode()), ("empty", None)] if headers_every and i % headers_every == 0 else []
-                futures.append((producer.send(topic, value=value, key=key, partition=partition,
-                                              headers=headers or None), key, value, headers))
-        producer.flush(60)
-        for future, key, value, headers in futures:
-            metadata = future.result(60)
-            produced[(metadata.partition, metadata.offset)] = (key, value, headers)
-    return produced
-
-
 def rows_by_position(rows) -> dict:
     return {(r.partition, r.offset): (r.key, r.value, [(h.key, h.value) for h in r.headers]) for r in rows}
 
@@ -276,54 +229,30 @@ def test_large_ranges_are_split_into_several_input_partitions(spark, eos_broker,
     assert rows_by_position(rows) == produced and len(rows) == 107
 
 
-def run_available_now(spark, eos_broker, topic: str, checkpoint: str, **options) -> list[tuple[int, list]]:
-    """Run a stream with trigger(availableNow=True) to its end; return [(batch_id, [(partition, offset)])]."""
-    batches: list[tuple[int, list]] = []
-
-    def collect(batch_df, batch_id):
-        positions = [(r.partition, r.offset) for r in batch_df.select("partition", "offset").collect()]
-        batches.append((batch_id, positions))
-
-    stream = (spark.readStream.format("eos").option("bootstrap", eos_broker.address)
-              .option("subscribe", topic))
-    for name, value in options.items():
-        stream = stream.option(name, value)
-    query = (stream.load().writeStream.foreachBatch(collect)
-             .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
-    try:
-        finished = query.awaitTermination(STREAM_TIMEOUT_S)
-        assert finished, f"the availableNow query did not finish within {STREAM_TIMEOUT_S} s"
-        if query.exception() is not None:
-            raise AssertionError(f"the query failed: {query.exception()}")
-    finally:
-        query.stop()
-    return batches
-
-
 def test_stream_max_records_per_trigger_gives_several_micro_batches(spark, eos_broker, admin, tmp_path):
     admin.create_topic("trig", partitions=3)
     produced = produce(eos_broker.address, "trig", {0: 50, 1: 30, 2: 20})
-    batches = run_available_now(spark, eos_broker, "trig", str(tmp_path / "cp"),
+    batches = run_available_now(spark, eos_broker.address, "trig", str(tmp_path / "cp"),
                                 startingOffsets="earliest", maxRecordsPerTrigger="25")
-    sizes = [len(positions) for _, positions in batches if positions]
+    sizes = [len(rows) for _, rows in batches if rows]
     assert sizes == [25, 25, 25, 25]
-    seen = [pos for _, positions in batches for pos in positions]
+    seen = [(p, o) for _, rows in batches for p, o, _ in rows]
     assert sorted(seen) == sorted(produced)            # every record once, none twice
 
     # A restart from the same checkpoint resumes after the last batch: only new records.
     more = produce(eos_broker.address, "trig", {1: 10})
     new_offsets = sorted(more)
-    again = run_available_now(spark, eos_broker, "trig", str(tmp_path / "cp"),
+    again = run_available_now(spark, eos_broker.address, "trig", str(tmp_path / "cp"),
                               startingOffsets="earliest", maxRecordsPerTrigger="25")
-    assert sorted(pos for _, positions in again for pos in positions) == new_offsets
+    assert sorted((p, o) for _, rows in again for p, o, _ in rows) == new_offsets
     assert min(batch_id for batch_id, _ in again) > max(batch_id for batch_id, _ in batches)
 
 
 def test_stream_starting_latest_skips_what_was_there(spark, eos_broker, admin, tmp_path):
     admin.create_topic("late", partitions=1)
     produce(eos_broker.address, "late", {0: 10})
-    batches = run_available_now(spark, eos_broker, "late", str(tmp_path / "cp"))
-    assert [pos for _, positions in batches for pos in positions] == []
+    batches = run_available_now(spark, eos_broker.address, "late", str(tmp_path / "cp"))
+    assert [row for _, rows in batches for row in rows] == []
 
 
 @pytest.fixture(scope="module")
@@ -354,9 +283,79 @@ def test_stream_past_the_end_is_data_loss_unless_allowed(spark, eos_broker, admi
     produce(eos_broker.address, "lost", {0: 5})
     beyond = json.dumps({"lost": {"0": 50}})
     with pytest.raises(Exception) as info:
-        run_available_now(spark, eos_broker, "lost", str(tmp_path / "cp1"), startingOffsets=beyond)
+        run_available_now(spark, eos_broker.address, "lost", str(tmp_path / "cp1"), startingOffsets=beyond)
     assert "failOnDataLoss" in str(info.value) and "ends at 5" in str(info.value)
     # failOnDataLoss=false: start again from where the partition ends, and go on
-    batches = run_available_now(spark, eos_broker, "lost", str(tmp_path / "cp2"), startingOffsets=beyond,
+    batches = run_available_now(spark, eos_broker.address, "lost", str(tmp_path / "cp2"), startingOffsets=beyond,
                                 failOnDataLoss="false")
-    assert [pos for _, positions in batches for pos in positions] == []
+    assert [row for _, rows in batches for row in rows] == []
+
+
+# ---- read_committed: transactions in the input -----------------------------------------------
+
+def plain(address: str, topic: str, prefix: str, count: int) -> list[bytes]:
+    import eos
+
+    values = [f"{prefix}-{i}".encode() for i in range(count)]
+    with eos.Producer(address) as producer:
+        for value in values:
+            producer.send(topic, value=value, partition=0)
+        producer.flush(60)
+    return values
+
+
+def in_transaction(address: str, topic: str, prefix: str, count: int, transactional_id: str):
+    """Write `count` records in one open transaction; returns (owner, participant id, values)."""
+    from spark_sink.owner import TransactionOwner
+    from spark_sink.participant import ParticipantWriter
+
+    owner = TransactionOwner(address, transactional_id)
+    owner.init()
+    writer = ParticipantWriter(owner.identity(), topic)
+    values = [f"{prefix}-{i}".encode() for i in range(count)]
+    writer.write([None] * count, values)
+    return owner, writer.close().producer_id, values
+
+
+def values_read(spark, eos_broker, topic: str, **options) -> list[bytes]:
+    return sorted(r.value for r in reader(spark, eos_broker, topic, **options).select("value").collect())
+
+
+def test_aborted_input_never_reaches_the_pipeline(spark, eos_broker, admin, tmp_path):
+    admin.create_topic("rc_abort", partitions=1)
+    first = plain(eos_broker.address, "rc_abort", "p1", 10)
+    owner, participant, aborted = in_transaction(eos_broker.address, "rc_abort", "aborted", 20, "rc-abort-1")
+    owner.abort()
+    second = plain(eos_broker.address, "rc_abort", "p2", 10)
+    owner2, participant2, committed = in_transaction(eos_broker.address, "rc_abort", "committed", 15, "rc-abort-2")
+    owner2.commit([participant2])
+    wanted = sorted(first + second + committed)
+    from spark_sink.readback import settled_end_offsets
+
+    settled_end_offsets(eos_broker.address, "rc_abort")       # every marker is in
+    assert values_read(spark, eos_broker, "rc_abort") == wanted
+    assert values_read(spark, eos_broker, "rc_abort", isolation="read_uncommitted") == sorted(wanted + aborted)
+    batches = run_available_now(spark, eos_broker.address, "rc_abort", str(tmp_path / "cp"),
+                                startingOffsets="earliest", maxRecordsPerTrigger="7")
+    assert sorted(v for _, rows in batches for _, _, v in rows) == wanted
+    for o in (owner, owner2):
+        o.close()
+
+
+def test_an_open_input_transaction_holds_the_batch_boundary(spark, eos_broker, admin, tmp_path):
+    admin.create_topic("rc_open", partitions=1)
+    before = plain(eos_broker.address, "rc_open", "before", 10)
+    owner, participant, held = in_transaction(eos_broker.address, "rc_open", "held", 5, "rc-open")
+    after = plain(eos_broker.address, "rc_open", "after", 10)
+    checkpoint = str(tmp_path / "cp")
+    batches = run_available_now(spark, eos_broker.address, "rc_open", checkpoint, startingOffsets="earliest")
+    # the batch ends at the open transaction's first offset: nothing of it or after it
+    assert sorted(v for _, rows in batches for _, _, v in rows) == sorted(before)
+    assert values_read(spark, eos_broker, "rc_open") == sorted(before)
+    owner.commit([participant])
+    from spark_sink.readback import settled_end_offsets
+
+    settled_end_offsets(eos_broker.address, "rc_open")
+    again = run_available_now(spark, eos_broker.address, "rc_open", checkpoint, startingOffsets="earliest")
+    assert sorted(v for _, rows in again for _, _, v in rows) == sorted(held + after)
+    owner.close()
