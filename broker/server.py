@@ -17,7 +17,8 @@ group coordinator about markers written to `__consumer_offsets`.
 
 `stop()` is the reverse, in an order that keeps acknowledged data safe: stop the
 coordinators (parked group requests are answered at once), refuse new RPCs, wake long
-polls, wait (bounded) for requests in flight, stop housekeeping, then close the logs
+polls, end produce streams once their request in flight is answered, wait (bounded) for
+requests in flight, stop housekeeping, then close the logs
 (LogManager.shutdown flushes and writes the clean-shutdown state), and let go of the lock. `run_broker()` is the blocking entry of `eos broker start` and `python -m broker`: it
 prints one line "eos broker listening on HOST:PORT (data dir DIR)" once the port is bound
 and serving, and stops cleanly on SIGTERM or SIGINT.
@@ -26,6 +27,10 @@ Broker config uses Kafka's broker names. The broker-level defaults of topic conf
 Kafka's broker spelling (`log.segment.bytes`, `log.retention.ms`, `message.max.bytes`, ...)
 and become the base every topic's overrides apply to. An unknown name is an error at start,
 not a silent no-op.
+
+The gRPC worker pool is sized from the bounds of the calls that hold a worker for long
+(long polls, parked group requests, produce streams) plus workers left for short calls;
+see RPC_WORKER_THREADS.
 """
 from __future__ import annotations
 
@@ -47,6 +52,7 @@ import grpc
 
 from broker.group.coordinator import GroupCoordinator
 from broker.group.offsets import OFFSET_METADATA_MAX_BYTES
+from broker.group.records import OFFSETS_TOPIC_PARTITIONS
 from broker.group.service import GroupCoordinatorServicer
 from broker.group.state import (GROUP_INITIAL_REBALANCE_DELAY_MS, GROUP_MAX_SESSION_TIMEOUT_MS, GROUP_MAX_SIZE,
                                 GROUP_MIN_SESSION_TIMEOUT_MS)
@@ -65,10 +71,17 @@ log = logging.getLogger("eos.broker")
 
 MIB = 1024 * 1024
 GRPC_MESSAGE_BYTES_MAX = 100 * MIB
-# Long polls hold a worker each, so the pool is sized for them and the purgatory stops
-# accepting waiters well before the pool is full: the rest stay free for produce and admin.
-RPC_WORKER_THREADS = 64
-RPC_WORKERS_KEPT_FREE_OF_LONG_POLLS = 16
+# Three kinds of call hold a gRPC worker for long: long-poll fetches (up to 30 s), parked
+# JoinGroup/SyncGroup (a rebalance) and produce streams (their whole life). Each kind is
+# bounded on its own, and the pool holds all three bounds plus workers that only they can
+# never take, so short calls (unary Produce, admin, coordinator RPCs, the transaction
+# coordinator's own loopback calls) always find a worker.
+FETCH_WAITERS_MAX = 32
+GROUP_PARKED_REQUESTS_MAX = 32
+PRODUCE_STREAMS_MAX = 32
+RPC_WORKERS_FOR_SHORT_CALLS = 16
+RPC_WORKER_THREADS = (FETCH_WAITERS_MAX + GROUP_PARKED_REQUESTS_MAX + PRODUCE_STREAMS_MAX
+                      + RPC_WORKERS_FOR_SHORT_CALLS)
 STOP_GRACE_S = 10.0
 HOUSEKEEPING_JOIN_TIMEOUT_S = 60.0
 
@@ -126,6 +139,9 @@ class BrokerConfig:
     group_max_session_timeout_ms: int = GROUP_MAX_SESSION_TIMEOUT_MS
     group_max_size: int = GROUP_MAX_SIZE
     offset_metadata_max_bytes: int = OFFSET_METADATA_MAX_BYTES
+    # Partitions of __consumer_offsets when the broker creates it; a topic that exists keeps
+    # its count (the group coordinator uses and logs the count it finds, as Kafka does).
+    offsets_topic_num_partitions: int = OFFSETS_TOPIC_PARTITIONS
     topic_defaults: TopicConfig = TopicConfig()
 
     @classmethod
@@ -149,6 +165,8 @@ class BrokerConfig:
                                                                 maximum=GRPC_MESSAGE_BYTES_MAX * 20)
             elif name == "producer.id.expiration.ms":
                 values["producer_id_expiration_ms"] = _parse_int(name, raw, minimum=1)
+            elif name == "offsets.topic.num.partitions":
+                values["offsets_topic_num_partitions"] = _parse_int(name, raw, minimum=1)
             elif name == "transaction.state.log.num.partitions":
                 values["transaction_state_log_num_partitions"] = _parse_int(name, raw, minimum=1)
             elif name == "transaction.abort.timed.out.transaction.cleanup.interval.ms":
@@ -376,16 +394,17 @@ class BrokerServer:
             port=bound_port, initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
             min_session_timeout_ms=config.group_min_session_timeout_ms,
             max_session_timeout_ms=config.group_max_session_timeout_ms, max_group_size=config.group_max_size,
-            offset_metadata_max_bytes=config.offset_metadata_max_bytes, verify_txn=self._verify_txn_partitions)
+            offset_metadata_max_bytes=config.offset_metadata_max_bytes, verify_txn=self._verify_txn_partitions,
+            offsets_partitions=config.offsets_topic_num_partitions, max_parked_requests=GROUP_PARKED_REQUESTS_MAX)
         self._group_coordinator.start()
 
-        purgatory = FetchPurgatory(max_waiters=RPC_WORKER_THREADS - RPC_WORKERS_KEPT_FREE_OF_LONG_POLLS)
+        purgatory = FetchPurgatory(max_waiters=FETCH_WAITERS_MAX)
         self._servicer = BrokerServicer(
             registry=self._registry, log_manager=self._log_manager, purgatory=purgatory,
             node=NodeAddress(self.node_id, self.host, bound_port), cluster_id=self.cluster_id,
             now_ms_fn=self._now_ms, auto_create_topics=self.config.auto_create_topics_enable,
             fetch_max_wait_cap_ms=FETCH_MAX_WAIT_CAP_MS, verify_txn=self._verify_txn_partitions,
-            on_offsets_txn_marker=self._group_coordinator.on_txn_marker)
+            on_offsets_txn_marker=self._group_coordinator.on_txn_marker, max_produce_streams=PRODUCE_STREAMS_MAX)
         broker_pb2_grpc.add_BrokerServicer_to_server(self._servicer, server)
         # The transaction coordinator reaches this broker only through the gRPC contract
         # (DESIGN.md §1), here over loopback; it loads its log once the server is up.

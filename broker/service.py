@@ -23,6 +23,22 @@ acks=all additionally requires min.insync.replicas <= 1, the size of the ISR, an
 NOT_ENOUGH_REPLICAS (appending nothing) otherwise. acks=0 still gets a response, because a
 unary gRPC call always has one; the client may ignore it.
 
+Produce streams. gRPC runs concurrent unary calls in any order, while Kafka's producer
+relies on its connection keeping request order (five idempotent batches of a partition in
+flight must arrive in sequence order). `ProduceStream` gives that order back: the requests
+of one stream are handled one at a time, in arrival order, by `_produce` -- the very
+function a unary Produce runs -- and answered in that order, each response echoing its
+request's correlation_id. A bad request is answered with its per-partition errors and the
+stream goes on; only what gRPC itself cannot read (a message over
+socket.request.max.bytes) fails the whole stream. A reader thread per stream takes the
+requests out of gRPC's iterator and hands them to the handler, so the handler waits where
+shutdown can wake it: on stop the request being handled is answered, later ones are not
+(the client retries them, as after a closed Kafka connection), and the stream ends with
+UNAVAILABLE. A client that closes its side gets every request it sent answered, then the
+end of the stream. A stream holds a worker thread for its lifetime, so at most
+`max_produce_streams` are open at once; one more is refused at open with
+RESOURCE_EXHAUSTED and trailing metadata `eos-produce-stream-refused: resource_exhausted`.
+
 Fetch reads each partition up to min(partition_max_bytes, what is left of max_bytes). The
 first batch of the response is returned whole even when it is larger (as Kafka does since
 KIP-74), so a consumer can never be stuck behind one big batch. How far a reader may see
@@ -81,6 +97,15 @@ PARTITION_FETCH_MAX_BYTES_DEFAULT = 1048576   # max.partition.fetch.bytes
 # A response must fit in one gRPC message (100 MiB); leave room for the envelope.
 FETCH_RESPONSE_BYTES_MAX = 90 * 1024 * 1024
 FETCH_MAX_WAIT_CAP_MS = 30000                 # a long poll never holds a worker longer
+# A produce stream holds a gRPC worker for its lifetime, so their number is bounded; the
+# broker sizes its worker pool for this many streams (broker/server.py).
+PRODUCE_STREAMS_MAX = 32
+# Requests of one stream read ahead of the one being handled (a client pipelines 5).
+STREAM_REQUESTS_RECEIVED_MAX = 16
+# Trailing metadata of a ProduceStream refused at open: "resource_exhausted" (too many
+# streams: fall back to unary Produce) or "unavailable" (the broker is stopping), so a
+# client can tell the refusal from gRPC's own RESOURCE_EXHAUSTED (a message too large).
+STREAM_REFUSAL_METADATA_KEY = "eos-produce-stream-refused"
 
 LATEST_TIMESTAMP = -1
 EARLIEST_TIMESTAMP = -2
@@ -147,6 +172,10 @@ class _RequestGate:
             if self._in_flight == 0:
                 self._condition.notify_all()
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close_and_drain(self, timeout_s: float) -> bool:
         """Refuse new requests; wait up to timeout_s for those in flight. True if drained."""
         with self._condition:
@@ -164,6 +193,124 @@ def _gated(handler):
         finally:
             self._gate.exit()
     return wrapper
+
+
+# ---- produce streams ---------------------------------------------------------------------
+
+class _ProduceStreamSession:
+    """The requests of one ProduceStream, handed in arrival order from a reader thread to
+    the handler. The reader exists so that the handler never blocks inside gRPC's request
+    iterator: waiting here instead, it can be woken to end the stream when the broker
+    stops, which a thread parked in the iterator cannot."""
+
+    def __init__(self, request_iterator):
+        self._request_iterator = request_iterator
+        self._condition = threading.Condition()
+        self._received: collections.deque = collections.deque()
+        self._client_closed = False   # the client half-closed: no more requests will come
+        self._broken = False          # the call is over (cancelled, failed, or finished here)
+        self.stopping = False         # the broker is stopping: take no further request
+        self._reader: threading.Thread | None = None
+
+    def start_reading(self) -> None:
+        self._reader = threading.Thread(target=self._read, name="eos-produce-stream-reader", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        try:
+            for request in self._request_iterator:
+                with self._condition:
+                    # Bounded: a client that pipelines too deep is held back by gRPC's flow
+                    # control instead of filling the broker's memory.
+                    while (len(self._received) >= STREAM_REQUESTS_RECEIVED_MAX
+                           and not (self._broken or self.stopping)):
+                        self._condition.wait()
+                    if self._broken or self.stopping:
+                        return
+                    self._received.append(request)
+                    self._condition.notify_all()
+        except grpc.RpcError:
+            self.rpc_done()   # the client cancelled or the connection broke
+            return
+        except Exception:
+            log.exception("reading a produce stream failed")
+            self.rpc_done()
+            return
+        with self._condition:
+            self._client_closed = True
+            self._condition.notify_all()
+
+    def next_request(self) -> broker_pb2.ProduceRequest | None:
+        """The next request in arrival order; None when the stream is to end (the client
+        closed it and every request was taken, or the call is over, or the broker stops)."""
+        with self._condition:
+            while True:
+                if self._broken or self.stopping:
+                    return None
+                if self._received:
+                    request = self._received.popleft()
+                    self._condition.notify_all()   # room for the reader
+                    return request
+                if self._client_closed:
+                    return None
+                self._condition.wait()
+
+    def rpc_done(self) -> None:
+        """The call ended (a gRPC callback, or the reader saw it fail): stop at once."""
+        with self._condition:
+            self._broken = True
+            self._condition.notify_all()
+
+    def stop(self) -> None:
+        """The broker stops: the request being handled is answered, nothing after it."""
+        with self._condition:
+            self.stopping = True
+            self._condition.notify_all()
+
+    def finish(self) -> None:
+        """The handler is done: the reader takes nothing more. It leaves gRPC's iterator
+        when the call is over, which the handler's return brings about."""
+        self.rpc_done()
+
+
+class _ProduceStreams:
+    """The open produce streams: at most `max_streams`, and all stopped at shutdown."""
+
+    def __init__(self, max_streams: int):
+        if max_streams < 0:
+            raise ValueError(f"max_streams must be >= 0, got {max_streams}")
+        self.max_streams = max_streams
+        self._lock = threading.Lock()
+        self._open: set[_ProduceStreamSession] = set()
+        self._closed = False
+
+    @property
+    def count(self) -> int:
+        return len(self._open)
+
+    def register(self, session: _ProduceStreamSession) -> tuple[grpc.StatusCode, str] | None:
+        """None when the session may run; else the status that refuses the call."""
+        with self._lock:
+            if self._closed:
+                return grpc.StatusCode.UNAVAILABLE, "the broker is shutting down"
+            if len(self._open) >= self.max_streams:
+                return grpc.StatusCode.RESOURCE_EXHAUSTED, (
+                    f"too many produce streams: this broker serves at most {self.max_streams} at once; "
+                    f"use unary Produce or retry later")
+            self._open.add(session)
+        return None
+
+    def unregister(self, session: _ProduceStreamSession) -> None:
+        with self._lock:
+            self._open.discard(session)
+
+    def close(self) -> None:
+        """Shutdown: refuse new streams; each open one ends after its request in flight."""
+        with self._lock:
+            self._closed = True
+            sessions = list(self._open)
+        for session in sessions:
+            session.stop()
 
 
 def _describe(exc: BaseException) -> tuple[int, str]:
@@ -226,11 +373,13 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                  auto_create_topics: bool = False,
                  fetch_max_wait_cap_ms: int = FETCH_MAX_WAIT_CAP_MS,
                  verify_txn: VerifyTxn | None = None,
-                 on_offsets_txn_marker: OffsetsTxnMarkerHook | None = None):
+                 on_offsets_txn_marker: OffsetsTxnMarkerHook | None = None,
+                 max_produce_streams: int = PRODUCE_STREAMS_MAX):
         """`verify_txn` asks the transaction coordinator whether partitions are registered in
         a producer's open transaction (None: no coordinator, transactional writes are not
         verified). `on_offsets_txn_marker` is the group coordinator's hook for markers
-        written to `__consumer_offsets` partitions."""
+        written to `__consumer_offsets` partitions. At most `max_produce_streams`
+        ProduceStream calls are open at once (each holds a gRPC worker for its lifetime)."""
         self._registry = registry
         self._log_manager = log_manager
         self._purgatory = purgatory
@@ -243,17 +392,25 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         self._on_offsets_txn_marker = on_offsets_txn_marker
         self._admin_lock = threading.Lock()   # one topic change at a time (registry + logs)
         self._gate = _RequestGate()
+        self._streams = _ProduceStreams(max_produce_streams)
 
     # ---- lifecycle -------------------------------------------------------------------------
 
     def close_and_drain(self, timeout_s: float) -> bool:
-        """Refuse new requests, wake long polls, wait for requests in flight."""
+        """Refuse new requests, wake long polls, end produce streams once their request in
+        flight is answered, wait for requests in flight."""
         self._purgatory.close()
+        self._streams.close()
         return self._gate.close_and_drain(timeout_s)
 
     @property
     def fetch_waiter_count(self) -> int:
         return self._purgatory.waiter_count
+
+    @property
+    def produce_stream_count(self) -> int:
+        """ProduceStream calls open right now (for tests and metrics)."""
+        return self._streams.count
 
     # ---- lookups -----------------------------------------------------------------------------
 
@@ -280,6 +437,49 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
 
     @_gated
     def Produce(self, request: broker_pb2.ProduceRequest, context) -> broker_pb2.ProduceResponse:
+        return self._produce(request)
+
+    def ProduceStream(self, request_iterator, context):
+        """Produce over one ordered stream (see "Produce streams" in the module doc): each
+        request goes through `_produce`, as a unary Produce does, one at a time in arrival
+        order, and its response, echoing the correlation_id, is yielded in the same order."""
+        session = _ProduceStreamSession(request_iterator)
+        refusal = self._streams.register(session)
+        if refusal is not None:
+            code, message = refusal
+            context.set_trailing_metadata(((STREAM_REFUSAL_METADATA_KEY, code.name.lower()),))
+            context.abort(code, message)
+        try:
+            context.add_callback(session.rpc_done)   # the client cancelled: stop waiting at once
+            session.start_reading()
+            while True:
+                request = session.next_request()
+                if request is None or not self._gate.enter():
+                    break
+                try:
+                    response = self._produce(request)
+                finally:
+                    self._gate.exit()
+                yield response   # returns once gRPC took the message: the next request waits
+            if session.stopping or self._gate.closed:
+                context.abort(grpc.StatusCode.UNAVAILABLE, "the broker is shutting down")
+        finally:
+            session.finish()
+            self._streams.unregister(session)
+
+    def _produce(self, request: broker_pb2.ProduceRequest) -> broker_pb2.ProduceResponse:
+        """One produce request, unary or from a stream: per-partition results, the
+        request's correlation_id echoed. Never raises (a stream goes on after a bad request)."""
+        try:
+            response = self._produce_partitions(request)
+        except Exception as exc:   # a bug below: this request fails, the broker goes on
+            log.exception("Produce failed unexpectedly")
+            response = _refuse_produce(request, ErrorCode.UNKNOWN_SERVER_ERROR,
+                                       f"unexpected {type(exc).__name__}: {exc}")
+        response.correlation_id = request.correlation_id
+        return response
+
+    def _produce_partitions(self, request: broker_pb2.ProduceRequest) -> broker_pb2.ProduceResponse:
         acks = request.acks
         if acks not in (0, 1, -1):
             return _refuse_produce(request, ErrorCode.INVALID_REQUIRED_ACKS,
