@@ -186,6 +186,7 @@ class Consumer:
                 assign_partitions=lambda tps: self._fetcher.assign(tps, initial_reset=COMMITTED),
                 positions=self._positions, wakeup=self._fetcher.wakeup)
         self._manually_assigned = False
+        self._closing = False
         self._closed = False
 
     @property
@@ -461,13 +462,14 @@ class Consumer:
     def close(self, timeout_ms: int | None = None) -> None:
         """Commit (enable.auto.commit), revoke, leave the group (a static member stays until
         its session times out), and release everything; bounded by `timeout_ms` (30 s)."""
-        if self._closed:
+        if self._closed or self._closing:
             return
-        self._closed = True
+        self._closing = True    # the listener may still use the consumer (commit on revoke)
         try:
             if self._group is not None:
                 self._group.close(timeout_ms if timeout_ms is not None else CLOSE_TIMEOUT_MS)
         finally:
+            self._closed = True
             self._fetcher.close()
             self._metadata.close()
 
