@@ -95,11 +95,12 @@ class RunContext:
     sizes: Sizes
     progress: Callable[[str], None] = print
     shared: dict = field(default_factory=dict)    # results one workload leaves for another
+    topic_prefix: str = "bench"                   # another run on the same broker: another prefix
     _names: itertools.count = field(default_factory=lambda: itertools.count(1))
 
     def topic_name(self, prefix: str) -> str:
         """A topic name not used before in this run."""
-        return f"bench-{prefix}-{next(self._names)}"
+        return f"{self.topic_prefix}-{prefix}-{next(self._names)}"
 
     def log_bytes(self, topic: str) -> int:
         """Bytes in the `.log` segment files of `topic` on disk (all partitions)."""
