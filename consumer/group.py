@@ -204,7 +204,8 @@ class ConsumerCoordinator:
                  assign_partitions: Callable[[list[TopicPartition]], None],
                  positions: Callable[[], dict[TopicPartition, int]],
                  wakeup: threading.Event | None = None, clock: Callable[[], int] = net.now_ms,
-                 stub_for: Callable[[str], object] | None = None, start_heartbeat_thread: bool = True):
+                 sleep_ms: Callable[[int], None] | None = None, stub_for: Callable[[str], object] | None = None,
+                 start_heartbeat_thread: bool = True):
         if not group_id:
             raise ValueError("group.id must be a non-empty string")
         if heartbeat_interval_ms >= session_timeout_ms:
@@ -229,6 +230,7 @@ class ConsumerCoordinator:
         self._positions = positions
         self.wakeup = wakeup or threading.Event()
         self._clock = clock
+        self._sleep_ms = sleep_ms or (lambda ms: threading.Event().wait(ms / 1000))
         self._stub_for = stub_for or (lambda address: group_pb2_grpc.GroupCoordinatorStub(metadata.channel(address)))
         self._start_heartbeat_thread = start_heartbeat_thread
         self._call_metadata = ((CLIENT_ID_METADATA_KEY, client_id),) if client_id else ()
@@ -670,10 +672,8 @@ class ConsumerCoordinator:
                     self._coordinator = address
                 return True
             attempt += 1
-            delay_ms = self._backoff.delay_ms(attempt)
-            if self._clock() + delay_ms >= deadline_ms:
+            if not self._sleep_backoff(attempt, deadline_ms):
                 return False
-            self.wakeup.wait(delay_ms / 1000)
 
     def _lookup_once(self, deadline_ms: int) -> str | None:
         bootstrap = self._metadata.bootstrap_address
@@ -724,7 +724,7 @@ class ConsumerCoordinator:
         delay_ms = self._backoff.delay_ms(attempt)
         if self._clock() + delay_ms >= deadline_ms:
             return False
-        threading.Event().wait(delay_ms / 1000)
+        self._sleep_ms(delay_ms)
         return True
 
     # ---- offsets -------------------------------------------------------------------------------
