@@ -128,6 +128,25 @@ def test_auto_create_when_enabled(inprocess_broker_factory):
     assert topic.error_code == ErrorCode.NONE and len(topic.partitions) == 3
 
 
+def test_offsets_topic_num_partitions(inprocess_broker_factory):
+    """offsets.topic.num.partitions sets the partitions of __consumer_offsets when the broker
+    creates it; on a later start with another value the topic keeps the count its data was
+    placed with."""
+    handle = inprocess_broker_factory(config={"offsets.topic.num.partitions": "3"})
+    [topic] = handle.broker_stub().Metadata(broker_pb2.MetadataRequest(topics=["__consumer_offsets"]),
+                                            timeout=30).topics
+    assert topic.is_internal and len(topic.partitions) == 3
+    assert handle.server.group_coordinator.offsets_partitions == 3
+
+    handle.stop()
+    handle.config = {"offsets.topic.num.partitions": "7"}
+    handle.start()
+    [topic] = handle.broker_stub().Metadata(broker_pb2.MetadataRequest(topics=["__consumer_offsets"]),
+                                            timeout=30).topics
+    assert len(topic.partitions) == 3
+    assert handle.server.group_coordinator.offsets_partitions == 3
+
+
 def test_topics_survive_sigterm_and_kill(broker):
     stub = broker.broker_stub()
     create_topics(stub, ("kept", 3, 1, {"retention.ms": "3600000"}), ("gone", 1, 1, {}))
