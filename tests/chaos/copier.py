@@ -10,8 +10,8 @@ that no member ever joins (TxnOffsetCommit with generation -1 is a "simple" comm
 1. `init_transactions()` first: the epoch bump fences any earlier instance of this
    transactional.id (a copier killed with kill -9) and aborts its open transaction, input
    offsets included.
-2. Then the committed offset of the input partition, asked with require_stable
-   (KIP-447): while a transactional offset commit of the group is still pending -- the
+2. Then the committed offset of the input partition (`Consumer.committed`, which asks
+   with require_stable, KIP-447): while a transactional offset commit of the group is still pending -- the
    previous instance's commit waiting for its markers, or its abort -- the coordinator
    answers UNSTABLE_OFFSET_COMMIT and the copier asks again, so it never starts from an
    offset that is about to change. No committed offset: the start of the partition.
@@ -53,24 +53,16 @@ import logging
 import sys
 import time
 
-import grpc
-
-from eos.errors import EosError, ErrorCode, error_for
+from eos.errors import EosError
 from eos.types import TopicPartition
-from eos.v1 import common_pb2, group_pb2, group_pb2_grpc
 
 log = logging.getLogger("eos.chaos.copier")
 
 TRANSFORM_SUFFIX = b"|copied"
-OFFSET_FETCH_TIMEOUT_S = 60.0      # bound on waiting for a stable committed offset
-RPC_TIMEOUT_S = 10.0
-RETRY_BACKOFF_S = 0.05
+OFFSET_FETCH_TIMEOUT_MS = 60_000   # bound on waiting for a stable committed offset
 EXIT_DONE = 0
 EXIT_FATAL = 2
 EXIT_ABORT_FAILED = 3
-_RETRIABLE_OFFSET_FETCH = {ErrorCode.UNSTABLE_OFFSET_COMMIT, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
-                           ErrorCode.COORDINATOR_NOT_AVAILABLE, ErrorCode.NOT_COORDINATOR}
-_RETRIABLE_GRPC = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
 
 
 def transform(value: bytes) -> bytes:
@@ -80,83 +72,6 @@ def transform(value: bytes) -> bytes:
 
 def emit(line: str) -> None:
     print(line, flush=True)
-
-
-class CommittedOffsets:
-    """The group's committed offsets, read stable (OffsetFetch with require_stable=True)
-    from the group's coordinator, retrying what a coordinator answers while it loads or
-    while a transactional commit is pending, up to `timeout_s`."""
-
-    def __init__(self, bootstrap: str, group_id: str, timeout_s: float = OFFSET_FETCH_TIMEOUT_S):
-        self._bootstrap = bootstrap
-        self.group_id = group_id
-        self._timeout_s = timeout_s
-        self._channels: dict[str, grpc.Channel] = {}
-
-    def _stub(self, address: str) -> group_pb2_grpc.GroupCoordinatorStub:
-        channel = self._channels.get(address)
-        if channel is None:
-            channel = self._channels[address] = grpc.insecure_channel(address)
-        return group_pb2_grpc.GroupCoordinatorStub(channel)
-
-    def _coordinator_address(self) -> str:
-        response = self._stub(self._bootstrap).FindCoordinator(group_pb2.FindCoordinatorRequest(
-            key_type=group_pb2.GROUP, keys=[self.group_id]), timeout=RPC_TIMEOUT_S)
-        for found in response.coordinators:
-            if found.key == self.group_id and found.error_code == ErrorCode.NONE:
-                return f"{found.host}:{found.port}"
-            raise error_for(found.error_code, f"FindCoordinator({self.group_id!r}): {found.error_message}")
-        raise error_for(ErrorCode.COORDINATOR_NOT_AVAILABLE, f"no coordinator named for {self.group_id!r}")
-
-    def fetch(self, tp: TopicPartition) -> int | None:
-        """The committed offset of `tp` (None: nothing committed)."""
-        deadline = time.monotonic() + self._timeout_s
-        last_problem = ""
-        while True:
-            try:
-                stub = self._stub(self._coordinator_address())
-                response = stub.OffsetFetch(group_pb2.OffsetFetchRequest(
-                    group_id=self.group_id, require_stable=True,
-                    partitions=[common_pb2.TopicPartition(topic=tp.topic, partition=tp.partition)]),
-                    timeout=RPC_TIMEOUT_S)
-                code = ErrorCode(response.error_code)
-                if code is ErrorCode.NONE:
-                    for fetched in response.partitions:
-                        if (fetched.topic, fetched.partition) != (tp.topic, tp.partition):
-                            continue
-                        code = ErrorCode(fetched.error_code)
-                        if code is ErrorCode.NONE:
-                            return fetched.offset if fetched.offset >= 0 else None
-                        break
-                    else:
-                        return None
-                if code not in _RETRIABLE_OFFSET_FETCH:
-                    raise error_for(code, f"OffsetFetch({self.group_id!r}, {tp}): {response.error_message}")
-                last_problem = code.name
-            except EosError as exc:
-                if exc.code not in _RETRIABLE_OFFSET_FETCH:
-                    raise
-                last_problem = exc.code.name
-            except grpc.RpcError as exc:
-                if exc.code() not in _RETRIABLE_GRPC:
-                    raise
-                last_problem = f"gRPC {exc.code().name}"
-            if time.monotonic() >= deadline:
-                raise TimeoutError(f"no stable committed offset for {self.group_id!r} {tp} after "
-                                   f"{self._timeout_s} s (last: {last_problem})")
-            time.sleep(RETRY_BACKOFF_S)
-
-    def close(self) -> None:
-        for channel in self._channels.values():
-            channel.close()
-        self._channels.clear()
-
-
-def group_metadata_of(consumer, group_id: str):
-    """The consumer's group metadata for send_offsets_to_transaction. A consumer that
-    never joins the group has generation -1 and no member id, which the coordinator takes
-    as a commit outside group management."""
-    return consumer.group_metadata()
 
 
 class Copier:
@@ -173,17 +88,15 @@ class Copier:
         self.consumer = eos.Consumer(
             args.bootstrap, group_id=args.group, isolation_level="read_committed",
             auto_offset_reset="earliest", max_poll_records=args.txn_records)
-        self.offsets = CommittedOffsets(args.bootstrap, args.group)
         self.copied_total = 0
 
     def close(self) -> None:
         self.consumer.close()
         self.producer.close(timeout=5)
-        self.offsets.close()
 
     def rewind(self) -> int:
         """Seek the input to its committed offset (or its start); return where that is."""
-        committed = self.offsets.fetch(self.tp)
+        committed = self.consumer.committed([self.tp], timeout_ms=OFFSET_FETCH_TIMEOUT_MS)[self.tp]
         if committed is None:
             self.consumer.seek_to_beginning(self.tp)
         else:
@@ -196,7 +109,7 @@ class Copier:
         self.consumer.assign([self.tp])
         position = self.rewind()
         end = self.consumer.end_offsets([self.tp])[self.tp] if args.stop_at_end else -1
-        group_metadata = group_metadata_of(self.consumer, args.group)
+        group_metadata = self.consumer.group_metadata()
         emit(f"ready position={position} end={end}")
         while end < 0 or position < end:
             records = self.consumer.poll(timeout_ms=args.poll_timeout_ms, max_records=args.txn_records)
