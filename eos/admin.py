@@ -9,6 +9,18 @@ turn each per-topic or per-partition error code into the eos exception for it
 restarting, deadline passed) is retried with backoff until default.api.timeout.ms; errors
 in the answer are raised at once. The client keeps no state beyond its channels, so it is
 safe to share between threads.
+
+Groups and transactions have the same shape, asked of their coordinator: a group's is found
+with FindCoordinator; the transaction coordinator is embedded in every broker, so the
+bootstrap broker answers. A coordinator that is still loading its log (or moving) answers
+with a retriable code; those answers are retried, like transport errors, until
+default.api.timeout.ms. Group lag follows kafka-consumer-groups.sh: committed offset
+against the log end, which for read_committed consumers is the last stable offset
+(ListOffsets latest with isolation READ_COMMITTED). Hanging transactions follow
+kafka-transactions.sh find-hanging (KIP-664): DescribeProducers on the partitions; a
+producer whose open transaction has had no write for longer than the maximum transaction
+timeout is hanging unless the coordinator lists that producer (as owner or participant)
+with an ongoing or completing transaction that includes the partition.
 """
 from __future__ import annotations
 
@@ -18,9 +30,9 @@ from typing import Callable
 import grpc
 
 from eos import net
-from eos.errors import EosError, ErrorCode, error_for
+from eos.errors import EosError, ErrorCode, Reaction, error_for, reaction_for
 from eos.types import TopicPartition
-from eos.v1 import broker_pb2
+from eos.v1 import broker_pb2, common_pb2, group_pb2, group_pb2_grpc, txn_pb2
 from eos.v1.common_pb2 import IsolationLevel
 
 ADMIN_CONFIG: dict[str, net.ConfigSpec] = {
@@ -33,6 +45,20 @@ ADMIN_CONFIG: dict[str, net.ConfigSpec] = {
 }
 
 _OFFSET_SPECS = {"earliest": -2, "latest": -1, "max_timestamp": -3}
+MAX_TRANSACTION_TIMEOUT_MS = 15 * 60 * 1000     # Kafka's transaction.max.timeout.ms: find-hanging's default
+# A transaction the coordinator still works on: its partitions may legitimately be open.
+_LIVE_TXN_STATES = ("Ongoing", "PrepareCommit", "PrepareAbort")
+
+
+def _isolation_level(isolation_level: str) -> int:
+    if isolation_level not in ("read_uncommitted", "read_committed"):
+        raise ValueError(f"isolation_level must be read_uncommitted or read_committed, got {isolation_level!r}")
+    return (IsolationLevel.READ_COMMITTED if isolation_level == "read_committed"
+            else IsolationLevel.READ_UNCOMMITTED)
+
+
+def _tps(partitions) -> list[common_pb2.TopicPartition]:
+    return [common_pb2.TopicPartition(topic=tp[0], partition=tp[1]) for tp in partitions]
 
 
 def _topic_spec(item) -> tuple[str, int, int, dict]:
@@ -83,22 +109,30 @@ class Admin:
 
     # ---- plumbing ------------------------------------------------------------------------
 
-    def _call(self, what: str, rpc: Callable, request, timeout_ms: int | None = None):
-        """One RPC to the bootstrap broker, retried on transport errors until the timeout."""
+    def _call(self, what: str, rpc: Callable, request, timeout_ms: int | None = None, *,
+              stub: Callable | None = None, answer_code: Callable | None = None):
+        """One RPC (to the bootstrap broker, or to `stub()`), retried on transport errors until
+        the timeout; with `answer_code(response)`, also while the answer's code is retriable
+        (a coordinator loading its log)."""
         deadline = time.monotonic() + (timeout_ms if timeout_ms is not None else self._api_timeout_ms) / 1000
         attempt = 0
         while True:
             remaining_s = deadline - time.monotonic()
             try:
-                return rpc(self._metadata.bootstrap_stub())(
+                response = rpc(stub() if stub is not None else self._metadata.bootstrap_stub())(
                     request, timeout=max(0.001, min(self._request_timeout_ms / 1000, remaining_s)))
             except grpc.RpcError as exc:
                 error = net.error_from_rpc(exc, what)
-                attempt += 1
-                delay_s = self._backoff.delay_ms(attempt) / 1000
-                if not error.retriable or time.monotonic() + delay_s >= deadline:
-                    raise error from None
-                time.sleep(delay_s)
+            else:
+                code = answer_code(response) if answer_code is not None else ErrorCode.NONE
+                if code == ErrorCode.NONE or reaction_for(code) is not Reaction.RETRY:
+                    return response
+                error = error_for(code, f"{what}: {ErrorCode(code).name}")
+            attempt += 1
+            delay_s = self._backoff.delay_ms(attempt) / 1000
+            if not error.retriable or time.monotonic() + delay_s >= deadline:
+                raise error from None
+            time.sleep(delay_s)
 
     @staticmethod
     def _raise_topic_errors(results, what: str) -> None:
@@ -211,8 +245,7 @@ class Admin:
         "latest" is the high watermark (the last stable offset under read_committed); a
         timestamp gives the earliest offset whose timestamp is >= it, or -1 if none is.
         """
-        if isolation_level not in ("read_uncommitted", "read_committed"):
-            raise ValueError(f"isolation_level must be read_uncommitted or read_committed, got {isolation_level!r}")
+        level = _isolation_level(isolation_level)
         partitions = []
         for tp, spec in specs.items():
             topic, partition = tp
@@ -230,8 +263,6 @@ class Admin:
                                                               timestamp=timestamp))
         if not partitions:
             return {}
-        level = (IsolationLevel.READ_COMMITTED if isolation_level == "read_committed"
-                 else IsolationLevel.READ_UNCOMMITTED)
         response = self._call("ListOffsets", lambda s: s.ListOffsets, broker_pb2.ListOffsetsRequest(
             isolation_level=level, partitions=partitions))
         result = {}
@@ -241,6 +272,291 @@ class Admin:
                                 f"{listed.error_message or ErrorCode(listed.error_code).name}")
             result[TopicPartition(listed.topic, listed.partition)] = listed.offset
         return result
+
+    def _end_offsets(self, partitions, isolation_level: str) -> dict[TopicPartition, int | None]:
+        """ListOffsets latest of each partition (the LSO under read_committed); None where the
+        partition answers an error (a topic deleted since, say)."""
+        partitions = sorted(set(partitions))
+        if not partitions:
+            return {}
+        response = self._call("ListOffsets", lambda s: s.ListOffsets, broker_pb2.ListOffsetsRequest(
+            isolation_level=_isolation_level(isolation_level),
+            partitions=[broker_pb2.ListOffsetsPartition(topic=tp.topic, partition=tp.partition, timestamp=-1)
+                        for tp in partitions]))
+        result: dict[TopicPartition, int | None] = dict.fromkeys(partitions)
+        for listed in response.partitions:
+            if listed.error_code == ErrorCode.NONE:
+                result[TopicPartition(listed.topic, listed.partition)] = listed.offset
+        return result
+
+    # ---- consumer groups -----------------------------------------------------------------
+
+    def _group_coordinator(self, group_id: str):
+        """A callable giving the stub of the group's coordinator (FindCoordinator once)."""
+        if not isinstance(group_id, str) or not group_id:
+            raise ValueError(f"a group id is a non-empty string, got {group_id!r}")
+        response = self._call("FindCoordinator", lambda s: s.FindCoordinator,
+                              group_pb2.FindCoordinatorRequest(key_type=group_pb2.GROUP, keys=[group_id]),
+                              stub=self._bootstrap_group_stub,
+                              answer_code=lambda r: r.coordinators[0].error_code if r.coordinators else 0)
+        found = [c for c in response.coordinators if c.key == group_id]
+        if not found:
+            raise EosError(f"FindCoordinator did not answer for group {group_id!r}", ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        if found[0].error_code != ErrorCode.NONE:
+            raise error_for(found[0].error_code, f"no coordinator for group {group_id!r}: {found[0].error_message}")
+        address = self._address_of(found[0].host, found[0].port)
+        return lambda: group_pb2_grpc.GroupCoordinatorStub(self._metadata.channel(address))
+
+    def _bootstrap_group_stub(self) -> group_pb2_grpc.GroupCoordinatorStub:
+        return group_pb2_grpc.GroupCoordinatorStub(self._metadata.channel(self._metadata.bootstrap_address))
+
+    def _address_of(self, host: str, port: int) -> str:
+        # As net.ClusterMetadata: one bootstrap address and one broker means the bootstrap
+        # channel, whatever the broker advertises.
+        if len(self._metadata.bootstrap_addresses) == 1 and len(self._metadata.brokers()) <= 1:
+            return self._metadata.bootstrap_address
+        return f"{host}:{port}"
+
+    def list_groups(self, states=None) -> list[dict]:
+        """Every group: [{"group_id", "protocol_type", "state"}], sorted by id; `states`
+        (e.g. ["Stable", "Empty"]) keeps only groups in those states."""
+        states = [states] if isinstance(states, str) else list(states or [])
+        self._metadata.fetch()   # every broker coordinates some groups: ask them all
+        addresses = sorted({self._address_of(*address.rsplit(":", 1)) for address in
+                            self._metadata.brokers().values()} or {self._metadata.bootstrap_address})
+        listed = {}
+        for address in addresses:
+            response = self._call("ListGroups", lambda s: s.ListGroups, group_pb2.ListGroupsRequest(states_filter=states),
+                                  stub=lambda a=address: group_pb2_grpc.GroupCoordinatorStub(self._metadata.channel(a)),
+                                  answer_code=lambda r: r.error_code)
+            if response.error_code == ErrorCode.INVALID_REQUEST:
+                raise ValueError(f"unknown group state in {states}: known are Empty, PreparingRebalance, "
+                                 f"CompletingRebalance, Stable, Dead")
+            if response.error_code != ErrorCode.NONE:
+                raise error_for(response.error_code, f"ListGroups at {address}: {ErrorCode(response.error_code).name}")
+            for g in response.groups:
+                listed[g.group_id] = {"group_id": g.group_id, "protocol_type": g.protocol_type, "state": g.state}
+        return [listed[g] for g in sorted(listed)]
+
+    def describe_group(self, group_id: str) -> dict:
+        """{"group_id", "state", "protocol_type", "protocol", "generation", "members": [{"member_id",
+        "group_instance_id", "client_id", "host", "assignment": [TopicPartition]}]}. A group
+        that does not exist raises GROUP_ID_NOT_FOUND."""
+        from consumer.assignors import CONSUMER_PROTOCOL_TYPE, decode_assignment
+
+        stub = self._group_coordinator(group_id)
+        response = self._call("DescribeGroups", lambda s: s.DescribeGroups,
+                              group_pb2.DescribeGroupsRequest(group_ids=[group_id]), stub=stub,
+                              answer_code=lambda r: r.groups[0].error_code if r.groups else 0)
+        found = [g for g in response.groups if g.group_id == group_id]
+        if not found:
+            raise EosError(f"DescribeGroups did not answer for group {group_id!r}", ErrorCode.UNKNOWN_SERVER_ERROR)
+        g = found[0]
+        if g.error_code == ErrorCode.GROUP_ID_NOT_FOUND:
+            raise error_for(g.error_code, f"consumer group {group_id!r} does not exist")
+        if g.error_code != ErrorCode.NONE:
+            raise error_for(g.error_code, f"cannot describe group {group_id!r}: {g.error_message or ErrorCode(g.error_code).name}")
+        members = []
+        for m in g.members:
+            assignment: list[TopicPartition] = []
+            if g.protocol_type == CONSUMER_PROTOCOL_TYPE and m.member_assignment:
+                try:
+                    assignment = sorted(decode_assignment(m.member_assignment).partitions)
+                except ValueError:
+                    assignment = []   # not a ConsumerProtocol assignment: shown as none
+            members.append({"member_id": m.member_id, "group_instance_id": m.group_instance_id or None,
+                            "client_id": m.client_id, "host": m.client_host, "assignment": assignment})
+        return {"group_id": g.group_id, "state": g.state, "protocol_type": g.protocol_type, "protocol": g.protocol,
+                "generation": g.generation_id, "members": sorted(members, key=lambda m: m["member_id"])}
+
+    def list_group_offsets(self, group_id: str, partitions=None, *,
+                           require_stable: bool = False) -> dict[TopicPartition, int]:
+        """The group's committed offsets: {tp: offset}, only partitions with a commit (all of
+        the group's, or those of `partitions`). With `require_stable`, a partition whose
+        transactional commit is still pending is waited for (UNSTABLE_OFFSET_COMMIT retried)."""
+        stub = self._group_coordinator(group_id)
+        wanted = _tps(partitions or [])
+
+        def unstable_or_group_code(r):
+            if r.error_code != ErrorCode.NONE:
+                return r.error_code
+            return next((p.error_code for p in r.partitions if p.error_code != ErrorCode.NONE), 0)
+
+        response = self._call("OffsetFetch", lambda s: s.OffsetFetch,
+                              group_pb2.OffsetFetchRequest(group_id=group_id, partitions=wanted,
+                                                           require_stable=require_stable),
+                              stub=stub, answer_code=unstable_or_group_code)
+        if response.error_code != ErrorCode.NONE:
+            raise error_for(response.error_code, f"cannot fetch offsets of group {group_id!r}: "
+                                                 f"{response.error_message or ErrorCode(response.error_code).name}")
+        result = {}
+        for p in response.partitions:
+            if p.error_code != ErrorCode.NONE:
+                raise error_for(p.error_code, f"offset of group {group_id!r} for {p.topic}-{p.partition}: "
+                                              f"{ErrorCode(p.error_code).name}")
+            if p.offset >= 0:
+                result[TopicPartition(p.topic, p.partition)] = p.offset
+        return dict(sorted(result.items()))
+
+    def group_lag(self, group_id: str, *, isolation_level: str = "read_committed") -> list[dict]:
+        """kafka-consumer-groups.sh --describe as data: one row per partition that a member
+        owns or the group has committed, sorted by (topic, partition): {"topic", "partition",
+        "current_offset" (None: no commit), "log_end_offset" (the LSO under read_committed;
+        None if unknown), "lag" (None without both), "member_id", "group_instance_id", "host",
+        "client_id" (None for a partition no member owns)}."""
+        _isolation_level(isolation_level)
+        try:
+            description = self.describe_group(group_id)
+        except EosError as exc:
+            if exc.code != ErrorCode.GROUP_ID_NOT_FOUND:
+                raise
+            description = {"members": []}
+        committed = self.list_group_offsets(group_id)
+        owners = {tp: m for m in description["members"] for tp in m["assignment"]}
+        partitions = set(committed) | set(owners)
+        if not partitions and not description["members"]:
+            raise error_for(ErrorCode.GROUP_ID_NOT_FOUND, f"consumer group {group_id!r} does not exist")
+        ends = self._end_offsets(partitions, isolation_level)
+        rows = []
+        for tp in sorted(partitions):
+            current, end, owner = committed.get(tp), ends.get(tp), owners.get(tp)
+            rows.append({"topic": tp.topic, "partition": tp.partition, "current_offset": current,
+                         "log_end_offset": end,
+                         "lag": max(0, end - current) if current is not None and end is not None else None,
+                         "member_id": owner["member_id"] if owner else None,
+                         "group_instance_id": owner["group_instance_id"] if owner else None,
+                         "host": owner["host"] if owner else None,
+                         "client_id": owner["client_id"] if owner else None})
+        return rows
+
+    # ---- transactions --------------------------------------------------------------------
+
+    def _txn_call(self, what: str, rpc: Callable, request, answer_code: Callable | None = None):
+        return self._call(what, rpc, request, stub=self._metadata.txn_coordinator_stub, answer_code=answer_code)
+
+    def list_transactions(self, states=None, *, producer_ids=None, duration_ms: int | None = None) -> list[dict]:
+        """[{"transactional_id", "producer_id", "state", "participant_count"}], sorted by id;
+        filtered by `states` (e.g. ["Ongoing"]), `producer_ids` (owners or participants) and
+        `duration_ms` (only transactions open longer than that)."""
+        states = [states] if isinstance(states, str) else list(states or [])
+        response = self._txn_call("ListTransactions", lambda s: s.ListTransactions, txn_pb2.ListTransactionsRequest(
+            state_filters=states, producer_id_filters=list(producer_ids or []), duration_filter_ms=duration_ms or 0),
+            answer_code=lambda r: r.error_code)
+        if response.error_code == ErrorCode.INVALID_REQUEST:
+            raise ValueError(f"unknown transaction state in {states}: known are Empty, Ongoing, PrepareCommit, "
+                             f"PrepareAbort, CompleteCommit, CompleteAbort, PrepareEpochFence, Dead")
+        if response.error_code != ErrorCode.NONE:
+            raise error_for(response.error_code, f"ListTransactions: {ErrorCode(response.error_code).name}")
+        return [{"transactional_id": t.transactional_id, "producer_id": t.producer_id, "state": t.state,
+                 "participant_count": t.participant_count}
+                for t in sorted(response.transactions, key=lambda t: t.transactional_id)]
+
+    def describe_transaction(self, transactional_id: str) -> dict:
+        """{"transactional_id", "state", "producer_id", "producer_epoch", "timeout_ms",
+        "start_time_ms" (None when no transaction is open), "partitions": [TopicPartition],
+        "groups", "coordinator_epoch", "participants": [{"producer_id", "producer_epoch",
+        "partitions", "accepted"}]}. An unknown id raises TRANSACTIONAL_ID_NOT_FOUND."""
+        response = self._txn_call("DescribeTransactions", lambda s: s.DescribeTransactions,
+                                  txn_pb2.DescribeTransactionsRequest(transactional_ids=[transactional_id]),
+                                  answer_code=lambda r: r.transactions[0].error_code if r.transactions else 0)
+        found = [t for t in response.transactions if t.transactional_id == transactional_id]
+        if not found:
+            raise EosError(f"DescribeTransactions did not answer for {transactional_id!r}", ErrorCode.UNKNOWN_SERVER_ERROR)
+        t = found[0]
+        if t.error_code != ErrorCode.NONE:
+            raise error_for(t.error_code, f"cannot describe transactional id {transactional_id!r}: "
+                                          f"{t.error_message or ErrorCode(t.error_code).name}")
+        return {"transactional_id": t.transactional_id, "state": t.state, "producer_id": t.producer_id,
+                "producer_epoch": t.producer_epoch, "timeout_ms": t.transaction_timeout_ms,
+                "start_time_ms": t.transaction_start_time_ms if t.transaction_start_time_ms >= 0 else None,
+                "partitions": sorted(TopicPartition(p.topic, p.partition) for p in t.partitions),
+                "groups": sorted(t.groups), "coordinator_epoch": t.coordinator_epoch,
+                "participants": [{"producer_id": p.producer_id, "producer_epoch": p.producer_epoch,
+                                  "partitions": sorted(TopicPartition(q.topic, q.partition) for q in p.partitions),
+                                  "accepted": p.accepted} for p in t.participants]}
+
+    def abort_transaction(self, tp, producer_id: int, producer_epoch: int, coordinator_epoch: int) -> None:
+        """KIP-664: write an ABORT marker for `producer_id`'s open transaction in partition `tp`
+        (a hanging transaction the coordinator no longer knows about), so the LSO moves on."""
+        topic, partition = tp
+        for label, value in (("producer_id", producer_id), ("producer_epoch", producer_epoch),
+                             ("coordinator_epoch", coordinator_epoch), ("partition", partition)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{label} must be an int, got {value!r}")
+        response = self._txn_call("AbortTransaction", lambda s: s.AbortTransaction, txn_pb2.AbortTransactionRequest(
+            partition=common_pb2.TopicPartition(topic=topic, partition=partition), producer_id=producer_id,
+            producer_epoch=producer_epoch, coordinator_epoch=coordinator_epoch))
+        if response.error_code != ErrorCode.NONE:
+            raise error_for(response.error_code, f"cannot abort the transaction of producer {producer_id} in "
+                                                 f"{topic}-{partition}: {response.error_message or ErrorCode(response.error_code).name}")
+
+    def describe_producers(self, partitions) -> dict[TopicPartition, list[dict]]:
+        """The active producers of each partition: {tp: [{"producer_id", "producer_epoch",
+        "last_sequence", "last_timestamp_ms", "coordinator_epoch", "current_txn_start_offset"
+        (-1: no open transaction)}]}."""
+        partitions = sorted({TopicPartition(*tp) for tp in partitions})
+        if not partitions:
+            return {}
+        response = self._call("DescribeProducers", lambda s: s.DescribeProducers,
+                              broker_pb2.DescribeProducersRequest(partitions=_tps(partitions)))
+        result = {}
+        for p in response.partitions:
+            if p.error_code != ErrorCode.NONE:
+                raise error_for(p.error_code, f"cannot describe the producers of {p.topic}-{p.partition}: "
+                                              f"{p.error_message or ErrorCode(p.error_code).name}")
+            result[TopicPartition(p.topic, p.partition)] = [
+                {"producer_id": s.producer_id, "producer_epoch": s.producer_epoch, "last_sequence": s.last_sequence,
+                 "last_timestamp_ms": s.last_timestamp_ms, "coordinator_epoch": s.coordinator_epoch,
+                 "current_txn_start_offset": s.current_txn_start_offset} for s in p.producers]
+        return result
+
+    def find_hanging_transactions(self, topic: str | None = None, *, partitions=None,
+                                  max_duration_ms: int = MAX_TRANSACTION_TIMEOUT_MS,
+                                  now_ms: int | None = None) -> list[dict]:
+        """kafka-transactions.sh find-hanging: open transactions (in `partitions`, or every
+        partition of `topic`, or of every topic) whose last write is older than
+        `max_duration_ms` and that the coordinator does not account for. Rows sorted by
+        (topic, partition, producer): {"topic", "partition", "producer_id", "producer_epoch",
+        "coordinator_epoch", "start_offset", "last_timestamp_ms", "duration_ms",
+        "transactional_id" (None: no coordinator knows the producer)}."""
+        if partitions is None:
+            topics = [topic] if topic is not None else self.list_topics()
+            partitions = [TopicPartition(t, p["partition"]) for t in topics for p in self.describe_topic(t)["partitions"]]
+        now = now_ms if now_ms is not None else int(time.time() * 1000)
+        candidates = []
+        for tp, producers in self.describe_producers(partitions).items():
+            for state in producers:
+                if state["current_txn_start_offset"] >= 0 and now - state["last_timestamp_ms"] >= max_duration_ms:
+                    candidates.append((tp, state))
+        if not candidates:
+            return []
+        # Who does the coordinator say these producers write for, and where may they be open?
+        live: dict[int, tuple[str, set]] = {}    # producer id -> (transactional id, partitions it may have open)
+        ids = sorted({state["producer_id"] for _, state in candidates})
+        for listing in self.list_transactions(producer_ids=ids):
+            if listing["state"] not in _LIVE_TXN_STATES:
+                live.setdefault(listing["producer_id"], (listing["transactional_id"], set()))
+                continue
+            try:
+                described = self.describe_transaction(listing["transactional_id"])
+            except EosError as exc:
+                if exc.code != ErrorCode.TRANSACTIONAL_ID_NOT_FOUND:
+                    raise
+                continue
+            live[described["producer_id"]] = (described["transactional_id"], set(described["partitions"]))
+            for participant in described["participants"]:
+                live[participant["producer_id"]] = (described["transactional_id"], set(participant["partitions"]))
+        hanging = []
+        for tp, state in candidates:
+            transactional_id, open_partitions = live.get(state["producer_id"], (None, set()))
+            if tp in open_partitions:
+                continue
+            hanging.append({"topic": tp.topic, "partition": tp.partition, "producer_id": state["producer_id"],
+                            "producer_epoch": state["producer_epoch"], "coordinator_epoch": state["coordinator_epoch"],
+                            "start_offset": state["current_txn_start_offset"],
+                            "last_timestamp_ms": state["last_timestamp_ms"],
+                            "duration_ms": now - state["last_timestamp_ms"], "transactional_id": transactional_id})
+        return sorted(hanging, key=lambda h: (h["topic"], h["partition"], h["producer_id"]))
 
     # ---- lifecycle -----------------------------------------------------------------------
 

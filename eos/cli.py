@@ -5,6 +5,8 @@
     eos produce TOPIC [--file F]            lines from stdin or a file, with a progress bar
     eos consume TOPIC [--from-beginning | --offset N] [--max-messages N]
     eos dump-log FILE...                     batches and index entries of segment files
+    eos groups list|describe|offsets ...     consumer groups, their members, offsets and lag
+    eos txn list|describe|abort|find-hanging transactions (after kafka-transactions.sh)
     eos demo                                 the end-to-end demo on an embedded broker
 
 Every client command takes --bootstrap-server (default $EOS_BOOTSTRAP or 127.0.0.1:9092).
@@ -251,6 +253,131 @@ def _dump_snapshot(path: str) -> None:
         print(" ".join(f"{k}: {v}" for k, v in entry.items()))
 
 
+# ---- tables -------------------------------------------------------------------------------
+
+def _cell(value) -> str:
+    return "-" if value is None or value == "" else str(value)
+
+
+def _print_table(headers: list[str], rows: list[list]) -> None:
+    """Columns padded to their widest cell, as Kafka's tools print them; None shows as "-"."""
+    cells = [[_cell(v) for v in row] for row in rows]
+    widths = [max([len(h)] + [len(row[i]) for row in cells]) for i, h in enumerate(headers)]
+    for row in [headers] + cells:
+        print(" ".join(text.ljust(width) for text, width in zip(row, widths)).rstrip())
+
+
+# ---- groups ---------------------------------------------------------------------------------
+
+def cmd_groups(args) -> int:
+    import eos
+    with eos.Admin(bootstrap=args.bootstrap_server) as admin:
+        if args.action == "list":
+            groups = admin.list_groups(states=[state for state in args.state or [] if state])
+            if args.state is not None:
+                _print_table(["GROUP", "STATE"], [[g["group_id"], g["state"]] for g in groups])
+            else:
+                for g in groups:
+                    print(g["group_id"])
+            return 0
+        if not args.group:
+            print(f"error: eos groups {args.action} needs a GROUP", file=sys.stderr)
+            return 2
+        if args.action == "offsets":
+            offsets = admin.list_group_offsets(args.group)
+            _print_table(["TOPIC", "PARTITION", "OFFSET"], [[tp.topic, tp.partition, o] for tp, o in offsets.items()])
+            return 0
+        if args.members or args.state is not None:
+            description = admin.describe_group(args.group)
+            if not args.members:
+                _print_table(["GROUP", "ASSIGNMENT-STRATEGY", "STATE", "GENERATION", "#MEMBERS"],
+                             [[args.group, description["protocol"], description["state"], description["generation"],
+                               len(description["members"])]])
+            else:
+                _print_table(["CONSUMER-ID", "GROUP-INSTANCE-ID", "HOST", "CLIENT-ID", "#PARTITIONS", "ASSIGNMENT"],
+                             [[m["member_id"], m["group_instance_id"], m["host"], m["client_id"], len(m["assignment"]),
+                               ",".join(f"{tp.topic}-{tp.partition}" for tp in m["assignment"])]
+                              for m in description["members"]])
+            return 0
+        rows = admin.group_lag(args.group, isolation_level=args.isolation)
+        if not any(r["member_id"] for r in rows):
+            print(f"Consumer group '{args.group}' has no active members.")
+        against = "the last stable offset" if args.isolation == "read_committed" else "the high watermark"
+        print(f"Lag of consumer group '{args.group}' against {against} ({args.isolation}):")
+        _print_table(["TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG", "CONSUMER-ID", "HOST",
+                      "CLIENT-ID"],
+                     [[r["topic"], r["partition"], r["current_offset"], r["log_end_offset"], r["lag"], r["member_id"],
+                       r["host"], r["client_id"]] for r in rows])
+    return 0
+
+
+# ---- transactions ---------------------------------------------------------------------------
+
+def cmd_txn(args) -> int:
+    import eos
+    with eos.Admin(bootstrap=args.bootstrap_server) as admin:
+        if args.action == "list":
+            listed = admin.list_transactions(states=args.state)
+            _print_table(["TransactionalId", "ProducerId", "TransactionState", "Participants"],
+                         [[t["transactional_id"], t["producer_id"], t["state"], t["participant_count"]] for t in listed])
+        elif args.action == "describe":
+            t = admin.describe_transaction(args.transactional_id)
+            now_ms = int(time.time() * 1000)
+            _print_table(["TransactionalId", "ProducerId", "ProducerEpoch", "CoordinatorEpoch", "TransactionState",
+                          "TransactionTimeoutMs", "CurrentTransactionStartTimeMs", "TransactionDurationMs",
+                          "TopicPartitions"],
+                         [[t["transactional_id"], t["producer_id"], t["producer_epoch"], t["coordinator_epoch"],
+                           t["state"], t["timeout_ms"], t["start_time_ms"],
+                           now_ms - t["start_time_ms"] if t["start_time_ms"] is not None else None,
+                           ",".join(f"{tp.topic}-{tp.partition}" for tp in t["partitions"])]])
+            if t["participants"]:
+                print()
+                _print_table(["ParticipantProducerId", "ProducerEpoch", "Accepted", "TopicPartitions"],
+                             [[p["producer_id"], p["producer_epoch"], str(p["accepted"]).lower(),
+                               ",".join(f"{tp.topic}-{tp.partition}" for tp in p["partitions"])]
+                              for p in t["participants"]])
+        elif args.action == "abort":
+            return _txn_abort(admin, args)
+        elif args.action == "find-hanging":
+            hanging = admin.find_hanging_transactions(
+                args.topic, max_duration_ms=int(args.max_transaction_timeout * 60_000))
+            _print_table(["Topic", "Partition", "ProducerId", "ProducerEpoch", "CoordinatorEpoch", "StartOffset",
+                          "LastTimestamp", "Duration(min)"],
+                         [[h["topic"], h["partition"], h["producer_id"], h["producer_epoch"], h["coordinator_epoch"],
+                           h["start_offset"], h["last_timestamp_ms"], h["duration_ms"] // 60_000] for h in hanging])
+    return 0
+
+
+def _txn_abort(admin, args) -> int:
+    from eos import TopicPartition
+    if args.topic is None or args.partition is None:
+        print("error: eos txn abort needs --topic and --partition", file=sys.stderr)
+        return 2
+    tp = TopicPartition(args.topic, args.partition)
+    ids = (args.producer_id, args.producer_epoch, args.coordinator_epoch)
+    if args.start_offset is not None:
+        if any(v is not None for v in ids):
+            print("error: give either --start-offset or --producer-id/--producer-epoch/--coordinator-epoch",
+                  file=sys.stderr)
+            return 2
+        # kafka-transactions.sh abort --start-offset: the producer whose open transaction starts there.
+        found = [p for p in admin.describe_producers([tp]).get(tp, [])
+                 if p["current_txn_start_offset"] == args.start_offset]
+        if not found:
+            print(f"error: no open transaction starts at offset {args.start_offset} in {tp.topic}-{tp.partition}",
+                  file=sys.stderr)
+            return 1
+        producer = found[0]
+        ids = (producer["producer_id"], producer["producer_epoch"], max(0, producer["coordinator_epoch"]))
+    elif any(v is None for v in ids):
+        print("error: eos txn abort needs --producer-id, --producer-epoch and --coordinator-epoch "
+              "(or --start-offset)", file=sys.stderr)
+        return 2
+    admin.abort_transaction(tp, *ids)
+    print(f"Aborted the transaction of producer {ids[0]} (epoch {ids[1]}) in {tp.topic}-{tp.partition}.")
+    return 0
+
+
 # ---- demo -----------------------------------------------------------------------------------
 
 def cmd_demo(args) -> int:
@@ -316,6 +443,39 @@ def build_parser() -> argparse.ArgumentParser:
     dump.add_argument("files", nargs="+")
     dump.add_argument("--print-data-log", action="store_true", help="also print each record")
     dump.set_defaults(handler=cmd_dump_log)
+
+    groups = client_command("groups", help="list consumer groups, describe their members, offsets and lag")
+    groups.add_argument("action", choices=["list", "describe", "offsets"])
+    groups.add_argument("group", nargs="?")
+    groups.add_argument("--isolation", default="read_committed", choices=["read_uncommitted", "read_committed"],
+                        help="the consumers' isolation level: lag is measured against the last stable offset "
+                             "under read_committed, the high watermark under read_uncommitted")
+    groups.add_argument("--state", action="append", nargs="?", const="", metavar="STATE",
+                        help="list: show states, only groups in STATE if given (repeatable); "
+                             "describe: the group's state, protocol and generation")
+    groups.add_argument("--members", action="store_true", help="describe: the members and their assignments")
+    groups.set_defaults(handler=cmd_groups)
+
+    txn = client_command("txn", help="list, describe, abort and find hanging transactions")
+    txn_actions = txn.add_subparsers(dest="action", required=True)
+    txn_list = txn_actions.add_parser("list", help="every transactional id the coordinator knows")
+    txn_list.add_argument("--state", action="append", metavar="STATE", help="only this state (repeatable)")
+    txn_describe = txn_actions.add_parser("describe", help="one transactional id")
+    txn_describe.add_argument("transactional_id")
+    txn_abort = txn_actions.add_parser("abort", help="write an ABORT marker for a hanging transaction (KIP-664)")
+    txn_abort.add_argument("--topic")
+    txn_abort.add_argument("--partition", type=int)
+    txn_abort.add_argument("--producer-id", type=int)
+    txn_abort.add_argument("--producer-epoch", type=int)
+    txn_abort.add_argument("--coordinator-epoch", type=int)
+    txn_abort.add_argument("--start-offset", type=int, help="instead of the ids: the open transaction starting here")
+    txn_hanging = txn_actions.add_parser("find-hanging", help="open transactions the coordinator does not account for")
+    txn_hanging.add_argument("--topic")
+    txn_hanging.add_argument("--max-transaction-timeout", type=float, default=15.0, metavar="MINUTES",
+                             help="only transactions without a write for this long (default 15, the broker maximum)")
+    for sub in (txn_list, txn_describe, txn_abort, txn_hanging):
+        sub.add_argument("--bootstrap-server", default=argparse.SUPPRESS, help="host:port of a broker")
+    txn.set_defaults(handler=cmd_txn)
 
     demo = commands.add_parser("demo", help="run the end-to-end demo on an embedded broker")
     demo.add_argument("--records", type=int, default=200_000)
