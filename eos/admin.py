@@ -477,15 +477,23 @@ class Admin:
 
     def abort_transaction(self, tp, producer_id: int, producer_epoch: int, coordinator_epoch: int) -> None:
         """KIP-664: write an ABORT marker for `producer_id`'s open transaction in partition `tp`
-        (a hanging transaction the coordinator no longer knows about), so the LSO moves on."""
+        (a hanging transaction the coordinator no longer knows about), so the LSO moves on.
+
+        `producer_epoch` and `coordinator_epoch` are the producer's, as find_hanging_transactions
+        and describe_producers show them (a coordinator epoch of -1, never marked, counts as 0,
+        as in Kafka's tool). The marker itself carries producer_epoch + 1: under transactions
+        v2 (KIP-890) a marker is written at the bumped epoch, as the coordinator writes its own,
+        and the broker refuses one at the epoch of the open transaction."""
         topic, partition = tp
         for label, value in (("producer_id", producer_id), ("producer_epoch", producer_epoch),
                              ("coordinator_epoch", coordinator_epoch), ("partition", partition)):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"{label} must be an int, got {value!r}")
+        if producer_id < 0 or not 0 <= producer_epoch < 32767:
+            raise ValueError(f"producer {producer_id} epoch {producer_epoch}: an id >= 0 and an epoch in 0..32766")
         response = self._txn_call("AbortTransaction", lambda s: s.AbortTransaction, txn_pb2.AbortTransactionRequest(
             partition=common_pb2.TopicPartition(topic=topic, partition=partition), producer_id=producer_id,
-            producer_epoch=producer_epoch, coordinator_epoch=coordinator_epoch))
+            producer_epoch=producer_epoch + 1, coordinator_epoch=max(0, coordinator_epoch)))
         if response.error_code != ErrorCode.NONE:
             raise error_for(response.error_code, f"cannot abort the transaction of producer {producer_id} in "
                                                  f"{topic}-{partition}: {response.error_message or ErrorCode(response.error_code).name}")

@@ -368,7 +368,7 @@ def _txn_abort(admin, args) -> int:
                   file=sys.stderr)
             return 1
         producer = found[0]
-        ids = (producer["producer_id"], producer["producer_epoch"], max(0, producer["coordinator_epoch"]))
+        ids = (producer["producer_id"], producer["producer_epoch"], producer["coordinator_epoch"])
     elif any(v is None for v in ids):
         print("error: eos txn abort needs --producer-id, --producer-epoch and --coordinator-epoch "
               "(or --start-offset)", file=sys.stderr)

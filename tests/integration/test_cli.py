@@ -1,0 +1,229 @@
+"""`eos groups ...` and `eos txn ...` as a user runs them: `python -m eos.cli` subprocesses
+against a real broker, checked against a state the test built and knows exactly (committed
+offsets, an open transaction holding the last stable offset back, hanging transactions
+made by taking the coordinator's log away)."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+import eos
+from eos.errors import ErrorCode, Reaction, reaction_for
+from eos.records.codec import encode_batch
+from eos.types import TopicPartition
+from eos.v1 import broker_pb2, common_pb2, txn_pb2
+from tests.conftest import REPO_ROOT, BrokerProcess
+
+WAIT_S = 60.0
+FAST_GROUPS = {"group.min.session.timeout.ms": "500", "group.initial.rebalance.delay.ms": "200"}
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    process = BrokerProcess(tmp_path_factory.mktemp("cli") / "data", config=FAST_GROUPS)
+    process.start()
+    yield process
+    process.close()
+
+
+def eos_cli(broker, *args: str, expect_code: int = 0) -> str:
+    done = subprocess.run([sys.executable, "-m", "eos.cli", *args, "--bootstrap-server", broker.address],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == expect_code, f"eos {' '.join(args)}: exit {done.returncode}\n{done.stdout}\n{done.stderr}"
+    return done.stdout if expect_code == 0 else done.stderr
+
+
+def table(output: str, header_word: str) -> list[list[str]]:
+    """The rows (split on whitespace) of the table whose header starts with `header_word`."""
+    lines = output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split()[:1] == [header_word])
+    rows = []
+    for line in lines[start + 1:]:
+        if not line.strip():
+            break
+        rows.append(line.split())
+    return rows
+
+
+def wait_for(condition, what: str, timeout_s: float = WAIT_S):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.05)
+
+
+class TxnProducer:
+    """A transactional producer by hand (the raw RPCs of KIP-98/KIP-890)."""
+
+    def __init__(self, broker, transactional_id: str):
+        self.broker, self.txn = broker.broker_stub(), broker.txn_stub()
+        self.transactional_id = transactional_id
+        init = self._retry(lambda: self.txn.InitProducerId(txn_pb2.InitProducerIdRequest(
+            transactional_id=transactional_id, transaction_timeout_ms=600_000, producer_id=-1, producer_epoch=-1),
+            timeout=30))
+        self.producer_id, self.epoch = init.producer_id, init.producer_epoch
+        self.sequences: dict[tuple[str, int], int] = {}
+
+    @staticmethod
+    def _retry(call):
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            response = call()
+            if response.error_code == ErrorCode.NONE:
+                return response
+            assert reaction_for(response.error_code) is Reaction.RETRY and time.monotonic() < deadline, response
+            time.sleep(0.05)
+
+    def send(self, topic: str, partition: int, values: list[bytes]) -> None:
+        self._retry(lambda: self.txn.AddPartitionsToTxn(txn_pb2.AddPartitionsToTxnRequest(
+            transactional_id=self.transactional_id, producer_id=self.producer_id, producer_epoch=self.epoch,
+            partitions=[common_pb2.TopicPartition(topic=topic, partition=partition)]), timeout=30))
+        sequence = self.sequences.get((topic, partition), 0)
+        batch = encode_batch(values, producer_id=self.producer_id, producer_epoch=self.epoch, base_sequence=sequence,
+                             transactional=True)
+        [result] = self.broker.Produce(broker_pb2.ProduceRequest(
+            transactional_id=self.transactional_id, acks=-1,
+            partitions=[broker_pb2.PartitionRecords(topic=topic, partition=partition, records=batch)]),
+            timeout=30).partitions
+        assert result.error_code == ErrorCode.NONE, result
+        self.sequences[(topic, partition)] = sequence + len(values)
+
+    def end(self, commit: bool) -> None:
+        self._retry(lambda: self.txn.EndTxn(txn_pb2.EndTxnRequest(
+            transactional_id=self.transactional_id, producer_id=self.producer_id, producer_epoch=self.epoch,
+            committed=commit), timeout=30))
+
+
+def last_stable_offset(broker, tp: TopicPartition) -> int:
+    with eos.Admin(broker.address) as admin:
+        return admin.list_offsets({tp: "latest"}, isolation_level="read_committed")[tp]
+
+
+# ---- groups ---------------------------------------------------------------------------------
+
+def test_groups_list_describe_and_offsets_with_lag_against_the_lso(broker):
+    topic, group = "lag", "lag-readers"
+    tp0, tp1 = TopicPartition(topic, 0), TopicPartition(topic, 1)
+    with eos.Admin(broker.address) as admin:
+        admin.create_topic(topic, partitions=2)
+    with eos.Producer(broker.address) as producer:
+        for i in range(10):
+            producer.send(topic, value=b"x", partition=0)
+        for i in range(5):
+            producer.send(topic, value=b"y", partition=1)
+        producer.flush()
+    open_txn = TxnProducer(broker, "lag-writer")
+    open_txn.send(topic, 0, [b"t1", b"t2", b"t3"])      # offsets 10..12, open: the LSO stays at 10
+    consumer = eos.Consumer(broker.address, group_id=group, isolation_level="read_committed",
+                            auto_offset_reset="earliest", session_timeout_ms=6000, heartbeat_interval_ms=300,
+                            client_id="lag-client")
+    try:
+        consumer.subscribe([topic])
+        wait_for(lambda: consumer.poll(timeout_ms=50) is not None and consumer.assignment() == {tp0, tp1},
+                 "the assignment")
+        consumer.commit({tp0: 4, tp1: 5})
+        member_id = consumer.group_metadata().member_id
+
+        assert group in eos_cli(broker, "groups", "list").split()
+        assert [group, "Stable"] in table(eos_cli(broker, "groups", "list", "--state", "Stable"), "GROUP")
+
+        rows = table(eos_cli(broker, "groups", "describe", group), "TOPIC")
+        assert rows == [[topic, "0", "4", "10", "6", member_id, "/127.0.0.1", "lag-client"],
+                        [topic, "1", "5", "5", "0", member_id, "/127.0.0.1", "lag-client"]]
+        rows = table(eos_cli(broker, "groups", "describe", group, "--isolation", "read_uncommitted"), "TOPIC")
+        assert [r[:5] for r in rows] == [[topic, "0", "4", "13", "9"], [topic, "1", "5", "5", "0"]]
+
+        members = table(eos_cli(broker, "groups", "describe", group, "--members"), "CONSUMER-ID")
+        assert members == [[member_id, "-", "/127.0.0.1", "lag-client", "2", f"{topic}-0,{topic}-1"]]
+        state = table(eos_cli(broker, "groups", "describe", group, "--state"), "GROUP")
+        assert state == [[group, "range", "Stable", str(consumer.group_metadata().generation_id), "1"]]
+        assert table(eos_cli(broker, "groups", "offsets", group), "TOPIC") == [[topic, "0", "4"], [topic, "1", "5"]]
+    finally:
+        consumer.close()
+    output = eos_cli(broker, "groups", "describe", group)
+    assert f"Consumer group '{group}' has no active members." in output
+    assert [r[:5] for r in table(output, "TOPIC")] == [[topic, "0", "4", "10", "6"], [topic, "1", "5", "5", "0"]]
+    open_txn.end(commit=True)
+    wait_for(lambda: last_stable_offset(broker, tp0) == 14, "the commit marker")
+    rows = table(eos_cli(broker, "groups", "describe", group), "TOPIC")
+    assert rows[0][:5] == [topic, "0", "4", "14", "10"]
+    error = eos_cli(broker, "groups", "describe", "no-such-group", expect_code=1)
+    assert "GROUP_ID_NOT_FOUND" in error and "does not exist" in error
+
+
+# ---- transactions ---------------------------------------------------------------------------
+
+def test_txn_list_and_describe_follow_a_real_transaction(broker):
+    with eos.Admin(broker.address) as admin:
+        admin.create_topic("txn-cli", partitions=2)
+    writer = TxnProducer(broker, "cli-writer")
+    writer.send("txn-cli", 1, [b"a", b"b"])
+    listed = table(eos_cli(broker, "txn", "list"), "TransactionalId")
+    assert ["cli-writer", str(writer.producer_id), "Ongoing", "0"] in listed
+    ongoing = table(eos_cli(broker, "txn", "list", "--state", "Ongoing"), "TransactionalId")
+    assert all(row[2] == "Ongoing" for row in ongoing) and "cli-writer" in [row[0] for row in ongoing]
+    [row] = table(eos_cli(broker, "txn", "describe", "cli-writer"), "TransactionalId")
+    assert row[:3] == ["cli-writer", str(writer.producer_id), str(writer.epoch)]
+    assert row[4] == "Ongoing" and row[5] == "600000" and row[8] == "txn-cli-1"
+    writer.end(commit=True)
+
+    def completed():
+        [row] = table(eos_cli(broker, "txn", "describe", "cli-writer"), "TransactionalId")
+        return row if row[4] == "CompleteCommit" else None
+
+    row = wait_for(completed, "CompleteCommit")
+    assert row[6] == "-" and row[7] == "-"                   # no transaction open any more
+    assert "TRANSACTIONAL_ID_NOT_FOUND" in eos_cli(broker, "txn", "describe", "nobody", expect_code=1)
+
+
+def test_find_hanging_and_abort_transactions_the_coordinator_lost(broker_factory):
+    """A transaction hangs when the coordinator no longer knows it: here its log is taken
+    away while the broker is down. find-hanging reports it (and not a live one); aborting it
+    by ids or by its start offset moves the last stable offset on."""
+    handle = broker_factory()
+    with eos.Admin(handle.address) as admin:
+        admin.create_topic("hang", partitions=2)
+    first, second = TxnProducer(handle, "hang-1"), TxnProducer(handle, "hang-2")
+    first.send("hang", 0, [b"a", b"b"])
+    second.send("hang", 1, [b"c"])
+    tp0, tp1 = TopicPartition("hang", 0), TopicPartition("hang", 1)
+    assert last_stable_offset(handle, tp0) == 0 and last_stable_offset(handle, tp1) == 0
+    # Live transactions are not hanging, however old; and none is older than the default 15 minutes.
+    assert table(eos_cli(handle, "txn", "find-hanging", "--topic", "hang", "--max-transaction-timeout", "0"),
+                 "Topic") == []
+    assert table(eos_cli(handle, "txn", "find-hanging"), "Topic") == []
+
+    handle.stop()
+    for directory in handle.data_dir.glob("__transaction_state-*"):
+        shutil.rmtree(directory)
+    handle.start()
+
+    hanging = table(eos_cli(handle, "txn", "find-hanging", "--topic", "hang", "--max-transaction-timeout", "0"),
+                    "Topic")
+    assert [row[:4] + row[5:6] for row in hanging] == [
+        ["hang", "0", str(first.producer_id), str(first.epoch), "0"],
+        ["hang", "1", str(second.producer_id), str(second.epoch), "0"]]
+    coordinator_epoch = hanging[0][4]
+    assert last_stable_offset(handle, tp0) == 0                     # still held back after the restart
+
+    output = eos_cli(handle, "txn", "abort", "--topic", "hang", "--partition", "0", "--producer-id",
+                     str(first.producer_id), "--producer-epoch", str(first.epoch), "--coordinator-epoch",
+                     coordinator_epoch)
+    assert "Aborted" in output
+    eos_cli(handle, "txn", "abort", "--topic", "hang", "--partition", "1", "--start-offset", "0")
+    assert last_stable_offset(handle, tp0) == 3 and last_stable_offset(handle, tp1) == 2   # past the markers
+    assert table(eos_cli(handle, "txn", "find-hanging", "--max-transaction-timeout", "0"), "Topic") == []
+    with eos.Consumer(handle.address, isolation_level="read_committed", auto_offset_reset="earliest") as reader:
+        reader.assign([tp0, tp1])
+        assert reader.poll(timeout_ms=500) == []                    # the aborted records are never shown
+    error = eos_cli(handle, "txn", "abort", "--topic", "hang", "--partition", "0", "--start-offset", "7",
+                    expect_code=1)
+    assert "no open transaction starts at offset 7" in error
