@@ -449,8 +449,15 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             code, message = refusal
             context.set_trailing_metadata(((STREAM_REFUSAL_METADATA_KEY, code.name.lower()),))
             context.abort(code, message)
+        def on_rpc_done() -> None:
+            # Also when gRPC drops this generator without closing it (the call ended while
+            # an answer was being sent): the place is given back without waiting for the GC.
+            session.rpc_done()
+            self._streams.unregister(session)
+
         try:
-            context.add_callback(session.rpc_done)   # the client cancelled: stop waiting at once
+            if not context.add_callback(on_rpc_done):
+                on_rpc_done()   # the call is over already
             session.start_reading()
             while True:
                 request = session.next_request()

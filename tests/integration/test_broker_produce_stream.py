@@ -319,3 +319,18 @@ def test_streams_beyond_the_bound_are_refused_and_short_calls_still_served(small
     for poll in polls:
         poll.cancel()   # a cancelled long poll frees its worker
     wait_until(lambda: servicer.fetch_waiter_count == 0, "the cancelled long polls to leave")
+
+
+def test_a_cancelled_stream_gives_its_place_back(small_pool, inprocess_broker):
+    stub = inprocess_broker.broker_stub()
+    create_topic(stub, "cancelled")
+    servicer = inprocess_broker.server._servicer
+    for round_number in range(3):    # more than the bound of 2: every place came back
+        stream = OpenStream(stub)
+        stream.send(request("cancelled", 0, encode_batch([b"%d" % round_number]), correlation_id=round_number))
+        assert stream.answer().correlation_id == round_number
+        stream.call.cancel()
+        assert stream.rest()[1].code() == grpc.StatusCode.CANCELLED
+        stream.close()
+        wait_until(lambda: servicer.produce_stream_count == 0, "the cancelled stream to unregister")
+    wait_until(lambda: not reader_threads(), "the stream reader threads to end")
