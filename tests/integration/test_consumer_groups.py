@@ -209,6 +209,24 @@ def test_listener_calls_and_a_seek_in_on_partitions_assigned(broker):
     assert seeker.events[-1] == ("revoked", gen2, owned2)
 
 
+def test_sticky_members_keep_their_partitions_when_one_leaves(broker):
+    topic, group = fresh("sticky"), fresh("g-sticky")
+    create_topic(broker, topic, 6)
+    expected = all_partitions(topic, 6)
+    members = [member(broker, group, [topic], n, partition_assignment_strategy="sticky") for n in ("a", "b", "c")]
+    try:
+        drive(members, lambda: same_generation_covers(members, expected), "three sticky members")
+        before = {r.name: c.assignment() for c, r in members}
+        leaving = members.pop(0)            # under range, both survivors' ranges would shift
+        leaving[0].close()
+        drive(members, lambda: same_generation_covers(members, expected), "the survivors to share the topic")
+        for consumer, recorder in members:
+            assert consumer.assignment() >= before[recorder.name]      # kept what they had, took a share
+            assert len(consumer.assignment()) == 3
+    finally:
+        close_all(members)
+
+
 def test_subscribe_by_pattern_follows_new_topics(broker):
     prefix = fresh("pat")
     create_topic(broker, f"{prefix}-a", 2)
