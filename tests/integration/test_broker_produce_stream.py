@@ -19,7 +19,7 @@ import broker.server
 from broker.service import STREAM_REFUSAL_METADATA_KEY
 from eos.errors import ErrorCode
 from eos.records.codec import BatchBuilder, encode_batch, iter_decoded
-from eos.v1 import broker_pb2, txn_pb2
+from eos.v1 import broker_pb2, broker_pb2_grpc, txn_pb2
 
 WAIT_S = 30.0          # bound of every wait; reached only when the behaviour is broken
 PIPELINE_DEPTH = 5     # max.in.flight.requests.per.connection of an idempotent producer
@@ -334,3 +334,21 @@ def test_a_cancelled_stream_gives_its_place_back(small_pool, inprocess_broker):
         stream.close()
         wait_until(lambda: servicer.produce_stream_count == 0, "the cancelled stream to unregister")
     wait_until(lambda: not reader_threads(), "the stream reader threads to end")
+
+
+
+def test_sigterm_ends_open_streams_and_the_broker_exits_cleanly(broker):
+    create_topic(broker.broker_stub(), "sigterm")
+    # A channel of the test's own: broker.stop() closes the fixture's channels first.
+    with grpc.insecure_channel(broker.address) as channel:
+        stream = OpenStream(broker_pb2_grpc.BrokerStub(channel))
+        stream.send(request("sigterm", 0, encode_batch([b"before"]), correlation_id=3))
+        assert stream.answer().correlation_id == 3
+        exit_codes: list[int] = []
+        stopper = threading.Thread(target=lambda: exit_codes.append(broker.stop()), name="test-sigterm")
+        stopper.start()
+        answers, error = stream.rest()
+        stopper.join(WAIT_S)
+    assert answers == [] and error is not None and error.code() == grpc.StatusCode.UNAVAILABLE
+    assert "shutting down" in error.details()
+    assert exit_codes == [0]
