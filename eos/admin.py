@@ -321,7 +321,11 @@ class Admin:
         """Every group: [{"group_id", "protocol_type", "state"}], sorted by id; `states`
         (e.g. ["Stable", "Empty"]) keeps only groups in those states."""
         states = [states] if isinstance(states, str) else list(states or [])
-        self._metadata.fetch()   # every broker coordinates some groups: ask them all
+        try:
+            self._metadata.fetch()   # every broker coordinates some groups: ask them all
+        except EosError as exc:
+            if not exc.retriable:
+                raise   # else the bootstrap broker alone, retried below
         addresses = sorted({self._address_of(*address.rsplit(":", 1)) for address in
                             self._metadata.brokers().values()} or {self._metadata.bootstrap_address})
         listed = {}
@@ -407,15 +411,16 @@ class Admin:
         _isolation_level(isolation_level)
         try:
             description = self.describe_group(group_id)
+            exists = True
         except EosError as exc:
             if exc.code != ErrorCode.GROUP_ID_NOT_FOUND:
                 raise
-            description = {"members": []}
+            description, exists = {"members": []}, False
         committed = self.list_group_offsets(group_id)
+        if not exists and not committed:
+            raise error_for(ErrorCode.GROUP_ID_NOT_FOUND, f"consumer group {group_id!r} does not exist")
         owners = {tp: m for m in description["members"] for tp in m["assignment"]}
         partitions = set(committed) | set(owners)
-        if not partitions and not description["members"]:
-            raise error_for(ErrorCode.GROUP_ID_NOT_FOUND, f"consumer group {group_id!r} does not exist")
         ends = self._end_offsets(partitions, isolation_level)
         rows = []
         for tp in sorted(partitions):

@@ -495,6 +495,9 @@ def main(argv: list[str] | None = None) -> int:
     except EosError as e:
         print(f"error: {e.code.name}: {e}", file=sys.stderr)
         return 1
+    except ValueError as e:   # bad input the client refused before sending (an unknown state name, ...)
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 

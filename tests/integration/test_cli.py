@@ -157,6 +157,7 @@ def test_groups_list_describe_and_offsets_with_lag_against_the_lso(broker):
     assert rows[0][:5] == [topic, "0", "4", "14", "10"]
     error = eos_cli(broker, "groups", "describe", "no-such-group", expect_code=1)
     assert "GROUP_ID_NOT_FOUND" in error and "does not exist" in error
+    assert "unknown group state" in eos_cli(broker, "groups", "list", "--state", "Sleeping", expect_code=2)
 
 
 # ---- transactions ---------------------------------------------------------------------------
@@ -182,6 +183,7 @@ def test_txn_list_and_describe_follow_a_real_transaction(broker):
     row = wait_for(completed, "CompleteCommit")
     assert row[6] == "-" and row[7] == "-"                   # no transaction open any more
     assert "TRANSACTIONAL_ID_NOT_FOUND" in eos_cli(broker, "txn", "describe", "nobody", expect_code=1)
+    assert "unknown transaction state" in eos_cli(broker, "txn", "list", "--state", "Sleeping", expect_code=2)
 
 
 def test_find_hanging_and_abort_transactions_the_coordinator_lost(broker_factory):
