@@ -38,7 +38,8 @@ class DiskSpeed:
         return asdict(self)
 
 
-def _write_once(directory: str, size_mib: int, block: bytes, fsync: bool) -> float:
+def write_once(directory: str, size_mib: int, block: bytes, fsync: bool) -> float:
+    """MB/s of one sequential write of `size_mib` MiB of `block`s (removed afterwards)."""
     fd, path = tempfile.mkstemp(prefix="eos-bench-disk-", dir=directory)
     try:
         start = time.perf_counter()
@@ -67,14 +68,39 @@ def measure(directory: str, size_mib: int = 512, repeats: int = 3) -> DiskSpeed:
     os.makedirs(directory, exist_ok=True)
     block = os.urandom(BLOCK_BYTES)
     # Warm the allocator and page cache paths with a small write first.
-    _write_once(directory, min(16, size_mib), block, fsync=False)
+    write_once(directory, min(16, size_mib), block, fsync=False)
     buffered: list[float] = []
     synced: list[float] = []
     for _ in range(repeats):
-        buffered.append(round(_write_once(directory, size_mib, block, fsync=False), 1))
-        synced.append(round(_write_once(directory, size_mib, block, fsync=True), 1))
+        buffered.append(round(write_once(directory, size_mib, block, fsync=False), 1))
+        synced.append(round(write_once(directory, size_mib, block, fsync=True), 1))
     return DiskSpeed(directory, size_mib, statistics.median(buffered),
                      statistics.median(synced), tuple(buffered), tuple(synced))
+
+
+class Alongside:
+    """Raw disk runs interleaved with a workload's own runs, so that both see the same load
+    on a shared machine: call `run()` before each workload run, then read the medians."""
+
+    def __init__(self, directory: str, size_mib: int):
+        self.directory = directory
+        self.size_mib = size_mib
+        self.block = os.urandom(BLOCK_BYTES)
+        self.buffered_runs_mb_s: list[float] = []
+        self.fsync_runs_mb_s: list[float] = []
+
+    def run(self, *, fsync: bool = False) -> None:
+        """One buffered run (page cache only: cheap, the file is gone before writeback),
+        and with `fsync` one synced run too (real device writes: use sparingly)."""
+        self.buffered_runs_mb_s.append(round(write_once(self.directory, self.size_mib,
+                                                        self.block, fsync=False), 1))
+        if fsync:
+            self.fsync_runs_mb_s.append(round(write_once(self.directory, self.size_mib,
+                                                         self.block, fsync=True), 1))
+
+    @property
+    def buffered_mb_s(self) -> float:
+        return statistics.median(self.buffered_runs_mb_s)
 
 
 if __name__ == "__main__":
