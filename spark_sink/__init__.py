@@ -19,11 +19,11 @@ _LAZY = {
 def register(spark) -> None:
     """Register the eos data source (`spark_sink.source.EosDataSource`) and the sinks'
     participant writer with a SparkSession."""
-    from spark_sink.sink import ParticipantDataSource
+    from spark_sink.sink import register_writer
     from spark_sink.source import EosDataSource
 
     spark.dataSource.register(EosDataSource)
-    spark.dataSource.register(ParticipantDataSource)
+    register_writer(spark)
 
 
 def __getattr__(name: str):

@@ -47,6 +47,39 @@ def _first_partition_error(partitions) -> tuple[int, str]:
     return ErrorCode.NONE, ""
 
 
+def fetch_committed(groups: group_pb2_grpc.GroupCoordinatorStub, group_id: str, partitions: list[TopicPartition],
+                    *, timeout_ms: int = REQUEST_TIMEOUT_MS_DEFAULT,
+                    require_stable: bool = True) -> dict[TopicPartition, tuple[int, str]]:
+    """OffsetFetch with retries: {partition: (offset, metadata)} of the partitions the group
+    has an offset for. With require_stable a pending transactional commit is waited out."""
+    request = group_pb2.OffsetFetchRequest(group_id=group_id, require_stable=require_stable, partitions=[
+        common_pb2.TopicPartition(topic=tp.topic, partition=tp.partition) for tp in partitions])
+
+    def error_of(answer) -> tuple[int, str]:
+        if answer.error_code != ErrorCode.NONE:
+            return answer.error_code, answer.error_message
+        for p in answer.partitions:
+            if p.error_code != ErrorCode.NONE:
+                return p.error_code, f"{p.topic}-{p.partition}"
+        return ErrorCode.NONE, ""
+
+    answer = retrying(lambda: groups.OffsetFetch(request, timeout=RPC_TIMEOUT_S),
+                      f"OffsetFetch for group {group_id!r}", timeout_ms=timeout_ms, error_of=error_of)
+    return {TopicPartition(p.topic, p.partition): (p.offset, p.metadata) for p in answer.partitions if p.offset >= 0}
+
+
+def group_offsets(bootstrap: str, group_id: str, partitions: list[TopicPartition], *,
+                  require_stable: bool = True) -> dict[TopicPartition, int]:
+    """The group's committed offsets of `partitions` (those it has), by a short-lived client."""
+    metadata = net.ClusterMetadata(bootstrap)
+    try:
+        stub = group_pb2_grpc.GroupCoordinatorStub(metadata.channel(metadata.bootstrap_address))
+        return {tp: offset for tp, (offset, _) in
+                fetch_committed(stub, group_id, partitions, require_stable=require_stable).items()}
+    finally:
+        metadata.close()
+
+
 class TransactionOwner:
     """Owns one transactional.id for the driver (see the module doc). Not thread-safe."""
 
@@ -89,21 +122,7 @@ class TransactionOwner:
     def committed(self, group_id: str, partitions: list[TopicPartition]) -> dict[TopicPartition, tuple[int, str]]:
         """{partition: (offset, metadata)} the group has committed (stable: pending
         transactional commits are waited for); partitions without a commit are left out."""
-        request = group_pb2.OffsetFetchRequest(group_id=group_id, require_stable=True, partitions=[
-            common_pb2.TopicPartition(topic=tp.topic, partition=tp.partition) for tp in partitions])
-
-        def error_of(answer) -> tuple[int, str]:
-            if answer.error_code != ErrorCode.NONE:
-                return answer.error_code, answer.error_message
-            for p in answer.partitions:
-                if p.error_code != ErrorCode.NONE:
-                    return p.error_code, f"{p.topic}-{p.partition}"
-            return ErrorCode.NONE, ""
-
-        answer = self._retry(lambda: self._groups.OffsetFetch(request, timeout=RPC_TIMEOUT_S),
-                             f"OffsetFetch for group {group_id!r}", error_of=error_of)
-        return {TopicPartition(p.topic, p.partition): (p.offset, p.metadata)
-                for p in answer.partitions if p.offset >= 0}
+        return fetch_committed(self._groups, group_id, partitions, timeout_ms=self.request_timeout_ms)
 
     def commit_offsets(self, group_id: str, offsets: dict[TopicPartition, int], metadata: str) -> None:
         """The input offsets join the open transaction (visible when it commits)."""
@@ -141,4 +160,4 @@ class TransactionOwner:
         self._metadata.close()
 
 
-__all__ = ["TransactionOwner", "TRANSACTION_TIMEOUT_MS_DEFAULT"]
+__all__ = ["TransactionOwner", "TRANSACTION_TIMEOUT_MS_DEFAULT", "fetch_committed", "group_offsets"]

@@ -123,6 +123,18 @@ class ParticipantArrowWriter(DataSourceArrowWriter):
         pass
 
 
+_REGISTERED_APPLICATIONS: set[str] = set()
+
+
+def register_writer(session) -> None:
+    """Register the participant writer once per Spark application (Spark warns on every
+    re-registration)."""
+    application = session.sparkContext.applicationId
+    if application not in _REGISTERED_APPLICATIONS:
+        session.dataSource.register(ParticipantDataSource)
+        _REGISTERED_APPLICATIONS.add(application)
+
+
 # ---- Spark's checkpoint, read ----------------------------------------------------------------------
 
 def local_checkpoint_path(location: str) -> Path:
@@ -237,7 +249,6 @@ class _SinkBase:
         self.task_timeout_ms = task_timeout_ms
         self.reports: collections.deque[BatchReport] = collections.deque(maxlen=STATS_KEPT_MAX)
         self._result_dir = tempfile.mkdtemp(prefix="eos-sink-")
-        self._registered_sessions: set[int] = set()
 
     def _key_value(self, df):
         from pyspark.sql import functions as F
@@ -253,9 +264,7 @@ class _SinkBase:
     def _write(self, df, batch_id: int, owner: OwnerIdentity, transactional: bool) -> dict:
         """Run the Spark job that writes the batch; returns commit()'s report."""
         session = df.sparkSession
-        if id(session) not in self._registered_sessions:
-            session.dataSource.register(ParticipantDataSource)
-            self._registered_sessions.add(id(session))
+        register_writer(session)
         result_path = os.path.join(self._result_dir, f"batch-{batch_id}-{uuid.uuid4().hex}.json")
         (self._key_value(df).write.format(WRITER_SOURCE_NAME).mode("append")
          .option("bootstrap", self.bootstrap).option("topic", self.topic)

@@ -127,7 +127,7 @@ class TxnCoordinatorServicer(txn_pb2_grpc.TxnCoordinatorServicer):
     def ListTransactions(self, request, context):
         try:
             states = [TxnState.from_display_name(name) for name in request.state_filters]
-        except ValueError as exc:
+        except ValueError:
             return txn_pb2.ListTransactionsResponse(error_code=ErrorCode.INVALID_REQUEST)
         found = self._coordinator.list(states=states, producer_ids=list(request.producer_id_filters),
                                        running_longer_than_ms=request.duration_filter_ms)

@@ -1,0 +1,178 @@
+"""python -m bench.spark_sink: one Spark stage with the exactly-once sink against the same
+stage with a plain at-least-once sink, in the same run (issue 6, "Measure").
+
+Theory of operation
+-------------------
+A broker subprocess (temp dir, free port) and one local[2] SparkSession. The input topic
+is seeded with `--records` records (100-byte values, keyed) in 3 partitions. The stage
+reads it with the eos source (read_committed), upper-cases the value, and writes to a
+fresh output topic through either sink, with trigger(availableNow=True) and
+maxRecordsPerTrigger = `--batch` so the run is many micro-batches. Rounds alternate the
+two sinks (exactly-once first, then at-least-once, `--rounds` times) so that drift in the
+machine's load hits both alike. Reported per sink: records/s over the query's wall time
+(first batch to termination; Spark start-up excluded), the median over rounds; for the
+exactly-once sink also the commit latency of a micro-batch -- offsets + EndTxn on the
+driver, from the end of the executors' writes to the decision -- p50/p99 over every batch
+of every round, and the whole batch (write + commit) p50/p99. The output of every run is
+read back (read_committed) and counted, so a broken sink cannot post a speed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+STAGE_INPUT = "bench_in"
+PARTITIONS = 3
+VALUE_BYTES = 100
+
+
+def _percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, round(fraction * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def seed(address: str, records: int, topic: str = STAGE_INPUT) -> None:
+    from producer import Producer
+
+    with Producer(address, linger_ms=20) as producer:
+        chunk = 20_000
+        for first in range(0, records, chunk):
+            count = min(chunk, records - first)
+            keys = [f"key-{i % 1000}".encode() for i in range(first, first + count)]
+            values = [(f"value-{i}-".encode() + b"x" * VALUE_BYTES)[:VALUE_BYTES] for i in range(first, first + count)]
+            producer.send_batch(topic, values, keys=keys).result(120)
+
+
+def run_stage(spark, address: str, sink, checkpoint: str, batch: int, source: str = STAGE_INPUT) -> float:
+    """Run the stage to the end of the input; return its wall time in seconds."""
+    from pyspark.sql import functions as F
+
+    stream = (spark.readStream.format("eos").option("bootstrap", address).option("subscribe", source)
+              .option("startingOffsets", "earliest").option("maxRecordsPerTrigger", str(batch)).load())
+    staged = stream.select("key", F.upper(F.col("value").cast("string")).alias("value"))
+    started = time.perf_counter()
+    query = (staged.writeStream.foreachBatch(sink).option("checkpointLocation", checkpoint)
+             .trigger(availableNow=True).start())
+    try:
+        if not query.awaitTermination(1800):
+            raise TimeoutError("the benchmark stage did not finish in 30 minutes")
+        if query.exception() is not None:
+            raise RuntimeError(f"the stage failed: {query.exception()}")
+    finally:
+        query.stop()
+    return time.perf_counter() - started
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.spark_sink", description=__doc__.split("\n")[0])
+    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--batch", type=int, default=25_000, help="maxRecordsPerTrigger")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    args = parser.parse_args(argv)
+
+    import os
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    import spark_sink
+    from eos.admin import Admin
+    from eos.demo import BrokerProcess
+    from spark_sink.readback import read_committed
+    from spark_sink.sink import AtLeastOnceSink, ExactlyOnceSink
+
+    work = Path(tempfile.mkdtemp(prefix="eos-bench-spark-"))
+    broker = BrokerProcess(work / "data", work / "broker.log")
+    spark = None
+    results: dict[str, list] = {"exactly_once": [], "at_least_once": []}
+    commit_ms: list[float] = []
+    batch_ms: list[float] = []
+    try:
+        with Admin(broker.address) as admin:
+            admin.create_topic(STAGE_INPUT, partitions=PARTITIONS)
+        seed(broker.address, args.records)
+        spark = (SparkSession.builder.master("local[2]").appName("eos-bench-spark-sink")
+                 .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
+                 .config("spark.python.worker.reuse", "true").getOrCreate())
+        spark.sparkContext.setLogLevel("ERROR")
+        spark_sink.register(spark)
+        # Warm-up, not measured: the first queries of a session pay for Python workers,
+        # class loading and code generation; neither sink should be charged for them.
+        with Admin(broker.address) as admin:
+            for topic in ("warmup_in", "warmup_out_eo", "warmup_out_plain"):
+                admin.create_topic(topic, partitions=PARTITIONS)
+        seed(broker.address, 3000, "warmup_in")
+        for name, sink in (("eo", ExactlyOnceSink(broker.address, "warmup_out_eo", transactional_id="warmup",
+                                                  group_id="warmup", checkpoint_location=str(work / "cp-warm-eo"))),
+                           ("plain", AtLeastOnceSink(broker.address, "warmup_out_plain"))):
+            if name == "plain":
+                run_stage(spark, broker.address, sink, str(work / "cp-warm-plain"), 1000, "warmup_in")
+            else:
+                sink.checkpoint_location = str(work / "cp-warm-eo")
+                run_stage(spark, broker.address, sink, str(work / "cp-warm-eo"), 1000, "warmup_in")
+            sink.close()
+        for round_index in range(args.rounds):
+            for kind in ("exactly_once", "at_least_once"):
+                output = f"bench_out_{kind}_{round_index}"
+                with Admin(broker.address) as admin:
+                    admin.create_topic(output, partitions=PARTITIONS)
+                checkpoint = str(work / f"cp-{kind}-{round_index}")
+                if kind == "exactly_once":
+                    sink = ExactlyOnceSink(broker.address, output, transactional_id=f"bench-{round_index}",
+                                           group_id=f"bench-{round_index}", checkpoint_location=checkpoint)
+                else:
+                    sink = AtLeastOnceSink(broker.address, output)
+                wall_s = run_stage(spark, broker.address, sink, checkpoint, args.batch)
+                written = len(read_committed(broker.address, output, timeout_s=300))
+                if written != args.records:
+                    raise RuntimeError(f"{kind} round {round_index}: {written} records in the output, "
+                                       f"expected {args.records}")
+                rate = args.records / wall_s
+                results[kind].append(rate)
+                if kind == "exactly_once":
+                    commit_ms.extend(r.commit_ms for r in sink.reports if not r.skipped)
+                    batch_ms.extend(r.write_ms + r.commit_ms for r in sink.reports if not r.skipped)
+                sink.close()
+                print(f"round {round_index} {kind:14} {args.records:,} records in {wall_s:6.1f} s: "
+                      f"{rate:10,.0f} records/s", flush=True)
+    finally:
+        if spark is not None:
+            spark.stop()
+        broker.stop()
+    summary = {
+        "records": args.records, "batch": args.batch, "rounds": args.rounds, "value_bytes": VALUE_BYTES,
+        "exactly_once_records_per_s": statistics.median(results["exactly_once"]),
+        "at_least_once_records_per_s": statistics.median(results["at_least_once"]),
+        "commit_ms_p50": _percentile(commit_ms, 0.50), "commit_ms_p99": _percentile(commit_ms, 0.99),
+        "batch_ms_p50": _percentile(batch_ms, 0.50), "batch_ms_p99": _percentile(batch_ms, 0.99),
+        "batches": len(commit_ms), "runs": results,
+    }
+    ratio = summary["exactly_once_records_per_s"] / summary["at_least_once_records_per_s"]
+    print(f"\nexactly-once sink : {summary['exactly_once_records_per_s']:10,.0f} records/s (median of {args.rounds})")
+    print(f"at-least-once sink: {summary['at_least_once_records_per_s']:10,.0f} records/s  (exactly-once / plain = "
+          f"{ratio:.2f})")
+    print(f"commit latency    : p50 {summary['commit_ms_p50']:.1f} ms, p99 {summary['commit_ms_p99']:.1f} ms "
+          f"(offsets + EndTxn, {len(commit_ms)} batches)")
+    print(f"whole batch       : p50 {summary['batch_ms_p50']:.0f} ms, p99 {summary['batch_ms_p99']:.0f} ms "
+          f"(executor writes + commit)")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(summary, indent=2))
+    import shutil
+
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
