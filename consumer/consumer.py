@@ -118,7 +118,13 @@ class Consumer:
     """``Consumer(bootstrap, *, group_id=None, isolation_level="read_uncommitted",
     auto_offset_reset="latest", fetch_min_bytes=1, fetch_max_wait_ms=500,
     fetch_max_bytes=52428800, max_partition_fetch_bytes=1048576, max_poll_records=500,
-    enable_auto_commit=False, config=None, **kwargs)``"""
+    enable_auto_commit=False, config=None, **kwargs)``
+
+    Group settings (Kafka's names, as keyword arguments): group_instance_id (static
+    membership), session_timeout_ms=45000, heartbeat_interval_ms=3000,
+    max_poll_interval_ms=300000, partition_assignment_strategy=["range"] ("roundrobin",
+    "sticky"), auto_commit_interval_ms=5000, metadata_max_age_ms=300000 (how often a pattern
+    subscription and the leader's partition counts are looked at)."""
 
     def __init__(self, bootstrap: str = net.DEFAULT_BOOTSTRAP, *, group_id: str | None = None,
                  isolation_level: str = "read_uncommitted", auto_offset_reset: str = "latest",
