@@ -14,8 +14,9 @@ The `RecordAccumulator` is what they share, behind one lock held only for list a
   `BatchBuilder.append_many` (per-record work as cheap as Python allows, and off the
   application's thread).
 - Memory: each new batch reserves max(batch.size, its first record) bytes of
-  buffer.memory until it is delivered or failed. When the buffer is full, appends wait up
-  to max.block.ms for space, then raise `BufferExhaustedError` (Kafka's
+  buffer.memory (a bulk batch: the bytes it is made to hold) until it is delivered or
+  failed; the reservation is also the batch's capacity. When the buffer is full, appends
+  wait up to max.block.ms for space, then raise `BufferExhaustedError` (Kafka's
   BufferExhaustedException).
 - Readiness: the head batch of a partition is ready when it is sealed, or linger.ms has
   passed since it was opened, or a flush or close is in progress -- and its retry backoff
@@ -99,7 +100,7 @@ class ProducerBatch:
         "_condition", "_done", "base_offset", "log_append_time_ms", "exception",
         "_record_callbacks", "_done_callbacks", "_watched_futures",
         "payload", "producer_id", "producer_epoch", "base_sequence",
-        "attempts", "retry_after_ms", "last_error", "__weakref__",
+        "attempts", "retry_after_ms", "last_error", "absorbed", "__weakref__",
     )
 
     def __init__(self, topic: str, partition: int, creation_index: int, created_ms: int,
@@ -135,6 +136,10 @@ class ProducerBatch:
         self.attempts = 0
         self.retry_after_ms = 0
         self.last_error: BaseException | None = None
+        # Batches whose records this one took over before it was first sent (see
+        # RecordAccumulator.drain), with the index of their first record in this one: they
+        # are delivered or failed with it.
+        self.absorbed: list[tuple[ProducerBatch, int]] | None = None
 
     def __repr__(self) -> str:
         return (f"ProducerBatch({self.topic}-{self.partition} #{self.creation_index}, "
@@ -231,6 +236,34 @@ class ProducerBatch:
                     fn()
                 except Exception:
                     log.exception("done callback raised for %s-%d", self.topic, self.partition)
+        if self.absorbed:
+            for follower, first_index in self.absorbed:
+                if not follower._done:
+                    follower._finish(base_offset + first_index if base_offset >= 0 else base_offset,
+                                     log_append_time_ms, exception)
+
+    def absorb(self, follower: ProducerBatch) -> None:
+        """Take over the records of `follower` (the next unsent batch of this partition)
+        before this batch is first sent; the follower is delivered with this one."""
+        first_index = len(self.timestamps_ms)
+        self.values.extend(follower.values)
+        self.keys.extend(follower.keys)
+        self.timestamps_ms.extend(follower.timestamps_ms)
+        self.headers.extend(follower.headers)
+        self.has_keys = self.has_keys or follower.has_keys
+        self.has_headers = self.has_headers or follower.has_headers
+        if self.single_timestamp_ms != follower.single_timestamp_ms:
+            self.single_timestamp_ms = -1
+        self.size_estimate_bytes += follower.size_estimate_bytes - BATCH_HEADER_BYTES
+        if self.absorbed is None:
+            self.absorbed = []
+        self.absorbed.append((follower, first_index))
+        if follower.absorbed:
+            self.absorbed.extend((f, first_index + i) for f, i in follower.absorbed)
+            follower.absorbed = None
+        # The follower keeps its timestamps for its records' metadata; the rest is ours now.
+        follower.values = follower.keys = follower.headers = None
+        follower.sealed = True
 
 
 _PENDING = "PENDING"
@@ -446,8 +479,9 @@ class RecordAccumulator:
     # ---- appending (application threads) ---------------------------------------------------
 
     def _new_batch_locked(self, topic: str, partition: int, first_record_bytes: int,
-                          deadline_ms: int | None) -> ProducerBatch:
-        reserve = max(self.batch_size, first_record_bytes + BATCH_HEADER_BYTES)
+                          deadline_ms: int | None, reserve_bytes: int | None = None) -> ProducerBatch:
+        # A batch's reservation is also its capacity: records go in while they fit in it.
+        reserve = max(reserve_bytes or self.batch_size, first_record_bytes + BATCH_HEADER_BYTES)
         if reserve > self.buffer_memory:
             raise EosError(
                 f"a record of about {first_record_bytes} bytes is larger than buffer.memory "
@@ -491,12 +525,14 @@ class RecordAccumulator:
         return None
 
     def _batch_with_room_locked(self, topic: str, partition: int, sticky: bool, partition_count: int,
-                                record_bytes: int, deadline_ms: int | None) -> ProducerBatch:
-        """The open batch that takes a record of `record_bytes` (a new one if needed; a
-        batch always takes its first record, whatever its size)."""
+                                record_bytes: int, deadline_ms: int | None,
+                                reserve_bytes: int | None = None) -> ProducerBatch:
+        """The open batch that takes a record of `record_bytes` (a new one, reserving
+        `reserve_bytes` or batch.size, if needed; a batch always takes its first record,
+        whatever its size)."""
         batch = self._open_tail((topic, partition))
         if batch is not None:
-            if batch.size_estimate_bytes + record_bytes <= self.batch_size or not batch.values:
+            if batch.size_estimate_bytes + record_bytes <= batch.reserved_bytes or not batch.values:
                 return batch
             batch.sealed = True
         if sticky:
@@ -504,10 +540,10 @@ class RecordAccumulator:
             partition = self._sticky.switch(topic, partition_count)
             batch = self._open_tail((topic, partition))
             if batch is not None:
-                if batch.size_estimate_bytes + record_bytes <= self.batch_size or not batch.values:
+                if batch.size_estimate_bytes + record_bytes <= batch.reserved_bytes or not batch.values:
                     return batch
                 batch.sealed = True
-        return self._new_batch_locked(topic, partition, record_bytes, deadline_ms)
+        return self._new_batch_locked(topic, partition, record_bytes, deadline_ms, reserve_bytes)
 
     def append(self, topic: str, partition: int | None, partition_count: int, value, key,
                headers, timestamp_ms: int, record_bytes: int, on_delivery) -> RecordFuture:
@@ -544,15 +580,22 @@ class RecordAccumulator:
     def append_many(self, topic: str, partition: int | None, partition_count: int,
                     values: list, keys: list | None, timestamps_ms: list, headers: list | None,
                     record_sizes: list[int], positions: Sequence[int] | None,
-                    bulk: _BulkCompletion, single_timestamp_ms: int = -1) -> None:
+                    bulk: _BulkCompletion, single_timestamp_ms: int = -1,
+                    batch_bytes_max: int = 0) -> None:
         """Add many records to one partition (or to the sticky partitions, switching at
         each new batch); `positions` says where each record sits in the caller's call.
-        `single_timestamp_ms` is the timestamp of every record when they share one."""
+        `single_timestamp_ms` is the timestamp of every record when they share one.
+
+        New batches hold up to max(batch.size, `batch_bytes_max`) bytes (the bulk path's
+        larger batches: one request, one sequence range and one append per batch, where
+        per-batch costs dominate in Python); each reserves the buffer memory it holds.
+        Records go into an open batch left by send() only up to its own reservation."""
         count = len(values)
         if positions is None:
             positions = range(count)
         cumulative = list(itertools.accumulate(record_sizes))
         start = 0
+        new_batch_bytes_max = max(self.batch_size, batch_bytes_max)
         deadline_ms = self._clock() + self.max_block_ms
         with self.lock:
             self._check_open()
@@ -560,11 +603,13 @@ class RecordAccumulator:
             if sticky:
                 partition = self._sticky.current(topic, partition_count)
             while start < count:
-                batch = self._batch_with_room_locked(topic, partition, sticky, partition_count,
-                                                     record_sizes[start], deadline_ms)
-                partition = batch.partition
                 consumed_before = cumulative[start - 1] if start else 0
-                room = self.batch_size - batch.size_estimate_bytes
+                reserve = max(self.batch_size, min(new_batch_bytes_max,
+                                                   cumulative[-1] - consumed_before + BATCH_HEADER_BYTES))
+                batch = self._batch_with_room_locked(topic, partition, sticky, partition_count,
+                                                     record_sizes[start], deadline_ms, reserve)
+                partition = batch.partition
+                room = batch.reserved_bytes - batch.size_estimate_bytes
                 # The records that fit; at least one (a record over batch.size goes alone).
                 end = bisect.bisect_right(cumulative, consumed_before + room, lo=start)
                 if end <= start:
@@ -641,8 +686,16 @@ class RecordAccumulator:
             self.posted.clear()
             return posted
 
-    def drain(self, now_ms: int, take: Callable[[ProducerBatch], bool]) -> tuple[list[ProducerBatch], int]:
+    def drain(self, now_ms: int, take: Callable[[ProducerBatch], bool],
+              batch_bytes_max: Callable[[str], int] | None = None) -> tuple[list[ProducerBatch], int]:
         """Pop ready head batches that `take(batch)` accepts, head first per partition.
+
+        With `batch_bytes_max` (topic -> bytes), a head batch that was never sent first
+        absorbs the sealed, never-sent batches queued behind it, up to that size: when a
+        partition has a backlog (its in-flight window is full, or the sender fell
+        behind), it goes out as fewer, larger batches. A batch costs a request (one batch
+        per partition per request for idempotence), a sequence range and a broker append
+        whatever its size; under backlog, waiting batches gain nothing by staying small.
 
         Returns (batches, next_ready_ms): the earliest time a batch left behind becomes
         ready by itself (linger or backoff), or a large number when none will.
@@ -668,12 +721,26 @@ class RecordAccumulator:
                         if linger_end_ms > now_ms:
                             next_ready_ms = min(next_ready_ms, linger_end_ms)
                             break
+                    if (batch_bytes_max is not None and len(dq) > 1 and not batch.attempts
+                            and batch.base_sequence < 0):
+                        self._absorb_followers_locked(dq, batch_bytes_max(batch.topic))
                     if not take(batch):
                         break
                     batch.sealed = True
                     dq.popleft()
                     taken.append(batch)
         return taken, next_ready_ms
+
+    @staticmethod
+    def _absorb_followers_locked(dq: collections.deque, limit_bytes: int) -> None:
+        head = dq[0]
+        while len(dq) > 1:
+            follower = dq[1]
+            if (not follower.sealed or follower.attempts or follower.base_sequence >= 0
+                    or head.size_estimate_bytes + follower.size_estimate_bytes - BATCH_HEADER_BYTES > limit_bytes):
+                return
+            head.absorb(follower)
+            del dq[1]
 
     def reenqueue(self, batch: ProducerBatch) -> None:
         """Put a batch back for a retry, ahead of every younger batch of its partition."""
@@ -723,10 +790,14 @@ class RecordAccumulator:
             return batches
 
     def deallocate(self, batch: ProducerBatch) -> None:
-        """The batch is delivered or failed: give its memory back."""
+        """The batch (and the batches it absorbed) is delivered or failed: give its memory back."""
         with self.lock:
-            if self._incomplete.pop(batch, False) is not False:
-                self._available_bytes += batch.reserved_bytes
+            freed = False
+            for done in itertools.chain((batch,), (f for f, _ in batch.absorbed or ())):
+                if self._incomplete.pop(done, False) is not False:
+                    self._available_bytes += done.reserved_bytes
+                    freed = True
+            if freed:
                 self._space.notify_all()
 
     def mark_closed(self) -> None:

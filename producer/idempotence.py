@@ -24,16 +24,22 @@ Rules (Kafka's client, KIP-98 and KIP-360):
   unacknowledged batches is not enough: when the answer to batch 1 is lost while batches
   2..6 are acknowledged, the broker no longer remembers batch 1 when it comes again.)
 - Until the first batch of a partition is acknowledged in the current epoch, it is the only
-  one sent. A broker that knows nothing of a producer accepts any first sequence (KIP-360),
-  so if gRPC delivered a second batch before the first, the broker would take it, and the
-  first would be refused forever; once one batch is in, the broker checks every sequence.
+  one sent (`first_batch_alone`, for producers without a transactional id). A broker that
+  knows nothing of a producer accepts any first sequence (KIP-360): even on an ordered
+  stream, if the broker refused the first batch with a retriable error (a storage error,
+  a leader moving) and then took the second, the first would be refused forever; once
+  one batch is in, the broker checks every sequence. A transactional producer needs no
+  such care: the broker takes a transactional batch of a producer it does not know only
+  at sequence 0, and every transaction starts each partition at 0 (KIP-890), so skipping
+  the rule saves a round trip per partition per transaction.
 - A retriable error keeps the sequence (RETRY). OUT_OF_ORDER_SEQUENCE_NUMBER is retriable
   too when the batch was not the oldest unacknowledged one of its partition, or when it was
   sent while an older one was still unacknowledged: the older batch failed or arrived
-  late, and this one will follow it once it is through. gRPC does not promise that two
-  requests on one connection are handled in order (Kafka's TCP connection does), so the
-  second condition matters: the older batch may be acknowledged before the out-of-order
-  answer of the younger one comes back.
+  late, and this one will follow it once it is through. The second condition matters
+  when the older batch is acknowledged before the out-of-order answer of the younger one
+  is handled: on a ProduceStream, after the older one was refused with a retriable error
+  and resent; on the unary fallback, where gRPC may also hand two calls to the broker in
+  either order.
 - OUT_OF_ORDER_SEQUENCE_NUMBER for a batch that was sent as the oldest unacknowledged one,
   UNKNOWN_PRODUCER_ID, and any error that fails a sequenced batch for good (its range is
   now a hole the broker waits for) are unrecoverable for the sequence: the batch fails
@@ -123,10 +129,11 @@ class _PartitionSequences:
 class IdempotenceState:
     """Producer id, epoch and per-partition sequences of one idempotent producer."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, first_batch_alone: bool = True) -> None:
         self.producer_id = NO_PRODUCER_ID
         self.producer_epoch = NO_PRODUCER_EPOCH
         self.bump_required = False
+        self.first_batch_alone = first_batch_alone
         self._partitions: dict[object, _PartitionSequences] = {}
 
     # ---- the producer id ---------------------------------------------------------------
@@ -169,7 +176,7 @@ class IdempotenceState:
         seqs = self._partitions.get(tp)
         if seqs is None:
             return True
-        if not seqs.acked_any:
+        if self.first_batch_alone and not seqs.acked_any:
             return not seqs.window    # the first batch goes alone (see the rules above)
         return len(seqs.window) < UNACKED_BATCHES_MAX
 

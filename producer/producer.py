@@ -51,6 +51,13 @@ __all__ = ["Producer", "RecordMetadata", "RecordFuture", "SendBatchResult",
            "BufferExhaustedError", "ProducerClosedError"]
 
 INT_MAX = 2147483647
+# send_batch() builds batches of up to this many bytes (bounded by max.request.size and the
+# topic's max.message.bytes): in Python a batch costs a request, a sequence range and an
+# append on the broker whatever its size, so a bulk call of 100-byte records sent in
+# 16 KiB batches spends most of its time per batch. 1 MiB is Kafka's default
+# max.request.size and (nearly) max.message.bytes, so such a batch is always accepted.
+BULK_BATCH_BYTES = 1024 * 1024
+TIMESTAMP_DELTA_EXTRA_BYTES = 9
 MAX_IN_FLIGHT_FOR_IDEMPOTENCE = 5
 TRANSACTIONS_NOT_YET = "transactions are not implemented yet (they arrive with issue 4)"
 
@@ -182,6 +189,7 @@ class Producer:
         self._transactional_id = settings["transactional.id"]
         self._acks = settings["acks"]
         self._max_request_size = settings["max.request.size"]
+        self._batch_size = max(1, settings["batch.size"])
         self._buffer_memory = settings["buffer.memory"]
         self._max_block_ms = settings["max.block.ms"]
         self._ignore_keys = settings["partitioner.ignore.keys"]
@@ -194,7 +202,7 @@ class Producer:
             metadata_max_age_ms=settings["metadata.max.age.ms"])
         # batch.size=0 means "no batching" in Kafka: every record is a batch of its own.
         self._accumulator = RecordAccumulator(
-            batch_size=max(1, settings["batch.size"]), buffer_memory=self._buffer_memory,
+            batch_size=self._batch_size, buffer_memory=self._buffer_memory,
             linger_ms=settings["linger.ms"], max_block_ms=self._max_block_ms,
             sticky=StickyPartitions(), clock=net.now_ms)
         self._sender = Sender(
@@ -205,7 +213,7 @@ class Producer:
             delivery_timeout_ms=settings["delivery.timeout.ms"],
             max_in_flight=settings["max.in.flight.requests.per.connection"],
             max_request_size=self._max_request_size, compression=settings["compression.type"],
-            client_id=settings["client.id"])
+            client_id=settings["client.id"], batch_bytes_max=self._bulk_batch_bytes)
         self._close_lock = threading.Lock()
         self._closed = False
         self._sender.start()
@@ -291,6 +299,14 @@ class Producer:
         `partition`, else murmur2 of each key, else sticky partitions (a new partition for
         each batch). The records of one partition stay in the order given.
 
+        Batch size: send_batch() builds batches of up to max(batch.size, 1 MiB bounded by
+        max.request.size, the topic's max.message.bytes override and buffer.memory / 8),
+        not batch.size. batch.size tunes how long send() waits to fill a batch; a bulk call
+        has its records at hand, and in Python every batch costs a request slot, a
+        sequence range and a broker append whatever its size, so 16 KiB batches of
+        100-byte records would spend most of the call on per-batch work. Each batch still
+        reserves the buffer memory it holds.
+
         The future's result is a `SendBatchResult`: a sequence of RecordMetadata in the
         order of `values`, built lazily (``result[i]``, iteration, ``len``), plus
         ``offsets_by_partition()``. If any batch fails, the future fails with the first
@@ -335,15 +351,20 @@ class Producer:
                 raise ValueError(f"partition {partition!r} is not in the range "
                                  f"[0...{partition_count - 1}] of topic {topic!r}")
             sizes = self._record_sizes(values, keys, headers)
+            if single_timestamp_ms < 0:
+                # Timestamps of their own may be far apart: a timestamp delta takes up to
+                # 10 bytes, where the per-record estimate allows 1.
+                sizes = [size + TIMESTAMP_DELTA_EXTRA_BYTES for size in sizes]
             largest = max(sizes)
             if largest > self._max_request_size:
                 raise MessageTooLargeError(
                     f"a message is {largest} bytes when serialized, which is larger than "
                     f"max.request.size ({self._max_request_size})")
             acc = self._accumulator
+            batch_bytes_max = self._bulk_batch_bytes(topic)
             if partition is not None or keys is None or self._ignore_keys:
                 acc.append_many(topic, partition, partition_count, values, keys, timestamps, headers,
-                                sizes, None, bulk, single_timestamp_ms)
+                                sizes, None, bulk, single_timestamp_ms, batch_bytes_max)
             else:
                 groups: dict[int | None, list[int]] = {}
                 for position, key in enumerate(keys):
@@ -358,13 +379,28 @@ class Producer:
                         [values[i] for i in positions], [keys[i] for i in positions],
                         [timestamps[i] for i in positions],
                         [headers[i] for i in positions] if headers is not None else None,
-                        [sizes[i] for i in positions], positions, bulk, single_timestamp_ms)
+                        [sizes[i] for i in positions], positions, bulk, single_timestamp_ms,
+                        batch_bytes_max)
         except ProducerClosedError:
             raise
         except EosError as exc:
             bulk._error = bulk._error or exc
         bulk.sealed()
         return future
+
+    def _bulk_batch_bytes(self, topic: str) -> int:
+        """The size of the batches send_batch() builds: max(batch.size, BULK_BATCH_BYTES
+        bounded by max.request.size, the topic's max.message.bytes when it overrides the
+        broker's, and an eighth of buffer.memory)."""
+        limit = min(BULK_BATCH_BYTES, self._max_request_size, self._buffer_memory // 8)
+        info = self._metadata.topic(topic)
+        topic_max = info.configs.get("max.message.bytes") if info is not None else None
+        if topic_max:
+            try:
+                limit = min(limit, int(topic_max))
+            except ValueError:
+                pass   # the broker validated it; an unreadable value leaves the other bounds
+        return max(self._batch_size, limit)
 
     @staticmethod
     def _record_sizes(values: list, keys: list | None, headers: list | None) -> list[int]:

@@ -5,34 +5,44 @@ Theory of operation
 One thread per producer owns everything about sending: the requests in flight, retries,
 the idempotence bookkeeping (`IdempotenceState`), and the producer id. It loops:
 
-1. Take what gRPC posted (finished Produce calls) and handle each partition's answer:
+1. Take what was posted (answers to Produce requests) and handle each partition's answer:
    success completes the batch's futures; a retriable error puts the batch back in its
    partition's queue, in append order, with an exponential backoff; anything else fails
    it with the exception of its error code (`eos.errors.error_for`). With idempotence the
    decision comes from `IdempotenceState.on_error` (RETRY, REBUILD, FAIL, FAIL_AND_BUMP).
-2. Fail queued batches older than delivery.timeout.ms.
-3. Get a producer id (InitProducerId) before the first send, and bump the epoch after an
+2. Drop failed produce streams; abort a stream whose oldest request outlived
+   request.timeout.ms (Kafka closes the connection in that case) and reopen it.
+3. Fail queued batches older than delivery.timeout.ms.
+4. Get a producer id (InitProducerId) before the first send, and bump the epoch after an
    unrecoverable sequence error -- only once nothing is in flight, so no batch of the new
    epoch overtakes one of the old.
-4. Refresh metadata of topics whose leaders are unknown or moved.
-5. Drain: each ready head batch is taken if its leader is known, its broker has a request
-   slot free (max.in.flight.requests.per.connection), and, with idempotence, its partition's
-   window has room (`IdempotenceState.can_assign`) and fewer than
-   IDEMPOTENT_IN_FLIGHT_PER_PARTITION of its new batches are in flight. A batch gets its sequence number the
-   first time it is taken; a retry resends the same bytes. Without idempotence a partition
-   has one request in flight at a time (gRPC does not keep the order of concurrent calls
-   on a connection, which Kafka's ordering without idempotence relies on); the batches
-   that queue meanwhile travel together in its next request.
-6. Send one ProduceRequest per slot -- many partitions, one batch of each -- with
-   `stub.Produce.future`; the completion is posted back to step 1. With acks=0 the
-   batches are completed as soon as they are handed to gRPC (offset -1); the response
-   only frees the slot.
-7. Sleep until something is posted, a new batch appears, or the next linger or backoff
+5. Refresh metadata of topics whose leaders are unknown or moved.
+6. Drain: each ready head batch is taken if its leader is known, its broker has a request
+   slot free (max.in.flight.requests.per.connection), and, with idempotence, its
+   partition's window has room (`IdempotenceState.can_assign`). A batch gets its sequence
+   number the first time it is taken; a retry resends the same bytes, once every older
+   batch of its partition is answered.
+7. Send one ProduceRequest per slot -- many partitions, one batch of each (idempotent) or
+   all that fit (plain) -- on the broker's `ProduceStream` (`producer.stream`): one ordered
+   gRPC stream per broker, which the broker handles one request at a time, in order, as
+   Kafka handles a connection. So up to max.in.flight requests are pipelined, and an
+   idempotent producer keeps up to 5 batches of a partition in flight without the broker
+   ever seeing them out of order. Answers are posted back to step 1.
+8. Sleep until something is posted, a new batch appears, or the next linger or backoff
    deadline.
 
-Request-level gRPC failures (the broker went away, the deadline passed) count as
-NETWORK_EXCEPTION / REQUEST_TIMED_OUT for every batch of the request: the batch may or may
-not have been appended, and only idempotence makes the retry safe from duplicates.
+Unary Produce is still used where order cannot matter or the stream is missing:
+- acks=0: the batches are completed as soon as they are handed to gRPC (offset -1).
+- a broker without ProduceStream (it answers UNIMPLEMENTED; the sender falls back for that
+  broker). Concurrent unary calls may be handled in either order, so there a plain
+  producer sends a partition's next request only when the previous one is answered (the
+  batches that queue meanwhile travel together), and an idempotent one keeps at most
+  IDEMPOTENT_IN_FLIGHT_PER_PARTITION_UNARY new batches of a partition in flight.
+
+Request-level failures (the broker went away, the stream broke, the request timed out)
+count as NETWORK_EXCEPTION / REQUEST_TIMED_OUT for every batch of the request: the batch
+may or may not have been appended, and only idempotence makes the retry safe from
+duplicates.
 """
 from __future__ import annotations
 
@@ -48,6 +58,7 @@ from eos import net
 from eos.errors import (
     EosError,
     ErrorCode,
+    NetworkError,
     Reaction,
     RequestTimedOutError,
     error_for,
@@ -63,6 +74,7 @@ from producer.accumulator import (
     RecordAccumulator,
 )
 from producer.idempotence import Decision, IdempotenceState
+from producer.stream import ProduceStream
 
 log = logging.getLogger("eos.producer")
 
@@ -73,14 +85,16 @@ log = logging.getLogger("eos.producer")
 # locates every record -- and a request costs far more than a batch in Python's gRPC.
 IDEMPOTENT_BATCHES_PER_PARTITION_PER_REQUEST = 1
 PLAIN_BATCHES_PER_PARTITION_PER_REQUEST = 1 << 30   # bounded by max.request.size
-# New batches of one partition in flight at once for an idempotent producer (the window
-# allows 5). gRPC hands concurrent calls to the broker's worker threads, which may append
-# them in either order; every inversion costs an OUT_OF_ORDER_SEQUENCE_NUMBER answer and a
-# resend of the batch and of those behind it. Measured on one partition, 16 KiB batches:
-# 2 in flight gave the most records/s (about 1-3% of requests refused), 5 the fewest
-# (a third refused). A broker that waited briefly for a missing predecessor instead of
-# refusing at once would let this go up to 5.
-IDEMPOTENT_IN_FLIGHT_PER_PARTITION = 2
+# New batches of one partition in flight at once for an idempotent producer that has to
+# fall back to unary Produce (a broker without ProduceStream). gRPC hands concurrent unary
+# calls to the broker's worker threads, which may append them in either order; every
+# inversion costs an OUT_OF_ORDER_SEQUENCE_NUMBER answer and a resend of the batch and of
+# those behind it. Measured on one partition, 16 KiB batches: 2 in flight gave the most
+# records/s. On a ProduceStream the broker keeps the order, and the window (5) is the bound.
+IDEMPOTENT_IN_FLIGHT_PER_PARTITION_UNARY = 2
+# A broker that refused a produce stream (it serves as many as it can) gets unary Produce
+# calls for this long before the sender asks for a stream again.
+STREAM_REFUSED_RETRY_MS = 30_000
 SLEEP_MAX_MS = 250          # wake at least this often to expire batches and retry metadata
 CLOSE_POLL_MS = 50
 
@@ -123,7 +137,8 @@ class Sender(threading.Thread):
                  retry_backoff: net.Backoff, request_timeout_ms: int, delivery_timeout_ms: int,
                  max_in_flight: int, max_request_size: int, compression: int,
                  transactional_id: str = "", transaction_timeout_ms: int = 60000,
-                 client_id: str = "", clock: Callable[[], int] = net.now_ms):
+                 client_id: str = "", clock: Callable[[], int] = net.now_ms,
+                 use_streams: bool = True, batch_bytes_max: Callable[[str], int] | None = None):
         super().__init__(name=f"eos-producer-sender{'-' + client_id if client_id else ''}", daemon=True)
         self._acc = accumulator
         self._metadata = metadata
@@ -144,6 +159,15 @@ class Sender(threading.Thread):
         self._in_flight_by_node: collections.Counter = collections.Counter()
         # tp -> creation indexes of its batches in flight (at most 5 with idempotence)
         self._in_flight_tps: dict[tuple, set[int]] = {}
+        # One ProduceStream per broker (ordered, pipelined); nodes in _unary_nodes have none
+        # and get unary Produce calls. acks=0 always goes unary: nothing answers it.
+        self._use_streams = use_streams
+        # topic -> the size up to which a never-sent head batch absorbs the batches queued
+        # behind it (RecordAccumulator.drain); None: batches go as they were built
+        self._batch_bytes_max = batch_bytes_max
+        self._streams: dict[int, ProduceStream] = {}
+        # node -> None (no ProduceStream there) or the time to try a stream again (refused)
+        self._unary_nodes: dict[int, int | None] = {}
         self._pid_attempts = 0
         self._pid_retry_at_ms = 0
         self._metadata_attempts = 0
@@ -176,11 +200,15 @@ class Sender(threading.Thread):
                     break
                 if acc.closing and not acc.has_incomplete and not self._in_flight:
                     break
+                if (self._streams or self._unary_nodes) and self._check_streams(now):
+                    timeout_ms = 0      # handle the dropped stream's failures first
+                    continue
                 timeout_ms = self._run_once(now)
         except BaseException as exc:  # a bug: fail every waiting future rather than hang them
             log.exception("producer sender thread failed")
             self._abort_everything(EosError(f"producer sender thread failed: {exc!r}"))
         finally:
+            self._close_streams()
             acc.mark_closed()
 
     def _run_once(self, now: int) -> int:
@@ -207,7 +235,7 @@ class Sender(threading.Thread):
             self._refresh_metadata(topics, now)
         self._topics_without_leader = set()
         take, slots_by_node = self._make_taker()
-        batches, next_ready_ms = acc.drain(now, take)
+        batches, next_ready_ms = acc.drain(now, take, self._batch_bytes_max)
         if batches:
             self._send(slots_by_node, now)
         if self._topics_without_leader:
@@ -265,6 +293,10 @@ class Sender(threading.Thread):
 
     # ---- draining and sending ------------------------------------------------------------
 
+    def _ordered(self, node: int) -> bool:
+        """Whether requests to `node` go on its ProduceStream (which keeps their order)."""
+        return self._use_streams and self._acks != 0 and node not in self._unary_nodes
+
     def _make_taker(self):
         metadata = self._metadata
         idem = self._idempotence
@@ -272,15 +304,10 @@ class Sender(threading.Thread):
         in_flight_by_node = self._in_flight_by_node
         max_in_flight = self._max_in_flight
         max_request_size = self._max_request_size
-        # gRPC may run two calls of one connection in either order (Kafka's TCP connection
-        # does not), so a plain producer keeps a partition's order by sending its next
-        # request only when the previous one is answered; the batches that queue meanwhile
-        # go together in that next request. Idempotent producers pipeline up to 5 batches:
-        # sequence numbers put them back in order.
-        order_by_muting = idem is None
         per_partition = (IDEMPOTENT_BATCHES_PER_PARTITION_PER_REQUEST if idem is not None
                          else PLAIN_BATCHES_PER_PARTITION_PER_REQUEST)
         in_flight_tps = self._in_flight_tps
+        ordered_by_node: dict[int, bool] = {}
 
         last_slot_by_tp: dict = {}    # tp -> index of the slot holding its latest batch
         taken_now: dict = {}          # tp -> batches taken in this drain
@@ -290,23 +317,30 @@ class Sender(threading.Thread):
             if node == net.NO_LEADER or metadata.address_of(node) is None:
                 self._topics_without_leader.add(batch.topic)
                 return False
+            ordered = ordered_by_node.get(node)
+            if ordered is None:
+                ordered = ordered_by_node[node] = self._ordered(node)
             if idem is not None:
                 if not idem.ready_to_send:
                     return False   # no producer id yet, or an epoch bump is due
                 if batch.base_sequence < 0:
                     if not idem.can_assign(batch.tp):
                         return False
-                    flying = in_flight_tps.get(batch.tp)
-                    if ((len(flying) if flying else 0) + taken_now.get(batch.tp, 0)
-                            >= IDEMPOTENT_IN_FLIGHT_PER_PARTITION):
-                        return False
+                    if not ordered:
+                        flying = in_flight_tps.get(batch.tp)
+                        if ((len(flying) if flying else 0) + taken_now.get(batch.tp, 0)
+                                >= IDEMPOTENT_IN_FLIGHT_PER_PARTITION_UNARY):
+                            return False
                 else:
                     # A resend waits until every older batch of its partition is answered:
                     # sent together again they could arrive out of order again.
                     flying = in_flight_tps.get(batch.tp)
                     if flying and min(flying) < batch.creation_index:
                         return False
-            elif order_by_muting and batch.tp in in_flight_tps:
+            elif not ordered and batch.tp in in_flight_tps:
+                # Unary calls may run in either order (Kafka's TCP connection keeps it): a
+                # plain producer keeps a partition's order by sending its next request only
+                # when the previous one is answered; what queues meanwhile goes together.
                 return False
             slots = slots_by_node.get(node)
             if slots is None:
@@ -316,7 +350,8 @@ class Sender(threading.Thread):
             # partition's previous batch: requests go out in slot order.
             slot_index = -1
             first = last_slot_by_tp.get(batch.tp, -1)
-            last_index = first + 1 if (order_by_muting and first >= 0) else len(slots)
+            muted = not ordered and idem is None
+            last_index = first + 1 if (muted and first >= 0) else len(slots)
             for index in range(max(first, 0), last_index):
                 candidate = slots[index]
                 if (candidate.tps.get(batch.tp, 0) < per_partition
@@ -324,7 +359,7 @@ class Sender(threading.Thread):
                     slot_index = index
                     break
             if slot_index < 0:
-                if order_by_muting and first >= 0:
+                if muted and first >= 0:
                     return False   # one request per partition at a time: the rest waits
                 if in_flight_by_node[node] + len(slots) >= max_in_flight:
                     return False
@@ -392,6 +427,11 @@ class Sender(threading.Thread):
                     if flying is None:
                         flying = self._in_flight_tps[batch.tp] = set()
                     flying.add(batch.creation_index)
+                if self._ordered(node):
+                    if not self._send_on_stream(node, stub, request_id, request, now):
+                        self._acc.post((request_id, _FailedCall(NetworkError(
+                            f"could not open a produce stream to node {node}"))))
+                    continue
                 try:
                     call = stub.Produce.future(request, timeout=timeout_s)
                 except Exception as exc:  # the channel refused before sending (closed)
@@ -402,6 +442,65 @@ class Sender(threading.Thread):
                     # Fire and forget: nothing will tell us where the records went.
                     for batch in slot.batches:
                         self._complete(batch, NO_OFFSET, NO_TIMESTAMP)
+
+    def _send_on_stream(self, node: int, stub, request_id: int, request, now: int) -> bool:
+        """Queue the request on the node's ProduceStream, opening one if there is none
+        (or the one there just failed). False if no stream could be opened."""
+        for _ in range(2):
+            stream = self._streams.get(node)
+            if stream is None or stream.closed:
+                try:
+                    stream = self._streams[node] = ProduceStream(
+                        stub, node, in_flight_max=self._max_in_flight, on_answer=self._post_answer)
+                except Exception as exc:  # the channel is closed
+                    log.info("opening a produce stream to node %d failed: %r", node, exc)
+                    return False
+            if stream.send(request_id, request, now):
+                return True
+        return False
+
+    def _post_answer(self, request_id: int, answer) -> None:
+        self._acc.post((request_id, answer))
+
+    def _check_streams(self, now: int) -> bool:
+        """Drop failed streams (falling back to unary Produce for a broker without
+        ProduceStream) and abort streams whose oldest request outlived request.timeout.ms.
+        True if a stream was dropped: its failed requests are in the mailbox, and the loop
+        handles them before it drains again."""
+        dropped = False
+        for node, until_ms in list(self._unary_nodes.items()):
+            if until_ms is not None and now >= until_ms and not self._in_flight_by_node[node]:
+                # Try a stream again, once no unary call is in flight there: a plain
+                # producer's next request must not overtake one that is.
+                del self._unary_nodes[node]
+        for node, stream in list(self._streams.items()):
+            if stream.closed:
+                del self._streams[node]
+                dropped = True
+                if stream.unimplemented and node not in self._unary_nodes:
+                    log.warning("node %d has no ProduceStream RPC: falling back to unary Produce "
+                                "(idempotent producers then keep at most %d batches of a partition in flight)",
+                                node, IDEMPOTENT_IN_FLIGHT_PER_PARTITION_UNARY)
+                    self._unary_nodes[node] = None
+                elif stream.refused:
+                    log.info("node %d refused a produce stream (too many open): unary Produce for %d ms",
+                             node, STREAM_REFUSED_RETRY_MS)
+                    self._unary_nodes[node] = now + STREAM_REFUSED_RETRY_MS
+                continue
+            oldest_ms = stream.oldest_sent_ms()
+            if oldest_ms is not None and now - oldest_ms >= self._request_timeout_ms:
+                stream.abort(RequestTimedOutError(
+                    f"no answer from node {node} within request.timeout.ms ({self._request_timeout_ms} ms); "
+                    f"the produce stream is reopened"))
+        return dropped
+
+    def _close_streams(self) -> None:
+        streams = list(self._streams.values())
+        self._streams.clear()
+        for stream in streams:
+            stream.close()
+        for stream in streams:
+            stream.join(1.0)
 
     # ---- answers -------------------------------------------------------------------------
 
@@ -424,6 +523,8 @@ class Sender(threading.Thread):
         except Exception as exc:
             if isinstance(exc, grpc.RpcError):
                 error = net.error_from_rpc(exc, f"Produce to node {in_flight.node_id}")
+            elif isinstance(exc, EosError):   # a produce stream failed (or timed out)
+                error = exc
             else:  # the channel refused to start the call (e.g. closed)
                 error = EosError(f"Produce to node {in_flight.node_id} failed: {exc!r}",
                                  ErrorCode.NETWORK_EXCEPTION)

@@ -2,10 +2,13 @@
 
 Theory of operation
 -------------------
-`FaultProxy` listens on 127.0.0.1 (a free port) and forwards every unary RPC to `target`
-as raw bytes: the server side registers one generic handler with no (de)serialisers, and
-the client side calls `channel.unary_unary(method)` with none either, so the proxy knows no
-proto and costs one copy per message. Streaming RPCs are not supported (eos has none).
+`FaultProxy` listens on 127.0.0.1 (a free port) and forwards every RPC to `target` as raw
+bytes: the server side registers one generic handler with no (de)serialisers, and the
+client side calls `channel.unary_unary(method)` (or `stream_stream`) with none either, so
+the proxy knows no proto and costs one copy per message. A gRPC handler cannot tell a
+unary call from a stream by its bytes, so the methods that are bidirectional streams are
+named (`stream_methods`, by default eos's `/eos.v1.Broker/ProduceStream`); every other
+method is forwarded as unary.
 
 For each request, in arrival order, one decision is drawn from `random.Random(seed)`;
 each decision consumes the same number of draws, so the n-th request always meets the
@@ -20,13 +23,27 @@ arrival order itself may vary). A decision is a combination of:
 - drop the response: forward, let the broker apply it, then answer UNAVAILABLE. This is
   the fault that makes retries dangerous and that idempotence exists for.
 
-Errors from the target (status and details) pass through unchanged. `counters` tells what
+On a bidirectional stream each message of the client is a request and meets a decision;
+the stream behaves like the TCP connection it stands for. A message is forwarded on one
+upstream stream opened for the client's stream, in order, and answers come back in
+order. A delay holds the message and every one behind it (no reordering: a connection
+keeps its order). A dropped request or a dropped response breaks the whole stream with
+UNAVAILABLE -- for a dropped request before the message is forwarded, for a dropped
+response when its answer comes back, after the answers before it were relayed -- so
+every message still unanswered is lost to the client, whether the broker applied it or
+not. A duplicate is forwarded twice and the first answer is swallowed.
+
+Methods in `unimplemented_methods` are answered UNIMPLEMENTED without forwarding, as by a
+target that lacks them (a broker of an older contract). Errors from the target (status and
+details) pass through unchanged. `counters` tells what
 was done, `decisions` lists every decision in order (bounded). Threads are bounded by a
-pool, concurrent RPCs by `maximum_concurrent_rpcs`, messages by 64 MiB each way.
+pool, concurrent RPCs by `maximum_concurrent_rpcs` (a stream also takes one thread of its
+own, reading the client's messages), messages by 64 MiB each way.
 """
 from __future__ import annotations
 
 import collections
+import queue
 import random
 import threading
 import time
@@ -53,6 +70,11 @@ _SERVER_OPTIONS = [
 # Metadata that belongs to a hop, not to the call: grpc sets it again on the next hop.
 _HOP_METADATA_PREFIXES = (":", "grpc-")
 _HOP_METADATA_KEYS = {"user-agent", "te", "content-type"}
+STREAM_METHODS_DEFAULT = frozenset({"/eos.v1.Broker/ProduceStream"})
+# What the answer reader does with the next upstream answer (one entry per forwarded message,
+# queued before the message goes upstream, so entries and answers pair up in order).
+_RELAY, _SWALLOW, _DROP_RESPONSE = "relay", "swallow", "drop-response"
+_REQUEST_DROPPED, _CLIENT_DONE = "request-dropped", "client-done"
 
 
 @dataclass(frozen=True)
@@ -81,7 +103,8 @@ class FaultCounters:
 class FaultProxy:
     def __init__(self, target: str, *, seed: int, drop_request_p: float = 0.0, drop_response_p: float = 0.0,
                  duplicate_request_p: float = 0.0, delay_ms: tuple[int, int] = (0, 0), max_workers: int = 16,
-                 maximum_concurrent_rpcs: int = 256):
+                 maximum_concurrent_rpcs: int = 256, stream_methods=STREAM_METHODS_DEFAULT,
+                 unimplemented_methods=frozenset()):
         for name, p in (("drop_request_p", drop_request_p), ("drop_response_p", drop_response_p),
                         ("duplicate_request_p", duplicate_request_p)):
             if not 0.0 <= p <= 1.0:
@@ -94,13 +117,15 @@ class FaultProxy:
         self.drop_response_p = drop_response_p
         self.duplicate_request_p = duplicate_request_p
         self.delay_ms = (delay_low_ms, delay_high_ms)
+        self.stream_methods = frozenset(stream_methods)
+        self.unimplemented_methods = frozenset(unimplemented_methods)
         self._random = random.Random(seed)
         self._lock = threading.Lock()                 # guards _random, _counters, _decisions, _target
         self._counters = FaultCounters()
         self._decisions: collections.deque[FaultDecision] = collections.deque(maxlen=DECISIONS_KEPT_MAX)
         self._target = target
         self._channel = grpc.insecure_channel(target, options=_CHANNEL_OPTIONS)
-        self._callables: dict[str, grpc.UnaryUnaryMultiCallable] = {}
+        self._callables: dict[str, object] = {}     # method -> multicallable on _channel
         self._executor = futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="fault-proxy")
         self._server = grpc.server(self._executor, handlers=[_ForwardingHandler(self)], options=_SERVER_OPTIONS,
                                    maximum_concurrent_rpcs=maximum_concurrent_rpcs)
@@ -190,18 +215,25 @@ class FaultProxy:
             self._decisions.append(decision)
             return decision
 
-    def _callable(self, method: str) -> grpc.UnaryUnaryMultiCallable:
+    def _callable(self, method: str):
         with self._lock:
             call = self._callables.get(method)
             if call is None:
-                call = self._channel.unary_unary(method, request_serializer=None, response_deserializer=None)
+                if method in self.stream_methods:
+                    call = self._channel.stream_stream(method, request_serializer=None, response_deserializer=None)
+                else:
+                    call = self._channel.unary_unary(method, request_serializer=None, response_deserializer=None)
                 self._callables[method] = call
             return call
 
+    @staticmethod
+    def _call_metadata(context: grpc.ServicerContext) -> tuple:
+        return tuple((m.key, m.value) for m in context.invocation_metadata()
+                     if m.key not in _HOP_METADATA_KEYS and not m.key.startswith(_HOP_METADATA_PREFIXES))
+
     def _forward_once(self, method: str, request: bytes, context: grpc.ServicerContext):
         """One call to the target: (response bytes, None) or (None, RpcError)."""
-        metadata = tuple((m.key, m.value) for m in context.invocation_metadata()
-                         if m.key not in _HOP_METADATA_KEYS and not m.key.startswith(_HOP_METADATA_PREFIXES))
+        metadata = self._call_metadata(context)
         timeout_s = context.time_remaining()
         with self._lock:
             self._counters.forwarded += 1
@@ -230,8 +262,80 @@ class FaultProxy:
         return response
 
 
+    def _handle_stream(self, method: str, request_iterator, context: grpc.ServicerContext):
+        """Forward one client stream on one upstream stream (see the module doc)."""
+        upstream_requests: queue.Queue = queue.Queue()
+        plan: queue.Queue = queue.Queue()       # what to do with each upstream answer, in order
+        end = object()
+
+        def upstream_iterator():
+            while True:
+                item = upstream_requests.get()
+                if item is end:
+                    return
+                yield item
+
+        with self._lock:
+            self._counters.forwarded += 1       # the stream itself; its messages are counted as requests
+        call = self._callable(method)(upstream_iterator(), metadata=self._call_metadata(context))
+        context.add_callback(call.cancel)       # the client went away: so does the upstream stream
+
+        def pump() -> None:
+            """Read the client's messages, decide, forward (on its own thread)."""
+            try:
+                for request in request_iterator:
+                    decision = self._decide(method)
+                    if decision.drop_request:
+                        plan.put(_REQUEST_DROPPED)
+                        return
+                    if decision.delay_ms:
+                        time.sleep(decision.delay_ms / 1000.0)   # the injected fault itself
+                    if decision.duplicate:
+                        plan.put(_SWALLOW)
+                        upstream_requests.put(request)
+                    plan.put(_DROP_RESPONSE if decision.drop_response else _RELAY)
+                    upstream_requests.put(request)
+                plan.put(_CLIENT_DONE)
+            except Exception:   # the client's stream ended with an error (cancelled)
+                plan.put(_CLIENT_DONE)
+            finally:
+                upstream_requests.put(end)
+
+        threading.Thread(target=pump, name="fault-proxy-stream", daemon=True).start()
+        answers = iter(call)
+        while True:
+            action = plan.get()
+            if action == _CLIENT_DONE:
+                try:
+                    for _ in answers:     # the upstream ends too
+                        pass
+                except grpc.RpcError:
+                    pass                  # cancelled with the client's stream
+                return
+            if action == _REQUEST_DROPPED:
+                call.cancel()
+                context.abort(grpc.StatusCode.UNAVAILABLE, "fault proxy: request dropped (stream broken)")
+            try:
+                answer = next(answers)
+            except StopIteration:
+                context.abort(grpc.StatusCode.UNAVAILABLE, "fault proxy: the target ended the stream early")
+            except grpc.RpcError as error:
+                with self._lock:
+                    self._counters.target_errors += 1
+                call.cancel()
+                code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
+                context.abort(code, (error.details() if hasattr(error, "details") else str(error)) or "")
+            if action == _SWALLOW:
+                continue
+            if action == _DROP_RESPONSE:
+                call.cancel()
+                context.abort(grpc.StatusCode.UNAVAILABLE, "fault proxy: response dropped (stream broken)")
+            yield answer
+
+
 class _ForwardingHandler(grpc.GenericRpcHandler):
-    """Accepts every method as a unary call on raw bytes."""
+    """Accepts every method on raw bytes: the proxy's stream methods as bidirectional
+    streams, every other as a unary call."""
 
     def __init__(self, proxy: FaultProxy):
         self._proxy = proxy
@@ -239,6 +343,14 @@ class _ForwardingHandler(grpc.GenericRpcHandler):
     def service(self, handler_call_details):
         method = handler_call_details.method
         proxy = self._proxy
+        if method in proxy.unimplemented_methods:
+            return None     # gRPC answers UNIMPLEMENTED, as a server without the method does
+        if method in proxy.stream_methods:
+            def forward_stream(request_iterator, context: grpc.ServicerContext):
+                return proxy._handle_stream(method, request_iterator, context)
+
+            return grpc.stream_stream_rpc_method_handler(forward_stream, request_deserializer=None,
+                                                         response_serializer=None)
 
         def forward(request: bytes, context: grpc.ServicerContext) -> bytes:
             return proxy._handle(method, request, context)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 
+import grpc
 import pytest
 
 import eos
@@ -32,17 +33,23 @@ def check_exactly_once_in_order(records, per_partition: int) -> None:
 
 
 def fast_retries(**extra):
-    return dict(retry_backoff_ms=10, retry_backoff_max_ms=100, request_timeout_ms=5000,
-                delivery_timeout_ms=120_000, linger_ms=2, batch_size=4096, **extra)
+    # max.request.size bounds how far a backlog is coalesced into larger batches (and the
+    # bulk path's batches): small batches make many requests for the faults to hit.
+    return {**dict(retry_backoff_ms=10, retry_backoff_max_ms=100, request_timeout_ms=5000,
+                   delivery_timeout_ms=120_000, linger_ms=2, batch_size=4096, max_request_size=4096),
+            **extra}
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_dropped_and_duplicated_requests_and_responses(broker, seed):
+@pytest.mark.parametrize("seed, produce_stream", [(1, True), (2, True), (3, False)])
+def test_dropped_and_duplicated_requests_and_responses(broker, seed, produce_stream):
+    """On the ordered ProduceStream, and on unary Produce calls (a broker without the
+    stream: the producer falls back)."""
     with eos.Admin(broker.address) as admin:
         admin.create_topic("idem", partitions=PARTITIONS)
     per_partition = 2000
+    unimplemented = () if produce_stream else ("/eos.v1.Broker/ProduceStream",)
     with FaultProxy(broker.address, seed=seed, drop_request_p=0.05, drop_response_p=0.15,
-                    duplicate_request_p=0.1, delay_ms=(0, 3)) as proxy:
+                    duplicate_request_p=0.1, delay_ms=(0, 3), unimplemented_methods=unimplemented) as proxy:
         with eos.Producer(proxy.address, **fast_retries()) as producer:
             futures = []
             for i in range(per_partition):
@@ -56,8 +63,60 @@ def test_dropped_and_duplicated_requests_and_responses(broker, seed):
                 assert offsets == list(range(per_partition))
         counters = proxy.counters
     assert counters.dropped_responses > 0 and counters.duplicated > 0
+    produce_method = "/eos.v1.Broker/ProduceStream" if produce_stream else "/eos.v1.Broker/Produce"
+    assert counters.by_method.get(produce_method, 0) > 10
     records = consume_all(broker.address, "idem", PARTITIONS, PARTITIONS * per_partition)
     check_exactly_once_in_order(records, per_partition)
+
+
+def broker_serves_produce_stream(broker) -> bool:
+    try:
+        list(broker.broker_stub().ProduceStream(iter(()), timeout=10))
+    except grpc.RpcError as error:
+        if error.code() is grpc.StatusCode.UNIMPLEMENTED:
+            return False
+        raise
+    return True
+
+
+def test_five_batches_of_a_partition_in_flight_keep_their_order_through_faults(broker):
+    """On the ordered ProduceStream an idempotent producer pipelines its whole window (5
+    batches of a partition); broken streams (lost answers), duplicates and delays never
+    duplicate, lose or reorder a record."""
+    if not broker_serves_produce_stream(broker):
+        pytest.skip("the broker does not serve ProduceStream yet")
+    with eos.Admin(broker.address) as admin:
+        admin.create_topic("idem-5", partitions=1)
+    count = 3000
+    highest_in_flight = 0
+    sending = threading.Event()
+    sending.set()
+    with FaultProxy(broker.address, seed=11, drop_response_p=0.02, duplicate_request_p=0.05,
+                    delay_ms=(1, 3)) as proxy:
+        with eos.Producer(proxy.address, **fast_retries(linger_ms=0, batch_size=200, max_request_size=400)) as producer:
+            in_flight = producer._sender._in_flight_tps
+
+            def sample():   # how many batches of the partition were in flight at once
+                nonlocal highest_in_flight
+                while sending.is_set():
+                    highest_in_flight = max(highest_in_flight, len(in_flight.get(("idem-5", 0), ())))
+                    time.sleep(0.001)
+
+            sampler = threading.Thread(target=sample)
+            sampler.start()
+            try:
+                futures = [producer.send("idem-5", b"0-%d" % i, partition=0) for i in range(count)]
+                producer.flush(WAIT_S)
+            finally:
+                sending.clear()
+                sampler.join(WAIT_S)
+            assert [f.exception() for f in futures if f.exception() is not None] == []
+            assert [f.result().offset for f in futures] == list(range(count))
+        counters = proxy.counters
+    assert counters.dropped_responses > 0 and counters.duplicated > 0
+    assert highest_in_flight > 2, "the producer never pipelined more than the unary fallback's 2 batches"
+    records = consume_all(broker.address, "idem-5", 1, count)
+    assert [r.value for r in records] == [b"0-%d" % i for i in range(count)]
 
 
 def test_bulk_path_through_faults(broker):

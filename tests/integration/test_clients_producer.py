@@ -117,11 +117,13 @@ def test_bulk_path(broker, admin, acks):
         keyed = producer.send_batch("bulk", values[:3000], keys=keys, timestamps_ms=1234).result(WAIT_S)
         assert [m.partition for m in keyed] == [partition_for_key(k, 3) for k in keys]
         assert {m.timestamp for m in keyed} == {1234}
-        sticky = producer.send_batch("bulk", values[:5000]).result(WAIT_S)
+        # bulk batches hold up to 1 MiB: 20,000 records of ~116 bytes make three of them,
+        # and each new batch moves to another sticky partition
+        sticky = producer.send_batch("bulk", values).result(WAIT_S)
         assert len({m.partition for m in sticky}) > 1
         assert producer.send_batch("bulk", []).result(WAIT_S) == [] or len(producer.send_batch("bulk", []).result()) == 0
-    records = consume_all(broker.address, "bulk", 3, 28_000)
-    assert len(records) == 28_000
+    records = consume_all(broker.address, "bulk", 3, 43_000)
+    assert len(records) == 43_000
     part1 = [r for r in by_partition(records)[1] if r.key is None]
     assert [r.value for r in part1[:20_000]] == values
     # keyed records keep their call order within each partition

@@ -180,6 +180,35 @@ def test_bulk_append_splits_by_batch_size_and_maps_results_back():
     assert result.offsets_by_partition() == {("t", 0): [(0, 9), (100, 9), (200, 7)]}
 
 
+def test_bulk_batches_grow_to_batch_bytes_max_and_reserve_what_they_hold():
+    acc, clock = make(batch_size=1000, buffer_memory=100_000)
+    values = [b"v" * 84] * 100                       # 100 bytes each by the estimate
+    sizes = [record_size_estimate(v, None, None) for v in values]
+    bulk = _BulkCompletion(Future(), len(values))
+    acc.append_many("t", 0, 4, values, None, [7] * 100, None, sizes, None, bulk, 7, batch_bytes_max=4000)
+    bulk.sealed()
+    batches, _ = acc.drain(clock() + 10, take_all)
+    # 4000 bytes hold the 61-byte header and 39 records; the last batch holds the rest
+    assert [b.record_count for b in batches] == [39, 39, 22]
+    assert all(b.size_estimate_bytes <= b.reserved_bytes <= 4000 for b in batches)
+    assert [b.reserved_bytes for b in batches] == [4000, 4000, 22 * 100 + 61]
+    assert acc._available_bytes == 100_000 - sum(b.reserved_bytes for b in batches)
+
+
+def test_bulk_records_fill_an_open_send_batch_only_up_to_its_reservation():
+    acc, clock = make(batch_size=1000)
+    first = append(acc, 0)._batch                     # send(): reserves batch.size
+    values = [b"v" * 84] * 30
+    bulk = _BulkCompletion(Future(), len(values))
+    acc.append_many("t", 0, 4, values, None, [7] * 30, None,
+                    [record_size_estimate(v, None, None) for v in values], None, bulk, 7,
+                    batch_bytes_max=100_000)
+    bulk.sealed()
+    batches, _ = acc.drain(clock() + 10, take_all)
+    assert batches[0] is first and first.size_estimate_bytes <= first.reserved_bytes == 1000
+    assert sum(b.record_count for b in batches) == 31 and len(batches) == 2
+
+
 def test_bulk_future_fails_with_the_first_error():
     from eos.errors import NetworkError
     acc, clock = make(batch_size=1000)
@@ -215,3 +244,54 @@ def test_bulk_keyed_positions_map_back_to_call_order():
 def test_header_overhead_counts():
     assert record_size_estimate(b"x" * 10, b"k", [("h", b"vv")]) > record_size_estimate(b"x" * 10, b"k", None)
     assert BATCH_HEADER_BYTES == 61
+
+
+# ---- a backlog goes out as fewer, larger batches -----------------------------------------
+
+def test_an_unsent_head_absorbs_the_sealed_batches_behind_it_up_to_the_limit():
+    acc, clock = make(batch_size=200, buffer_memory=100_000)
+    futures = [append(acc, 0) for _ in range(10)]     # 100 bytes each: 10 batches of 1
+    batches_before = {f._batch for f in futures}
+    assert len(batches_before) == 10
+    refused = []
+    taken, _ = acc.drain(clock() + 10, lambda b: refused.append(b) and False, lambda topic: 461)
+    assert taken == [] and len(refused) == 1
+    head = refused[0]
+    # the head holds its own record and 3 more: 61 + 4 * 100 <= 461 < 61 + 5 * 100
+    assert head.record_count == 4 and head.size_estimate_bytes == 61 + 400
+    taken, _ = acc.drain(clock() + 10, take_all, lambda topic: 461)
+    # the last batch is still open (lingered out, not sealed): it goes, but as itself
+    assert [b.record_count for b in taken] == [4, 4, 1, 1]
+    for i, batch in enumerate(taken):
+        batch.complete(100 * i)
+        acc.deallocate(batch)
+    assert [f.result(0).offset for f in futures] == [0, 1, 2, 3, 100, 101, 102, 103, 200, 300]
+    assert acc._available_bytes == 100_000 and not acc.has_incomplete
+
+
+def test_absorbed_batches_fail_with_their_head():
+    from eos.errors import NetworkError
+    acc, clock = make(batch_size=200)
+    futures = [append(acc, 0) for _ in range(4)]
+    [head, tail], _ = acc.drain(clock() + 10, take_all, lambda topic: 10_000)
+    assert (head.record_count, tail.record_count) == (3, 1)
+    error = NetworkError("gone")
+    head.fail(error)
+    assert [f.exception(0) for f in futures[:3]] == [error] * 3
+    assert not futures[3].done()
+
+
+def test_sent_or_open_batches_are_never_absorbed():
+    acc, clock = make(batch_size=200, linger_ms=0)
+    first = append(acc, 0)._batch
+    second = append(acc, 0)._batch
+    first.base_sequence = 0            # sequenced: its bytes are fixed
+    [taken], _ = acc.drain(clock(), lambda b: b is first, lambda topic: 10_000)
+    assert taken is first and first.record_count == 1
+    acc.reenqueue(first)               # a retry goes back ahead of `second`
+    first.attempts = 1
+    taken, _ = acc.drain(clock(), take_all, lambda topic: 10_000)
+    assert taken == [first, second] and first.record_count == 1
+    open_tail = acc.append("t", 1, 4, b"x", None, None, 1, 20, None)._batch   # open, not sealed
+    head = append(acc, 2)._batch
+    assert not open_tail.sealed and head.record_count == 1

@@ -71,6 +71,15 @@ def test_the_first_batch_of_a_partition_goes_alone():
     assert not state.can_assign(TP)          # a new epoch starts afresh
 
 
+def test_a_transactional_producer_sends_its_first_batches_together():
+    state = IdempotenceState(first_batch_alone=False)
+    state.set_producer_id(PID, EPOCH)
+    for _ in range(UNACKED_BATCHES_MAX):
+        assert state.can_assign(TP)
+        send(state, TP, 1)
+    assert not state.can_assign(TP)          # the window still bounds them
+
+
 def test_at_most_five_unacked_batches_per_partition():
     state = fresh()
     state.on_acked(TP, state.assign(TP, 1), PID, EPOCH)

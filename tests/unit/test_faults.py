@@ -11,6 +11,8 @@ from tests.faults import MESSAGE_BYTES_MAX, FaultProxy
 
 ECHO = "/test.Echo/Echo"
 REFUSE = "/test.Echo/Refuse"
+STREAM = "/test.Echo/Stream"
+MISSING_STREAM = "/test.Echo/NoSuchStream"
 CALL_TIMEOUT_S = 10
 
 
@@ -24,6 +26,7 @@ class EchoServer:
         handlers = {
             "Echo": grpc.unary_unary_rpc_method_handler(self._echo),
             "Refuse": grpc.unary_unary_rpc_method_handler(self._refuse),
+            "Stream": grpc.stream_stream_rpc_method_handler(self._stream),
         }
         options = [("grpc.max_send_message_length", MESSAGE_BYTES_MAX),
                    ("grpc.max_receive_message_length", MESSAGE_BYTES_MAX)]
@@ -47,6 +50,12 @@ class EchoServer:
         with self._lock:
             self.received.append(request)
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, "refused: " + request.decode())
+
+    def _stream(self, request_iterator, context):
+        for request in request_iterator:       # in order, one at a time, like a broker's stream
+            with self._lock:
+                self.received.append(request)
+            yield request
 
     def stop(self):
         self._server.stop(0).wait(5)
@@ -190,3 +199,88 @@ def test_bad_settings_are_refused():
         FaultProxy("127.0.0.1:1", seed=0, drop_request_p=1.5)
     with pytest.raises(ValueError, match="delay_ms"):
         FaultProxy("127.0.0.1:1", seed=0, delay_ms=(5, 1))
+
+
+# ---- bidirectional streams ------------------------------------------------------------------
+
+def stream_exchange(address: str, payloads, method=STREAM):
+    """Send every payload on one stream; returns (answers received, status code or None)."""
+    channel = grpc.insecure_channel(address)
+    try:
+        call = channel.stream_stream(method)(iter(payloads), timeout=CALL_TIMEOUT_S)
+        answers = []
+        try:
+            for answer in call:
+                answers.append(answer)
+        except grpc.RpcError as error:
+            return answers, error.code()
+        return answers, None
+    finally:
+        channel.close()
+
+
+def run_stream(proxy_kwargs, echo: EchoServer, payloads, method=STREAM):
+    kwargs = dict(stream_methods={STREAM, MISSING_STREAM}, **proxy_kwargs)
+    with FaultProxy(echo.address, **kwargs) as proxy:
+        answers, code = stream_exchange(proxy.address, payloads, method)
+        return answers, code, proxy.counters, proxy.decisions
+
+
+PAYLOADS = [b"m%d" % i for i in range(40)]
+
+
+def test_stream_messages_pass_in_order_even_when_delayed(echo):
+    answers, code, counters, decisions = run_stream(dict(seed=1, delay_ms=(0, 2)), echo, PAYLOADS)
+    assert (answers, code) == (PAYLOADS, None)
+    assert echo.received == PAYLOADS
+    assert counters.requests == len(PAYLOADS) and counters.by_method == {STREAM: len(PAYLOADS)}
+    assert any(d.delay_ms for d in decisions)
+
+
+def test_stream_duplicate_reaches_the_server_twice_and_answers_once(echo):
+    answers, code, counters, _ = run_stream(dict(seed=1, duplicate_request_p=1.0), echo, PAYLOADS[:5])
+    assert (answers, code) == (PAYLOADS[:5], None)
+    assert echo.received == [p for p in PAYLOADS[:5] for _ in range(2)]
+    assert counters.duplicated == 5
+
+
+def test_stream_dropped_request_breaks_the_stream_before_the_server_sees_it(echo):
+    answers, code, counters, _ = run_stream(dict(seed=1, drop_request_p=1.0), echo, PAYLOADS[:5])
+    assert (answers, code) == ([], grpc.StatusCode.UNAVAILABLE)
+    assert echo.received == []
+    assert counters.dropped_requests == 1     # the stream is gone after the first
+
+
+def test_stream_dropped_response_breaks_the_stream_after_the_server_applied_it(echo):
+    answers, code, _, _ = run_stream(dict(seed=1, drop_response_p=1.0), echo, PAYLOADS[:5])
+    assert (answers, code) == ([], grpc.StatusCode.UNAVAILABLE)
+    assert echo.received[:1] == PAYLOADS[:1]          # applied, then the answer was lost
+    assert echo.received == PAYLOADS[:len(echo.received)]
+
+
+def test_stream_answers_stop_at_the_first_broken_message(echo):
+    faults = dict(drop_request_p=0.05, drop_response_p=0.05, duplicate_request_p=0.2)
+    answers, code, _, decisions = run_stream(dict(seed=3, **faults), echo, PAYLOADS)
+    broken = next(i for i, d in enumerate(decisions) if d.drop_request or d.drop_response)
+    assert code == grpc.StatusCode.UNAVAILABLE
+    assert answers == PAYLOADS[:broken]
+    if decisions[broken].drop_response:
+        assert PAYLOADS[broken] in echo.received
+    else:
+        assert PAYLOADS[broken] not in echo.received
+
+
+def test_stream_target_errors_pass_through(echo):
+    answers, code, _, _ = run_stream(dict(seed=1), echo, PAYLOADS[:2], method=MISSING_STREAM)
+    assert (answers, code) == ([], grpc.StatusCode.UNIMPLEMENTED)
+
+
+def test_unimplemented_methods_are_refused_without_forwarding(echo):
+    with FaultProxy(echo.address, seed=1, stream_methods={STREAM}, unimplemented_methods={STREAM, ECHO}) as proxy:
+        assert stream_exchange(proxy.address, PAYLOADS[:2]) == ([], grpc.StatusCode.UNIMPLEMENTED)
+        client = Client(proxy.address)
+        try:
+            assert client.call(b"x") == grpc.StatusCode.UNIMPLEMENTED
+        finally:
+            client.close()
+    assert echo.received == []

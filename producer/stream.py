@@ -1,0 +1,224 @@
+"""One ordered ProduceStream to one broker: Kafka's connection, over a gRPC bidi stream.
+
+Theory of operation
+-------------------
+gRPC runs concurrent unary calls of one channel in any order on the server's worker
+threads; Kafka's clients rely on a TCP connection whose requests the broker handles one at
+a time, in arrival order. The broker's `ProduceStream` RPC gives that back: it handles the
+requests of one stream in order and answers in order, each answer echoing the request's
+`correlation_id`. The sender keeps one `ProduceStream` per broker and pipelines up to
+max.in.flight.requests.per.connection requests on it.
+
+- Requests go into a bounded queue that feeds the call's request iterator (gRPC consumes
+  it on a thread of its own). The sender never has more than its in-flight bound
+  outstanding on a stream, so the queue never blocks it; a full queue is a bug
+  (InvariantError).
+- A reader thread takes the answers in order. Each must carry the correlation id of the
+  oldest outstanding request; it is handed to `on_answer(request_id, answer)` (the
+  sender's mailbox), where `answer.result()` returns the ProduceResponse or raises.
+- The stream fails as a whole: the broker went away, the stream broke, an answer came out
+  of order, or the sender aborted it (a request outlived request.timeout.ms, the producer
+  closed). Every outstanding request is then answered with the error -- a retriable
+  NetworkError, or RequestTimedOutError -- since each may or may not have been handled,
+  which is what idempotence makes safe to retry. The sender opens a new stream for what
+  it sends next. A failed stream never takes another request.
+- A broker without ProduceStream answers UNIMPLEMENTED before handling anything; the
+  stream says so (`unimplemented`), fails its requests as retriable, and the sender falls
+  back to unary Produce for that broker. A broker that serves as many streams as it can
+  refuses one more at open (RESOURCE_EXHAUSTED with trailing metadata
+  `eos-produce-stream-refused`); the stream says so (`refused`) and the sender uses unary
+  Produce for that broker for a while before it tries a stream again.
+
+One lock guards the outstanding list and the closed flag, so that a request is either
+accepted before the stream fails (and is failed with it) or refused (and the sender sends
+it elsewhere): none is lost between the two.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import threading
+from typing import Callable
+
+import grpc
+
+from eos import net
+from eos.errors import EosError, InvariantError, NetworkError
+from eos.v1 import broker_pb2
+
+log = logging.getLogger("eos.producer")
+
+CORRELATION_ID_MODULUS = 1 << 31      # int32 on the wire, kept non-negative
+# Trailing metadata with which a broker refuses a stream at open (broker/service.py): the
+# value says why, "resource_exhausted" (it serves as many streams as it can) or
+# "unavailable" (it is stopping). It tells the refusal from gRPC's own RESOURCE_EXHAUSTED
+# (a message over the broker's size limit).
+STREAM_REFUSAL_METADATA_KEY = "eos-produce-stream-refused"
+REFUSED_RESOURCE_EXHAUSTED = "resource_exhausted"
+_END_OF_STREAM = object()
+
+
+def _refusal_of(exc: grpc.RpcError) -> str | None:
+    try:
+        trailing = exc.trailing_metadata() or ()
+    except Exception:   # an error that carries no call (the channel was closed)
+        return None
+    for key, value in trailing:
+        if key == STREAM_REFUSAL_METADATA_KEY:
+            return value
+    return None
+
+
+class StreamAnswer:
+    """A ProduceResponse (or the stream's failure) for one request, shaped like a finished
+    gRPC future: `result()` returns the response or raises."""
+
+    __slots__ = ("_response", "_error")
+
+    def __init__(self, response: broker_pb2.ProduceResponse | None, error: BaseException | None = None):
+        self._response = response
+        self._error = error
+
+    def result(self) -> broker_pb2.ProduceResponse:
+        if self._error is not None:
+            raise self._error
+        return self._response
+
+
+class ProduceStream:
+    """One ProduceStream call to `node_id`; see the module doc."""
+
+    def __init__(self, stub, node_id: int, *, in_flight_max: int,
+                 on_answer: Callable[[int, StreamAnswer], None]):
+        self.node_id = node_id
+        self._on_answer = on_answer
+        self._in_flight_max = in_flight_max
+        # One slot more than the in-flight bound, for the end-of-stream marker.
+        self._requests: queue.Queue = queue.Queue(maxsize=in_flight_max + 1)
+        self._lock = threading.Lock()
+        self._outstanding: collections.deque = collections.deque()   # (correlation_id, request_id, sent_ms)
+        self._next_correlation_id = 0
+        self._closed = False
+        self._abort_error: EosError | None = None
+        self.unimplemented = False      # the broker has no ProduceStream
+        self.refused = False            # the broker had no room for another stream
+        self._call = stub.ProduceStream(self._request_iterator())
+        self._reader = threading.Thread(target=self._read, name=f"eos-produce-stream-{node_id}", daemon=True)
+        self._reader.start()
+
+    # ---- the sender's side ----------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def outstanding_count(self) -> int:
+        return len(self._outstanding)
+
+    def oldest_sent_ms(self) -> int | None:
+        """When the oldest unanswered request was sent, or None."""
+        with self._lock:
+            return self._outstanding[0][2] if self._outstanding else None
+
+    def send(self, request_id: int, request: broker_pb2.ProduceRequest, now_ms: int) -> bool:
+        """Queue `request` (its correlation_id is set here). False if the stream has
+        failed: the request was not taken."""
+        with self._lock:
+            if self._closed:
+                return False
+            if len(self._outstanding) >= self._in_flight_max:
+                raise InvariantError(f"more than {self._in_flight_max} requests outstanding on the "
+                                     f"produce stream to node {self.node_id}")
+            correlation_id = self._next_correlation_id
+            self._next_correlation_id = (correlation_id + 1) % CORRELATION_ID_MODULUS
+            request.correlation_id = correlation_id
+            self._outstanding.append((correlation_id, request_id, now_ms))
+            self._requests.put_nowait(request)
+        return True
+
+    def abort(self, error: EosError) -> None:
+        """Fail the stream and every outstanding request with `error` (the answers arrive
+        through on_answer, from the reader thread)."""
+        with self._lock:
+            if self._closed:
+                return
+            if self._abort_error is None:
+                self._abort_error = error
+        self._call.cancel()
+
+    def close(self) -> None:
+        """Half-close (no more requests) and cancel: used when the producer stops."""
+        self.abort(NetworkError(f"the produce stream to node {self.node_id} was closed"))
+
+    def join(self, timeout_s: float | None = None) -> None:
+        self._reader.join(timeout_s)
+
+    # ---- gRPC's side -----------------------------------------------------------------------
+
+    def _request_iterator(self):
+        requests = self._requests
+        while True:
+            request = requests.get()
+            if request is _END_OF_STREAM:
+                return
+            yield request
+
+    def _read(self) -> None:
+        error: EosError | None = None
+        try:
+            for response in self._call:
+                with self._lock:
+                    if not self._outstanding:
+                        error = NetworkError(f"the produce stream to node {self.node_id} answered a "
+                                             f"request it was never sent (correlation id {response.correlation_id})")
+                        break
+                    correlation_id, request_id, _ = self._outstanding[0]
+                    if response.correlation_id != correlation_id:
+                        error = NetworkError(f"the produce stream to node {self.node_id} answered correlation id "
+                                             f"{response.correlation_id} where {correlation_id} was due")
+                        break
+                    self._outstanding.popleft()
+                self._on_answer(request_id, StreamAnswer(response))
+            else:
+                error = NetworkError(f"the broker (node {self.node_id}) ended the produce stream")
+        except grpc.RpcError as exc:
+            refusal = _refusal_of(exc)
+            if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
+                self.unimplemented = True
+                error = NetworkError(f"node {self.node_id} does not serve ProduceStream; using unary Produce")
+            elif refusal == REFUSED_RESOURCE_EXHAUSTED:
+                # The broker serves as many streams as it can: nothing was handled.
+                self.refused = True
+                error = NetworkError(f"node {self.node_id} refused a produce stream (too many open); "
+                                     f"using unary Produce for a while")
+            elif refusal is not None:   # "unavailable": the broker is stopping
+                error = NetworkError(f"node {self.node_id} refused a produce stream: {exc.details()}")
+            else:
+                error = net.error_from_rpc(exc, f"ProduceStream to node {self.node_id}")
+        except Exception as exc:   # a bug in a callback: fail the stream rather than hang it
+            log.exception("produce stream reader failed")
+            error = NetworkError(f"the produce stream to node {self.node_id} failed: {exc!r}")
+        self._fail(error)
+
+    def _fail(self, error: EosError) -> None:
+        with self._lock:
+            if self._abort_error is not None:
+                error = self._abort_error
+            # End the request iterator so gRPC's consumer thread is not left waiting.
+            while True:
+                try:
+                    self._requests.put_nowait(_END_OF_STREAM)
+                    break
+                except queue.Full:
+                    try:
+                        self._requests.get_nowait()
+                    except queue.Empty:
+                        pass
+            # The failures are handed over before `closed` turns true: a sender that sees
+            # the stream closed finds them in its mailbox on its next pass.
+            for _, request_id, _ in self._outstanding:
+                self._on_answer(request_id, StreamAnswer(None, error))
+            self._outstanding.clear()
+            self._closed = True
+        self._call.cancel()
