@@ -7,7 +7,7 @@ import pytest
 
 import eos
 from consumer import NoOffsetForPartitionError
-from eos.errors import OffsetOutOfRangeError
+from eos.errors import EosError, ErrorCode, OffsetOutOfRangeError
 from eos.types import TopicPartition
 
 TP0 = TopicPartition("c", 0)
@@ -140,12 +140,12 @@ def test_read_committed_is_passed_and_reads_plain_data(filled):
         assert [r.offset for r in poll_until(consumer, 100)] == list(range(100))
 
 
-def test_groups_are_not_there_yet(filled):
+def test_group_calls_need_a_group_id(filled):
     with eos.Consumer(filled.address) as consumer:
-        with pytest.raises(NotImplementedError, match="issue 5"):
-            consumer.subscribe(["c"])
-        with pytest.raises(NotImplementedError, match="issue 5"):
-            consumer.commit()
+        for call in (lambda: consumer.subscribe(["c"]), consumer.commit):
+            with pytest.raises(EosError, match="needs a consumer group") as raised:
+                call()
+            assert raised.value.code is ErrorCode.INVALID_GROUP_ID
 
 
 def test_a_consumer_waits_out_a_broker_restart(filled):
