@@ -14,6 +14,8 @@ _LAZY = {
     "Producer": ("producer", "Producer"),
     "RecordMetadata": ("producer", "RecordMetadata"),
     "Consumer": ("consumer", "Consumer"),
+    "ConsumerGroupMetadata": ("consumer", "ConsumerGroupMetadata"),
+    "OffsetAndMetadata": ("consumer", "OffsetAndMetadata"),
     "Record": ("eos.types", "Record"),
     "TopicPartition": ("eos.types", "TopicPartition"),
     "Admin": ("eos.admin", "Admin"),
