@@ -43,7 +43,7 @@ from eos.errors import (
     reaction_for,
     Reaction,
 )
-from eos.v1 import broker_pb2, broker_pb2_grpc, txn_pb2_grpc
+from eos.v1 import broker_pb2, broker_pb2_grpc, group_pb2_grpc, txn_pb2_grpc
 
 MESSAGE_BYTES_MAX = 100 * 1024 * 1024
 # 6 minutes: above gRPC servers' default minimum ping interval without data (5 minutes),
@@ -195,6 +195,10 @@ class ClusterMetadata:
     def txn_coordinator_stub(self) -> txn_pb2_grpc.TxnCoordinatorStub:
         """The TxnCoordinator service; each broker process serves it (embedded coordinator)."""
         return txn_pb2_grpc.TxnCoordinatorStub(self.channel(self.bootstrap_address))
+
+    def group_coordinator_stub(self) -> group_pb2_grpc.GroupCoordinatorStub:
+        """The GroupCoordinator service; each broker process serves it (embedded coordinator)."""
+        return group_pb2_grpc.GroupCoordinatorStub(self.channel(self.bootstrap_address))
 
     def address_of(self, node_id: int) -> str | None:
         snapshot = self._snapshot

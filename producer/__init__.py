@@ -1,4 +1,4 @@
-"""The eos producer: idempotent (and, later, transactional) writes over gRPC."""
+"""The eos producer: idempotent and transactional writes over gRPC."""
 from __future__ import annotations
 
 from producer.accumulator import (
@@ -9,6 +9,7 @@ from producer.accumulator import (
     SendBatchResult,
 )
 from producer.producer import Producer
+from producer.transactions import IllegalStateError, TransactionAbortedError
 
 __all__ = ["Producer", "RecordMetadata", "RecordFuture", "SendBatchResult",
-           "BufferExhaustedError", "ProducerClosedError"]
+           "BufferExhaustedError", "ProducerClosedError", "IllegalStateError", "TransactionAbortedError"]

@@ -22,6 +22,7 @@ from any thread; appends serialise on the accumulator's lock for a few list appe
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -29,7 +30,8 @@ from concurrent.futures import Future
 from typing import Callable, Sequence
 
 from eos import net
-from eos.errors import EosError, ErrorCode, MessageTooLargeError
+from eos.errors import EosError, ErrorCode, MessageTooLargeError, Reaction
+from eos.v1 import group_pb2, txn_pb2
 from eos.records.compression import codec_from_name
 from producer.accumulator import (
     BufferExhaustedError,
@@ -41,9 +43,11 @@ from producer.accumulator import (
     _BulkCompletion,
     record_size_estimate,
 )
+from producer.coordinator import CoordinatorCaller, first_partition_error
 from producer.idempotence import IdempotenceState
 from producer.partitioner import StickyPartitions, partition_for_key
 from producer.sender import Sender
+from producer.transactions import IllegalStateError, TransactionAbortedError, TransactionManager, TxnState
 
 log = logging.getLogger("eos.producer")
 
@@ -59,7 +63,6 @@ INT_MAX = 2147483647
 BULK_BATCH_BYTES = 1024 * 1024
 TIMESTAMP_DELTA_EXTRA_BYTES = 9
 MAX_IN_FLIGHT_FOR_IDEMPOTENCE = 5
-TRANSACTIONS_NOT_YET = "transactions are not implemented yet (they arrive with issue 4)"
 
 
 def _acks(name: str, value) -> int:
@@ -180,8 +183,21 @@ class Producer:
     """
 
     def __init__(self, bootstrap: str = net.DEFAULT_BOOTSTRAP, *, config: dict | None = None,
-                 **kwargs):
+                 participant_of: tuple[int, int] | None = None, **kwargs):
         settings = resolve_producer_config(config, kwargs)
+        if participant_of is not None:
+            try:
+                owner_id, owner_epoch = participant_of
+            except (TypeError, ValueError):
+                raise TypeError(f"participant_of must be (owner producer id, owner producer epoch), "
+                                f"got {participant_of!r}") from None
+            if (isinstance(owner_id, bool) or not isinstance(owner_id, int) or owner_id < 0
+                    or isinstance(owner_epoch, bool) or not isinstance(owner_epoch, int) or owner_epoch < 0):
+                raise ValueError(f"participant_of needs a producer id and epoch >= 0, got {participant_of!r}")
+            if settings["transactional.id"] is None:
+                raise ValueError("a participant writes into the transaction of a transactional.id: "
+                                 "give transactional_id= (the owner's)")
+        self._participant_of = participant_of
         self.config = settings
         if settings["bootstrap.servers"]:
             bootstrap = settings["bootstrap.servers"]
@@ -205,9 +221,18 @@ class Producer:
             batch_size=self._batch_size, buffer_memory=self._buffer_memory,
             linger_ms=settings["linger.ms"], max_block_ms=self._max_block_ms,
             sticky=StickyPartitions(), clock=net.now_ms)
+        self._txn: TransactionManager | None = None
+        self._txn_lock = threading.Condition()
+        if self._transactional_id is not None:
+            self._txn = TransactionManager(self._transactional_id, participant=participant_of is not None)
+        self._transaction_timeout_ms = settings["transaction.timeout.ms"]
+        self._coordinator = CoordinatorCaller(backoff=backoff, request_timeout_ms=settings["request.timeout.ms"])
         self._sender = Sender(
             accumulator=self._accumulator, metadata=self._metadata,
-            idempotence=IdempotenceState() if self._idempotent else None,
+            idempotence=(IdempotenceState(first_batch_alone=self._txn is None) if self._idempotent else None),
+            transactional_id=self._transactional_id or "",
+            transaction_timeout_ms=self._transaction_timeout_ms,
+            txn=self._txn, txn_lock=self._txn_lock,
             acks=self._acks, retries=settings["retries"], retry_backoff=backoff,
             request_timeout_ms=settings["request.timeout.ms"],
             delivery_timeout_ms=settings["delivery.timeout.ms"],
@@ -248,6 +273,9 @@ class Producer:
         """
         if self._closed:
             raise ProducerClosedError("cannot send after the producer is closed")
+        if self._txn is not None:
+            with self._txn_lock:
+                self._txn.check_send()
         if type(value) is not bytes and value is not None:
             value = _as_bytes("value", value)
         if type(key) is not bytes and key is not None:
@@ -314,6 +342,9 @@ class Producer:
         """
         if self._closed:
             raise ProducerClosedError("cannot send after the producer is closed")
+        if self._txn is not None:
+            with self._txn_lock:
+                self._txn.check_send()
         values = _normalise_many("value", values)
         count = len(values)
         if keys is not None:
@@ -420,7 +451,18 @@ class Producer:
 
     def flush(self, timeout: float | None = None) -> None:
         """Send everything queued now (ignoring linger.ms) and wait until each record sent
-        before the call is acknowledged or failed. TimeoutError after `timeout` seconds."""
+        before the call is acknowledged or failed. TimeoutError after `timeout` seconds.
+
+        A participant's flush also raises when any of its records failed (the transaction
+        error: TransactionAbortedError, or ProducerFencedError): when it returns, every
+        record the participant sent is written into the owner's transaction."""
+        self._flush(timeout)
+        if self._txn is not None and self._txn.participant:
+            with self._txn_lock:
+                if self._txn.has_error:
+                    self._txn.check_send()      # raises the error
+
+    def _flush(self, timeout: float | None) -> None:
         batches = self._accumulator.begin_flush()
         try:
             deadline = None if timeout is None else time.monotonic() + timeout
@@ -454,22 +496,322 @@ class Producer:
 
     # ---- transactions (issue 4) ----------------------------------------------------------
 
-    def init_transactions(self) -> None:
-        if self._transactional_id is None:
-            raise ValueError("init_transactions() needs transactional.id")
-        raise NotImplementedError(TRANSACTIONS_NOT_YET)
+    def _transactions(self, what: str) -> TransactionManager:
+        if self._txn is None:
+            raise IllegalStateError(f"{what} needs a transactional producer: "
+                                    f"Producer(..., transactional_id=...)")
+        if self._closed:
+            raise ProducerClosedError(f"cannot {what} after the producer is closed")
+        return self._txn
+
+    def _deadline_ms(self, timeout: float | None) -> int:
+        return net.now_ms() + (self._max_block_ms if timeout is None else max(0, int(timeout * 1000)))
+
+    def _producer_id_and_epoch(self) -> tuple[int, int]:
+        # The sender changes them only through _set_producer_id, which the application's
+        # transactional calls run one at a time: a read here sees a settled pair.
+        idem = self._sender._idempotence
+        return idem.producer_id, idem.producer_epoch
+
+    def _set_producer_id(self, producer_id: int, producer_epoch: int, timeout_ms: int) -> None:
+        """A new producer id/epoch (InitProducerId, EndTxn): sequences restart at 0 for every
+        partition. Applied on the sender thread, which owns the sequences."""
+        idem = self._sender._idempotence
+
+        def apply() -> None:
+            idem.set_producer_id(producer_id, producer_epoch)
+            self._accumulator.clear_sequences()
+
+        self._sender.run_task(apply, max(1, timeout_ms) / 1000)
+
+    def _on_coordinator_error(self, txn: TransactionManager, error: EosError, *, fatal_otherwise: bool) -> None:
+        """Record what a coordinator's refusal does to the transaction, then the caller raises."""
+        with self._txn_lock:
+            reaction = txn.error(error.code, str(error))
+            if reaction is not Reaction.FATAL and fatal_otherwise:
+                txn.fatal_error(error)
+
+    def init_transactions(self, timeout: float | None = None) -> None:
+        """Get the transactional.id's producer id and epoch from the coordinator
+        (InitProducerId, with transaction.timeout.ms), which fences any earlier instance of
+        the id and aborts its open transaction. Retries the coordinator's passing refusals
+        (CONCURRENT_TRANSACTIONS, COORDINATOR_LOAD_IN_PROGRESS) until `timeout` seconds
+        (default max.block.ms), then TimeoutError -- calling again resumes. A participant
+        (participant_of=...) asks InitParticipant with its owner's id and epoch instead."""
+        txn = self._transactions("init_transactions()")
+        with self._txn_lock:
+            txn.begin_init()
+        deadline_ms = self._deadline_ms(timeout)
+        stub = self._metadata.txn_coordinator_stub()
+        try:
+            if self._participant_of is not None:
+                owner_id, owner_epoch = self._participant_of
+                answer = self._coordinator.call(
+                    "InitParticipant", stub.InitParticipant,
+                    txn_pb2.InitParticipantRequest(transactional_id=self._transactional_id,
+                                                   producer_id=owner_id, producer_epoch=owner_epoch),
+                    deadline_ms)
+            else:
+                answer = self._coordinator.call(
+                    "InitProducerId", stub.InitProducerId,
+                    txn_pb2.InitProducerIdRequest(transactional_id=self._transactional_id,
+                                                  transaction_timeout_ms=self._transaction_timeout_ms,
+                                                  producer_id=-1, producer_epoch=-1),
+                    deadline_ms)
+        except EosError as error:
+            self._on_coordinator_error(txn, error, fatal_otherwise=True)
+            raise
+        self._set_producer_id(answer.producer_id, answer.producer_epoch, deadline_ms - net.now_ms())
+        with self._txn_lock:
+            txn.init_done()
 
     def begin_transaction(self) -> None:
-        raise NotImplementedError(TRANSACTIONS_NOT_YET)
+        """Start a transaction: every send until commit or abort belongs to it."""
+        txn = self._transactions("begin_transaction()")
+        with self._txn_lock:
+            txn.begin_transaction()
 
-    def commit_transaction(self) -> None:
-        raise NotImplementedError(TRANSACTIONS_NOT_YET)
+    def send_offsets_to_transaction(self, offsets: dict, group_metadata, timeout: float | None = None) -> None:
+        """Commit consumer offsets as part of the transaction: visible to the group when it
+        commits, dropped when it aborts (KIP-98; KIP-447 fences a zombie by its generation).
 
-    def abort_transaction(self) -> None:
-        raise NotImplementedError(TRANSACTIONS_NOT_YET)
+        `offsets`: {TopicPartition (or (topic, partition)): next offset to read} (an int, or
+        an object with .offset and optionally .metadata). `group_metadata`: the consumer's
+        group_metadata() -- any object with group_id, generation_id, member_id and
+        group_instance_id -- or a plain group id (generation -1: no fencing by generation).
+        Sends AddOffsetsToTxn to the transaction coordinator, then TxnOffsetCommit to the
+        group coordinator."""
+        txn = self._transactions("send_offsets_to_transaction()")
+        group_id, generation_id, member_id, instance_id = _group_fields(group_metadata)
+        to_commit = _offsets_to_commit(offsets)
+        with self._txn_lock:
+            txn.check_send_offsets()
+            txn.offsets_added()
+        deadline_ms = self._deadline_ms(timeout)
+        producer_id, producer_epoch = self._producer_id_and_epoch()
+        try:
+            self._coordinator.call(
+                f"AddOffsetsToTxn for group {group_id!r}", self._metadata.txn_coordinator_stub().AddOffsetsToTxn,
+                txn_pb2.AddOffsetsToTxnRequest(transactional_id=self._transactional_id, producer_id=producer_id,
+                                               producer_epoch=producer_epoch, group_id=group_id),
+                deadline_ms)
+            with self._txn_lock:
+                txn.offsets_confirmed()
+            if to_commit:
+                self._coordinator.call(
+                    f"TxnOffsetCommit for group {group_id!r}", self._metadata.group_coordinator_stub().TxnOffsetCommit,
+                    group_pb2.TxnOffsetCommitRequest(
+                        transactional_id=self._transactional_id, group_id=group_id, producer_id=producer_id,
+                        producer_epoch=producer_epoch, generation_id=generation_id, member_id=member_id,
+                        group_instance_id=instance_id, offsets=to_commit),
+                    deadline_ms, error_of=first_partition_error)
+        except EosError as error:
+            if error.code is ErrorCode.FENCED_INSTANCE_ID:
+                # KIP-447: another instance of the static member owns the group's work now;
+                # this transaction's offsets cannot commit, the producer itself is healthy.
+                with self._txn_lock:
+                    txn.abortable_error(error)
+            else:
+                self._on_coordinator_error(txn, error, fatal_otherwise=False)
+            raise
 
-    def send_offsets_to_transaction(self, offsets, group_metadata) -> None:
-        raise NotImplementedError(TRANSACTIONS_NOT_YET)
+    def commit_transaction(self, timeout: float | None = None) -> None:
+        """Flush the transaction's records, then commit it (EndTxn): its records and offsets
+        become visible to read_committed consumers together. If any record of the
+        transaction failed, nothing is committed and the error is raised: call
+        abort_transaction() and carry on. After `timeout` seconds (default max.block.ms)
+        TimeoutError; calling commit_transaction() again resumes. The coordinator answers
+        with the next epoch (KIP-890); sequences restart at 0."""
+        txn = self._transactions("commit_transaction()")
+        with self._txn_lock:
+            txn.begin_commit()
+        deadline_ms = self._deadline_ms(timeout)
+        self._flush(max(0, deadline_ms - net.now_ms()) / 1000)
+        with self._txn_lock:
+            if txn.has_error:
+                txn.begin_commit()          # raises the transaction's error
+            end_needed = txn.end_txn_needed
+        if end_needed:
+            self._end_transaction(txn, committed=True, deadline_ms=deadline_ms)
+        with self._txn_lock:
+            txn.end_done()
 
+    def abort_transaction(self, timeout: float | None = None) -> None:
+        """Abort the transaction: records not sent yet are dropped (their futures fail with
+        TransactionAbortedError), those in flight are waited for, and the coordinator writes
+        ABORT markers (EndTxn), so read_committed consumers never see any of it. Allowed
+        after an abortable error. After `timeout` seconds (default max.block.ms)
+        TimeoutError; calling abort_transaction() again resumes."""
+        txn = self._transactions("abort_transaction()")
+        with self._txn_lock:
+            txn.begin_abort()
+        deadline_ms = self._deadline_ms(timeout)
+        self._sender.wake()                 # it fails what is queued, being ABORTING
+        self._flush(max(0, deadline_ms - net.now_ms()) / 1000)
+        with self._txn_lock:
+            # An AddPartitionsToTxn still in flight would register partitions after the
+            # abort and leave a transaction open on the coordinator: wait for its answer.
+            if not self._txn_lock.wait_for(lambda: not txn.partitions_being_added,
+                                           max(0, deadline_ms - net.now_ms()) / 1000):
+                raise TimeoutError("abort_transaction: AddPartitionsToTxn still unanswered")
+            end_needed = txn.end_txn_needed
+            nothing_registered = txn.nothing_registered
+        if end_needed:
+            self._end_transaction(txn, committed=False, deadline_ms=deadline_ms,
+                                  nothing_registered=nothing_registered)
+        with self._txn_lock:
+            txn.end_done()
+
+    def _end_transaction(self, txn: TransactionManager, *, committed: bool, deadline_ms: int,
+                         nothing_registered: bool = False) -> None:
+        producer_id, producer_epoch = self._producer_id_and_epoch()
+        try:
+            answer = self._coordinator.call(
+                "EndTxn(commit)" if committed else "EndTxn(abort)", self._metadata.txn_coordinator_stub().EndTxn,
+                txn_pb2.EndTxnRequest(transactional_id=self._transactional_id, producer_id=producer_id,
+                                      producer_epoch=producer_epoch, committed=committed),
+                deadline_ms)
+        except EosError as error:
+            if not committed and nothing_registered and error.code is ErrorCode.INVALID_TXN_STATE:
+                # The coordinator never registered anything of this transaction (the only
+                # request that might have was refused): there is nothing to abort.
+                self._set_producer_id(producer_id, producer_epoch, deadline_ms - net.now_ms())
+                return
+            self._on_coordinator_error(txn, error, fatal_otherwise=True)
+            raise
+        self._set_producer_id(answer.producer_id, answer.producer_epoch, deadline_ms - net.now_ms())
+
+    @contextlib.contextmanager
     def transaction(self):
-        raise NotImplementedError(TRANSACTIONS_NOT_YET)
+        """``with producer.transaction():`` begins a transaction, commits it when the block
+        ends normally, and aborts it (then re-raises) when the block raises -- or when the
+        commit itself fails with an abortable error."""
+        self.begin_transaction()
+        try:
+            yield self
+        except BaseException:
+            self._abort_after_failure()
+            raise
+        try:
+            self.commit_transaction()
+        except EosError as error:
+            if not error.fatal:
+                self._abort_after_failure()
+            raise
+
+    def _abort_after_failure(self) -> None:
+        txn = self._txn
+        with self._txn_lock:
+            abortable = txn.state in (TxnState.IN_TRANSACTION, TxnState.ABORTABLE_ERROR, TxnState.ABORTING,
+                                      TxnState.COMMITTING)
+        if not abortable:
+            return          # fatal (or already over): only close() is left
+        if txn.state is TxnState.COMMITTING:
+            with self._txn_lock:
+                if txn.state is TxnState.COMMITTING:
+                    txn.abortable_error(TransactionAbortedError("the commit failed"))
+        try:
+            self.abort_transaction()
+        except Exception:
+            log.exception("aborting the transaction of %r after a failure failed", self._transactional_id)
+
+    # ---- participants ----------------------------------------------------------------------
+
+    @classmethod
+    def participant(cls, transactional_id: str, owner_producer_id: int, owner_producer_epoch: int,
+                    bootstrap: str = net.DEFAULT_BOOTSTRAP, *, timeout: float | None = None,
+                    config: dict | None = None, **kwargs) -> "Producer":
+        """A producer that writes into the open transaction of `transactional_id`'s owner
+        (eos's participant extension, for writers on other machines such as Spark
+        executors): it gets a producer id of its own from InitParticipant, registers its
+        partitions like a transactional producer, and sends. It never ends the transaction:
+        commit and abort are the owner's (EndTxn with accepted_participants, naming
+        `participant_id`). flush() returns when every record it sent is written (and raises
+        if one failed: such a participant must not be accepted). Same as
+        ``Producer(bootstrap, transactional_id=..., participant_of=(id, epoch))`` followed by
+        init_transactions()."""
+        producer = cls(bootstrap, config=config, participant_of=(owner_producer_id, owner_producer_epoch),
+                       transactional_id=transactional_id, **kwargs)
+        try:
+            producer.init_transactions(timeout)
+        except BaseException:
+            producer.close()
+            raise
+        return producer
+
+    @property
+    def participant_id(self) -> int:
+        """A participant's own producer id (-1 before init, or for other producers)."""
+        if self._participant_of is None or self._txn.state is TxnState.UNINITIALIZED:
+            return -1
+        return self._producer_id_and_epoch()[0]
+
+    @property
+    def participant_epoch(self) -> int:
+        if self._participant_of is None or self._txn.state is TxnState.UNINITIALIZED:
+            return -1
+        return self._producer_id_and_epoch()[1]
+
+    @property
+    def producer_id(self) -> int:
+        """The producer id in use (-1 before there is one or without idempotence)."""
+        idem = self._sender._idempotence
+        return idem.producer_id if idem is not None else -1
+
+    @property
+    def producer_epoch(self) -> int:
+        idem = self._sender._idempotence
+        return idem.producer_epoch if idem is not None else -1
+
+    @property
+    def transaction_state(self) -> str | None:
+        """The transactional state's name (UNINITIALIZED, READY, IN_TRANSACTION, ...), or
+        None for a producer without transactional.id."""
+        return None if self._txn is None else self._txn.state.name
+
+
+def _group_fields(group_metadata) -> tuple[str, int, str, str]:
+    """(group id, generation id, member id, group instance id) of a consumer's group
+    metadata, or of a plain group id (generation -1: no generation check)."""
+    if isinstance(group_metadata, str):
+        if not group_metadata:
+            raise ValueError("the group id must not be empty")
+        return group_metadata, -1, "", ""
+    try:
+        group_id = group_metadata.group_id
+        generation_id = group_metadata.generation_id
+        member_id = group_metadata.member_id
+        instance_id = group_metadata.group_instance_id
+    except AttributeError:
+        raise TypeError(f"group_metadata must be the consumer's group_metadata() (group_id, generation_id, "
+                        f"member_id, group_instance_id) or a group id str, got {group_metadata!r}") from None
+    if not isinstance(group_id, str) or not group_id:
+        raise ValueError(f"group_metadata.group_id must be a non-empty str, got {group_id!r}")
+    if isinstance(generation_id, bool) or not isinstance(generation_id, int):
+        raise TypeError(f"group_metadata.generation_id must be an int, got {generation_id!r}")
+    return group_id, generation_id, member_id or "", instance_id or ""
+
+
+def _offsets_to_commit(offsets) -> list:
+    """OffsetToCommit messages, checked before anything is sent."""
+    if not isinstance(offsets, dict):
+        raise TypeError(f"offsets must be a dict of TopicPartition -> offset, got {type(offsets).__name__}")
+    out = []
+    for tp, value in offsets.items():
+        try:
+            topic, partition = tp
+        except (TypeError, ValueError):
+            raise TypeError(f"offsets keys must be TopicPartition(topic, partition), got {tp!r}") from None
+        metadata = ""
+        offset = value
+        if not isinstance(value, int):
+            offset = getattr(value, "offset", None)
+            metadata = getattr(value, "metadata", "") or ""
+        if (not isinstance(topic, str) or not topic or isinstance(partition, bool) or not isinstance(partition, int)
+                or partition < 0):
+            raise ValueError(f"offsets key {tp!r} is not a (topic, partition >= 0)")
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise ValueError(f"offset for {topic}-{partition} must be an int >= 0, got {value!r}")
+        out.append(group_pb2.OffsetToCommit(topic=topic, partition=partition, offset=offset, leader_epoch=-1,
+                                            metadata=metadata))
+    return out

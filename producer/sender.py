@@ -50,6 +50,7 @@ import collections
 import itertools
 import logging
 import threading
+from concurrent.futures import Future
 from typing import Callable
 
 import grpc
@@ -65,7 +66,7 @@ from eos.errors import (
     reaction_for,
 )
 from eos.records.codec import BatchBuilder
-from eos.v1 import broker_pb2, txn_pb2
+from eos.v1 import broker_pb2, common_pb2, txn_pb2
 from producer.accumulator import (
     NO_OFFSET,
     NO_TIMESTAMP,
@@ -75,6 +76,13 @@ from producer.accumulator import (
 )
 from producer.idempotence import Decision, IdempotenceState
 from producer.stream import ProduceStream
+from producer.transactions import (
+    TransactionAbortedError,
+    TransactionManager,
+    TxnState,
+    reaction_to,
+    transaction_error,
+)
 
 log = logging.getLogger("eos.producer")
 
@@ -95,6 +103,9 @@ IDEMPOTENT_IN_FLIGHT_PER_PARTITION_UNARY = 2
 # A broker that refused a produce stream (it serves as many as it can) gets unary Produce
 # calls for this long before the sender asks for a stream again.
 STREAM_REFUSED_RETRY_MS = 30_000
+# AddPartitionsToTxn answered CONCURRENT_TRANSACTIONS (the previous transaction's markers are
+# being written): asked again after this long.
+CONCURRENT_TRANSACTIONS_RETRY_MS = 20
 SLEEP_MAX_MS = 250          # wake at least this often to expire batches and retry metadata
 CLOSE_POLL_MS = 50
 
@@ -138,7 +149,8 @@ class Sender(threading.Thread):
                  max_in_flight: int, max_request_size: int, compression: int,
                  transactional_id: str = "", transaction_timeout_ms: int = 60000,
                  client_id: str = "", clock: Callable[[], int] = net.now_ms,
-                 use_streams: bool = True, batch_bytes_max: Callable[[str], int] | None = None):
+                 use_streams: bool = True, batch_bytes_max: Callable[[str], int] | None = None,
+                 txn: TransactionManager | None = None, txn_lock: threading.Condition | None = None):
         super().__init__(name=f"eos-producer-sender{'-' + client_id if client_id else ''}", daemon=True)
         self._acc = accumulator
         self._metadata = metadata
@@ -175,6 +187,14 @@ class Sender(threading.Thread):
         self._topics_without_leader: set[str] = set()
         self._force_close = False
         self.fatal_error: EosError | None = None   # set once; every later batch fails with it
+        # Transactions: the producer's TransactionManager, shared with application threads
+        # under txn_lock (a Condition, notified when an AddPartitionsToTxn answer is in).
+        # Lock order: the accumulator's lock, then txn_lock; never the other way round.
+        self._txn = txn
+        self._txn_lock = txn_lock if txn_lock is not None else threading.Condition()
+        self._add_partitions_in_flight = False
+        self._add_partitions_attempts = 0
+        self._add_partitions_retry_at_ms = 0
 
     # ---- control from application threads ----------------------------------------------
 
@@ -192,8 +212,10 @@ class Sender(threading.Thread):
                 posted = acc.wait_for_work(timeout_ms / 1000)
                 now = self._clock()
                 for item in posted:
-                    if item is not None:
+                    if isinstance(item, tuple):
                         self._handle_completed_call(item, now)
+                    elif item is not None:
+                        item.run(self, now)
                 if self._force_close:
                     self._abort_everything(ProducerClosedError(
                         "producer closed before the record was acknowledged"))
@@ -219,13 +241,35 @@ class Sender(threading.Thread):
                 f"Expiring {batch.record_count} record(s) for {batch.topic}-{batch.partition}: "
                 f"{now - batch.created_ms} ms has passed since batch creation"
                 + (f" (last error: {batch.last_error})" if batch.last_error else "")))
+        wait_ms = SLEEP_MAX_MS
+        txn = self._txn
+        if txn is not None:
+            with self._txn_lock:
+                if txn.state is TxnState.FATAL_ERROR and self.fatal_error is None:
+                    self.fatal_error = txn.last_error
+                unsendable = not txn.sending_allowed
+                abort_error = None
+                if unsendable and txn.state is not TxnState.FATAL_ERROR:
+                    abort_error = TransactionAbortedError(
+                        "the record was not sent: its transaction is being aborted"
+                        + (f" after an error: {txn.last_error}" if txn.last_error is not None else ""))
+            if abort_error is not None:
+                # Kafka's abortUndrainedBatches: what was not sent never will be; only the
+                # batches in flight are waited for before EndTxn(abort).
+                for batch in acc.abort_queued(abort_error):
+                    self._fail(batch, abort_error)
+            elif not unsendable:
+                self._maybe_add_partitions(now)
+                if self._add_partitions_retry_at_ms > now:
+                    wait_ms = min(wait_ms, self._add_partitions_retry_at_ms - now)
         if self.fatal_error is not None:
             for batch in acc.abort_queued(self.fatal_error):
                 self._fail(batch, self.fatal_error)
             return SLEEP_MAX_MS
-        wait_ms = SLEEP_MAX_MS
         idem = self._idempotence
-        if idem is not None and not idem.ready_to_send:
+        if idem is not None and not idem.ready_to_send and txn is None:
+            # A transactional producer gets its id and epochs from init_transactions() and
+            # EndTxn, on the application's thread, never here.
             if not idem.bump_required or not self._in_flight:
                 self._init_producer_id(now)
             if not idem.ready_to_send:
@@ -279,6 +323,77 @@ class Sender(threading.Thread):
                      response.producer_epoch)
             self._acc.clear_sequences()
 
+    # ---- transactions -------------------------------------------------------------------
+
+    def run_task(self, fn: Callable[[], object], timeout_s: float | None = None):
+        """Run fn() on the sender thread and return its result (from any other thread)."""
+        task = SenderTask(fn)
+        self._acc.post(task)
+        return task.future.result(timeout_s)
+
+    def wake(self) -> None:
+        self._acc.post(SenderTask(lambda: None))
+
+    def _maybe_add_partitions(self, now: int) -> None:
+        """One AddPartitionsToTxn for every partition waiting to be registered."""
+        if self._add_partitions_in_flight or now < self._add_partitions_retry_at_ms:
+            return
+        idem = self._idempotence
+        with self._txn_lock:
+            partitions = self._txn.partitions_to_add()
+        if not partitions:
+            return
+        request = txn_pb2.AddPartitionsToTxnRequest(
+            transactional_id=self._transactional_id, producer_id=idem.producer_id,
+            producer_epoch=idem.producer_epoch,
+            partitions=[common_pb2.TopicPartition(topic=topic, partition=partition)
+                        for topic, partition in partitions])
+        self._add_partitions_in_flight = True
+        try:
+            call = self._metadata.txn_coordinator_stub().AddPartitionsToTxn.future(
+                request, timeout=self._request_timeout_ms / 1000)
+        except Exception as exc:   # the channel is closed
+            self._acc.post(_AddPartitionsAnswer(_FailedCall(exc)))
+            return
+        call.add_done_callback(lambda f: self._acc.post(_AddPartitionsAnswer(f)))
+
+    def _handle_add_partitions(self, call, now: int) -> None:
+        self._add_partitions_in_flight = False
+        txn = self._txn
+        try:
+            response = call.result()
+        except Exception as exc:
+            error = net.error_from_rpc(exc, "AddPartitionsToTxn") if isinstance(exc, grpc.RpcError) else exc
+            log.info("AddPartitionsToTxn failed, retrying: %s", error)
+            with self._txn_lock:
+                txn.add_partitions_failed()
+                self._txn_lock.notify_all()
+            self._add_partitions_attempts += 1
+            self._add_partitions_retry_at_ms = now + self._backoff.delay_ms(self._add_partitions_attempts)
+            return
+        with self._txn_lock:
+            asked = set(txn.partitions_being_added)
+            results = {(p.topic, p.partition): (p.error_code, p.error_message) for p in response.partitions}
+            if response.error_code != ErrorCode.NONE:
+                for tp in asked:
+                    code = results.get(tp, (ErrorCode.NONE, ""))[0]
+                    if code == ErrorCode.NONE:
+                        results[tp] = (response.error_code, response.error_message)
+            reaction = txn.add_partitions_done(results)
+            if txn.state is TxnState.FATAL_ERROR and self.fatal_error is None:
+                self.fatal_error = txn.last_error
+            self._txn_lock.notify_all()
+        if reaction is Reaction.RETRY:
+            self._add_partitions_attempts += 1
+            concurrent = any(code == ErrorCode.CONCURRENT_TRANSACTIONS for code, _ in results.values())
+            # The previous transaction is still writing its markers: that takes a moment,
+            # not a backoff (Kafka retries this case after 20 ms).
+            delay_ms = (min(CONCURRENT_TRANSACTIONS_RETRY_MS, self._backoff.base_ms) if concurrent
+                        else self._backoff.delay_ms(self._add_partitions_attempts))
+            self._add_partitions_retry_at_ms = now + delay_ms
+        else:
+            self._add_partitions_attempts = 0
+
     # ---- metadata ------------------------------------------------------------------------
 
     def _refresh_metadata(self, topics: set[str], now: int) -> None:
@@ -308,6 +423,8 @@ class Sender(threading.Thread):
                          else PLAIN_BATCHES_PER_PARTITION_PER_REQUEST)
         in_flight_tps = self._in_flight_tps
         ordered_by_node: dict[int, bool] = {}
+        txn = self._txn
+        txn_lock = self._txn_lock
 
         last_slot_by_tp: dict = {}    # tp -> index of the slot holding its latest batch
         taken_now: dict = {}          # tp -> batches taken in this drain
@@ -320,6 +437,12 @@ class Sender(threading.Thread):
             ordered = ordered_by_node.get(node)
             if ordered is None:
                 ordered = ordered_by_node[node] = self._ordered(node)
+            if txn is not None:
+                with txn_lock:
+                    # The first batch of a partition in a transaction waits until the
+                    # coordinator registered the partition (AddPartitionsToTxn after this drain).
+                    if not txn.sending_allowed or not txn.partition_ready(batch.tp):
+                        return False
             if idem is not None:
                 if not idem.ready_to_send:
                     return False   # no producer id yet, or an epoch bump is due
@@ -388,7 +511,7 @@ class Sender(threading.Thread):
         builder.append_many(batch.values, batch.keys if batch.has_keys else None, timestamps,
                             batch.headers if batch.has_headers else None)
         return builder.build(producer_id=batch.producer_id, producer_epoch=batch.producer_epoch,
-                             base_sequence=batch.base_sequence)
+                             base_sequence=batch.base_sequence, transactional=self._txn is not None)
 
     def _send(self, slots_by_node: dict[int, list[_RequestSlot]], now: int) -> None:
         idem = self._idempotence
@@ -604,6 +727,20 @@ class Sender(threading.Thread):
         self._acc.deallocate(batch)
 
     def _fail(self, batch: ProducerBatch, error: BaseException) -> None:
+        txn = self._txn
+        if txn is not None:
+            code = getattr(error, "code", None)
+            if code is not None and reaction_to(code) is Reaction.FATAL and code in _FENCED_CODES:
+                error = transaction_error(code, str(error))
+                with self._txn_lock:
+                    txn.fatal_error(error)
+                if self.fatal_error is None:
+                    self.fatal_error = error
+            else:
+                # Kafka's rule: a batch that fails for good leaves a hole in the
+                # transaction, which therefore must not commit.
+                with self._txn_lock:
+                    txn.abortable_error(error)
         batch.fail(error)
         self._acc.deallocate(batch)
 
@@ -620,6 +757,32 @@ class Sender(threading.Thread):
         for batch in self._acc.incomplete_batches():
             if not batch.done:
                 self._fail(batch, error)
+
+
+_FENCED_CODES = frozenset({ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_EPOCH})
+
+
+class SenderTask:
+    """A function run on the sender thread, between its passes (the owner of the
+    idempotence state and of the queues); `future` gets its result."""
+
+    def __init__(self, fn: Callable[[], object]):
+        self.fn = fn
+        self.future: Future = Future()
+
+    def run(self, sender: "Sender", now: int) -> None:
+        try:
+            self.future.set_result(self.fn())
+        except BaseException as exc:
+            self.future.set_exception(exc)
+
+
+class _AddPartitionsAnswer:
+    def __init__(self, call):
+        self.call = call
+
+    def run(self, sender: "Sender", now: int) -> None:
+        sender._handle_add_partitions(self.call, now)
 
 
 class _FailedCall:

@@ -230,7 +230,18 @@ def test_topic_created_after_the_producer_started(broker, admin):
         assert result["f"].result(WAIT_S).offset == 0
 
 
-def test_transactions_are_not_there_yet(broker):
-    with eos.Producer(broker.address, transactional_id="tx-1") as producer:
-        with pytest.raises(NotImplementedError, match="issue 4"):
-            producer.init_transactions()
+def test_transactional_calls_need_a_transactional_producer_and_the_right_state(broker, admin):
+    from producer import IllegalStateError
+    admin.create_topic("tx-state", partitions=1)
+    with eos.Producer(broker.address) as plain:
+        with pytest.raises(IllegalStateError, match="transactional_id"):
+            plain.begin_transaction()
+    with eos.Producer(broker.address, transactional_id="tx-state") as producer:
+        with pytest.raises(IllegalStateError, match="UNINITIALIZED"):
+            producer.send("tx-state", b"x")
+        producer.init_transactions()
+        with pytest.raises(IllegalStateError, match="begin_transaction"):
+            producer.send("tx-state", b"x")
+        with pytest.raises(IllegalStateError, match="READY"):
+            producer.commit_transaction()
+        assert producer.transaction_state == "READY"

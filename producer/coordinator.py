@@ -1,0 +1,99 @@
+"""Blocking calls to the transaction and group coordinators, retried until a deadline.
+
+Theory of operation
+-------------------
+init_transactions(), send_offsets_to_transaction(), commit_transaction() and
+abort_transaction() talk to the coordinators on the application's thread, one call at a
+time, as Kafka's blocking transactional API does. Every call has the shape of
+aiokafka's handlers: build the request, send it, read the answer's error code(s):
+
+- NONE: the answer is returned.
+- a retriable code (eos.errors.reaction_for: the coordinator is loading, the previous
+  transaction is still completing, ...) or a transport failure: back off
+  (retry.backoff.ms doubling to retry.backoff.max.ms; CONCURRENT_TRANSACTIONS after 20 ms,
+  as Kafka) and send again, until the deadline; then `TimeoutError` naming the last error.
+- anything else: the eos exception of the code (`transactions.transaction_error`, so a
+  fenced producer gets ProducerFencedError); the caller decides what it does to the
+  transaction's state.
+
+The clock and the sleep are passed in, so tests can drive the retries without waiting.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable
+
+import grpc
+
+from eos import net
+from eos.errors import ErrorCode, Reaction, reaction_for
+from producer.transactions import transaction_error
+
+log = logging.getLogger("eos.producer")
+
+CONCURRENT_TRANSACTIONS_RETRY_MS = 20
+
+
+def answer_error(answer) -> tuple[int, str]:
+    """(code, message) of an answer with one error_code."""
+    return answer.error_code, answer.error_message
+
+
+def first_partition_error(answer) -> tuple[int, str]:
+    """(code, message) of an answer with per-partition errors: the first that is not NONE
+    (a retriable one only if no other is)."""
+    retriable = None
+    for p in answer.partitions:
+        if p.error_code != ErrorCode.NONE:
+            if reaction_for(p.error_code) is not Reaction.RETRY:
+                return p.error_code, f"{p.topic}-{p.partition}: {p.error_message}"
+            retriable = retriable or (p.error_code, f"{p.topic}-{p.partition}: {p.error_message}")
+    return retriable or (ErrorCode.NONE, "")
+
+
+class CoordinatorCaller:
+    """Retries one coordinator RPC until it answers without a retriable error."""
+
+    def __init__(self, *, backoff: net.Backoff, request_timeout_ms: int,
+                 clock: Callable[[], int] = net.now_ms,
+                 sleep_ms: Callable[[int], None] = lambda ms: time.sleep(ms / 1000)):
+        self._backoff = backoff
+        self._request_timeout_ms = request_timeout_ms
+        self._clock = clock
+        self._sleep_ms = sleep_ms
+
+    def call(self, what: str, rpc, request, deadline_ms: int, *,
+             error_of: Callable[[object], tuple[int, str]] = answer_error):
+        attempt = 0
+        last: str = "no attempt was made"
+        while True:
+            remaining_ms = deadline_ms - self._clock()
+            if remaining_ms <= 0 and attempt:
+                raise TimeoutError(f"{what} did not succeed in time (last: {last})")
+            timeout_s = max(1, min(self._request_timeout_ms, max(remaining_ms, 1))) / 1000
+            delay_ms = None
+            try:
+                answer = rpc(request, timeout=timeout_s)
+            except grpc.RpcError as exc:
+                error = net.error_from_rpc(exc, what)
+                if not error.retriable:
+                    raise error from None
+                last = str(error)
+            else:
+                code, message = error_of(answer)
+                if code == ErrorCode.NONE:
+                    return answer
+                if reaction_for(code) is not Reaction.RETRY:
+                    raise transaction_error(code, f"{what}: {message}")
+                last = f"{ErrorCode(code).name}: {message}"
+                if code == ErrorCode.CONCURRENT_TRANSACTIONS:
+                    delay_ms = min(CONCURRENT_TRANSACTIONS_RETRY_MS, self._backoff.base_ms)
+            attempt += 1
+            if delay_ms is None:
+                delay_ms = self._backoff.delay_ms(attempt)
+            remaining_ms = deadline_ms - self._clock()
+            if remaining_ms <= 0:
+                raise TimeoutError(f"{what} did not succeed in time (last: {last})")
+            log.debug("%s: %s; retrying in %d ms", what, last, delay_ms)
+            self._sleep_ms(min(delay_ms, remaining_ms))
