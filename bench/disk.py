@@ -12,7 +12,11 @@ bytes in large blocks to a file on the same filesystem. We measure two figures:
   the device sustains.
 
 The file is removed afterwards. Blocks are random bytes made once, so neither a compressing
-filesystem nor a zero-page shortcut flatters the figures.
+filesystem nor a zero-page shortcut flatters the figures. Each run starts with `os.sync()`:
+a writer that meets many dirty pages (the brokers' earlier topics, other processes' files)
+is throttled by the kernel to the device's pace, which would measure the backlog, not the
+disk. `Alongside` repeats the buffered run (after the same sync) right before each run of
+a workload that compares itself with it, so both see the same machine load.
 """
 from __future__ import annotations
 
@@ -72,6 +76,9 @@ def measure(directory: str, size_mib: int = 512, repeats: int = 3) -> DiskSpeed:
     buffered: list[float] = []
     synced: list[float] = []
     for _ in range(repeats):
+        # Dirty pages left by earlier work (other processes, or the benchmark's own brokers)
+        # make the kernel throttle writers; every run starts with none queued.
+        os.sync()
         buffered.append(round(write_once(directory, size_mib, block, fsync=False), 1))
         synced.append(round(write_once(directory, size_mib, block, fsync=True), 1))
     return DiskSpeed(directory, size_mib, statistics.median(buffered),
@@ -90,8 +97,10 @@ class Alongside:
         self.fsync_runs_mb_s: list[float] = []
 
     def run(self, *, fsync: bool = False) -> None:
-        """One buffered run (page cache only: cheap, the file is gone before writeback),
-        and with `fsync` one synced run too (real device writes: use sparingly)."""
+        """os.sync(), then one buffered run (page cache only: cheap, the file is gone before
+        writeback), and with `fsync` one synced run too (real device writes: use sparingly).
+        The caller's own run follows at once, so both start with no dirty pages queued."""
+        os.sync()
         self.buffered_runs_mb_s.append(round(write_once(self.directory, self.size_mib,
                                                         self.block, fsync=False), 1))
         if fsync:

@@ -218,7 +218,7 @@ def run_eos(ctx: RunContext) -> list[Metric]:
     runs: list[BrokerRun] = []
     alongside = Alongside(disk.directory, ctx.sizes.disk_mib)
     for _ in range(ctx.sizes.repeats):
-        alongside.run()
+        alongside.run()    # os.sync() first: both runs start with no dirty pages queued
         runs.append(measure_once(ctx))
         ctx.progress(f"  broker append over gRPC: {runs[-1].mb_per_s:,.0f} MB/s on disk, "
                      f"{runs[-1].records_per_s:,.0f} records/s ({runs[-1].requests:,} requests, "

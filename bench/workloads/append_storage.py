@@ -26,7 +26,8 @@ log ends at the number of records appended and holds exactly the bytes appended.
 
 The machine is shared, and its load can change several-fold within a minute, so the
 buffered yardstick is measured again right before each append run (bench/disk.py
-`Alongside`: the same MiB, 1 MiB writes, file removed) and the ratio is median over median
+`Alongside`: os.sync(), so neither run meets earlier dirty pages; the same MiB, 1 MiB
+writes, file removed) and the ratio is median over median
 of these interleaved runs; the fsync ratio uses the harness's fsync figure (a synced run
 writes the device for real, too costly to repeat each time). Each variant runs
 `Sizes.repeats` + 2 times.
