@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import logging
 import os
 import re
 import shutil
@@ -168,6 +169,8 @@ def run_pipeline(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint-dir", required=True)
     parser.add_argument("--max-records-per-trigger", type=int, default=None)
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("eos").setLevel(logging.INFO)
     app = pipeline_app(args.bootstrap, args.checkpoint_dir, max_records_per_trigger=args.max_records_per_trigger)
     app.run(available_now=True, timeout_s=PIPELINE_TIMEOUT_S)
     for name, sink in app.sinks.items():

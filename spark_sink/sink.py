@@ -209,14 +209,15 @@ def committed_batch(committed: dict[TopicPartition, tuple[int, str]], query: str
     return found
 
 
-def _crash_if_asked(point: str, batch_id: int) -> None:
+def _crash_if_asked(point: str, batch_id: int, transactional_id: str) -> None:
     wanted = os.environ.get(CRASH_ENV)
     if not wanted:
         return
     for item in wanted.split(","):
         name, _, batch = item.strip().partition(":")
         if name == point and batch.strip() == str(batch_id):
-            log.warning("%s=%s: killing the driver at %s of batch %d", CRASH_ENV, wanted, point, batch_id)
+            log.warning("%s=%s: killing the driver at %s of batch %d of %r", CRASH_ENV, wanted, point, batch_id,
+                        transactional_id)
             for handler in logging.getLogger().handlers:
                 handler.flush()
             if os.getpgid(0) == os.getpid():
@@ -323,14 +324,14 @@ class ExactlyOnceSink(_SinkBase):
         else:
             log.warning("batch %d: no eos source offsets in the checkpoint; a replay of this batch cannot "
                         "be recognised", batch_id)
-        _crash_if_asked("before_write", batch_id)
+        _crash_if_asked("before_write", batch_id, self.transactional_id)
         try:
             report = self._write(df, batch_id, self._owner.identity(), transactional=True)
             written = time.perf_counter()
-            _crash_if_asked("after_write", batch_id)
+            _crash_if_asked("after_write", batch_id, self.transactional_id)
             if end_offsets:
                 self._owner.commit_offsets(self.group_id, end_offsets, batch_metadata(query, batch_id))
-            _crash_if_asked("after_offsets", batch_id)
+            _crash_if_asked("after_offsets", batch_id, self.transactional_id)
             self._owner.commit(report["participants"])
         except BaseException:
             self._abort_quietly(batch_id)
@@ -338,7 +339,7 @@ class ExactlyOnceSink(_SinkBase):
         committed = time.perf_counter()
         self.reports.append(BatchReport(batch_id, False, report["records"], len(report["participants"]),
                                         (written - started) * 1000, (committed - written) * 1000))
-        _crash_if_asked("after_commit", batch_id)
+        _crash_if_asked("after_commit", batch_id, self.transactional_id)
 
     def _abort_quietly(self, batch_id: int) -> None:
         try:
