@@ -27,7 +27,7 @@ import logging
 import threading
 import time
 from concurrent.futures import Future
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from eos import net
 from eos.errors import EosError, ErrorCode, MessageTooLargeError, Reaction
@@ -615,14 +615,26 @@ class Producer:
                 self._on_coordinator_error(txn, error, fatal_otherwise=False)
             raise
 
-    def commit_transaction(self, timeout: float | None = None) -> None:
+    def commit_transaction(self, timeout: float | None = None, *,
+                           accepted_participants: Iterable[int] | None = None) -> None:
         """Flush the transaction's records, then commit it (EndTxn): its records and offsets
         become visible to read_committed consumers together. If any record of the
         transaction failed, nothing is committed and the error is raised: call
         abort_transaction() and carry on. After `timeout` seconds (default max.block.ms)
         TimeoutError; calling commit_transaction() again resumes. The coordinator answers
-        with the next epoch (KIP-890); sequences restart at 0."""
+        with the next epoch (KIP-890); sequences restart at 0.
+
+        An owner that handed out participants (Producer.participant with this producer's
+        producer_id and producer_epoch) names the participant ids whose writes commit
+        with its own in `accepted_participants`; the others' are aborted in the same
+        decision. Given (even empty), EndTxn is sent even if the owner wrote nothing
+        itself; None means the transaction has no participants."""
         txn = self._transactions("commit_transaction()")
+        accepted = None
+        if accepted_participants is not None:
+            accepted = list(accepted_participants)
+            if any(isinstance(pid, bool) or not isinstance(pid, int) or pid < 0 for pid in accepted):
+                raise ValueError(f"accepted_participants must be producer ids >= 0, got {accepted!r}")
         with self._txn_lock:
             txn.begin_commit()
         deadline_ms = self._deadline_ms(timeout)
@@ -630,9 +642,9 @@ class Producer:
         with self._txn_lock:
             if txn.has_error:
                 txn.begin_commit()          # raises the transaction's error
-            end_needed = txn.end_txn_needed
+            end_needed = txn.end_txn_needed or accepted is not None
         if end_needed:
-            self._end_transaction(txn, committed=True, deadline_ms=deadline_ms)
+            self._end_transaction(txn, committed=True, deadline_ms=deadline_ms, accepted_participants=accepted)
         with self._txn_lock:
             txn.end_done()
 
@@ -654,22 +666,25 @@ class Producer:
             if not self._txn_lock.wait_for(lambda: not txn.partitions_being_added,
                                            max(0, deadline_ms - net.now_ms()) / 1000):
                 raise TimeoutError("abort_transaction: AddPartitionsToTxn still unanswered")
-            end_needed = txn.end_txn_needed
             nothing_registered = txn.nothing_registered
-        if end_needed:
-            self._end_transaction(txn, committed=False, deadline_ms=deadline_ms,
-                                  nothing_registered=nothing_registered)
+        # Always told to the coordinator, even when this producer registered nothing: the
+        # owner of participants may not know whether they opened the transaction. An idle
+        # coordinator answers at once, and one that never saw this transaction is handled
+        # in _end_transaction.
+        self._end_transaction(txn, committed=False, deadline_ms=deadline_ms,
+                              nothing_registered=nothing_registered)
         with self._txn_lock:
             txn.end_done()
 
     def _end_transaction(self, txn: TransactionManager, *, committed: bool, deadline_ms: int,
-                         nothing_registered: bool = False) -> None:
+                         nothing_registered: bool = False, accepted_participants: list | None = None) -> None:
         producer_id, producer_epoch = self._producer_id_and_epoch()
         try:
             answer = self._coordinator.call(
                 "EndTxn(commit)" if committed else "EndTxn(abort)", self._metadata.txn_coordinator_stub().EndTxn,
                 txn_pb2.EndTxnRequest(transactional_id=self._transactional_id, producer_id=producer_id,
-                                      producer_epoch=producer_epoch, committed=committed),
+                                      producer_epoch=producer_epoch, committed=committed,
+                                      accepted_participants=accepted_participants or ()),
                 deadline_ms)
         except EosError as error:
             if not committed and nothing_registered and error.code is ErrorCode.INVALID_TXN_STATE:
