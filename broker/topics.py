@@ -190,15 +190,21 @@ class TopicRegistry:
                        config_overrides: Mapping[str, str] | None) -> TopicInfo:
         """Validate a new topic and build its TopicInfo; nothing changes."""
         validate_topic_name(name)
-        if num_partitions <= 0:
+        # Kafka's rule (KIP-464): -1 means the broker's num.partitions. 0 means the same
+        # here, because it is what a proto3 message carries when the field is unset; other
+        # negatives are refused as in Kafka. (eos.Admin and the CLI refuse 0 themselves.)
+        if num_partitions in (-1, 0):
             num_partitions = self._default_num_partitions
+        elif num_partitions < 0:
+            raise InvalidPartitionsError(
+                f"number of partitions must be at least 1 (or -1 for the broker default), got {num_partitions}")
         if num_partitions > PARTITIONS_PER_TOPIC_MAX:
             raise InvalidPartitionsError(
                 f"{num_partitions} partitions asked for, the limit per topic is "
                 f"{PARTITIONS_PER_TOPIC_MAX}")
         # One node holds one copy: 1 is the only factor there is. -1 means the broker's
-        # default.replication.factor (1 here), and so does 0, which is what a proto3 client
-        # sends when it leaves the field unset; other negatives are refused as in Kafka.
+        # default.replication.factor (1 here), and so does 0, the proto3 unset value; other
+        # negatives are refused as in Kafka.
         if replication_factor > 1 or replication_factor < -1:
             raise EosError(
                 f"replication factor {replication_factor} is not possible: this cluster has "

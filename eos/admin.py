@@ -167,6 +167,11 @@ class Admin:
             for label, number in (("partitions", partitions), ("replication_factor", replication_factor)):
                 if isinstance(number, bool) or not isinstance(number, int):
                     raise TypeError(f"{label} of topic {name!r} must be an int, got {number!r}")
+                if number == 0 or number < -1:
+                    # On the wire 0 reads as "unset" (proto3); here it can only be a mistake.
+                    code = ErrorCode.INVALID_PARTITIONS if label == "partitions" else ErrorCode.INVALID_REPLICATION_FACTOR
+                    raise error_for(code, f"{label} of topic {name!r} must be at least 1 (or -1 for the "
+                                          f"broker default), got {number}")
             new_topics.append(broker_pb2.NewTopic(
                 name=name, num_partitions=partitions, replication_factor=replication_factor,
                 configs=_config_strings(config)))

@@ -93,7 +93,8 @@ def cmd_produce(args) -> int:
             failures.append(error)
 
     producer = eos.Producer(bootstrap=args.bootstrap_server, acks=args.acks,
-                            compression_type=args.compression_type, linger_ms=args.linger_ms)
+                            compression_type=args.compression_type, linger_ms=args.linger_ms,
+                            max_block_ms=args.max_block_ms)
     sent = 0
     with ProgressBar(total, f"produce {args.topic}") as bar:
         try:
@@ -176,8 +177,10 @@ def cmd_dump_log(args) -> int:
             _dump_fixed(path, struct.Struct(">qI"), lambda r, base: f"timestamp: {r[0]} offset: {base + r[1]}")
         elif path.endswith(".snapshot"):
             _dump_snapshot(path)
+        elif path.endswith(".txnindex"):
+            _dump_txn_index(path)
         else:
-            print(f"error: {path}: not a .log, .index, .timeindex or .snapshot file", file=sys.stderr)
+            print(f"error: {path}: not a .log, .index, .timeindex, .txnindex or .snapshot file", file=sys.stderr)
             return 1
     return 0
 
@@ -245,6 +248,13 @@ def _size(b: bytes | None) -> int:
 
 def _show(b: bytes | None) -> str:
     return "null" if b is None else b.decode("utf-8", "backslashreplace")
+
+
+def _dump_txn_index(path: str) -> None:
+    from broker.storage.txn_index import read_txn_index_file
+    for entry in read_txn_index_file(path):
+        print(f"version: 0 producerId: {entry.producer_id} firstOffset: {entry.first_offset} "
+              f"lastOffset: {entry.last_offset} lastStableOffset: {entry.last_stable_offset}")
 
 
 def _dump_snapshot(path: str) -> None:
@@ -422,6 +432,8 @@ def build_parser() -> argparse.ArgumentParser:
     produce.add_argument("--compression-type", default="none",
                          choices=["none", "gzip", "snappy", "lz4", "zstd"])
     produce.add_argument("--linger-ms", type=int, default=5)
+    produce.add_argument("--max-block-ms", type=int, default=60000,
+                         help="how long a send may wait for metadata (an unknown topic fails after this)")
     produce.set_defaults(handler=cmd_produce)
 
     consume = client_command("consume", help="print records of a topic")
@@ -498,6 +510,14 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:   # bad input the client refused before sending (an unknown state name, ...)
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader went away (`eos consume ... | head`): stop quietly, as Unix tools do.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    except OSError as e:      # a file that is not there or cannot be read
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

@@ -25,8 +25,8 @@ def topic_names(stub, include_internal=False):
 
 def test_create_list_describe_delete(inprocess_broker):
     stub = inprocess_broker.broker_stub()
-    results = create_topics(stub, ("orders", 3, 1, {"retention.ms": "60000"}), ("events", 0, -1, {}),
-                            ("__internal_x", 1, 0, {}))
+    results = create_topics(stub, ("orders", 3, 1, {"retention.ms": "60000"}), ("events", -1, -1, {}),
+                            ("__internal_x", 1, -1, {}))
     assert {name: r.error_code for name, r in results.items()} == {
         "orders": ErrorCode.NONE, "events": ErrorCode.NONE, "__internal_x": ErrorCode.NONE}
     assert topic_names(stub) == ["events", "orders"]

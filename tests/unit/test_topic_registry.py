@@ -52,9 +52,15 @@ def test_defaults_and_validation(tmp_path):
     registry = TopicRegistry(tmp_path, default_config=TopicConfig(segment_bytes=4096),
                              default_num_partitions=2)
     registry.load()
-    info = registry.prepare_create("t", 0, -1, None)
+    info = registry.prepare_create("t", -1, -1, None)
     assert info.partition_count == 2 and info.config.segment_bytes == 4096
-    assert registry.prepare_create("t", -1, 0, None).partition_count == 2
+    assert registry.prepare_create("t", 0, 0, None).partition_count == 2  # proto3 "unset"
+    with pytest.raises(InvalidPartitionsError, match="at least 1"):
+        registry.prepare_create("t", -3, 1, None)
+    for bad_factor in (-2, 2):
+        with pytest.raises(EosError) as exc:
+            registry.prepare_create("t", 1, bad_factor, None)
+        assert exc.value.code == ErrorCode.INVALID_REPLICATION_FACTOR
     with pytest.raises(EosError) as exc:
         registry.prepare_create("t", 1, 3, None)
     assert exc.value.code == ErrorCode.INVALID_REPLICATION_FACTOR
