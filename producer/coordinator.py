@@ -10,8 +10,9 @@ aiokafka's handlers: build the request, send it, read the answer's error code(s)
 - NONE: the answer is returned.
 - a retriable code (eos.errors.reaction_for: the coordinator is loading, the previous
   transaction is still completing, ...) or a transport failure: back off
-  (retry.backoff.ms doubling to retry.backoff.max.ms; CONCURRENT_TRANSACTIONS after 20 ms,
-  as Kafka) and send again, until the deadline; then `TimeoutError` naming the last error.
+  (retry.backoff.ms doubling to retry.backoff.max.ms; CONCURRENT_TRANSACTIONS, the previous
+  transaction completing, after 2 ms doubling to 20 ms) and send again, until the
+  deadline; then `TimeoutError` naming the last error.
 - anything else: the eos exception of the code (`transactions.transaction_error`, so a
   fenced producer gets ProducerFencedError); the caller decides what it does to the
   transaction's state.
@@ -32,7 +33,16 @@ from producer.transactions import transaction_error
 
 log = logging.getLogger("eos.producer")
 
-CONCURRENT_TRANSACTIONS_RETRY_MS = 20
+# CONCURRENT_TRANSACTIONS means the previous transaction's markers are being written, which
+# takes milliseconds: asked again after 2 ms, doubling up to 20 ms (Kafka waits 20 ms).
+CONCURRENT_TRANSACTIONS_RETRY_MIN_MS = 2
+CONCURRENT_TRANSACTIONS_RETRY_MAX_MS = 20
+
+
+def concurrent_transactions_delay_ms(attempt: int, base_ms: int) -> int:
+    """The wait after the `attempt`-th CONCURRENT_TRANSACTIONS answer in a row (1, 2, ...)."""
+    delay = CONCURRENT_TRANSACTIONS_RETRY_MIN_MS << min(max(attempt - 1, 0), 10)
+    return max(1, min(delay, CONCURRENT_TRANSACTIONS_RETRY_MAX_MS, base_ms))
 
 
 def answer_error(answer) -> tuple[int, str]:
@@ -66,6 +76,7 @@ class CoordinatorCaller:
     def call(self, what: str, rpc, request, deadline_ms: int, *,
              error_of: Callable[[object], tuple[int, str]] = answer_error):
         attempt = 0
+        concurrent_attempts = 0
         last: str = "no attempt was made"
         while True:
             remaining_ms = deadline_ms - self._clock()
@@ -88,7 +99,8 @@ class CoordinatorCaller:
                     raise transaction_error(code, f"{what}: {message}")
                 last = f"{ErrorCode(code).name}: {message}"
                 if code == ErrorCode.CONCURRENT_TRANSACTIONS:
-                    delay_ms = min(CONCURRENT_TRANSACTIONS_RETRY_MS, self._backoff.base_ms)
+                    concurrent_attempts += 1
+                    delay_ms = concurrent_transactions_delay_ms(concurrent_attempts, self._backoff.base_ms)
             attempt += 1
             if delay_ms is None:
                 delay_ms = self._backoff.delay_ms(attempt)

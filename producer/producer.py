@@ -10,6 +10,14 @@ ProduceRequests of many partitions; answers complete the futures (callbacks run 
 sender thread, as Kafka's do). `send_batch()` is the bulk path: one call appends many
 records of one topic, a batch-size slice at a time, and returns one future for them all.
 
+Transactions (`transactional_id=...`): init_transactions(), then per transaction
+begin_transaction(), send()s, send_offsets_to_transaction() and commit_transaction() or
+abort_transaction() -- or `with producer.transaction():`. The state machine is
+`producer.transactions.TransactionManager`; the coordinator calls run on the calling
+thread (`producer.coordinator`), the partition registrations on the sender thread. A
+*participant* (`Producer.participant(...)`, or participant_of=) writes into another
+producer's open transaction under an id of its own and never ends it.
+
 Configuration uses Kafka's names and defaults, given as a dict of Kafka names
 (`config={"linger.ms": 10}`) or as keyword arguments with dots turned into underscores
 (`linger_ms=10`). Idempotence is on by default (acks=all, retries, up to 5 requests in
@@ -294,6 +302,8 @@ class Producer:
                                      f"of topic {topic!r}")
             elif key is not None and not self._ignore_keys:
                 partition = partition_for_key(key, count)
+            if partition is not None and self._txn is not None:
+                self._note_partition(topic, partition)
             size = record_size_estimate(value, key, headers)
             if size > self._max_request_size:
                 raise MessageTooLargeError(
@@ -315,6 +325,16 @@ class Producer:
                 except Exception:
                     log.exception("on_delivery callback raised")
             return _failed_future(exc)
+
+    def _note_partition(self, topic: str, partition: int) -> None:
+        tp = (topic, partition)
+        txn = self._txn
+        if tp in txn.partitions_in_txn:      # the common case, without the lock
+            return
+        with self._txn_lock:
+            newly_pending = txn.note_partition(tp)
+        if newly_pending:
+            self._sender.wake()
 
     def send_batch(self, topic: str, values: Sequence, keys: Sequence | None = None,
                    partition: int | None = None, timestamps_ms=None,
@@ -393,6 +413,8 @@ class Producer:
                     f"max.request.size ({self._max_request_size})")
             acc = self._accumulator
             batch_bytes_max = self._bulk_batch_bytes(topic)
+            if partition is not None and self._txn is not None:
+                self._note_partition(topic, partition)
             if partition is not None or keys is None or self._ignore_keys:
                 acc.append_many(topic, partition, partition_count, values, keys, timestamps, headers,
                                 sizes, None, bulk, single_timestamp_ms, batch_bytes_max)

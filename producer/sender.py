@@ -39,6 +39,18 @@ Unary Produce is still used where order cannot matter or the stream is missing:
   batches that queue meanwhile travel together), and an idempotent one keeps at most
   IDEMPOTENT_IN_FLIGHT_PER_PARTITION_UNARY new batches of a partition in flight.
 
+Transactions (a producer with a transactional.id; `producer.transactions` owns the state,
+shared with application threads under a lock): the sender sends a partition's first batch
+of a transaction only once the coordinator registered the partition. The drain collects
+the partitions still unregistered (send() may have queued them already) and, right after
+it, one AddPartitionsToTxn asks for all of them; its answer is posted back like a produce
+answer, and the batches go in the next pass. While the transaction cannot commit
+(ABORTABLE_ERROR) or is aborting, queued batches are failed at once (Kafka's
+abortUndrainedBatches); only batches in flight are waited for. A batch that fails for good
+makes the transaction abortable; a fenced epoch makes the producer fail for good. The
+producer id and epoch of a transactional producer come from init_transactions() and
+EndTxn, applied on this thread through `run_task`; it never bumps an epoch itself.
+
 Request-level failures (the broker went away, the stream broke, the request timed out)
 count as NETWORK_EXCEPTION / REQUEST_TIMED_OUT for every batch of the request: the batch
 may or may not have been appended, and only idempotence makes the retry safe from
@@ -74,13 +86,13 @@ from producer.accumulator import (
     ProducerClosedError,
     RecordAccumulator,
 )
+from producer.coordinator import concurrent_transactions_delay_ms
 from producer.idempotence import Decision, IdempotenceState
 from producer.stream import ProduceStream
 from producer.transactions import (
     TransactionAbortedError,
     TransactionManager,
     TxnState,
-    reaction_to,
     transaction_error,
 )
 
@@ -103,9 +115,6 @@ IDEMPOTENT_IN_FLIGHT_PER_PARTITION_UNARY = 2
 # A broker that refused a produce stream (it serves as many as it can) gets unary Produce
 # calls for this long before the sender asks for a stream again.
 STREAM_REFUSED_RETRY_MS = 30_000
-# AddPartitionsToTxn answered CONCURRENT_TRANSACTIONS (the previous transaction's markers are
-# being written): asked again after this long.
-CONCURRENT_TRANSACTIONS_RETRY_MS = 20
 SLEEP_MAX_MS = 250          # wake at least this often to expire batches and retry metadata
 CLOSE_POLL_MS = 50
 
@@ -258,10 +267,6 @@ class Sender(threading.Thread):
                 # batches in flight are waited for before EndTxn(abort).
                 for batch in acc.abort_queued(abort_error):
                     self._fail(batch, abort_error)
-            elif not unsendable:
-                self._maybe_add_partitions(now)
-                if self._add_partitions_retry_at_ms > now:
-                    wait_ms = min(wait_ms, self._add_partitions_retry_at_ms - now)
         if self.fatal_error is not None:
             for batch in acc.abort_queued(self.fatal_error):
                 self._fail(batch, self.fatal_error)
@@ -282,6 +287,11 @@ class Sender(threading.Thread):
         batches, next_ready_ms = acc.drain(now, take, self._batch_bytes_max)
         if batches:
             self._send(slots_by_node, now)
+        if txn is not None and not unsendable:
+            # The drain found the partitions that wait for registration: ask at once.
+            self._maybe_add_partitions(now)
+            if self._add_partitions_retry_at_ms > now:
+                wait_ms = min(wait_ms, self._add_partitions_retry_at_ms - now)
         if self._topics_without_leader:
             wait_ms = min(wait_ms, max(1, self._metadata_retry_at_ms - now))
         return max(0, min(wait_ms, next_ready_ms - now))
@@ -387,9 +397,9 @@ class Sender(threading.Thread):
             self._add_partitions_attempts += 1
             concurrent = any(code == ErrorCode.CONCURRENT_TRANSACTIONS for code, _ in results.values())
             # The previous transaction is still writing its markers: that takes a moment,
-            # not a backoff (Kafka retries this case after 20 ms).
-            delay_ms = (min(CONCURRENT_TRANSACTIONS_RETRY_MS, self._backoff.base_ms) if concurrent
-                        else self._backoff.delay_ms(self._add_partitions_attempts))
+            # not a backoff.
+            delay_ms = (concurrent_transactions_delay_ms(self._add_partitions_attempts, self._backoff.base_ms)
+                        if concurrent else self._backoff.delay_ms(self._add_partitions_attempts))
             self._add_partitions_retry_at_ms = now + delay_ms
         else:
             self._add_partitions_attempts = 0
@@ -730,7 +740,7 @@ class Sender(threading.Thread):
         txn = self._txn
         if txn is not None:
             code = getattr(error, "code", None)
-            if code is not None and reaction_to(code) is Reaction.FATAL and code in _FENCED_CODES:
+            if code in _FENCED_CODES:
                 error = transaction_error(code, str(error))
                 with self._txn_lock:
                     txn.fatal_error(error)

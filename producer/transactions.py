@@ -304,6 +304,15 @@ class TransactionManager:
             self.pending_partitions.add(tp)
         return False
 
+    def note_partition(self, tp) -> bool:
+        """send() knows the record's partition: queue its registration now, so it overlaps
+        the batch's linger (Kafka registers at send time too). True if newly queued."""
+        if (tp in self.partitions_in_txn or tp in self.pending_partitions or tp in self.partitions_being_added
+                or self.state is not S.IN_TRANSACTION):
+            return False
+        self.pending_partitions.add(tp)
+        return True
+
     def partitions_to_add(self) -> list:
         """The pending partitions for one AddPartitionsToTxn request, now in flight; empty
         while another request is in flight or nothing is pending."""
