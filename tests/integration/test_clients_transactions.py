@@ -264,3 +264,33 @@ def test_a_participant_of_a_stale_owner_epoch_is_fenced(broker, admin):
             owner.send("tx-part-stale", b"x")
         with pytest.raises(ProducerFencedError):
             eos.Producer.participant("tx-owner2", owner.producer_id, stale_epoch, broker.address)
+
+
+def test_offsets_with_a_members_group_metadata_and_a_stale_generation_is_fenced(broker, admin):
+    """KIP-447 through a real group member: its group_metadata() commits; a generation
+    that is not the group's is refused, which makes the transaction abortable."""
+    from consumer.group import ConsumerGroupMetadata
+    admin.create_topic("tx-447", partitions=1)
+    with eos.Consumer(broker.address, group_id="g447", auto_offset_reset="earliest") as member:
+        member.subscribe(["tx-447"])
+        wait_for(lambda: member.poll(timeout_ms=100) is not None and member.assignment(),
+                 "the member's assignment")
+        metadata = member.group_metadata()
+        assert metadata.generation_id >= 1
+        with eos.Producer(broker.address, transactional_id="tx-447") as producer:
+            producer.init_transactions()
+            with producer.transaction():
+                producer.send_offsets_to_transaction({TopicPartition("tx-447", 0): 3}, metadata)
+            tp = TopicPartition("tx-447", 0)
+            wait_for(lambda: member.committed([tp]) == {tp: 3}, "the committed offset")
+
+            stale = ConsumerGroupMetadata(metadata.group_id, metadata.generation_id + 7, metadata.member_id,
+                                          metadata.group_instance_id)
+            producer.begin_transaction()
+            with pytest.raises(eos.errors.EosError) as refused:
+                producer.send_offsets_to_transaction({TopicPartition("tx-447", 0): 9}, stale)
+            assert refused.value.code.name == "ILLEGAL_GENERATION"
+            assert producer.transaction_state == "ABORTABLE_ERROR"
+            producer.abort_transaction()
+            assert producer.transaction_state == "READY"
+        assert member.committed([tp]) == {tp: 3}
