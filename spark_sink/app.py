@@ -148,6 +148,7 @@ class App:
 
             builder = (SparkSession.builder.master(self.master).appName("eos-app")
                        .config("spark.ui.enabled", "false")
+                       .config("spark.ui.showConsoleProgress", "false")
                        .config("spark.sql.shuffle.partitions", "2")
                        .config("spark.default.parallelism", "2")
                        .config("spark.python.worker.reuse", "true")
