@@ -1,0 +1,196 @@
+"""producer/stream.py against a scripted in-process ProduceStream server."""
+from __future__ import annotations
+
+import queue
+import threading
+from concurrent import futures
+
+import grpc
+import pytest
+
+from eos.errors import InvariantError, NetworkError, RequestTimedOutError
+from eos.v1 import broker_pb2, broker_pb2_grpc
+from producer.stream import ProduceStream
+
+WAIT_S = 10
+
+
+class ScriptedBroker(broker_pb2_grpc.BrokerServicer):
+    """Answers each request of a stream with `answer(request)`; None ends the stream,
+    an exception aborts it. Records what it received."""
+
+    def __init__(self, answer=None, refuse=None):
+        self.received: list[int] = []
+        self.answer = answer or (lambda request: broker_pb2.ProduceResponse(correlation_id=request.correlation_id))
+        self.refuse = refuse
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        broker_pb2_grpc.add_BrokerServicer_to_server(self, self.server)
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+
+    def ProduceStream(self, request_iterator, context):
+        if self.refuse is not None:
+            context.set_trailing_metadata(self.refuse[0])
+            context.abort(*self.refuse[1])
+        for request in request_iterator:
+            self.received.append(request.correlation_id)
+            response = self.answer(request)
+            if response is None:
+                return
+            yield response
+
+    def stop(self):
+        self.server.stop(0).wait(5)
+
+
+@pytest.fixture
+def channel():
+    channels = []
+
+    def make(server):
+        ch = grpc.insecure_channel(f"127.0.0.1:{server.port}")
+        channels.append(ch)
+        return broker_pb2_grpc.BrokerStub(ch)
+
+    yield make
+    for ch in channels:
+        ch.close()
+
+
+class Answers:
+    def __init__(self):
+        self.queue: queue.Queue = queue.Queue()
+
+    def __call__(self, request_id, answer):
+        self.queue.put((request_id, answer))
+
+    def take(self, n):
+        out = []
+        for _ in range(n):
+            request_id, answer = self.queue.get(timeout=WAIT_S)
+            try:
+                out.append((request_id, answer.result()))
+            except Exception as exc:
+                out.append((request_id, exc))
+        return out
+
+
+def open_stream(stub, answers, in_flight_max=5):
+    return ProduceStream(stub, 0, in_flight_max=in_flight_max, on_answer=answers)
+
+
+def test_answers_come_back_in_order_with_their_request_ids(channel):
+    broker = ScriptedBroker()
+    try:
+        answers = Answers()
+        stream = open_stream(channel(broker), answers)
+        for request_id in (10, 11, 12, 13, 14):
+            assert stream.send(request_id, broker_pb2.ProduceRequest(), now_ms=0)
+        got = answers.take(5)
+        assert [rid for rid, _ in got] == [10, 11, 12, 13, 14]
+        assert [r.correlation_id for _, r in got] == [0, 1, 2, 3, 4]
+        assert broker.received == [0, 1, 2, 3, 4]
+        assert stream.outstanding_count() == 0 and stream.oldest_sent_ms() is None
+        stream.close()
+        stream.join(WAIT_S)
+        assert stream.closed
+    finally:
+        broker.stop()
+
+
+def test_more_than_the_in_flight_bound_is_a_bug(channel):
+    release = threading.Event()
+
+    def slow(request):
+        release.wait(WAIT_S)
+        return broker_pb2.ProduceResponse(correlation_id=request.correlation_id)
+
+    broker = ScriptedBroker(slow)
+    try:
+        stream = open_stream(channel(broker), Answers(), in_flight_max=2)
+        assert stream.send(1, broker_pb2.ProduceRequest(), now_ms=7)
+        assert stream.send(2, broker_pb2.ProduceRequest(), now_ms=9)
+        assert stream.oldest_sent_ms() == 7
+        with pytest.raises(InvariantError):
+            stream.send(3, broker_pb2.ProduceRequest(), now_ms=9)
+        release.set()
+        stream.close()
+    finally:
+        broker.stop()
+
+
+def test_an_answer_out_of_order_fails_every_outstanding_request(channel):
+    def wrong(request):
+        return broker_pb2.ProduceResponse(correlation_id=request.correlation_id + 100)
+
+    broker = ScriptedBroker(wrong)
+    try:
+        answers = Answers()
+        stream = open_stream(channel(broker), answers)
+        stream.send(1, broker_pb2.ProduceRequest(), now_ms=0)
+        [(request_id, error)] = answers.take(1)
+        assert request_id == 1 and isinstance(error, NetworkError) and "correlation id" in str(error)
+        stream.join(WAIT_S)
+        assert stream.closed and not stream.send(2, broker_pb2.ProduceRequest(), now_ms=0)
+    finally:
+        broker.stop()
+
+
+def test_a_broken_stream_fails_what_is_outstanding_as_retriable(channel):
+    first_answered = threading.Event()
+
+    def end_after_first(request):
+        if request.correlation_id == 0:
+            first_answered.set()
+            return broker_pb2.ProduceResponse(correlation_id=0)
+        return None     # the broker ends the stream without answering
+
+    broker = ScriptedBroker(end_after_first)
+    try:
+        answers = Answers()
+        stream = open_stream(channel(broker), answers)
+        stream.send(1, broker_pb2.ProduceRequest(), now_ms=0)
+        first_answered.wait(WAIT_S)
+        stream.send(2, broker_pb2.ProduceRequest(), now_ms=0)
+        got = answers.take(2)
+        assert got[0][0] == 1 and isinstance(got[0][1], broker_pb2.ProduceResponse)
+        assert got[1][0] == 2 and isinstance(got[1][1], NetworkError) and got[1][1].retriable
+    finally:
+        broker.stop()
+
+
+def test_abort_fails_outstanding_requests_with_the_reason(channel):
+    never = threading.Event()
+    broker = ScriptedBroker(lambda request: never.wait(WAIT_S) and None)
+    try:
+        answers = Answers()
+        stream = open_stream(channel(broker), answers)
+        stream.send(1, broker_pb2.ProduceRequest(), now_ms=0)
+        stream.send(2, broker_pb2.ProduceRequest(), now_ms=0)
+        stream.abort(RequestTimedOutError("too slow"))
+        got = answers.take(2)
+        assert [rid for rid, _ in got] == [1, 2]
+        assert all(isinstance(e, RequestTimedOutError) and "too slow" in str(e) for _, e in got)
+        never.set()
+    finally:
+        broker.stop()
+
+
+@pytest.mark.parametrize("refusal, flag", [
+    ((((),), (grpc.StatusCode.UNIMPLEMENTED, "no such method")), "unimplemented"),
+    ((((("eos-produce-stream-refused", "resource_exhausted"),),), (grpc.StatusCode.RESOURCE_EXHAUSTED, "full")),
+     "refused"),
+])
+def test_refusals_at_open_say_why(channel, refusal, flag):
+    (metadata,), status = refusal
+    broker = ScriptedBroker(refuse=(metadata, status))
+    try:
+        answers = Answers()
+        stream = open_stream(channel(broker), answers)
+        if stream.send(1, broker_pb2.ProduceRequest(), now_ms=0):   # else refused already: not taken
+            [(request_id, error)] = answers.take(1)
+            assert request_id == 1 and isinstance(error, NetworkError) and error.retriable
+        stream.join(WAIT_S)
+        assert getattr(stream, flag) and stream.closed
+    finally:
+        broker.stop()
