@@ -9,7 +9,8 @@ from producer.accumulator import (
     SendBatchResult,
 )
 from producer.producer import Producer
-from producer.transactions import IllegalStateError, TransactionAbortedError
+from producer.transactions import IllegalStateError, TransactionAbortedError, TransactionTimeoutError
 
 __all__ = ["Producer", "RecordMetadata", "RecordFuture", "SendBatchResult",
-           "BufferExhaustedError", "ProducerClosedError", "IllegalStateError", "TransactionAbortedError"]
+           "BufferExhaustedError", "ProducerClosedError", "IllegalStateError", "TransactionAbortedError",
+           "TransactionTimeoutError"]

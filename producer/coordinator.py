@@ -12,7 +12,7 @@ aiokafka's handlers: build the request, send it, read the answer's error code(s)
   transaction is still completing, ...) or a transport failure: back off
   (retry.backoff.ms doubling to retry.backoff.max.ms; CONCURRENT_TRANSACTIONS, the previous
   transaction completing, after 2 ms doubling to 20 ms) and send again, until the
-  deadline; then `TimeoutError` naming the last error.
+  deadline; then `TransactionTimeoutError` (a TimeoutError) naming the last error.
 - anything else: the eos exception of the code (`transactions.transaction_error`, so a
   fenced producer gets ProducerFencedError); the caller decides what it does to the
   transaction's state.
@@ -29,7 +29,7 @@ import grpc
 
 from eos import net
 from eos.errors import ErrorCode, Reaction, reaction_for
-from producer.transactions import transaction_error
+from producer.transactions import TransactionTimeoutError, transaction_error
 
 log = logging.getLogger("eos.producer")
 
@@ -81,7 +81,7 @@ class CoordinatorCaller:
         while True:
             remaining_ms = deadline_ms - self._clock()
             if remaining_ms <= 0 and attempt:
-                raise TimeoutError(f"{what} did not succeed in time (last: {last})")
+                raise TransactionTimeoutError(f"{what} did not succeed in time (last: {last})")
             timeout_s = max(1, min(self._request_timeout_ms, max(remaining_ms, 1))) / 1000
             delay_ms = None
             try:
@@ -106,6 +106,6 @@ class CoordinatorCaller:
                 delay_ms = self._backoff.delay_ms(attempt)
             remaining_ms = deadline_ms - self._clock()
             if remaining_ms <= 0:
-                raise TimeoutError(f"{what} did not succeed in time (last: {last})")
+                raise TransactionTimeoutError(f"{what} did not succeed in time (last: {last})")
             log.debug("%s: %s; retrying in %d ms", what, last, delay_ms)
             self._sleep_ms(min(delay_ms, remaining_ms))

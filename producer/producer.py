@@ -55,7 +55,13 @@ from producer.coordinator import CoordinatorCaller, first_partition_error
 from producer.idempotence import IdempotenceState
 from producer.partitioner import StickyPartitions, partition_for_key
 from producer.sender import Sender
-from producer.transactions import IllegalStateError, TransactionAbortedError, TransactionManager, TxnState
+from producer.transactions import (
+    IllegalStateError,
+    TransactionAbortedError,
+    TransactionManager,
+    TransactionTimeoutError,
+    TxnState,
+)
 
 log = logging.getLogger("eos.producer")
 
@@ -548,6 +554,8 @@ class Producer:
 
     def _on_coordinator_error(self, txn: TransactionManager, error: EosError, *, fatal_otherwise: bool) -> None:
         """Record what a coordinator's refusal does to the transaction, then the caller raises."""
+        if error.retriable:
+            return      # ran out of time on a passing condition: the same call again resumes
         with self._txn_lock:
             reaction = txn.error(error.code, str(error))
             if reaction is not Reaction.FATAL and fatal_otherwise:
@@ -558,8 +566,9 @@ class Producer:
         (InitProducerId, with transaction.timeout.ms), which fences any earlier instance of
         the id and aborts its open transaction. Retries the coordinator's passing refusals
         (CONCURRENT_TRANSACTIONS, COORDINATOR_LOAD_IN_PROGRESS) until `timeout` seconds
-        (default max.block.ms), then TimeoutError -- calling again resumes. A participant
-        (participant_of=...) asks InitParticipant with its owner's id and epoch instead."""
+        (default max.block.ms), then TransactionTimeoutError (a TimeoutError) -- calling
+        again resumes. A participant (participant_of=...) asks InitParticipant with its
+        owner's id and epoch instead."""
         txn = self._transactions("init_transactions()")
         with self._txn_lock:
             txn.begin_init()
@@ -643,7 +652,8 @@ class Producer:
         become visible to read_committed consumers together. If any record of the
         transaction failed, nothing is committed and the error is raised: call
         abort_transaction() and carry on. After `timeout` seconds (default max.block.ms)
-        TimeoutError; calling commit_transaction() again resumes. The coordinator answers
+        TransactionTimeoutError (a TimeoutError); calling commit_transaction() again
+        resumes. The coordinator answers
         with the next epoch (KIP-890); sequences restart at 0.
 
         An owner that handed out participants (Producer.participant with this producer's
@@ -660,7 +670,7 @@ class Producer:
         with self._txn_lock:
             txn.begin_commit()
         deadline_ms = self._deadline_ms(timeout)
-        self._flush(max(0, deadline_ms - net.now_ms()) / 1000)
+        self._flush_for("commit_transaction", deadline_ms)
         with self._txn_lock:
             if txn.has_error:
                 txn.begin_commit()          # raises the transaction's error
@@ -675,19 +685,20 @@ class Producer:
         TransactionAbortedError), those in flight are waited for, and the coordinator writes
         ABORT markers (EndTxn), so read_committed consumers never see any of it. Allowed
         after an abortable error. After `timeout` seconds (default max.block.ms)
-        TimeoutError; calling abort_transaction() again resumes."""
+        TransactionTimeoutError (a TimeoutError); calling abort_transaction() again resumes."""
         txn = self._transactions("abort_transaction()")
         with self._txn_lock:
             txn.begin_abort()
         deadline_ms = self._deadline_ms(timeout)
         self._sender.wake()                 # it fails what is queued, being ABORTING
-        self._flush(max(0, deadline_ms - net.now_ms()) / 1000)
+        self._flush_for("abort_transaction", deadline_ms)
         with self._txn_lock:
             # An AddPartitionsToTxn still in flight would register partitions after the
             # abort and leave a transaction open on the coordinator: wait for its answer.
             if not self._txn_lock.wait_for(lambda: not txn.partitions_being_added,
                                            max(0, deadline_ms - net.now_ms()) / 1000):
-                raise TimeoutError("abort_transaction: AddPartitionsToTxn still unanswered")
+                raise TransactionTimeoutError("abort_transaction: AddPartitionsToTxn still unanswered; "
+                                              "call abort_transaction() again to resume")
             nothing_registered = txn.nothing_registered
         # Always told to the coordinator, even when this producer registered nothing: the
         # owner of participants may not know whether they opened the transaction. An idle
@@ -697,6 +708,12 @@ class Producer:
                               nothing_registered=nothing_registered)
         with self._txn_lock:
             txn.end_done()
+
+    def _flush_for(self, what: str, deadline_ms: int) -> None:
+        try:
+            self._flush(max(0, deadline_ms - net.now_ms()) / 1000)
+        except TimeoutError as exc:
+            raise TransactionTimeoutError(f"{what}: {exc}; call {what}() again to resume") from None
 
     def _end_transaction(self, txn: TransactionManager, *, committed: bool, deadline_ms: int,
                          nothing_registered: bool = False, accepted_participants: list | None = None) -> None:
@@ -714,7 +731,7 @@ class Producer:
                 # request that might have was refused): there is nothing to abort.
                 self._set_producer_id(producer_id, producer_epoch, deadline_ms - net.now_ms())
                 return
-            self._on_coordinator_error(txn, error, fatal_otherwise=True)
+            self._on_coordinator_error(txn, error, fatal_otherwise=False)
             raise
         self._set_producer_id(answer.producer_id, answer.producer_epoch, deadline_ms - net.now_ms())
 

@@ -57,6 +57,7 @@ from eos.errors import (
     ErrorCode,
     ProducerFencedError,
     Reaction,
+    RequestTimedOutError,
     error_for,
     reaction_for,
 )
@@ -71,6 +72,12 @@ class TransactionAbortedError(EosError):
     """A record was not sent because its transaction was aborted (or can only be)."""
 
     code = ErrorCode.TRANSACTION_ABORTABLE
+
+
+class TransactionTimeoutError(RequestTimedOutError, TimeoutError):
+    """A transactional call ran out of time (Kafka's TimeoutException): retriable -- the
+    same call again resumes where this one stopped. Both an EosError (REQUEST_TIMED_OUT)
+    and a builtin TimeoutError."""
 
 
 class TxnState(enum.Enum):
