@@ -342,9 +342,13 @@ class ExactlyOnceSink(_SinkBase):
         _crash_if_asked("after_commit", batch_id, self.transactional_id)
 
     def _abort_quietly(self, batch_id: int) -> None:
+        # The next batch starts with a fresh InitProducerId whatever happens here: it fences
+        # and aborts anything this attempt left open, and recovers from a lost epoch (a
+        # transaction that timed out, or an EndTxn whose outcome is unknown).
+        self._initialised = False
         try:
             self._owner.abort()
-        except Exception as exc:   # fenced or unreachable: the coordinator's timeout aborts it
+        except Exception as exc:   # fenced or unreachable: the next init (or the timeout) aborts it
             log.warning("batch %d: aborting the transaction of %r failed: %s", batch_id, self.transactional_id, exc)
 
     def close(self) -> None:

@@ -144,3 +144,32 @@ def test_a_crashed_drivers_open_transaction_is_aborted_with_its_participants(spa
     assert got(read_committed(eos_broker.address, "cr_out")) == expected_upper(produced)   # once, not twice
     for sink in (crashed, restarted):
         sink.close()
+
+
+def test_a_failed_task_aborts_the_whole_batch_and_the_next_attempt_writes_once(spark, eos_broker, admin, tmp_path):
+    from pyspark.sql import functions as F
+
+    admin.create_topic("fl_in", partitions=3)
+    admin.create_topic("fl_out", partitions=2)
+    produced = produce(eos_broker.address, "fl_in", {0: 30, 1: 30, 2: 30})
+    checkpoint = hand_made_checkpoint(tmp_path / "cp", {0: {"fl_in": {"0": 30, "1": 30, "2": 30}}})
+    source = spark.read.format("eos").option("bootstrap", eos_broker.address).option("subscribe", "fl_in").load()
+
+    @F.udf("string")
+    def fail_in_partition_2(partition, value):
+        if partition == 2:
+            raise ValueError("a task that fails after its neighbours wrote")
+        return value
+
+    failing = upper_values(source.withColumn("value", fail_in_partition_2("partition", F.col("value").cast("string"))))
+    sink = ExactlyOnceSink(eos_broker.address, "fl_out", transactional_id="fl-stage", group_id="fl-group",
+                           checkpoint_location=checkpoint)
+    with pytest.raises(Exception, match="a task that fails"):
+        sink(failing, 0)
+    assert read_committed(eos_broker.address, "fl_out") == []     # settles: nothing is left open
+    log_ends = admin.list_offsets({TopicPartition("fl_out", p): "latest" for p in range(2)})
+    assert sum(log_ends.values()) > 0      # the tasks that ran first did write: all of it was aborted
+    sink(upper_values(source), 0)
+    assert got(read_committed(eos_broker.address, "fl_out")) == expected_upper(produced)
+    assert [r.skipped for r in sink.reports] == [False]
+    sink.close()
