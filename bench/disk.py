@@ -12,11 +12,12 @@ bytes in large blocks to a file on the same filesystem. We measure two figures:
   the device sustains.
 
 The file is removed afterwards. Blocks are random bytes made once, so neither a compressing
-filesystem nor a zero-page shortcut flatters the figures. Each run starts with `os.sync()`:
-a writer that meets many dirty pages (the brokers' earlier topics, other processes' files)
-is throttled by the kernel to the device's pace, which would measure the backlog, not the
-disk. `Alongside` repeats the buffered run (after the same sync) right before each run of
-a workload that compares itself with it, so both see the same machine load.
+filesystem nor a zero-page shortcut flatters the figures. A series starts with `os.sync()`
+and an unmeasured write: a writer that meets many dirty pages (the brokers' earlier topics,
+other processes' files) is throttled by the kernel to the device's pace, which would
+measure the backlog, not the disk. `Alongside` repeats the buffered run next to each run of
+a workload that compares itself with it (alternating which goes first), so both see the
+same machine load.
 """
 from __future__ import annotations
 
@@ -71,14 +72,14 @@ def measure(directory: str, size_mib: int = 512, repeats: int = 3) -> DiskSpeed:
         raise ValueError(f"size_mib and repeats must be positive, got {size_mib}, {repeats}")
     os.makedirs(directory, exist_ok=True)
     block = os.urandom(BLOCK_BYTES)
-    # Warm the allocator and page cache paths with a small write first.
+    # Dirty pages left by earlier work would have the kernel throttle our writer: flush
+    # them first. Then warm the allocator and page-cache paths (and absorb the flush's
+    # aftermath) with a small unmeasured write.
+    os.sync()
     write_once(directory, min(16, size_mib), block, fsync=False)
     buffered: list[float] = []
     synced: list[float] = []
     for _ in range(repeats):
-        # Dirty pages left by earlier work (other processes, or the benchmark's own brokers)
-        # make the kernel throttle writers; every run starts with none queued.
-        os.sync()
         buffered.append(round(write_once(directory, size_mib, block, fsync=False), 1))
         synced.append(round(write_once(directory, size_mib, block, fsync=True), 1))
     return DiskSpeed(directory, size_mib, statistics.median(buffered),
@@ -96,11 +97,16 @@ class Alongside:
         self.buffered_runs_mb_s: list[float] = []
         self.fsync_runs_mb_s: list[float] = []
 
-    def run(self, *, fsync: bool = False) -> None:
-        """os.sync(), then one buffered run (page cache only: cheap, the file is gone before
-        writeback), and with `fsync` one synced run too (real device writes: use sparingly).
-        The caller's own run follows at once, so both start with no dirty pages queued."""
+    def settle(self) -> None:
+        """Before a series: flush what earlier work left dirty (os.sync waits for it), then an
+        unmeasured write, so that the kernel's and the journal's aftermath of the flush
+        lands on neither side of the comparison."""
         os.sync()
+        write_once(self.directory, min(64, self.size_mib), self.block, fsync=False)
+
+    def run(self, *, fsync: bool = False) -> None:
+        """One buffered run (page cache only: cheap, the file is gone before writeback), and
+        with `fsync` one synced run too (real device writes: use sparingly)."""
         self.buffered_runs_mb_s.append(round(write_once(self.directory, self.size_mib,
                                                         self.block, fsync=False), 1))
         if fsync:

@@ -25,11 +25,12 @@ Kafka's defaults do, so the ceiling is the buffered disk figure), and appends pl
 log ends at the number of records appended and holds exactly the bytes appended.
 
 The machine is shared, and its load can change several-fold within a minute, so the
-buffered yardstick is measured again right before each append run (bench/disk.py
-`Alongside`: os.sync(), so neither run meets earlier dirty pages; the same MiB, 1 MiB
-writes, file removed) and the ratio is median over median
-of these interleaved runs; the fsync ratio uses the harness's fsync figure (a synced run
-writes the device for real, too costly to repeat each time). Each variant runs
+buffered yardstick is measured again next to each append run (bench/disk.py `Alongside`:
+the same MiB in 1 MiB writes, file removed; before and after the append run in turn; the
+series starts after an os.sync() and an unmeasured write, so neither side meets earlier
+dirty pages) and the ratio is median over median of these interleaved runs; the fsync
+ratio uses the harness's fsync figure (a synced run writes the device for real, too costly
+to repeat each time). Each variant runs
 `Sizes.repeats` + 2 times.
 
 eos only: Kafka's log lives in its JVM, so it has no in-process counterpart here.
@@ -163,13 +164,18 @@ def run_eos(ctx: RunContext) -> list[Metric]:
         batches, per_batch = build_batches(value, variant, total_bytes)
         runs: list[StorageRun] = []
         alongside = Alongside(disk.directory, ctx.sizes.disk_mib)
-        for _ in range(ctx.sizes.repeats + 2):
-            alongside.run()
+        alongside.settle()
+        for i in range(ctx.sizes.repeats + 2):
+            # Alternate which goes first, so neither always follows the other's file removal.
+            if i % 2 == 0:
+                alongside.run()
             runs.append(append_once(disk.directory, batches, per_batch))
+            if i % 2 == 1:
+                alongside.run()
             ctx.progress(f"  storage append, {variant.label}: {runs[-1].mb_per_s:,.0f} MB/s, "
                          f"{runs[-1].fsync_mb_per_s:,.0f} MB/s with the final fsync "
                          f"({runs[-1].batches:,} batches of {per_batch:,} records); raw disk "
-                         f"just before: {alongside.buffered_runs_mb_s[-1]:,.0f} MB/s")
+                         f"next to it: {alongside.buffered_runs_mb_s[-1]:,.0f} MB/s")
         del batches
         mb_s = statistics.median(r.mb_per_s for r in runs)
         fsync_mb_s = statistics.median(r.fsync_mb_per_s for r in runs)
@@ -179,7 +185,7 @@ def run_eos(ctx: RunContext) -> list[Metric]:
                 f"bytes) into a fresh broker.storage.Log, median of {len(runs)}: runs "
                 + ", ".join(f"{r.mb_per_s:,.0f}" for r in runs) + f" MB/s; {records_s:,.0f} "
                 f"records/s")
-        buffered_note = ("raw disk measured before each run: " + ", ".join(
+        buffered_note = ("raw disk measured next to each run: " + ", ".join(
             f"{x:,.0f}" for x in alongside.buffered_runs_mb_s) + f" MB/s buffered, median "
             f"{alongside.buffered_mb_s:,.0f} (the harness's: {disk.buffered_mb_s:,.0f})")
         fsync_note = (f"appends + one final fsync: {fsync_mb_s:,.0f} MB/s (runs "
