@@ -504,10 +504,15 @@ class Producer:
 
     def close(self, timeout: float | None = None) -> None:
         """Deliver what is queued (up to `timeout` seconds), then stop. Records still
-        undelivered at the timeout fail with ProducerClosedError. Idempotent."""
+        undelivered at the timeout fail with ProducerClosedError. Idempotent.
+
+        A transactional producer (not a participant) with a transaction open aborts it
+        first, as Kafka's does on a graceful close, so read_committed readers need not
+        wait for transaction.timeout.ms to pass it."""
         with self._close_lock:
             if self._closed:
                 return
+            self._abort_open_transaction_on_close(timeout)
             self._closed = True
         self._accumulator.begin_close()
         self._sender.join(timeout)
@@ -515,6 +520,20 @@ class Producer:
             self._sender.force_close()
             self._sender.join()
         self._metadata.close()
+
+    def _abort_open_transaction_on_close(self, timeout: float | None) -> None:
+        txn = self._txn
+        if txn is None or txn.participant:
+            return
+        with self._txn_lock:
+            open_transaction = txn.state in (TxnState.IN_TRANSACTION, TxnState.ABORTABLE_ERROR, TxnState.ABORTING)
+        if not open_transaction:
+            return
+        log.info("closing %r with a transaction open: aborting it", self._transactional_id)
+        try:
+            self.abort_transaction(timeout)
+        except Exception as exc:      # the coordinator will abort it at its timeout
+            log.warning("aborting the open transaction of %r on close failed: %s", self._transactional_id, exc)
 
     def __enter__(self) -> Producer:
         return self

@@ -294,3 +294,18 @@ def test_offsets_with_a_members_group_metadata_and_a_stale_generation_is_fenced(
             producer.abort_transaction()
             assert producer.transaction_state == "READY"
         assert member.committed([tp]) == {tp: 3}
+
+
+def test_close_aborts_an_open_transaction_so_readers_move_on(broker, admin):
+    admin.create_topic("tx-close", partitions=1)
+    producer = eos.Producer(broker.address, transactional_id="tx-close", transaction_timeout_ms=600_000)
+    producer.init_transactions()
+    producer.begin_transaction()
+    producer.send("tx-close", b"open").result(WAIT_S)      # written: holds the LSO back
+    producer.close()
+    with eos.Producer(broker.address, transactional_id="tx-close-2") as other:
+        other.init_transactions()
+        with other.transaction():
+            other.send("tx-close", b"after")
+    # without the abort, the LSO would stay at "open" for transaction.timeout.ms (10 min)
+    assert values_of(read_committed(broker.address, "tx-close", 1, 1)) == [b"after"]
