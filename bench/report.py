@@ -148,7 +148,7 @@ def plot(run: dict, path: Path) -> Path | None:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        from matplotlib.ticker import FuncFormatter
+        from matplotlib.ticker import FuncFormatter, MaxNLocator
     except ImportError:
         return None
     all_rows = rows(run)
@@ -194,6 +194,7 @@ def plot(run: dict, path: Path) -> Path | None:
         ax.set_yticklabels(labels, fontsize=8)
         ax.invert_yaxis()
         ax.set_title(title, fontsize=10)
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=6))   # wide labels must not collide
         ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: f"{x:,.0f}"))
         ax.legend(fontsize=8, loc="upper right", bbox_to_anchor=(1.0, 1.18), ncol=2,
                   frameon=False)
