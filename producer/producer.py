@@ -240,6 +240,7 @@ class Producer:
         if self._transactional_id is not None:
             self._txn = TransactionManager(self._transactional_id, participant=participant_of is not None)
         self._transaction_timeout_ms = settings["transaction.timeout.ms"]
+        self._request_timeout_ms = settings["request.timeout.ms"]
         self._coordinator = CoordinatorCaller(backoff=backoff, request_timeout_ms=settings["request.timeout.ms"])
         self._sender = Sender(
             accumulator=self._accumulator, metadata=self._metadata,
@@ -569,7 +570,9 @@ class Producer:
             idem.set_producer_id(producer_id, producer_epoch)
             self._accumulator.clear_sequences()
 
-        self._sender.run_task(apply, max(1, timeout_ms) / 1000)
+        # The sender takes it within milliseconds; the caller's deadline may be spent on the
+        # coordinator already, so this short step gets request.timeout.ms of its own.
+        self._sender.run_task(apply, max(timeout_ms, self._request_timeout_ms) / 1000)
 
     def _on_coordinator_error(self, txn: TransactionManager, error: EosError, *, fatal_otherwise: bool) -> None:
         """Record what a coordinator's refusal does to the transaction, then the caller raises."""
