@@ -19,7 +19,9 @@ that no member ever joins (TxnOffsetCommit with generation -1 is a "simple" comm
    topic, keyed by its input key (so the output partition is the key's), with the value
    transformed (`transform`); keep polling into the same transaction until it holds
    `--txn-records` records or `--txn-max-ms` has passed; add the consumer's position as the
-   group's offset (send_offsets_to_transaction); commit.
+   group's offset (send_offsets_to_transaction); commit. `--max-records-per-s` paces the
+   copy by waiting inside each transaction (a stand-in for processing time), which also
+   bounds how far a copier gets between a supervisor's decision to kill it and the kill.
 4. Errors: a fatal one (fenced, a newer instance exists) ends the process with exit code
    2. Anything else in a transaction aborts it and rewinds the consumer to the committed
    offset (step 2), as Kafka's copier does; if even the abort fails, exit code 3 and the
@@ -34,7 +36,8 @@ Usage::
 
     python -m tests.chaos.copier --bootstrap 127.0.0.1:PORT --input IN --output OUT --partition N
         [--group copier] [--transactional-id copier-N] [--txn-records 2000] [--txn-max-ms 1000]
-        [--transaction-timeout-ms 60000] [--stop-at-end]
+        [--max-poll-records 500] [--max-records-per-s 0] [--transaction-timeout-ms 60000]
+        [--stop-at-end]
 
 Stdout, one flushed line per event (the supervising test reads them)::
 
@@ -87,7 +90,7 @@ class Copier:
             batch_size=args.batch_size)
         self.consumer = eos.Consumer(
             args.bootstrap, group_id=args.group, isolation_level="read_committed",
-            auto_offset_reset="earliest", max_poll_records=args.txn_records)
+            auto_offset_reset="earliest", max_poll_records=args.max_poll_records)
         self.copied_total = 0
 
     def close(self) -> None:
@@ -112,14 +115,15 @@ class Copier:
         group_metadata = self.consumer.group_metadata()
         emit(f"ready position={position} end={end}")
         while end < 0 or position < end:
-            records = self.consumer.poll(timeout_ms=args.poll_timeout_ms, max_records=args.txn_records)
+            records = self.consumer.poll(timeout_ms=args.poll_timeout_ms,
+                                         max_records=min(args.max_poll_records, args.txn_records))
             if not records:
                 position = self.consumer.position(self.tp)
                 continue
             try:
                 count = self._copy_in_one_transaction(records, group_metadata, end)
-            except EosError as exc:
-                if exc.fatal:
+            except (EosError, TimeoutError) as exc:   # TimeoutError: a client call ran out of time
+                if isinstance(exc, EosError) and exc.fatal:
                     raise
                 position = self._abort_and_rewind(exc)
                 continue
@@ -131,7 +135,8 @@ class Copier:
 
     def _copy_in_one_transaction(self, records, group_metadata, end: int) -> int:
         args, producer, output = self.args, self.producer, self.args.output
-        deadline = time.monotonic() + args.txn_max_ms / 1000
+        started = time.monotonic()
+        deadline = started + args.txn_max_ms / 1000
         producer.begin_transaction()
         count = 0
         while True:
@@ -144,14 +149,27 @@ class Copier:
             if 0 <= end <= self.consumer.position(self.tp):
                 break
             records = self.consumer.poll(timeout_ms=int(remaining_s * 1000),
-                                         max_records=args.txn_records - count)
+                                         max_records=min(args.max_poll_records, args.txn_records - count))
             if not records:
                 break
+        pace_until = started + count / args.max_records_per_s if args.max_records_per_s else 0.0
+        self._pace(started, pace_until)
         producer.send_offsets_to_transaction({self.tp: self.consumer.position(self.tp)}, group_metadata)
+        self._pace(started, pace_until, 1.0)
         producer.commit_transaction()
         return count
 
-    def _abort_and_rewind(self, error: EosError) -> int:
+    @staticmethod
+    def _pace(started: float, until: float, fraction: float = 0.5) -> None:
+        """--max-records-per-s: wait until `fraction` of the transaction's paced time has
+        passed. The wait is spent inside the transaction, half with its records written and
+        half with its offsets added too, so that kills at random times find it in each phase."""
+        if until:
+            delay_s = started + (until - started) * fraction - time.monotonic()
+            if delay_s > 0:
+                time.sleep(delay_s)
+
+    def _abort_and_rewind(self, error: Exception) -> int:
         log.warning("transaction failed (%s); aborting and rewinding", error)
         try:
             self.producer.abort_transaction()
@@ -159,7 +177,8 @@ class Copier:
             log.exception("the abort failed too")
             raise SystemExit(EXIT_ABORT_FAILED)
         position = self.rewind()
-        emit(f"aborted position={position} reason={error.code.name}")
+        reason = error.code.name if isinstance(error, EosError) else type(error).__name__
+        emit(f"aborted position={position} reason={reason}")
         return position
 
 
@@ -176,13 +195,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--txn-max-ms", type=int, default=1000, help="a transaction's collecting time at most")
     parser.add_argument("--transaction-timeout-ms", type=int, default=60000)
     parser.add_argument("--poll-timeout-ms", type=int, default=500)
+    parser.add_argument("--max-poll-records", type=int, default=500,
+                        help="records per poll (a transaction spans several polls)")
     parser.add_argument("--linger-ms", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=65536)
+    parser.add_argument("--max-records-per-s", type=int, default=0,
+                        help="pace the copy to at most this rate (0: as fast as it goes)")
     parser.add_argument("--stop-at-end", action="store_true",
                         help="exit 0 once the input's end (as of start) is copied")
     args = parser.parse_args(argv)
-    if args.partition < 0 or args.txn_records < 1 or args.txn_max_ms < 0:
-        parser.error("--partition must be >= 0, --txn-records >= 1 and --txn-max-ms >= 0")
+    if (args.partition < 0 or args.txn_records < 1 or args.txn_max_ms < 0 or args.max_poll_records < 1
+            or args.max_records_per_s < 0):
+        parser.error("--partition, --txn-max-ms and --max-records-per-s must be >= 0, "
+                     "--txn-records and --max-poll-records >= 1")
     return args
 
 
