@@ -155,7 +155,7 @@ def test_a_failed_task_aborts_the_whole_batch_and_the_next_attempt_writes_once(s
     checkpoint = hand_made_checkpoint(tmp_path / "cp", {0: {"fl_in": {"0": 30, "1": 30, "2": 30}}})
     source = spark.read.format("eos").option("bootstrap", eos_broker.address).option("subscribe", "fl_in").load()
 
-    @F.udf("string")
+    @F.udf("string", useArrow=False)
     def fail_in_partition_2(partition, value):
         if partition == 2:
             raise ValueError("a task that fails after its neighbours wrote")
