@@ -250,6 +250,7 @@ class _SinkBase:
         self.task_timeout_ms = task_timeout_ms
         self.reports: collections.deque[BatchReport] = collections.deque(maxlen=STATS_KEPT_MAX)
         self._result_dir = tempfile.mkdtemp(prefix="eos-sink-")
+        self._topic_checked = False
 
     def _key_value(self, df):
         from pyspark.sql import functions as F
@@ -262,8 +263,25 @@ class _SinkBase:
                else F.lit(None).cast("binary"))
         return df.select(key.alias("key"), F.col(self.value_column).cast("binary").alias("value"))
 
+    def _check_topic(self) -> None:
+        """Once, on the driver: a missing output topic is named here, not after the tasks
+        have waited for its metadata."""
+        if self._topic_checked:
+            return
+        from eos.admin import Admin
+        from eos.errors import UnknownTopicOrPartitionError
+
+        with Admin(self.bootstrap) as admin:
+            try:
+                admin.describe_topic(self.topic)
+            except UnknownTopicOrPartitionError:
+                raise UnknownTopicOrPartitionError(
+                    f"the sink's topic {self.topic!r} does not exist on {self.bootstrap}; create it first") from None
+        self._topic_checked = True
+
     def _write(self, df, batch_id: int, owner: OwnerIdentity, transactional: bool) -> dict:
         """Run the Spark job that writes the batch; returns commit()'s report."""
+        self._check_topic()
         session = df.sparkSession
         register_writer(session)
         result_path = os.path.join(self._result_dir, f"batch-{batch_id}-{uuid.uuid4().hex}.json")

@@ -173,3 +173,17 @@ def test_a_failed_task_aborts_the_whole_batch_and_the_next_attempt_writes_once(s
     assert got(read_committed(eos_broker.address, "fl_out")) == expected_upper(produced)
     assert [r.skipped for r in sink.reports] == [False]
     sink.close()
+
+
+def test_a_missing_output_topic_is_named_before_anything_runs(spark, eos_broker, admin, tmp_path):
+    from eos.errors import UnknownTopicOrPartitionError
+
+    admin.create_topic("mt_in", partitions=1)
+    produce(eos_broker.address, "mt_in", {0: 3})
+    checkpoint = hand_made_checkpoint(tmp_path / "cp", {0: {"mt_in": {"0": 3}}})
+    batch = spark.read.format("eos").option("bootstrap", eos_broker.address).option("subscribe", "mt_in").load()
+    sink = ExactlyOnceSink(eos_broker.address, "no_such_output", transactional_id="mt", group_id="mt",
+                           checkpoint_location=checkpoint)
+    with pytest.raises(UnknownTopicOrPartitionError, match="'no_such_output' does not exist"):
+        sink(batch, 0)
+    sink.close()
