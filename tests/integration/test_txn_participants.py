@@ -8,12 +8,13 @@ bounded, until no transaction is open and then reads everything back."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
 from eos.errors import EosError, ErrorCode
 from eos.types import TopicPartition
-from eos.v1 import txn_pb2
+from eos.v1 import common_pb2, txn_pb2
 from spark_sink.owner import TransactionOwner
 from spark_sink.participant import ParticipantWriter, write_arrow_batches
 from spark_sink.readback import read_committed
@@ -143,3 +144,28 @@ def test_plain_writer_writes_without_a_transaction(cluster):
     result = write_arrow_batches(OwnerIdentity(cluster.address, "", -1, -1), "out", batches, transactional=False)
     assert (result.producer_id, result.records) == (-1, 3)
     assert values_of(read_committed(cluster.address, "out")) == [b"1", b"2", b"3"]
+
+
+def test_a_participant_that_registered_partitions_but_wrote_nothing_still_completes(cluster):
+    owner = TransactionOwner(cluster.address, TXN_ID)
+    owner.init()
+    txn = cluster.txn_stub()
+    answer = txn.InitParticipant(txn_pb2.InitParticipantRequest(
+        transactional_id=TXN_ID, producer_id=owner.producer_id, producer_epoch=owner.producer_epoch,
+        partitions=[common_pb2.TopicPartition(topic="out", partition=p) for p in (0, 1)]), timeout=10)
+    assert answer.error_code == ErrorCode.NONE and answer.producer_epoch == 0
+    silent = answer.producer_id
+    writer = write(owner, "out", "z", 20)
+    result = writer.close()
+    owner.commit([silent, result.producer_id])
+    assert values_of(read_committed(cluster.address, "out")) == sorted(f"z-{i}".encode() for i in range(20))
+    # read_committed settled, so every marker is in; Complete* follows right after
+    deadline = time.monotonic() + 30
+    while True:
+        described = txn.DescribeTransactions(txn_pb2.DescribeTransactionsRequest(transactional_ids=[TXN_ID]),
+                                             timeout=10).transactions[0]
+        if described.state == "CompleteCommit" or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert described.state == "CompleteCommit" and list(described.participants) == []
+    owner.close()
