@@ -19,6 +19,9 @@ and only then writes the marker.
 flushes by flush.ms / flush.messages (and fsyncs segments that rolled), expires idle
 producers and rewrites the checkpoints when an offset in them moved.
 
+Other directories are left alone: those named `__<something>` without a partition number
+belong to the broker (its topic registry keeps `__topics/`); anything else gets a warning.
+
 Deleting a partition renames its directory to `<topic>-<partition>.<uuid>-delete` first,
 so a crash mid-delete leaves a name `load` recognises and finishes removing. Topic names
 follow Kafka's rules (letters, digits, '.', '_', '-'), which keeps directory names and the
@@ -54,6 +57,8 @@ log = logging.getLogger(__name__)
 
 CLEAN_SHUTDOWN_FILE = ".kafka_cleanshutdown"
 DELETE_DIR_SUFFIX = "-delete"
+# Directories of the broker's own (the topic registry's `__topics`): not partitions, not strays.
+BROKER_DIR_PREFIX = "__"
 _LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 
 
@@ -105,7 +110,10 @@ class LogManager:
                 continue
             parsed = parse_partition_dir_name(name)
             if parsed is None:
-                log.warning("ignoring %s in the data directory: not a <topic>-<partition> directory", name)
+                if name.startswith(BROKER_DIR_PREFIX):
+                    log.debug("leaving %s to the broker: not a partition directory", name)
+                else:
+                    log.warning("ignoring %s in the data directory: not a <topic>-<partition> directory", name)
                 continue
             topic, partition = parsed
             config = configs.get(topic)

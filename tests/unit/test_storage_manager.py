@@ -2,6 +2,7 @@
 checkpoint and index files on their own."""
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -180,16 +181,22 @@ def test_delete_log_removes_the_directory(tmp_path):
     assert OffsetCheckpointFile(str(tmp_path / "recovery-point-offset-checkpoint")).read() == {}
 
 
-def test_load_finishes_interrupted_deletes_and_ignores_strange_dirs(tmp_path):
+def test_load_finishes_interrupted_deletes_and_ignores_strange_dirs(tmp_path, caplog):
     (tmp_path / "old-0.0123abcd-delete").mkdir()
     (tmp_path / "old-0.0123abcd-delete" / "00000000000000000000.log").write_bytes(b"")
     (tmp_path / "lost+found").mkdir()
+    (tmp_path / "__topics").mkdir()            # the broker's topic registry
+    (tmp_path / "__topics" / "t.json").write_text("{}")
     (tmp_path / "recovery-point-offset-checkpoint").write_text("garbage")
     manager = LogManager(str(tmp_path))
-    manager.load({})
-    assert sorted(os.listdir(tmp_path)) == ["log-start-offset-checkpoint", "lost+found",
+    with caplog.at_level(logging.WARNING, logger="broker.storage.log_manager"):
+        manager.load({})
+    assert sorted(os.listdir(tmp_path)) == ["__topics", "log-start-offset-checkpoint", "lost+found",
                                             "recovery-point-offset-checkpoint"]
+    assert (tmp_path / "__topics" / "t.json").read_text() == "{}"
     assert manager.all_logs() == []
+    warned = [r.getMessage() for r in caplog.records if "not a <topic>-<partition>" in r.getMessage()]
+    assert len(warned) == 1 and "lost+found" in warned[0]   # the broker's own directory is no stray
 
 
 @pytest.mark.parametrize("topic", ["", "a b", "../x", ".", "x" * 250, "naïve"])
