@@ -16,7 +16,9 @@ partition, and per output partition the records of each input partition in input
 fresh read_committed read of the whole output must equal what the read-along consumer saw.
 
 The second test kills the broker itself (and with it the embedded transaction and group
-coordinators) mid-copy and restarts it; copiers that die of it are restarted too.
+coordinators) mid-copy and restarts it, and the copiers too. The third freezes a copier
+with SIGSTOP, lets a successor with the same transactional.id take over, and thaws the
+zombie: it must be fenced and never commit.
 
 Seeds: EOS_CHAOS_SEED (default fixed); every failure message names the seed and carries
 the supervisor's event log, the copiers' log tails and the broker's.
@@ -108,9 +110,10 @@ class CopierProcess:
     by a thread into `position`/`done`, its stderr appended to `log_path`."""
 
     def __init__(self, bootstrap: str, partition: int, log_dir: Path, wakeup: threading.Event,
-                 extra_args: list[str]):
+                 extra_args: list[str], name: str | None = None):
         self.partition = partition
-        self.log_path = log_dir / f"copier-{partition}.log"
+        self.name = name or f"copier-{partition}"
+        self.log_path = log_dir / f"{self.name}.log"
         self.command = [sys.executable, "-m", "tests.chaos.copier", "--bootstrap", bootstrap,
                         "--input", INPUT, "--output", OUTPUT, "--partition", str(partition),
                         "--group", GROUP, "--stop-at-end", *extra_args]
@@ -171,12 +174,22 @@ class CopierProcess:
             self._process.send_signal(signal.SIGKILL)
             self._process.wait(20)
 
+    def freeze(self) -> None:
+        """SIGSTOP: the process stops where it is, as a long GC pause or a stalled VM would."""
+        self._process.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        self._process.send_signal(signal.SIGCONT)
+
+    def wait(self, timeout_s: float) -> int:
+        return self._process.wait(timeout_s)
+
     def log_tail(self, lines: int = 30) -> str:
         try:
             text = self.log_path.read_text(encoding="utf-8", errors="replace")
         except OSError:
-            return f"--- copier-{self.partition}: no log ---"
-        return f"--- copier-{self.partition} log (tail) ---\n" + "\n".join(text.splitlines()[-lines:])
+            return f"--- {self.name}: no log ---"
+        return f"--- {self.name} log (tail) ---\n" + "\n".join(text.splitlines()[-lines:])
 
 
 class Supervisor:
@@ -525,3 +538,57 @@ def test_broker_killed_mid_copy_copies_exactly_once(broker, tmp_path):
         timeout_s=180, seed=SEED + 1, on_tick=maybe_kill_broker, expect_clean_exits=False)
     assert len(done_kills) == len(broker_kills), supervisor.events
     print("\n".join(supervisor.events))
+
+
+def test_a_frozen_copier_is_fenced_by_its_successor(broker, tmp_path):
+    """A zombie: copier-0 is frozen with SIGSTOP in the middle of its copy, a successor with
+    the same transactional.id starts (fencing it and aborting its open transaction) and
+    copies on; then the zombie is thawed. It must stop with an error -- never commit -- and
+    the output must be exactly the transformed input."""
+    records_per_partition = 10_000
+    rng = random.Random(SEED + 2)
+    keys = seed_input(broker.address, records_per_partition, rng)
+    wakeup = threading.Event()
+    args = ["--txn-records", "500", "--max-records-per-s", "5000"]
+    zombie = CopierProcess(broker.address, 0, tmp_path, wakeup, args, name="copier-0-zombie")
+    successor = CopierProcess(broker.address, 0, tmp_path, wakeup, args, name="copier-0-successor")
+    other = CopierProcess(broker.address, 1, tmp_path, wakeup, args)
+    copiers = [zombie, successor, other]
+
+    def wait_until(condition, what: str, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout_s} s waiting until {what}\n"
+                                     + "\n".join(c.log_tail() for c in copiers) + "\n" + broker.log_tail())
+            wakeup.wait(0.05)
+            wakeup.clear()
+
+    try:
+        zombie.start()
+        other.start()
+        wait_until(lambda: zombie.position >= 2000, "the first copier has copied 2,000 records")
+        time.sleep(rng.uniform(0.0, 0.1))    # a seeded point inside its next transaction
+        zombie.freeze()
+        frozen_at = zombie.position
+        successor.start()
+        wait_until(lambda: successor.position >= frozen_at + 1000,
+                   "the successor has committed past the zombie")
+        zombie.thaw()
+        code = zombie.wait(60)
+        assert code in (2, 3), f"the thawed zombie exited with {code}, not as fenced\n{zombie.log_tail()}"
+        assert "fenced" in zombie.log_path.read_text().lower() or "epoch" in zombie.log_path.read_text().lower(), (
+            zombie.log_tail())
+        assert zombie.position <= successor.position
+        wait_until(lambda: successor.done and other.done, "both live copiers are done", 120)
+        for copier in (successor, other):
+            assert copier.wait(30) == 0, copier.log_tail()
+        ends = output_high_watermarks(broker.address)
+        output = read_all(broker.address, OUTPUT, ends)
+    finally:
+        for copier in copiers:
+            if copier.is_running():
+                copier.thaw()
+                copier.kill()
+    problems = check_output(keys, output)
+    assert not problems, "\n".join(problems + [c.log_tail() for c in copiers])
