@@ -58,7 +58,8 @@ from broker.group.state import (GROUP_INITIAL_REBALANCE_DELAY_MS, GROUP_MAX_SESS
                                 GROUP_MIN_SESSION_TIMEOUT_MS)
 from broker.purgatory import FetchPurgatory
 from broker.service import FETCH_MAX_WAIT_CAP_MS, BrokerServicer, NodeAddress
-from broker.topics import TopicRegistry, write_file_atomically
+from broker.topics import TopicRegistry
+from eos.files import write_file_atomically
 from eos.config import TopicConfig
 from eos.errors import EosError, ErrorCode, InvalidConfigError, StorageError
 from eos.types import TopicPartition

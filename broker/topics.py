@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Mapping
 
 from eos.config import TopicConfig
+from eos.files import fsync_directory, write_file_atomically
 from eos.errors import (
     InvalidConfigError,
     InvalidPartitionsError,
@@ -258,7 +259,7 @@ class TopicRegistry:
             if current is None:
                 raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
             (self._dir / (name + TOPIC_FILE_SUFFIX)).unlink(missing_ok=True)
-            _fsync_dir(self._dir)
+            fsync_directory(self._dir)
             topics = dict(self._topics)
             del topics[name]
             self._topics = topics
@@ -268,28 +269,3 @@ class TopicRegistry:
         self._dir.mkdir(parents=True, exist_ok=True)
         final = self._dir / (info.name + TOPIC_FILE_SUFFIX)
         write_file_atomically(final, json.dumps(info.to_json(), sort_keys=True).encode("utf-8"))
-
-
-def write_file_atomically(path: Path, data: bytes) -> None:
-    """Write `data` to `path` so that a crash leaves the old content or the new, whole:
-    temp file, fsync, rename, fsync of the directory."""
-    temp = path.with_name(path.name + ".tmp")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(temp, path)
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

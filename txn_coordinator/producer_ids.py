@@ -23,6 +23,7 @@ import threading
 from pathlib import Path
 
 from eos.errors import EosError, StorageError
+from eos.files import write_file_atomically
 
 PRODUCER_IDS_FILE_NAME = "__producer_ids"
 PRODUCER_ID_BLOCK_SIZE = 1000
@@ -84,16 +85,4 @@ class ProducerIdManager:
         payload = json.dumps({"version": _FILE_VERSION,
                               "block_end_exclusive": block_end_exclusive}).encode("utf-8")
         self._path.parent.mkdir(parents=True, exist_ok=True)
-        temp = self._path.with_name(self._path.name + ".tmp")
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, payload + b"\n")
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(temp, self._path)
-        dir_fd = os.open(self._path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        write_file_atomically(self._path, payload + b"\n")

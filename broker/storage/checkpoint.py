@@ -19,21 +19,12 @@ instead (for a recovery point: nothing, so the whole log is checked).
 """
 from __future__ import annotations
 
-import os
-
 from eos.errors import StorageError
+from eos.files import write_file_atomically
 
 CHECKPOINT_VERSION = 0
 RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
 LOG_START_OFFSET_CHECKPOINT = "log-start-offset-checkpoint"
-
-
-def fsync_directory(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class OffsetCheckpointFile:
@@ -49,17 +40,7 @@ class OffsetCheckpointFile:
                 raise StorageError(f"{self.path}: topic name {topic!r} cannot be written to a checkpoint")
             lines.append(f"{topic} {partition} {offset}")
         data = ("\n".join(lines) + "\n").encode()
-        temp_path = self.path + ".tmp"
-        fd = os.open(temp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(temp_path, self.path)
-        fsync_directory(os.path.dirname(os.path.abspath(self.path)))
+        write_file_atomically(self.path, data)
 
     def read(self) -> dict[tuple[str, int], int]:
         """The entries; {} when the file does not exist; StorageError when it is malformed."""

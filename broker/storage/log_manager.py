@@ -40,11 +40,11 @@ from typing import Callable
 
 from eos.config import TopicConfig
 from eos.errors import InvalidTopicError, StorageError
+from eos.files import fsync_directory
 from broker.storage.checkpoint import (
     LOG_START_OFFSET_CHECKPOINT,
     RECOVERY_POINT_CHECKPOINT,
     OffsetCheckpointFile,
-    fsync_directory,
 )
 from broker.storage.log import (
     DEFAULT_PRODUCER_ID_EXPIRATION_MS,

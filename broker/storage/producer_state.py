@@ -120,6 +120,7 @@ from eos.errors import (
     InvariantError,
     OutOfOrderSequenceError,
 )
+from eos.files import write_file_atomically
 from eos.records.codec import CONTROL_TYPE_ABORT, CONTROL_TYPE_COMMIT
 from eos.records.header import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, NO_SEQUENCE, NO_TIMESTAMP, BatchHeader
 
@@ -624,18 +625,7 @@ class ProducerStateManager:
             raise ValueError(f"snapshot end offset must be >= 0, got {end_offset}")
         data = encode_snapshot(self._producers.values())
         final_path = snapshot_path(self.partition_dir, end_offset)
-        tmp_path = final_path + ".tmp"
-        fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp_path, final_path)
-        _fsync_dir(self.partition_dir)
+        write_file_atomically(final_path, data)
 
     def load(self, log_start_offset: int, log_end_offset: int, *, now_ms: int | None = None,
              snapshot_at_most: int | None = None) -> int:
@@ -823,11 +813,3 @@ def _remove_if_exists(path: str) -> None:
         os.remove(path)
     except FileNotFoundError:
         pass
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

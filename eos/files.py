@@ -1,0 +1,33 @@
+"""Durable small-file writes, shared by every owner of a metadata file.
+
+A crash must leave either the old content or the new one, whole: write a temporary file
+beside the target, fsync it, rename it over the target, then fsync the directory so the
+rename itself survives a power loss. Checkpoints, producer snapshots, topic files,
+producer-id blocks and meta.properties all go through `write_file_atomically`.
+"""
+from __future__ import annotations
+
+import os
+
+
+def fsync_directory(path: str | os.PathLike) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_file_atomically(path: str | os.PathLike, data: bytes) -> None:
+    path = os.fspath(path)
+    temp_path = path + ".tmp"
+    fd = os.open(temp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(temp_path, path)
+    fsync_directory(os.path.dirname(os.path.abspath(path)))
