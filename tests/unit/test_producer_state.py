@@ -1171,16 +1171,23 @@ class ProducerStateMachine(RuleBasedStateMachine):
     def log_is_exactly_once_in_order(self):
         last: dict[tuple[int, int], int] = {}
         epochs: dict[int, int] = {}
+        coordinator_first: set[tuple[int, int]] = set()
         for entry in self.log:
             pid, epoch = entry[1], entry[2]
             assert epoch >= epochs.get(pid, epoch), "an older epoch was appended after a newer one"
             epochs[pid] = epoch
+            if entry[0] == "data" and entry[3] == -1 and (pid, epoch) not in last:
+                coordinator_first.add((pid, epoch))
             if entry[0] != "data" or entry[3] == -1:
                 continue                       # markers and coordinator appends carry no sequence
             first, last_seq = entry[3], entry[4]
             key = (pid, epoch)
             if key in last:
                 assert first == (last[key] + 1) % 2**31, f"gap or duplicate in {key}: {last[key]} then {first}"
+            elif key in coordinator_first:
+                # the epoch was opened by a coordinator append (no sequence): the producer is
+                # known with nothing retained, and such a producer starts at 0
+                assert first == 0
             else:
                 assert first == (START_SEQUENCE[pid] if epoch == 0 else 0)
             last[key] = last_seq
