@@ -78,12 +78,15 @@ class Sizes:
     latency_warmup_s: float = 1.0
     consume_timeout_s: float = 120.0
     disk_mib: int = 512
+    txn_duration_s: float = 5.0       # each transactional / idempotent run of `transactions`
+    copier_records: int = 200_000     # input records the copier copies
+    e2e_rate_per_s: int = 2_000       # end-to-end latency: records/s produced
 
     @classmethod
     def quick(cls) -> "Sizes":
         return cls(records=300_000, repeats=1, max_measure_s=6.0, warmup_records=10_000,
                    latency_duration_s=2.0, latency_warmup_s=0.5, consume_timeout_s=60.0,
-                   disk_mib=128)
+                   disk_mib=128, txn_duration_s=1.5, copier_records=30_000)
 
 
 @dataclass
@@ -133,6 +136,6 @@ def register(workload: Workload) -> Workload:
     return workload
 
 
-# Run order = import order. Later issues add: transactions, copier, end-to-end latency, spark.
+# Run order = import order. Later issues add: spark.
 from bench.workloads import (produce, consume, latency, append, append_storage,  # noqa: E402,F401
-                             append_broker, idempotence)
+                             append_broker, idempotence, transactions)
