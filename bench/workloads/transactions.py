@@ -44,6 +44,8 @@ COPIER_COMMIT_RECORDS = 10_000   # the copier commits at this many records even 
 POLL_RECORDS = 10_000
 TIMEOUT_S = 60.0
 ISOLATION = "read_committed"
+# The consumer of e2e-latency: how long a fetch may wait at the broker for data (both sides).
+E2E_FETCH_WAIT_MS = 10
 
 
 # ---------------------------------------------------------------- shared helpers
@@ -407,18 +409,24 @@ def _e2e_run(ctx: RunContext, transactional: bool) -> tuple[list[float], float, 
                 consumer = Consumer({"bootstrap.servers": ctx.bootstrap,
                                      "group.id": ctx.topic_name("e2e"),
                                      "enable.auto.commit": False, "isolation.level": ISOLATION,
-                                     "fetch.wait.max.ms": 100})
+                                     "fetch.wait.max.ms": E2E_FETCH_WAIT_MS})
                 consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
 
                 def poll():
-                    batch = consumer.consume(num_messages=POLL_RECORDS, timeout=0.05)
+                    # consume(n, timeout) waits for n messages or the timeout, whichever
+                    # comes first: that wait would be measured. poll() returns the first
+                    # message at once; consume(timeout=0) then takes what else is ready.
+                    first = consumer.poll(0.05)
+                    if first is None:
+                        return []
+                    batch = [first] + consumer.consume(num_messages=POLL_RECORDS, timeout=0)
                     now_ms = time.time() * 1000      # after the wait: the time of receipt
                     return [(int(m.key()), now_ms - m.timestamp()[1])
                             for m in batch if m.error() is None]
             else:
                 eos = eos_module("Consumer")
                 consumer = eos.Consumer(ctx.bootstrap, isolation_level=ISOLATION,
-                                        fetch_max_wait_ms=100)
+                                        fetch_max_wait_ms=E2E_FETCH_WAIT_MS)
                 tp = eos.TopicPartition(topic, 0)
                 consumer.assign([tp])
                 consumer.seek(tp, 0)
