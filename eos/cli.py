@@ -461,7 +461,7 @@ def build_parser() -> argparse.ArgumentParser:
     groups.add_argument("group", nargs="?")
     groups.add_argument("--isolation", default="read_committed", choices=["read_uncommitted", "read_committed"],
                         help="the consumers' isolation level: lag is measured against the last stable offset "
-                             "under read_committed, the high watermark under read_uncommitted")
+                             "under read_committed, the high watermark under read_uncommitted (default: read_committed, the isolation of exactly-once pipelines)")
     groups.add_argument("--state", action="append", nargs="?", const="", metavar="STATE",
                         help="list: show states, only groups in STATE if given (repeatable); "
                              "describe: the group's state, protocol and generation")
