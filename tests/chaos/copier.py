@@ -46,8 +46,9 @@ Stdout, one flushed line per event (the supervising test reads them)::
     aborted position=<rewound to> reason=<error>
     done position=<next input offset>
 
-Exit codes: 0 done (--stop-at-end: the input's end was reached), 2 a fatal error,
-3 a transaction that could not be aborted; a traceback goes to stderr.
+Exit codes: 0 done (--stop-at-end: the input's end was reached), 2 a fatal error (or a
+client call outside a transaction that timed out), 3 a transaction that could not be
+aborted; a traceback goes to stderr.
 """
 from __future__ import annotations
 
@@ -78,6 +79,9 @@ def emit(line: str) -> None:
 
 
 class Copier:
+    """One copier process: its transactional producer, its read_committed consumer of the
+    one input partition, and the loop of the theory of operation."""
+
     def __init__(self, args: argparse.Namespace):
         import eos   # the clients; imported here so `--help` stays fast
 
@@ -220,6 +224,9 @@ def main(argv: list[str] | None = None) -> int:
         return copier.run()
     except EosError as exc:
         log.exception("fatal error %s; exiting", exc.code.name)
+        return EXIT_FATAL
+    except TimeoutError:   # a client call outside a transaction ran out of time (broker away)
+        log.exception("timed out outside a transaction; exiting")
         return EXIT_FATAL
     finally:
         copier.close()
