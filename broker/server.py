@@ -135,6 +135,8 @@ class BrokerConfig:
     # How often the coordinator aborts transactions open past their timeout (Kafka's name
     # and default); tests make it short to see a hanging transaction aborted.
     transaction_abort_timed_out_transaction_cleanup_interval_ms: int = 10000
+    transaction_max_timeout_ms: int = 900000          # Kafka's transaction.max.timeout.ms
+    transactional_id_expiration_ms: int = 604800000   # Kafka's transactional.id.expiration.ms (7 days)
     group_initial_rebalance_delay_ms: int = GROUP_INITIAL_REBALANCE_DELAY_MS
     group_min_session_timeout_ms: int = GROUP_MIN_SESSION_TIMEOUT_MS
     group_max_session_timeout_ms: int = GROUP_MAX_SESSION_TIMEOUT_MS
@@ -173,6 +175,10 @@ class BrokerConfig:
             elif name == "transaction.abort.timed.out.transaction.cleanup.interval.ms":
                 values["transaction_abort_timed_out_transaction_cleanup_interval_ms"] = _parse_int(
                     name, raw, minimum=1)
+            elif name == "transaction.max.timeout.ms":
+                values["transaction_max_timeout_ms"] = _parse_int(name, raw, minimum=1)
+            elif name == "transactional.id.expiration.ms":
+                values["transactional_id_expiration_ms"] = _parse_int(name, raw, minimum=1)
             elif name in _GROUP_CONFIG_NAMES:
                 values[_GROUP_CONFIG_NAMES[name]] = _parse_int(name, raw, minimum=0 if name.endswith("delay.ms") else 1)
             else:
@@ -413,7 +419,9 @@ class BrokerServer:
         self._txn_coordinator = TransactionCoordinator(
             self._txn_link, producer_ids.next_id, now_ms_fn=self._now_ms,
             state_topic_partitions=self.config.transaction_state_log_num_partitions,
-            expiry_interval_ms=self.config.transaction_abort_timed_out_transaction_cleanup_interval_ms)
+            expiry_interval_ms=self.config.transaction_abort_timed_out_transaction_cleanup_interval_ms,
+            max_timeout_ms=self.config.transaction_max_timeout_ms,
+            transactional_id_expiration_ms=self.config.transactional_id_expiration_ms)
         txn_pb2_grpc.add_TxnCoordinatorServicer_to_server(
             TxnCoordinatorServicer(producer_ids, self._txn_coordinator), server)
         group_pb2_grpc.add_GroupCoordinatorServicer_to_server(GroupCoordinatorServicer(self._group_coordinator), server)

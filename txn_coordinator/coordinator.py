@@ -43,7 +43,8 @@ from eos.records.header import iter_headers
 from eos.types import TopicPartition
 from eos.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 from txn_coordinator import txn_log
-from txn_coordinator.state import Decision, MarkerEntry, MarkerRequest, TxnCoordinatorCore, TxnMetadata
+from txn_coordinator.state import (TRANSACTION_MAX_TIMEOUT_MS, TRANSACTIONAL_ID_EXPIRATION_MS, Decision, MarkerEntry,
+                                   MarkerRequest, TxnCoordinatorCore, TxnMetadata)
 
 log = logging.getLogger("eos.txn_coordinator")
 
@@ -149,13 +150,16 @@ class TransactionCoordinator:
     def __init__(self, link: BrokerLink, new_producer_id: Callable[[], int], *,
                  now_ms_fn: Callable[[], int] = _now_ms, coordinator_epoch: int = 0,
                  state_topic_partitions: int = STATE_TOPIC_PARTITIONS,
-                 expiry_interval_ms: int = EXPIRY_INTERVAL_MS):
+                 expiry_interval_ms: int = EXPIRY_INTERVAL_MS,
+                 max_timeout_ms: int = TRANSACTION_MAX_TIMEOUT_MS,
+                 transactional_id_expiration_ms: int = TRANSACTIONAL_ID_EXPIRATION_MS):
         self._link = link
         self._new_producer_id = new_producer_id
         self._now_ms = now_ms_fn
         self._partitions = state_topic_partitions
         self._expiry_interval_ms = expiry_interval_ms
-        self._core = TxnCoordinatorCore(coordinator_epoch=coordinator_epoch)
+        self._core = TxnCoordinatorCore(coordinator_epoch=coordinator_epoch, max_timeout_ms=max_timeout_ms,
+                                        transactional_id_expiration_ms=transactional_id_expiration_ms)
         self._lock = threading.Lock()
         self._markers: queue.Queue[MarkerRequest] = queue.Queue(MARKER_QUEUE_MAX)
         self._stopping = threading.Event()

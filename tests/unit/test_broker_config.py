@@ -12,6 +12,8 @@ def test_defaults():
     config = BrokerConfig.from_dict(None)
     assert config.offsets_topic_num_partitions == 50
     assert config.transaction_state_log_num_partitions == 50
+    assert config.transaction_max_timeout_ms == 900_000
+    assert config.transactional_id_expiration_ms == 604_800_000
 
 
 @pytest.mark.parametrize("name, raw, attribute, value", [
@@ -19,6 +21,8 @@ def test_defaults():
     ("offsets.topic.num.partitions", " 1 ", "offsets_topic_num_partitions", 1),
     ("transaction.state.log.num.partitions", "5", "transaction_state_log_num_partitions", 5),
     ("num.partitions", "4", "num_partitions", 4),
+    ("transaction.max.timeout.ms", "30000", "transaction_max_timeout_ms", 30000),
+    ("transactional.id.expiration.ms", "3600000", "transactional_id_expiration_ms", 3600000),
 ])
 def test_values_are_parsed(name, raw, attribute, value):
     assert getattr(BrokerConfig.from_dict({name: raw}), attribute) == value
@@ -35,3 +39,25 @@ def test_bad_values_name_the_problem(name, raw, words):
         BrokerConfig.from_dict({name: raw})
     assert words in str(raised.value) and name in str(raised.value)
 
+
+
+def test_the_coordinator_refuses_timeouts_over_transaction_max_timeout_ms(tmp_path):
+    import grpc
+    from broker.server import BrokerServer
+    from eos.errors import ErrorCode
+    from eos.v1 import txn_pb2, txn_pb2_grpc
+    import time
+
+    with BrokerServer(tmp_path, port=0, config={"transaction.max.timeout.ms": "30000"}) as server:
+        deadline = time.monotonic() + 30
+        while not server.txn_coordinator.ready:       # it loads its log after the server is up
+            assert time.monotonic() < deadline, "the transaction coordinator did not load in 30 s"
+            time.sleep(0.05)
+        with grpc.insecure_channel(server.address) as channel:
+            stub = txn_pb2_grpc.TxnCoordinatorStub(channel)
+            def init(timeout_ms):
+                return stub.InitProducerId(txn_pb2.InitProducerIdRequest(
+                    transactional_id="t", transaction_timeout_ms=timeout_ms, producer_id=-1, producer_epoch=-1),
+                    timeout=30).error_code
+            assert init(30001) == ErrorCode.INVALID_TRANSACTION_TIMEOUT
+            assert init(30000) == ErrorCode.NONE
