@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 
 import grpc
 import pytest
@@ -20,6 +19,7 @@ from broker.service import STREAM_REFUSAL_METADATA_KEY
 from eos.errors import ErrorCode
 from eos.records.codec import BatchBuilder, encode_batch, iter_decoded
 from eos.v1 import broker_pb2, broker_pb2_grpc, txn_pb2
+from tests.waits import wait_for
 
 WAIT_S = 30.0          # bound of every wait; reached only when the behaviour is broken
 PIPELINE_DEPTH = 5     # max.in.flight.requests.per.connection of an idempotent producer
@@ -94,14 +94,6 @@ class OpenStream:
         except grpc.RpcError as exc:
             return answers, exc
         return answers, None
-
-
-def wait_until(condition, what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def reader_threads() -> list[threading.Thread]:
@@ -205,7 +197,7 @@ def test_a_client_that_closes_its_side_gets_every_answer_and_a_clean_end(inproce
     answers, error = stream.rest()
     assert error is None
     assert [a.correlation_id for a in answers] == list(range(10))
-    wait_until(lambda: inprocess_broker.server._servicer.produce_stream_count == 0, "the stream to unregister")
+    wait_for(lambda: inprocess_broker.server._servicer.produce_stream_count == 0, "the stream to unregister")
 
 
 # ---- broker stop ---------------------------------------------------------------------------------
@@ -240,7 +232,7 @@ def test_broker_stop_answers_the_request_in_flight_then_ends_the_streams(inproce
     stopper = threading.Thread(target=handle.server.stop, name="test-stop")
     stopper.start()
     try:
-        wait_until(lambda: servicer._gate.closed, "stop() to close the request gate")
+        wait_for(lambda: servicer._gate.closed, "stop() to close the request gate")
         # The idle stream ends now; the busy one is still handling its request.
         idle_answers, idle_error = idle.rest()
         assert idle_answers == []
@@ -256,7 +248,7 @@ def test_broker_stop_answers_the_request_in_flight_then_ends_the_streams(inproce
             for a in busy_answers] == [(100, ErrorCode.NONE, 1)]
     assert busy_error is not None and busy_error.code() == grpc.StatusCode.UNAVAILABLE
     assert servicer.produce_stream_count == 0
-    wait_until(lambda: not reader_threads(), "the stream reader threads to end")
+    wait_for(lambda: not reader_threads(), "the stream reader threads to end")
 
     handle.stop()   # the server is stopped already (stop is idempotent); start again on the same data dir
     handle.start()
@@ -288,7 +280,7 @@ def test_streams_beyond_the_bound_are_refused_and_short_calls_still_served(small
     polls = [stub.Fetch.future(broker_pb2.FetchRequest(max_wait_ms=30000, min_bytes=10**6, partitions=[
         broker_pb2.FetchPartition(topic="bounded", partition=0, fetch_offset=0)]), timeout=WAIT_S * 2)
         for _ in range(2)]
-    wait_until(lambda: servicer.fetch_waiter_count == 2, "two parked long polls")
+    wait_for(lambda: servicer.fetch_waiter_count == 2, "two parked long polls")
 
     refused = OpenStream(stub)
     refused.send(request("bounded", 0, encode_batch([b"refused"]), correlation_id=9))
@@ -309,7 +301,7 @@ def test_streams_beyond_the_bound_are_refused_and_short_calls_still_served(small
     # A closed stream frees its place.
     streams[0].close()
     assert streams[0].rest() == ([], None)
-    wait_until(lambda: servicer.produce_stream_count == 1, "the closed stream to unregister")
+    wait_for(lambda: servicer.produce_stream_count == 1, "the closed stream to unregister")
     again = OpenStream(stub)
     again.send(request("bounded", 0, encode_batch([b"again"]), correlation_id=5))
     assert again.answer().partitions[0].base_offset == 3
@@ -318,7 +310,7 @@ def test_streams_beyond_the_bound_are_refused_and_short_calls_still_served(small
         assert stream.rest()[1] is None
     for poll in polls:
         poll.cancel()   # a cancelled long poll frees its worker
-    wait_until(lambda: servicer.fetch_waiter_count == 0, "the cancelled long polls to leave")
+    wait_for(lambda: servicer.fetch_waiter_count == 0, "the cancelled long polls to leave")
 
 
 def test_a_cancelled_stream_gives_its_place_back(small_pool, inprocess_broker):
@@ -332,9 +324,8 @@ def test_a_cancelled_stream_gives_its_place_back(small_pool, inprocess_broker):
         stream.call.cancel()
         assert stream.rest()[1].code() == grpc.StatusCode.CANCELLED
         stream.close()
-        wait_until(lambda: servicer.produce_stream_count == 0, "the cancelled stream to unregister")
-    wait_until(lambda: not reader_threads(), "the stream reader threads to end")
-
+        wait_for(lambda: servicer.produce_stream_count == 0, "the cancelled stream to unregister")
+    wait_for(lambda: not reader_threads(), "the stream reader threads to end")
 
 
 def test_sigterm_ends_open_streams_and_the_broker_exits_cleanly(broker):

@@ -17,6 +17,7 @@ from eos.records.codec import encode_batch
 from eos.types import TopicPartition
 from eos.v1 import broker_pb2, common_pb2, txn_pb2
 from tests.conftest import REPO_ROOT, BrokerProcess
+from tests.waits import wait_for
 
 WAIT_S = 60.0
 FAST_GROUPS = {"group.min.session.timeout.ms": "500", "group.initial.rebalance.delay.ms": "200"}
@@ -47,17 +48,6 @@ def table(output: str, header_word: str) -> list[list[str]]:
             break
         rows.append(line.split())
     return rows
-
-
-def wait_for(condition, what: str, timeout_s: float = WAIT_S):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
 
 
 class TxnProducer:

@@ -7,7 +7,6 @@ a later committed transaction of the same producer is visible, whose markers com
 """
 from __future__ import annotations
 
-import time
 
 import pytest
 
@@ -17,6 +16,7 @@ from eos.types import TopicPartition
 from eos.v1 import common_pb2, group_pb2, group_pb2_grpc
 from producer import IllegalStateError, TransactionAbortedError
 from tests.integration.test_clients_producer import consume_all
+from tests.waits import wait_for
 
 WAIT_S = 30
 
@@ -41,17 +41,6 @@ def committed_offsets(broker, group: str, tps, *, require_stable: bool = False) 
         group_id=group, require_stable=require_stable,
         partitions=[common_pb2.TopicPartition(topic=t, partition=p) for t, p in tps]), timeout=10)
     return {(p.topic, p.partition): p.offset for p in response.partitions}
-
-
-def wait_for(condition, what: str, timeout_s: float = WAIT_S):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def test_commit_makes_records_visible_and_abort_hides_them(broker, admin):

@@ -26,6 +26,7 @@ from eos.errors import EosError, ErrorCode
 from eos.types import TopicPartition
 from eos.v1 import group_pb2, group_pb2_grpc, txn_pb2
 from tests.conftest import REPO_ROOT, BrokerProcess
+from tests.waits import wait_for
 
 WAIT_S = 60.0
 FAST_GROUPS = {"group.min.session.timeout.ms": "500", "group.initial.rebalance.delay.ms": "200"}
@@ -107,14 +108,6 @@ def drive(members, until, what: str, timeout_s: float = WAIT_S, commit: bool = T
             return
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-
-
-def wait_for(condition, what: str, timeout_s: float = WAIT_S):
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def all_partitions(topic: str, count: int) -> set[TopicPartition]:

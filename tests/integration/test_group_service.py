@@ -9,7 +9,6 @@ in seconds.
 from __future__ import annotations
 
 import threading
-import time
 
 import grpc
 import pytest
@@ -18,6 +17,7 @@ from consumer.assignors import RangeAssignor, Subscription, assign_group, decode
 from eos.errors import ErrorCode
 from eos.types import TopicPartition
 from eos.v1 import broker_pb2, group_pb2, group_pb2_grpc, txn_pb2
+from tests.waits import wait_for
 
 TOPIC = "orders"
 GROUP = "copier"
@@ -52,17 +52,6 @@ def fetch(stub, require_stable: bool = False, group_id: str = GROUP) -> dict[int
                                 timeout=RPC_TIMEOUT_S)
     assert response.error_code == ErrorCode.NONE, response
     return {p.partition: (p.offset, p.error_code) for p in response.partitions}
-
-
-def wait_until(condition, what: str, timeout_s: float = WAIT_S):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
 
 
 # ---- FindCoordinator and plain offsets -------------------------------------------------------
@@ -217,7 +206,7 @@ def test_three_members_split_the_partitions_without_overlap(broker_factory, memb
     create_topic(broker, partitions=10)
     stub = group_stub(broker)
     members += [Member(broker, f"m{i}", {TOPIC: 10}) for i in range(3)]
-    generation = wait_until(lambda: settled(stub, members), "three members in one Stable generation")
+    generation = wait_for(lambda: settled(stub, members), "three members in one Stable generation")
     owned = [m.assignment[1] for m in members]
     assert sorted(len(p) for p in owned) == [3, 3, 4]          # range: 10 over 3
     assert frozenset().union(*owned) == {TopicPartition(TOPIC, p) for p in range(10)}
@@ -234,10 +223,10 @@ def test_a_dead_members_partitions_move_within_the_session_timeout(broker_factor
     create_topic(broker, partitions=10)
     stub = group_stub(broker)
     members += [Member(broker, f"m{i}", {TOPIC: 10}) for i in range(3)]
-    before = wait_until(lambda: settled(stub, members), "three members in one Stable generation")
+    before = wait_for(lambda: settled(stub, members), "three members in one Stable generation")
     dead, survivors = members[0], members[1:]
     dead.stop(leave=False)                     # a crash: it just goes silent
-    after = wait_until(lambda: settled(stub, survivors), "the survivors to take over",
+    after = wait_for(lambda: settled(stub, survivors), "the survivors to take over",
                        timeout_s=(SESSION_TIMEOUT_MS + REBALANCE_TIMEOUT_MS) / 1000 + 10)
     assert after > before
     owned = [m.assignment[1] for m in survivors]
@@ -246,7 +235,7 @@ def test_a_dead_members_partitions_move_within_the_session_timeout(broker_factor
     assert_no_partition_owned_twice_per_generation(members)
     for member in survivors:
         member.stop()
-    wait_until(lambda: stub.DescribeGroups(group_pb2.DescribeGroupsRequest(group_ids=[GROUP])).groups[0].state
+    wait_for(lambda: stub.DescribeGroups(group_pb2.DescribeGroupsRequest(group_ids=[GROUP])).groups[0].state
                == "Empty", "the group to be empty after everyone left")
 
 
@@ -256,7 +245,7 @@ def retried(call, what: str):
     """Call until the answer is not one a client retries (the coordinator still loading, or
     the previous transaction still completing), as the producer does; bounded."""
     retriable = (ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, ErrorCode.CONCURRENT_TRANSACTIONS)
-    response = wait_until(lambda: (lambda answer: None if answer.error_code in retriable else answer)(call()), what)
+    response = wait_for(lambda: (lambda answer: None if answer.error_code in retriable else answer)(call()), what)
     assert response.error_code == ErrorCode.NONE, response
     return response
 
@@ -305,13 +294,13 @@ def test_txn_offsets_appear_with_the_commit_and_vanish_with_the_abort(broker):
     assert fetch(stub, require_stable=True) == {0: (-1, ErrorCode.UNSTABLE_OFFSET_COMMIT),
                                                 1: (-1, ErrorCode.UNSTABLE_OFFSET_COMMIT)}
     epoch = end_txn(broker, producer_id, epoch, committed=True)
-    assert wait_until(lambda: stable(stub), "the commit marker") == {0: (100, ErrorCode.NONE),
+    assert wait_for(lambda: stable(stub), "the commit marker") == {0: (100, ErrorCode.NONE),
                                                                       1: (200, ErrorCode.NONE)}
 
     add_offsets(broker, producer_id, epoch)
     assert txn_offsets(broker, producer_id, epoch, {0: 999}) == {0: ErrorCode.NONE}
     end_txn(broker, producer_id, epoch, committed=False)
-    assert wait_until(lambda: stable(stub), "the abort marker") == {0: (100, ErrorCode.NONE),
+    assert wait_for(lambda: stable(stub), "the abort marker") == {0: (100, ErrorCode.NONE),
                                                                      1: (200, ErrorCode.NONE)}
 
     # The finished transaction's epoch is fenced (KIP-890 bumps it at every end): by the
@@ -331,11 +320,11 @@ def test_a_zombie_members_txn_offset_commit_is_refused(broker_factory, members):
     stub = group_stub(broker)
     first = Member(broker, "m0", {TOPIC: 3})
     members.append(first)
-    wait_until(lambda: settled(stub, [first]), "the first member's generation")
+    wait_for(lambda: settled(stub, [first]), "the first member's generation")
     zombie_generation, zombie_id = first.generation_id, first.member_id
     second = Member(broker, "m1", {TOPIC: 3})
     members.append(second)
-    wait_until(lambda: settled(stub, members), "a generation with both members")
+    wait_for(lambda: settled(stub, members), "a generation with both members")
 
     producer_id, epoch = init_producer(broker)
     add_offsets(broker, producer_id, epoch)
@@ -347,6 +336,6 @@ def test_a_zombie_members_txn_offset_commit_is_refused(broker_factory, members):
     assert txn_offsets(broker, producer_id, epoch, {0: 7}, generation_id=second.generation_id,
                        member_id=second.member_id) == {0: ErrorCode.NONE}
     end_txn(broker, producer_id, epoch, committed=True)
-    assert wait_until(lambda: stable(stub), "the commit marker") == {0: (7, ErrorCode.NONE)}
+    assert wait_for(lambda: stable(stub), "the commit marker") == {0: (7, ErrorCode.NONE)}
     for member in members:
         member.stop()

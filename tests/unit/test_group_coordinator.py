@@ -8,7 +8,6 @@ then reported with `on_txn_marker`.
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -19,6 +18,7 @@ from broker.topics import TopicRegistry
 from eos.errors import ErrorCode
 from eos.records.header import iter_headers
 from eos.types import TopicPartition
+from tests.waits import wait_for
 
 TOPIC = "orders"
 T0, T1, T2 = (TopicPartition(TOPIC, p) for p in range(3))
@@ -134,14 +134,6 @@ def join_alone(coordinator: GroupCoordinator, group_id: str = GROUP, instance_id
                               {first.member_id: b"assignment"})
     assert synced.error is ErrorCode.NONE, synced
     return first
-
-
-def wait_until(condition, what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
 
 
 # ---- start, the offsets topic, phases --------------------------------------------------------
@@ -422,7 +414,7 @@ def test_three_members_joining_together_complete_one_generation(broker, clock):
     threads = [threading.Thread(target=member, args=(i,)) for i in range(3)]
     for t in threads:
         t.start()
-    wait_until(lambda: coordinator.parked_request_count() == 3, "three parked joins")
+    wait_for(lambda: coordinator.parked_request_count() == 3, "three parked joins")
     assert coordinator.describe_groups([GROUP])[0].state == "PreparingRebalance"
     # Kafka's initial delay: members joined during the first 3 s, so it waits another 3 s
     # (up to the rebalance timeout) in case more are coming; then the join phase completes.
@@ -454,7 +446,7 @@ def test_three_members_joining_together_complete_one_generation(broker, clock):
     threads = [threading.Thread(target=follow, args=(m,)) for m in followers]
     for t in threads:
         t.start()
-    wait_until(lambda: coordinator.parked_request_count() == 2, "two parked syncs")
+    wait_for(lambda: coordinator.parked_request_count() == 2, "two parked syncs")
     assignment = {m: m.encode() for m in by_member}
     synced[leader] = coordinator.sync(GROUP, 1, leader, None, assignment)
     for t in threads:
@@ -490,7 +482,7 @@ def test_the_timer_thread_expires_sessions_without_any_request(broker, clock):
     coordinator = broker.start_coordinator(run_timer_thread=True, tick_interval_ms=5)
     join_alone(coordinator)
     clock.advance(SESSION_TIMEOUT_MS + 1)
-    wait_until(lambda: coordinator.describe_groups([GROUP])[0].state == "Empty", "the session to expire")
+    wait_for(lambda: coordinator.describe_groups([GROUP])[0].state == "Empty", "the session to expire")
 
 
 def test_leave_group_rebalances_at_once(broker):
@@ -517,7 +509,7 @@ def test_stop_answers_a_parked_join_not_coordinator(broker):
     coordinator = broker.start_coordinator(initial_rebalance_delay_ms=3000)
     results: list = []
     thread = park_join(coordinator, results)
-    wait_until(lambda: coordinator.parked_request_count() == 1, "a parked join")
+    wait_for(lambda: coordinator.parked_request_count() == 1, "a parked join")
     coordinator.stop()
     thread.join(WAIT_S)
     assert not thread.is_alive()
@@ -545,7 +537,7 @@ def test_parked_requests_are_bounded(broker):
     coordinator = broker.start_coordinator(initial_rebalance_delay_ms=3000, max_parked_requests=1)
     results: list = []
     thread = park_join(coordinator, results)
-    wait_until(lambda: coordinator.parked_request_count() == 1, "a parked join")
+    wait_for(lambda: coordinator.parked_request_count() == 1, "a parked join")
     refused = coordinator.join(GROUP, "", None, "consumer", PROTOCOLS, SESSION_TIMEOUT_MS, REBALANCE_TIMEOUT_MS)
     assert refused.error is ErrorCode.COORDINATOR_NOT_AVAILABLE
     coordinator.stop()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import collections
 import threading
-import time
 
 import pytest
 
@@ -18,6 +17,7 @@ from eos.records.header import iter_headers
 from eos.types import TopicPartition
 from txn_coordinator.coordinator import STATE_TOPIC, TransactionCoordinator
 from txn_coordinator.state import TxnState
+from tests.waits import wait_for
 
 OUT0, OUT1, OUT2 = TopicPartition("out", 0), TopicPartition("out", 1), TopicPartition("out", 2)
 WAIT_S = 10.0
@@ -70,14 +70,6 @@ class Ids:
     def __call__(self) -> int:
         self.next += 1
         return self.next - 1
-
-
-def wait_for(condition, what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 @pytest.fixture
