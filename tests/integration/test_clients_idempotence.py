@@ -83,8 +83,7 @@ def test_five_batches_of_a_partition_in_flight_keep_their_order_through_faults(b
     """On the ordered ProduceStream an idempotent producer pipelines its whole window (5
     batches of a partition); broken streams (lost answers), duplicates and delays never
     duplicate, lose or reorder a record."""
-    if not broker_serves_produce_stream(broker):
-        pytest.skip("the broker does not serve ProduceStream yet")
+    assert broker_serves_produce_stream(broker), "the broker must serve ProduceStream"
     with eos.Admin(broker.address) as admin:
         admin.create_topic("idem-5", partitions=1)
     count = 3000
