@@ -493,16 +493,8 @@ class Log:
             buf, headers, max_timestamp_ms = _stamp(records, prepared.headers, first_offset, leader_epoch,
                                                     now_ms if log_append_time else None)
             last_offset = headers[-1].last_offset
-            active = self._segments[-1]
-            reason = active.roll_reason(
-                incoming_bytes=prepared.size_bytes, incoming_max_timestamp_ms=max_timestamp_ms,
-                incoming_last_offset=last_offset, now_ms=now_ms,
-                segment_bytes=config.segment_bytes, segment_ms=config.segment_ms)
-            if reason is not None:
-                try:
-                    active = self._roll_locked(now_ms, reason)
-                except OSError as e:
-                    raise StorageError(f"{self.name}: could not roll a new segment at offset {first_offset}: {e}") from e
+            active = self._segment_for_append_locked(prepared.size_bytes, max_timestamp_ms, first_offset,
+                                                     last_offset, now_ms)
             active.append(buf, headers, max_timestamp_ms)
             # -- apply
             if producer_append is not None:
@@ -557,16 +549,8 @@ class Log:
             aborted_txn = self._aborted_txn_of(marker, marker_offset)
             buf, headers, max_timestamp_ms = _stamp(records, prepared.headers, marker_offset, leader_epoch,
                                                     now_ms if log_append_time else None)
-            active = self._segments[-1]
-            reason = active.roll_reason(
-                incoming_bytes=prepared.size_bytes, incoming_max_timestamp_ms=max_timestamp_ms,
-                incoming_last_offset=marker_offset, now_ms=now_ms,
-                segment_bytes=config.segment_bytes, segment_ms=config.segment_ms)
-            if reason is not None:
-                try:
-                    active = self._roll_locked(now_ms, reason)
-                except OSError as e:
-                    raise StorageError(f"{self.name}: could not roll a new segment at offset {marker_offset}: {e}") from e
+            active = self._segment_for_append_locked(prepared.size_bytes, max_timestamp_ms, marker_offset,
+                                                     marker_offset, now_ms)
             active.append(buf, headers, max_timestamp_ms, aborted_txn=aborted_txn)
             # -- apply
             completed = self.producer_state.apply_marker(marker, marker_offset)
@@ -677,6 +661,23 @@ class Log:
             segment = self._roll_locked(now_ms, "requested")
             self._publish()
             return segment
+
+    def _segment_for_append_locked(self, incoming_bytes: int, max_timestamp_ms: int, first_offset: int,
+                                   last_offset: int, now_ms: int) -> LogSegment:
+        """The segment the next batches go to: the active one, rolled first when they would
+        not fit it (segment.bytes, segment.ms, a full index). Both append paths use it."""
+        config = self.config
+        active = self._segments[-1]
+        reason = active.roll_reason(
+            incoming_bytes=incoming_bytes, incoming_max_timestamp_ms=max_timestamp_ms,
+            incoming_last_offset=last_offset, now_ms=now_ms,
+            segment_bytes=config.segment_bytes, segment_ms=config.segment_ms)
+        if reason is None:
+            return active
+        try:
+            return self._roll_locked(now_ms, reason)
+        except OSError as e:
+            raise StorageError(f"{self.name}: could not roll a new segment at offset {first_offset}: {e}") from e
 
     def _roll_locked(self, now_ms: int, reason: str) -> LogSegment:
         new_base = self._log_end_offset
