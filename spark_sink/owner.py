@@ -32,7 +32,7 @@ from eos import net
 from eos.errors import EosError, ErrorCode
 from eos.types import TopicPartition
 from eos.v1 import common_pb2, group_pb2, group_pb2_grpc, txn_pb2
-from spark_sink.participant import RPC_TIMEOUT_S, OwnerIdentity, retrying
+from spark_sink.participant import RPC_TIMEOUT_S, OwnerIdentity, first_error, retrying
 
 log = logging.getLogger("eos.spark.owner")
 
@@ -55,16 +55,8 @@ def fetch_committed(groups: group_pb2_grpc.GroupCoordinatorStub, group_id: str, 
     request = group_pb2.OffsetFetchRequest(group_id=group_id, require_stable=require_stable, partitions=[
         common_pb2.TopicPartition(topic=tp.topic, partition=tp.partition) for tp in partitions])
 
-    def error_of(answer) -> tuple[int, str]:
-        if answer.error_code != ErrorCode.NONE:
-            return answer.error_code, answer.error_message
-        for p in answer.partitions:
-            if p.error_code != ErrorCode.NONE:
-                return p.error_code, f"{p.topic}-{p.partition}"
-        return ErrorCode.NONE, ""
-
     answer = retrying(lambda: groups.OffsetFetch(request, timeout=RPC_TIMEOUT_S),
-                      f"OffsetFetch for group {group_id!r}", timeout_ms=timeout_ms, error_of=error_of)
+                      f"OffsetFetch for group {group_id!r}", timeout_ms=timeout_ms, error_of=first_error)
     return {TopicPartition(p.topic, p.partition): (p.offset, p.metadata) for p in answer.partitions if p.offset >= 0}
 
 

@@ -72,6 +72,17 @@ class WriteResult:
     partitions: int
 
 
+def first_error(answer) -> tuple[int, str]:
+    """The answer's own error, else the first partition's error (the `error_of` of answers
+    that carry both: AddPartitionsToTxn, OffsetFetch)."""
+    if answer.error_code != ErrorCode.NONE:
+        return answer.error_code, answer.error_message
+    for p in answer.partitions:
+        if p.error_code != ErrorCode.NONE:
+            return p.error_code, f"{p.topic}-{p.partition}: {getattr(p, 'error_message', '')}"
+    return ErrorCode.NONE, ""
+
+
 def retrying(call: Callable[[], "object"], what: str, *, timeout_ms: int,
              error_of: Callable[["object"], tuple[int, str]],
              retry_codes: frozenset[int] = frozenset()):
@@ -229,17 +240,9 @@ class ParticipantWriter:
                 transactional_id=self.owner.transactional_id, producer_id=self.producer_id,
                 producer_epoch=self.producer_epoch, partitions=self._tps(new))
 
-            def error_of(answer) -> tuple[int, str]:
-                if answer.error_code != ErrorCode.NONE:
-                    return answer.error_code, answer.error_message
-                for p in answer.partitions:
-                    if p.error_code != ErrorCode.NONE:
-                        return p.error_code, f"{p.topic}-{p.partition}: {p.error_message}"
-                return ErrorCode.NONE, ""
-
             retrying(lambda: stub.AddPartitionsToTxn(request, timeout=RPC_TIMEOUT_S),
                      f"AddPartitionsToTxn for participant {self.producer_id}", timeout_ms=self.timeout_ms,
-                     error_of=error_of)
+                     error_of=first_error)
         self._registered.update(new)
 
     def _send(self, batches: dict[int, bytes]) -> None:
