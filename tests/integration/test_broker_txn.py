@@ -17,6 +17,7 @@ from eos.errors import ErrorCode, Reaction, reaction_for
 from eos.records.codec import CONTROL_TYPE_ABORT, decode_control_record, decode_records, encode_batch
 from eos.records.header import iter_headers
 from eos.v1 import broker_pb2, common_pb2, txn_pb2
+from tests.waits import wait_for
 
 WAIT_S = 30.0
 FENCED = {ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_EPOCH}
@@ -198,9 +199,8 @@ def test_commit_becomes_visible_at_the_lso(inprocess_broker):
     poller = threading.Thread(target=lambda: woken.append(
         fetch(stub, "t", 1, 0, min_bytes=1, max_wait_ms=int(WAIT_S * 1000))))
     poller.start()
-    deadline = time.monotonic() + WAIT_S
-    while inprocess_broker.server.fetch_waiter_count == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)   # until the fetch is parked; not a timing assertion
+    wait_for(lambda: inprocess_broker.server.fetch_waiter_count > 0, "the read_committed fetch to park",
+             timeout_s=WAIT_S)
     epoch = producer.epoch
     assert producer.end(commit=True).error_code == ErrorCode.NONE
     assert producer.epoch == epoch + 1

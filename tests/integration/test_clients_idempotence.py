@@ -18,6 +18,7 @@ from eos.errors import MessageTooLargeError
 from eos.types import TopicPartition
 from eos.v1 import broker_pb2, common_pb2
 from tests.faults import FaultProxy
+from tests.waits import wait_for
 from tests.integration.test_clients_producer import consume_all
 
 PARTITIONS = 3
@@ -152,13 +153,23 @@ def test_broker_killed_and_restarted_mid_stream(broker):
 
             sender = threading.Thread(target=send_all)
             sender.start()
+            total = PARTITIONS * per_partition
+            acked_at_last_kill, kills_mid_stream = 0, 0
+
+            def acked() -> int:
+                return sum(f.done() for f in list(futures))
+
             for _ in range(2):
-                time.sleep(0.3)
+                # kill once acknowledgements flow again, not after a guessed delay
+                wait_for(lambda: acked() > acked_at_last_kill, "acknowledgements to flow", timeout_s=WAIT_S)
+                acked_at_last_kill = acked()
+                kills_mid_stream += acked_at_last_kill < total
                 broker.kill()                # kill -9: requests in flight get no answer
-                time.sleep(0.2)
+                time.sleep(0.2)              # the outage itself (the fault), not a synchronisation
                 broker.start()
             sender.join(WAIT_S)
             assert sending_done.is_set()
+            assert kills_mid_stream >= 1, "no kill landed while records were unacknowledged"
             producer.flush(WAIT_S)
             failed = [f.exception() for f in futures if f.exception() is not None]
             assert failed == []

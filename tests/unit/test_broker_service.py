@@ -3,7 +3,6 @@ isolation of unexpected failures, fetch sizing and the long poll. No sockets, no
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass
 
 import pytest
@@ -14,6 +13,7 @@ from broker.topics import TopicRegistry
 from eos.errors import CorruptRecordError, ErrorCode, OffsetOutOfRangeError
 from eos.records.header import iter_headers, verify_crc, write_base_offset
 from eos.v1 import broker_pb2
+from tests.waits import wait_for
 
 
 @dataclass
@@ -209,9 +209,7 @@ def test_long_poll_returns_data_appended_while_waiting(servicer):
         broker_pb2.FetchPartition(topic="t", partition=0, fetch_offset=0)])
     fetcher = threading.Thread(target=lambda: responses.append(servicer.Fetch(request, FakeContext())))
     fetcher.start()
-    deadline = time.monotonic() + 10
-    while servicer._purgatory.waiter_count == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)  # wait for the fetch to park; not a timing assertion
+    wait_for(lambda: servicer._purgatory.waiter_count > 0, "the fetch to park", timeout_s=10)
     produce(servicer, "t", 0, one_record_batch(b"late"))
     fetcher.join(20)
     assert not fetcher.is_alive()
@@ -227,9 +225,7 @@ def test_long_poll_is_cancelled_with_its_rpc(servicer):
         broker_pb2.FetchPartition(topic="t", partition=0, fetch_offset=0)])
     fetcher = threading.Thread(target=lambda: responses.append(servicer.Fetch(request, context)))
     fetcher.start()
-    deadline = time.monotonic() + 10
-    while not context.callbacks and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(lambda: context.callbacks, "the fetch to register its cancel callback", timeout_s=10)
     for callback in context.callbacks:
         callback()
     fetcher.join(20)
@@ -242,9 +238,7 @@ def test_shutdown_wakes_long_polls_and_refuses_new_requests(servicer):
         broker_pb2.FetchPartition(topic="t", partition=0, fetch_offset=0)])
     fetcher = threading.Thread(target=lambda: servicer.Fetch(request, FakeContext()))
     fetcher.start()
-    deadline = time.monotonic() + 10
-    while servicer._purgatory.waiter_count == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(lambda: servicer._purgatory.waiter_count > 0, "the fetch to park", timeout_s=10)
     assert servicer.close_and_drain(20)
     fetcher.join(20)
     assert not fetcher.is_alive()
