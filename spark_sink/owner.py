@@ -27,17 +27,64 @@ broker serves both (as `ClusterMetadata.txn_coordinator_stub` assumes).
 from __future__ import annotations
 
 import logging
+import time
+from typing import Callable
+
+import grpc
 
 from eos import net
-from eos.errors import EosError, ErrorCode
+from eos.errors import EosError, ErrorCode, Reaction, error_for, reaction_for
 from eos.types import TopicPartition
 from eos.v1 import common_pb2, group_pb2, group_pb2_grpc, txn_pb2
-from spark_sink.participant import RPC_TIMEOUT_S, OwnerIdentity, first_error, retrying
+from spark_sink.participant import OwnerIdentity
 
 log = logging.getLogger("eos.spark.owner")
 
 TRANSACTION_TIMEOUT_MS_DEFAULT = 60_000
-REQUEST_TIMEOUT_MS_DEFAULT = 120_000
+REQUEST_TIMEOUT_MS_DEFAULT = 120_000       # give up on one step (with its retries) after this
+RPC_TIMEOUT_S = 30
+BACKOFF_MS_BASE = 5
+BACKOFF_MS_MAX = 500
+
+
+def first_error(answer) -> tuple[int, str]:
+    """The answer's own error, else the first partition's error (the `error_of` of answers
+    that carry both, such as OffsetFetch)."""
+    if answer.error_code != ErrorCode.NONE:
+        return answer.error_code, answer.error_message
+    for p in answer.partitions:
+        if p.error_code != ErrorCode.NONE:
+            return p.error_code, f"{p.topic}-{p.partition}: {getattr(p, 'error_message', '')}"
+    return ErrorCode.NONE, ""
+
+
+def retrying(call: Callable[[], "object"], what: str, *, timeout_ms: int,
+             error_of: Callable[["object"], tuple[int, str]],
+             retry_codes: frozenset[int] = frozenset()):
+    """Run `call` until its answer's error (from `error_of`) is NONE; retry retriable
+    errors (and `retry_codes`) and transport failures with backoff until `timeout_ms`.
+    Returns the answer; raises the eos error for anything else."""
+    deadline = time.monotonic() + timeout_ms / 1000
+    backoff = net.Backoff(BACKOFF_MS_BASE, BACKOFF_MS_MAX)
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            answer = call()
+        except grpc.RpcError as exc:
+            error = net.error_from_rpc(exc, what)
+        else:
+            code, message = error_of(answer)
+            if code == ErrorCode.NONE:
+                return answer
+            error = error_for(code, f"{what}: {message}")
+            if code not in retry_codes and reaction_for(code) is not Reaction.RETRY:
+                raise error
+        remaining_s = deadline - time.monotonic()
+        if remaining_s <= 0:
+            raise EosError(f"{what}: gave up after {attempt} attempts in {timeout_ms} ms: {error}",
+                           getattr(error, "code", ErrorCode.REQUEST_TIMED_OUT))
+        time.sleep(min(backoff.delay_ms(attempt) / 1000, remaining_s))
 
 
 def _first_partition_error(partitions) -> tuple[int, str]:

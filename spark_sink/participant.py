@@ -1,56 +1,48 @@
-"""Writing records into another producer's open transaction, as a *participant* (executor side).
+"""A Spark task's write into the driver's open transaction, as a *participant* (executor side).
 
 Theory of operation
 -------------------
 The driver of a Spark query owns a transactional.id and opens one transaction per
-micro-batch. Each Spark task writes its share of the batch from its executor through a
-`ParticipantWriter`: on its first flush it asks the coordinator for a participant producer
-id (InitParticipant, naming the owner's id and epoch and the partitions it is about to
-write), then produces transactional batches under that id at epoch 0 with its own
-sequence numbers, acks=all, and the owner's transactional.id on every Produce (so the
-partition leader can verify the partition with the coordinator, KIP-890). Partitions it
-writes later are registered first (AddPartitionsToTxn with the participant's id).
-`close()` flushes and returns a `WriteResult`; the task hands it back to the driver, which
-accepts exactly the participants whose tasks Spark reports as successful. A participant
-of a failed or duplicate task attempt is never accepted, so its writes are aborted in the
-same decision that commits the rest.
+micro-batch (`spark_sink.owner.TransactionOwner`); what the executors need of it travels
+in the write's options as an `OwnerIdentity`. Each Spark task writes its share of the
+batch through one `ParticipantWriter`, a thin adapter over the producer's participant mode
+(`eos.Producer.participant`): the producer asks the coordinator for a participant producer
+id of its own (InitParticipant, naming the owner's id and epoch), registers the partitions
+it writes (AddPartitionsToTxn under that id), partitions the records (murmur2 of the key,
+sticky partitions for null keys), batches them and sends them acks=all with its own
+sequences, so a retried send is recognised as a duplicate by the broker. There is one
+implementation of all that, the producer's; this module adds only what a task needs:
 
-The writer is small on purpose: records are partitioned with the producer's partitioner
-(murmur2 of the key, sticky partitions for null keys), encoded per partition with
-`BatchBuilder` (one append_many per partition and call), and sent when the buffered bytes
-pass `flush_bytes` -- every buffered partition in one ProduceRequest per leader. A failed
-partition is sent again with the same bytes and sequence, so the broker's duplicate check
-makes the retry safe; a retriable error backs off and retries until `timeout_ms`, anything
-else raises (the Spark task fails and its participant stays unaccepted).
+- The participant is made at the task's first record: a task with no rows makes none
+  (`WriteResult.producer_id` is -1) and costs the coordinator nothing.
+- `close()` flushes and returns a `WriteResult` only when every record is written (the
+  producer's flush raises when one failed, and so does any bulk send that failed before
+  it was sent). The task hands the result back to the driver, which accepts exactly the
+  participants of the tasks Spark reports as successful. A failed or duplicate task
+  attempt's participant is never accepted, so its writes are aborted in the same
+  decision that commits the rest.
+- `abandon()` (the task failed) closes the producer without waiting for its sends.
+- `timeout_ms` bounds one record's delivery (delivery.timeout.ms) and the waits for
+  metadata and the coordinator (max.block.ms); `producer_config` passes further Kafka
+  producer settings (linger.ms, compression.type, ...).
 
-`transactional=False` makes the same writer a plain at-least-once writer (no producer id,
-no coordinator): the baseline the benchmark compares against.
+`transactional=False` makes the same writer a plain at-least-once writer (acks=all, no
+producer id, no coordinator): the baseline the benchmark compares against.
 """
 from __future__ import annotations
 
 import dataclasses
-import logging
-import time
-from typing import Callable, Sequence
+from concurrent.futures import Future
+from typing import Sequence
 
-import grpc
+from eos.errors import EosError, ErrorCode
+from producer.producer import Producer, resolve_producer_config
 
-from eos import net
-from eos.errors import EosError, ErrorCode, Reaction, error_for, reaction_for
-from eos.records.codec import BatchBuilder
-from eos.v1 import broker_pb2, common_pb2, txn_pb2
-from producer.partitioner import StickyPartitions, partition_for_key
-
-log = logging.getLogger("eos.spark.participant")
-
-FLUSH_BYTES_DEFAULT = 4 * 1024 * 1024      # buffered record bytes that trigger a send
-BATCH_BYTES_TARGET = 512 * 1024            # a batch this big is sent (max.message.bytes is 1 MiB)
-APPEND_SLICE_RECORDS_MAX = 4096
-TIMEOUT_MS_DEFAULT = 120_000               # give up on one request (with its retries) after this
-RPC_TIMEOUT_S = 30
-BACKOFF_MS_BASE = 5
-BACKOFF_MS_MAX = 500
-SEQUENCE_MODULUS = 1 << 31                 # sequences wrap after 2^31 - 1
+TIMEOUT_MS_DEFAULT = 120_000               # one record's delivery, retries included
+REQUEST_TIMEOUT_MS_MAX = 30_000            # one Produce request (Kafka's request.timeout.ms)
+# What the writer decides itself: the owner's id, where to connect, and the delivery
+# guarantees (a participant is transactional; the plain writer is acks=all, no idempotence).
+OWNED_SETTINGS = frozenset({"bootstrap.servers", "transactional.id", "enable.idempotence", "acks"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,277 +64,144 @@ class WriteResult:
     partitions: int
 
 
-def first_error(answer) -> tuple[int, str]:
-    """The answer's own error, else the first partition's error (the `error_of` of answers
-    that carry both: AddPartitionsToTxn, OffsetFetch)."""
-    if answer.error_code != ErrorCode.NONE:
-        return answer.error_code, answer.error_message
-    for p in answer.partitions:
-        if p.error_code != ErrorCode.NONE:
-            return p.error_code, f"{p.topic}-{p.partition}: {getattr(p, 'error_message', '')}"
-    return ErrorCode.NONE, ""
-
-
-def retrying(call: Callable[[], "object"], what: str, *, timeout_ms: int,
-             error_of: Callable[["object"], tuple[int, str]],
-             retry_codes: frozenset[int] = frozenset()):
-    """Run `call` until its answer's error (from `error_of`) is NONE; retry retriable
-    errors (and `retry_codes`) and transport failures with backoff until `timeout_ms`.
-    Returns the answer; raises the eos error for anything else."""
-    deadline = time.monotonic() + timeout_ms / 1000
-    backoff = net.Backoff(BACKOFF_MS_BASE, BACKOFF_MS_MAX)
-    attempt = 0
-    while True:
-        attempt += 1
-        try:
-            answer = call()
-        except grpc.RpcError as exc:
-            error = net.error_from_rpc(exc, what)
-        else:
-            code, message = error_of(answer)
-            if code == ErrorCode.NONE:
-                return answer
-            error = error_for(code, f"{what}: {message}")
-            if code not in retry_codes and reaction_for(code) is not Reaction.RETRY:
-                raise error
-        remaining_s = deadline - time.monotonic()
-        if remaining_s <= 0:
-            raise EosError(f"{what}: gave up after {attempt} attempts in {timeout_ms} ms: {error}",
-                           getattr(error, "code", ErrorCode.REQUEST_TIMED_OUT))
-        time.sleep(min(backoff.delay_ms(attempt) / 1000, remaining_s))
-
-
-def _answer_error(answer) -> tuple[int, str]:
-    return answer.error_code, answer.error_message
+def producer_settings(timeout_ms: int, producer_config: dict | None) -> dict:
+    """The task's producer settings by Kafka name: `timeout_ms` as delivery.timeout.ms and
+    max.block.ms (request.timeout.ms fits inside it), then `producer_config` on top.
+    ValueError names a setting that is unknown, invalid, or the writer's own."""
+    if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms < 10:
+        raise ValueError(f"timeout_ms must be an int >= 10, got {timeout_ms!r}")
+    given = dict(producer_config or {})
+    owned = sorted(name for name in given if name in OWNED_SETTINGS)
+    if owned:
+        raise ValueError(f"producer_config must not set {', '.join(owned)}: the sink sets them")
+    settings = {"delivery.timeout.ms": timeout_ms, "max.block.ms": timeout_ms,
+                "request.timeout.ms": min(REQUEST_TIMEOUT_MS_MAX, timeout_ms // 2)}
+    settings.update(given)
+    resolve_producer_config(settings, {})      # raises ValueError naming what is wrong
+    return settings
 
 
 class ParticipantWriter:
     """One task's writer into `owner`'s open transaction (see the module doc). Not thread-safe."""
 
     def __init__(self, owner: OwnerIdentity, topic: str, *, transactional: bool = True,
-                 flush_bytes: int = FLUSH_BYTES_DEFAULT, compression: int = 0,
-                 timeout_ms: int = TIMEOUT_MS_DEFAULT):
+                 timeout_ms: int = TIMEOUT_MS_DEFAULT, producer_config: dict | None = None):
+        if transactional and (not owner.transactional_id or owner.producer_id < 0 or owner.producer_epoch < 0):
+            raise ValueError(f"a participant needs its owner's transactional.id, producer id and epoch, "
+                             f"got {owner!r}")
         self.owner = owner
         self.topic = topic
         self.transactional = transactional
-        self.flush_bytes = flush_bytes
-        self.compression = compression
         self.timeout_ms = timeout_ms
-        self.producer_id = -1              # the participant's id, once the coordinator gave one
-        self.producer_epoch = -1
-        self.records_written = 0
-        self._metadata = net.ClusterMetadata(owner.bootstrap)
-        self._partition_count = self._metadata.wait_for_topic(topic, timeout_ms).partition_count
-        self._builders: dict[int, BatchBuilder] = {}
-        self._buffered_bytes = 0
-        self._sequences: dict[int, int] = {}
-        self._registered: set[int] = set()
-        self._sticky = StickyPartitions()
+        self._settings = producer_settings(timeout_ms, producer_config)
+        self._producer: Producer | None = None       # made at the first record
+        self._sends: list[Future] = []               # send_batch futures not yet checked
+        self._records_written = 0
+        self._partitions_written: set[int] = set()
         self._closed = False
+        self._result: WriteResult | None = None
 
-    # ---- appending ----------------------------------------------------------------------------
+    @property
+    def producer_id(self) -> int:
+        """The participant's producer id; -1 before the first record, and for a plain writer."""
+        if self._producer is None or not self.transactional:
+            return -1
+        return self._producer.participant_id
+
+    @property
+    def partitions_written(self) -> frozenset[int]:
+        """The partitions of the records acknowledged so far."""
+        return frozenset(self._partitions_written)
+
+    def _producer_for_writing(self) -> Producer:
+        if self._producer is None:
+            owner = self.owner
+            if self.transactional:
+                self._producer = Producer.participant(
+                    owner.transactional_id, owner.producer_id, owner.producer_epoch, owner.bootstrap,
+                    timeout=self.timeout_ms / 1000, config=self._settings)
+            else:
+                self._producer = Producer(owner.bootstrap, config={**self._settings, "acks": "all",
+                                                                   "enable.idempotence": False})
+        return self._producer
 
     def write(self, keys: Sequence[bytes | None], values: Sequence[bytes | None]) -> None:
-        """Buffer records (key and value as bytes or None); sends when enough is buffered."""
+        """Queue records (key and value as bytes or None); the producer sends them as its
+        batches fill. A send that already failed raises here."""
         if self._closed:
-            raise EosError("the participant writer is closed")
-        count = len(values)
-        if len(keys) != count:
-            raise ValueError(f"{len(keys)} keys for {count} values")
-        if count == 0:
+            raise EosError("the participant writer is closed", ErrorCode.INVALID_REQUEST)
+        if len(keys) != len(values):
+            raise ValueError(f"{len(keys)} keys for {len(values)} values")
+        if not values:
             return
-        partition_count = self._partition_count
-        if partition_count == 1:
-            self._append(0, list(values), list(keys))
-        else:
-            value_lists: dict[int, list] = {}
-            key_lists: dict[int, list] = {}
-            sticky = -1
-            for key, value in zip(keys, values):
-                if key is None:
-                    if sticky < 0:
-                        sticky = self._sticky.current(self.topic, partition_count)
-                    partition = sticky
-                else:
-                    partition = partition_for_key(key, partition_count)
-                bucket = value_lists.get(partition)
-                if bucket is None:
-                    bucket = value_lists[partition] = []
-                    key_lists[partition] = []
-                bucket.append(value)
-                key_lists[partition].append(key)
-            for partition, bucket in value_lists.items():
-                self._append(partition, bucket, key_lists[partition])
-            if sticky >= 0:
-                self._sticky.switch(self.topic, partition_count)
-        if self._buffered_bytes >= self.flush_bytes:
-            self.flush()
+        producer = self._producer_for_writing()
+        all_null_keys = all(key is None for key in keys)
+        self._sends.append(producer.send_batch(self.topic, values, None if all_null_keys else keys))
+        self._check_done_sends(wait=False)
 
-    def _append(self, partition: int, values: list, keys: list) -> None:
-        # In slices sized from the first record, so that one batch stays near
-        # BATCH_BYTES_TARGET and well under max.message.bytes.
-        first = values[0]
-        estimate_bytes = 16 + (len(first) if first is not None else 0) + (len(keys[0]) if keys[0] is not None else 0)
-        slice_records = max(1, min(APPEND_SLICE_RECORDS_MAX, (BATCH_BYTES_TARGET // 2) // estimate_bytes))
-        for start in range(0, len(values), slice_records):
-            builder = self._builders.get(partition)
-            if builder is None:
-                builder = self._builders[partition] = BatchBuilder(compression=self.compression)
-            before = builder.size_bytes
-            builder.append_many(values[start:start + slice_records], keys[start:start + slice_records])
-            self._buffered_bytes += builder.size_bytes - before
-            if builder.size_bytes >= BATCH_BYTES_TARGET:
-                self.flush()
-
-    # ---- sending ------------------------------------------------------------------------------
+    def _check_done_sends(self, *, wait: bool) -> None:
+        """Count the finished sends and raise the first failure; with `wait`, every send
+        must be finished (after a flush)."""
+        pending = []
+        for send in self._sends:
+            if not send.done():
+                if wait:
+                    raise EosError(f"a send to {self.topic} is unfinished after the flush",
+                                   ErrorCode.REQUEST_TIMED_OUT)
+                pending.append(send)
+                continue
+            result = send.result()          # raises the send's error
+            self._records_written += len(result)
+            self._partitions_written.update(partition for _, partition in result.offsets_by_partition())
+        self._sends = pending
 
     def flush(self) -> None:
-        ready = {p: b for p, b in self._builders.items() if b.record_count}
-        if not ready:
-            return
-        if self.transactional:
-            self._register(sorted(ready))
-        batches = {}
-        for partition, builder in ready.items():
-            if self.transactional:
-                batches[partition] = builder.build(producer_id=self.producer_id, producer_epoch=self.producer_epoch,
-                                                   base_sequence=self._sequences.get(partition, 0),
-                                                   transactional=True)
-            else:
-                batches[partition] = builder.build()
-        self._send(batches)
-        for partition, builder in ready.items():
-            if self.transactional:
-                self._sequences[partition] = (self._sequences.get(partition, 0) + builder.record_count) % SEQUENCE_MODULUS
-            self.records_written += builder.record_count
-        self._builders.clear()
-        self._buffered_bytes = 0
-
-    def _tps(self, partitions) -> list[common_pb2.TopicPartition]:
-        return [common_pb2.TopicPartition(topic=self.topic, partition=p) for p in partitions]
-
-    def _register(self, partitions: list[int]) -> None:
-        new = [p for p in partitions if p not in self._registered]
-        if self.producer_id < 0:
-            stub = self._metadata.txn_coordinator_stub()
-            owner = self.owner
-            request = txn_pb2.InitParticipantRequest(
-                transactional_id=owner.transactional_id, producer_id=owner.producer_id,
-                producer_epoch=owner.producer_epoch, partitions=self._tps(new))
-            # CONCURRENT_TRANSACTIONS: another task's registration is being written; retry.
-            answer = retrying(lambda: stub.InitParticipant(request, timeout=RPC_TIMEOUT_S),
-                              f"InitParticipant for {owner.transactional_id!r}", timeout_ms=self.timeout_ms,
-                              error_of=_answer_error)
-            self.producer_id, self.producer_epoch = answer.producer_id, answer.producer_epoch
-        elif new:
-            stub = self._metadata.txn_coordinator_stub()
-            request = txn_pb2.AddPartitionsToTxnRequest(
-                transactional_id=self.owner.transactional_id, producer_id=self.producer_id,
-                producer_epoch=self.producer_epoch, partitions=self._tps(new))
-
-            retrying(lambda: stub.AddPartitionsToTxn(request, timeout=RPC_TIMEOUT_S),
-                     f"AddPartitionsToTxn for participant {self.producer_id}", timeout_ms=self.timeout_ms,
-                     error_of=first_error)
-        self._registered.update(new)
-
-    def _send(self, batches: dict[int, bytes]) -> None:
-        """Produce every batch, acks=all; resend only the partitions that failed."""
-        deadline = time.monotonic() + self.timeout_ms / 1000
-        backoff = net.Backoff(BACKOFF_MS_BASE, BACKOFF_MS_MAX)
-        pending = dict(batches)
-        attempt = 0
-        while pending:
-            attempt += 1
-            last_error: EosError | None = None
-            for leader, partitions in self._by_leader(pending).items():
-                stub = self._metadata.broker_stub(leader) if leader >= 0 else None
-                if stub is None:
-                    last_error = EosError(f"no leader known for {self.topic} partitions {partitions}",
-                                          ErrorCode.LEADER_NOT_AVAILABLE)
-                    continue
-                request = broker_pb2.ProduceRequest(
-                    transactional_id=self.owner.transactional_id if self.transactional else "",
-                    acks=-1, timeout_ms=RPC_TIMEOUT_S * 1000,
-                    partitions=[broker_pb2.PartitionRecords(topic=self.topic, partition=p, records=pending[p])
-                                for p in partitions])
-                try:
-                    response = stub.Produce(request, timeout=RPC_TIMEOUT_S)
-                except grpc.RpcError as exc:
-                    last_error = net.error_from_rpc(exc, f"Produce to {self.topic}")
-                    continue
-                for result in response.partitions:
-                    code = result.error_code
-                    if code in (ErrorCode.NONE, ErrorCode.DUPLICATE_SEQUENCE_NUMBER):
-                        pending.pop(result.partition, None)
-                        continue
-                    error = error_for(code, f"Produce to {self.topic}-{result.partition} as producer "
-                                            f"{self.producer_id}: {result.error_message}")
-                    if reaction_for(code) is not Reaction.RETRY:
-                        raise error
-                    last_error = error
-                    if code in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-                                ErrorCode.LEADER_NOT_AVAILABLE):
-                        self._metadata.mark_stale(self.topic)
-            if not pending:
-                return
-            remaining_s = deadline - time.monotonic()
-            if remaining_s <= 0:
-                raise EosError(f"Produce to {self.topic}: partitions {sorted(pending)} not written after "
-                               f"{attempt} attempts in {self.timeout_ms} ms: {last_error}",
-                               getattr(last_error, "code", ErrorCode.REQUEST_TIMED_OUT))
-            time.sleep(min(backoff.delay_ms(attempt) / 1000, remaining_s))
-            if self._metadata.stale_topics():
-                try:
-                    self._metadata.refresh_topics([self.topic])
-                except EosError:
-                    pass   # the next attempt backs off again
-
-    def _by_leader(self, pending: dict[int, bytes]) -> dict[int, list[int]]:
-        by_leader: dict[int, list[int]] = {}
-        for partition in sorted(pending):
-            by_leader.setdefault(self._metadata.leader(self.topic, partition), []).append(partition)
-        return by_leader
-
-    # ---- the end --------------------------------------------------------------------------------
+        """Wait until every record queued so far is written; raises if one failed."""
+        if self._producer is not None:
+            self._producer.flush(self.timeout_ms / 1000)
+            self._check_done_sends(wait=True)
 
     def close(self) -> WriteResult:
-        """Flush what is buffered and hand back what this writer did."""
-        if not self._closed:
+        """Flush what is queued and hand back what this writer did (again on later calls)."""
+        if self._result is None:
+            if self._closed:
+                raise EosError("the participant writer was abandoned", ErrorCode.INVALID_REQUEST)
             try:
                 self.flush()
-            finally:
-                self._closed = True
-                self._metadata.close()
-        return WriteResult(self.producer_id, self.records_written, len(self._registered))
+            except BaseException:
+                self.abandon()
+                raise
+            self._result = WriteResult(self.producer_id, self._records_written, len(self._partitions_written))
+            self._closed = True
+            if self._producer is not None:
+                self._producer.close()
+        return self._result
 
     def abandon(self) -> None:
-        """Drop what is buffered (the task failed; its participant is never accepted)."""
+        """Drop what is unsent (the task failed; its participant is never accepted)."""
         if not self._closed:
             self._closed = True
-            self._builders.clear()
-            self._metadata.close()
+            if self._producer is not None:
+                self._producer.close(0)
 
 
 def write_arrow_batches(owner: OwnerIdentity, topic: str, batches, *, key_column: str = "key",
                         value_column: str = "value", transactional: bool = True,
-                        flush_bytes: int = FLUSH_BYTES_DEFAULT, timeout_ms: int = TIMEOUT_MS_DEFAULT,
-                        after_each_batch: Callable[[], None] | None = None) -> WriteResult:
+                        timeout_ms: int = TIMEOUT_MS_DEFAULT, producer_config: dict | None = None) -> WriteResult:
     """A Spark task's body: write every Arrow record batch's key/value columns (binary) and
-    return the task's `WriteResult`. Used by the sinks through `DataFrame.mapInArrow`."""
-    writer = ParticipantWriter(owner, topic, transactional=transactional, flush_bytes=flush_bytes,
-                               timeout_ms=timeout_ms)
+    return the task's `WriteResult`. Used by the sinks through their Python data source."""
+    writer = ParticipantWriter(owner, topic, transactional=transactional, timeout_ms=timeout_ms,
+                               producer_config=producer_config)
     try:
         for batch in batches:
             if batch.num_rows == 0:
                 continue
             keys = batch.column(key_column).to_pylist() if key_column in batch.schema.names else [None] * batch.num_rows
             writer.write(keys, batch.column(value_column).to_pylist())
-            if after_each_batch is not None:
-                after_each_batch()
         return writer.close()
     except BaseException:
         writer.abandon()
         raise
 
 
-__all__ = ["OwnerIdentity", "ParticipantWriter", "WriteResult", "retrying", "write_arrow_batches"]
+__all__ = ["OwnerIdentity", "ParticipantWriter", "WriteResult", "write_arrow_batches"]

@@ -20,7 +20,8 @@ Per micro-batch (`__call__(df, batch_id)`, on the driver):
    `{"sink": "eos", "query": <query id>, "batch": <id>}`. If this query already committed
    this batch id (or a later one), the batch was written before a crash; nothing is written.
 4. Write: `df.write.format("eos_participant")` -- a Python data source whose Arrow writer
-   runs one `ParticipantWriter` per Spark task on the executors (records never pass through
+   runs one participant producer per Spark task on the executors (`spark_sink.participant`
+   over `eos.Producer.participant`; records never pass through
    the driver). Spark hands the commit messages of the successful task attempts, one per
    partition, to the writer's `commit()`, which reports their participant ids back to the
    driver through a file (`commit()` runs in a Python worker beside the driver). A failed
@@ -58,7 +59,7 @@ from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterComm
 from eos.errors import EosError, ErrorCode
 from eos.types import TopicPartition
 from spark_sink.owner import TRANSACTION_TIMEOUT_MS_DEFAULT, TransactionOwner
-from spark_sink.participant import FLUSH_BYTES_DEFAULT, TIMEOUT_MS_DEFAULT, OwnerIdentity, write_arrow_batches
+from spark_sink.participant import TIMEOUT_MS_DEFAULT, OwnerIdentity, producer_settings, write_arrow_batches
 
 log = logging.getLogger("eos.spark.sink")
 
@@ -82,7 +83,8 @@ class ParticipantDataSource(DataSource):
     """`df.write.format("eos_participant")`: the sinks' write step (not meant for users).
 
     Options: bootstrap, topic, transactionalId, producerId, producerEpoch, transactional
-    (true|false), resultPath (where commit() reports the tasks), flushBytes, timeoutMs."""
+    (true|false), resultPath (where commit() reports the tasks), timeoutMs, producerConfig
+    (JSON: further Kafka producer settings for the tasks' producers)."""
 
     @classmethod
     def name(cls) -> str:
@@ -100,13 +102,13 @@ class ParticipantArrowWriter(DataSourceArrowWriter):
                                    int(self.options.get("producerid", -1)), int(self.options.get("producerepoch", -1)))
         self.topic = self.options["topic"]
         self.transactional = transactional
-        self.flush_bytes = int(self.options.get("flushbytes", FLUSH_BYTES_DEFAULT))
         self.timeout_ms = int(self.options.get("timeoutms", TIMEOUT_MS_DEFAULT))
+        self.producer_config = json.loads(self.options.get("producerconfig", "{}"))
         self.result_path = self.options["resultpath"]
 
     def write(self, iterator) -> TaskWrite:
         result = write_arrow_batches(self.owner, self.topic, iterator, transactional=self.transactional,
-                                     flush_bytes=self.flush_bytes, timeout_ms=self.timeout_ms)
+                                     timeout_ms=self.timeout_ms, producer_config=self.producer_config)
         return TaskWrite(result.producer_id, result.records)
 
     def commit(self, messages) -> None:
@@ -241,13 +243,14 @@ class BatchReport:
 
 class _SinkBase:
     def __init__(self, bootstrap: str, topic: str, *, key_column: str, value_column: str,
-                 flush_bytes: int, task_timeout_ms: int):
+                 task_timeout_ms: int, producer_config: dict | None):
         self.bootstrap = bootstrap
         self.topic = topic
         self.key_column = key_column
         self.value_column = value_column
-        self.flush_bytes = flush_bytes
         self.task_timeout_ms = task_timeout_ms
+        producer_settings(task_timeout_ms, producer_config)     # bad settings fail here, not in the tasks
+        self.producer_config = dict(producer_config or {})
         self.reports: collections.deque[BatchReport] = collections.deque(maxlen=STATS_KEPT_MAX)
         self._result_dir = tempfile.mkdtemp(prefix="eos-sink-")
         self._topic_checked = False
@@ -290,7 +293,8 @@ class _SinkBase:
          .option("transactionalId", owner.transactional_id).option("producerId", str(owner.producer_id))
          .option("producerEpoch", str(owner.producer_epoch))
          .option("transactional", "true" if transactional else "false")
-         .option("resultPath", result_path).option("flushBytes", str(self.flush_bytes))
+         .option("resultPath", result_path)
+         .option("producerConfig", json.dumps(self.producer_config))
          .option("timeoutMs", str(self.task_timeout_ms)).save())
         try:
             with open(result_path) as f:
@@ -313,11 +317,11 @@ class ExactlyOnceSink(_SinkBase):
     def __init__(self, bootstrap: str, topic: str, *, transactional_id: str, group_id: str,
                  checkpoint_location: str | None = None, key_column: str = "key", value_column: str = "value",
                  transaction_timeout_ms: int = TRANSACTION_TIMEOUT_MS_DEFAULT,
-                 flush_bytes: int = FLUSH_BYTES_DEFAULT, task_timeout_ms: int = TIMEOUT_MS_DEFAULT):
+                 task_timeout_ms: int = TIMEOUT_MS_DEFAULT, producer_config: dict | None = None):
         if not group_id:
             raise ValueError("group_id must be a non-empty string: the input offsets are committed to it")
         super().__init__(bootstrap, topic, key_column=key_column, value_column=value_column,
-                         flush_bytes=flush_bytes, task_timeout_ms=task_timeout_ms)
+                         task_timeout_ms=task_timeout_ms, producer_config=producer_config)
         self.transactional_id = transactional_id
         self.group_id = group_id
         self.checkpoint_location = checkpoint_location
@@ -378,9 +382,9 @@ class AtLeastOnceSink(_SinkBase):
     written again. The baseline the exactly-once sink is measured against."""
 
     def __init__(self, bootstrap: str, topic: str, *, key_column: str = "key", value_column: str = "value",
-                 flush_bytes: int = FLUSH_BYTES_DEFAULT, task_timeout_ms: int = TIMEOUT_MS_DEFAULT):
+                 task_timeout_ms: int = TIMEOUT_MS_DEFAULT, producer_config: dict | None = None):
         super().__init__(bootstrap, topic, key_column=key_column, value_column=value_column,
-                         flush_bytes=flush_bytes, task_timeout_ms=task_timeout_ms)
+                         task_timeout_ms=task_timeout_ms, producer_config=producer_config)
 
     def __call__(self, df, batch_id: int) -> None:
         started = time.perf_counter()

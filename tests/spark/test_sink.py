@@ -187,3 +187,26 @@ def test_a_missing_output_topic_is_named_before_anything_runs(spark, eos_broker,
     with pytest.raises(UnknownTopicOrPartitionError, match="'no_such_output' does not exist"):
         sink(batch, 0)
     sink.close()
+
+
+# ---- the executors' writer (spark_sink.participant over the producer's participant mode) ---------
+
+def test_a_task_without_rows_makes_no_participant_and_connects_to_nothing():
+    import pyarrow as pa
+
+    from spark_sink.participant import OwnerIdentity, WriteResult, write_arrow_batches
+
+    nowhere = OwnerIdentity("127.0.0.1:1", "t", 5, 0)          # nothing listens there
+    empty = pa.RecordBatch.from_pydict({"key": pa.array([], pa.binary()), "value": pa.array([], pa.binary())})
+    assert write_arrow_batches(nowhere, "out", [empty, empty]) == WriteResult(-1, 0, 0)
+
+
+@pytest.mark.parametrize("settings, problem", [
+    ({"acks": 1}, "must not set acks"),
+    ({"transactional.id": "x"}, "must not set transactional.id"),
+    ({"lingerms": 5}, "unknown producer config: lingerms"),
+    ({"linger.ms": -1}, "linger.ms"),
+])
+def test_bad_producer_settings_are_refused_when_the_sink_is_made(settings, problem):
+    with pytest.raises(ValueError, match=problem):
+        ExactlyOnceSink("127.0.0.1:1", "out", transactional_id="t", group_id="g", producer_config=settings)
