@@ -4,78 +4,236 @@ Theory of operation
 -------------------
 The harness hands over one plain dict (`run`), already JSON-shaped: machine, disk, systems,
 and per workload the per-system outcome (status, metrics or the reason there are none).
-`rows()` pairs the metrics of eos and Kafka by their stable key and computes the ratio,
-oriented so that a ratio above 1 always means eos is better: eos/kafka for figures where
-higher is better (throughput), kafka/eos where lower is better (latency). Everything else
-here only formats those rows; nothing is measured or recomputed.
+`rows()` pairs the metrics of eos and Kafka by their stable key and computes, per row:
+- the ratio, oriented so that a ratio above 1 always means eos is better: eos/kafka for
+  figures where higher is better (throughput), kafka/eos where lower is better (latency,
+  duplicates). A zero denominator gives no ratio (never inf or nan);
+- the verdict (`verdict`), from the two values themselves, so that it exists where the ratio
+  does not: "eos 0 vs 1,234 duplicates" is eos better, both 0 is even;
+- whether the two systems' run-to-run ranges (min-max of the metric's samples) overlap, in
+  which case the verdict is within the noise of this machine.
+`summary()` counts the verdicts of the rows that compare both systems, leaving out rows that
+only restate another row in other units (MB/s next to records/s). Everything else here only
+formats those rows; nothing is measured or recomputed.
 """
 from __future__ import annotations
 
 import json
+import math
+import re
 import shutil
 from pathlib import Path
 
 SYSTEMS = ("eos", "kafka")
+SYSTEM_NAMES = {"eos": "eos", "kafka": "Kafka"}
+EOS_BETTER, KAFKA_BETTER, EVEN = "eos better", "Kafka better", "even"
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value)
 
 
 def rows(run: dict) -> list[dict]:
-    """One row per (workload, metric) with both systems' values and the oriented ratio."""
+    """One row per (workload, metric) with both systems' values, samples, the oriented
+    ratio and the verdict."""
     out = []
     for workload in run["workloads"]:
         by_key: dict[str, dict] = {}
         order: list[str] = []
+        status = {s: workload["results"].get(s, {}).get("status", "not run") for s in SYSTEMS}
         for system in SYSTEMS:
             outcome = workload["results"].get(system, {})
             for metric in outcome.get("metrics", []):
                 if metric["key"] not in by_key:
                     order.append(metric["key"])
                     by_key[metric["key"]] = {"workload": workload["name"], **metric,
-                                             "eos": None, "kafka": None}
-                by_key[metric["key"]][system] = metric["value"]
+                                             "eos": None, "kafka": None,
+                                             "samples": {"eos": [], "kafka": []}}
+                row = by_key[metric["key"]]
+                row[system] = metric["value"]
+                row["samples"][system] = list(metric.get("samples") or [])
         for key in order:
             row = by_key[key]
             row.pop("value", None)
+            if "restates" not in row:
+                # Runs saved before metrics named what they restate: MB/s next to the
+                # records/s of the same runs.
+                sibling = key.removesuffix(".mb_per_s") + ".records_per_s"
+                row["restates"] = sibling if key.endswith(".mb_per_s") and sibling in by_key \
+                    else ""
             row["ratio"] = ratio(row["eos"], row["kafka"], row["higher_is_better"])
-            row["status"] = {s: workload["results"].get(s, {}).get("status", "not run")
-                             for s in SYSTEMS}
+            row["verdict"] = verdict(row["eos"], row["kafka"], row["higher_is_better"])
+            row["ranges_overlap"] = ranges_overlap(row["samples"]["eos"],
+                                                   row["samples"]["kafka"])
+            row["status"] = dict(status)
             out.append(row)
         if not order:
             out.append({"workload": workload["name"], "key": workload["name"],
                         "label": workload["title"], "unit": "", "higher_is_better": True,
                         "note": "", "eos": None, "kafka": None, "ratio": None,
-                        "status": {s: workload["results"].get(s, {}).get("status", "not run")
-                                   for s in SYSTEMS}})
+                        "verdict": None, "ranges_overlap": None, "restates": "",
+                        "samples": {"eos": [], "kafka": []}, "status": dict(status)})
     return out
 
 
 def ratio(eos_value, kafka_value, higher_is_better: bool) -> float | None:
-    if eos_value is None or kafka_value is None:
+    """eos/kafka (higher is better) or kafka/eos (lower is better); None when either is
+    missing or not a finite number, or either is 0: "0 duplicates against 1,234" has no
+    finite ratio, and a ratio of 0 says nothing more (`verdict` answers those)."""
+    if not (_finite(eos_value) and _finite(kafka_value)):
         return None
     numerator, denominator = ((eos_value, kafka_value) if higher_is_better
                               else (kafka_value, eos_value))
-    if denominator == 0:
+    if numerator == 0 or denominator == 0:
         return None
     return round(numerator / denominator, 3)
 
 
+def verdict(eos_value, kafka_value, higher_is_better: bool) -> str | None:
+    """EOS_BETTER, KAFKA_BETTER or EVEN from the values; None unless both are numbers."""
+    if not (_finite(eos_value) and _finite(kafka_value)):
+        return None
+    if eos_value == kafka_value:
+        return EVEN
+    eos_ahead = eos_value > kafka_value if higher_is_better else eos_value < kafka_value
+    return EOS_BETTER if eos_ahead else KAFKA_BETTER
+
+
+def ranges_overlap(eos_samples: list, kafka_samples: list) -> bool | None:
+    """Whether the min-max ranges of two systems' runs overlap; None without two samples
+    on each side (one run says nothing about the spread)."""
+    eos_values = [v for v in eos_samples if _finite(v)]
+    kafka_values = [v for v in kafka_samples if _finite(v)]
+    if len(eos_values) < 2 or len(kafka_values) < 2:
+        return None
+    return min(eos_values) <= max(kafka_values) and min(kafka_values) <= max(eos_values)
+
+
+def compared(row: dict) -> bool:
+    """Counted in the summary: both systems have a value and the row is not a restatement
+    of another row of the same runs."""
+    return row.get("verdict") is not None and not row.get("restates")
+
+
+def summary(all_rows: list[dict]) -> dict:
+    """Counts and rows of each verdict over the compared rows."""
+    counted = [r for r in all_rows if compared(r)]
+    return {
+        "compared": len(counted),
+        "ahead": [r for r in counted if r["verdict"] == EOS_BETTER],
+        "behind": [r for r in counted if r["verdict"] == KAFKA_BETTER],
+        "even": [r for r in counted if r["verdict"] == EVEN],
+        "within_noise": [r for r in counted if r.get("ranges_overlap")],
+        "one_run": [r for r in counted if r.get("ranges_overlap") is None],
+    }
+
+
+def _number(value) -> str:
+    if not _finite(value):
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if abs(value) < 10:
+        return f"{value:,.3f}".rstrip("0").rstrip(".") if value else "0"
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:,.2f}"
+
+
 def _cell(value, status: str) -> str:
     if value is not None:
-        if isinstance(value, float) and abs(value) < 10:
-            return f"{value:,.3f}".rstrip("0").rstrip(".") if value else "0"
-        return f"{value:,.0f}" if abs(value) >= 100 else f"{value:,.2f}"
+        return _number(value)
     return {"ok": "-", "not available": "n/a", "lost": "LOST", "error": "error",
             "not run": "not run"}.get(status, status)
 
 
-def _ratio_cell(value) -> str:
-    return "-" if value is None else f"{value:.2f}x"
+def _spread_cell(samples: list) -> str:
+    """min–max (number of runs), or what there is instead."""
+    values = [v for v in samples if _finite(v)]
+    if len(values) >= 2:
+        return f"{_number(min(values))}–{_number(max(values))} ({len(values)})"
+    return "1 run" if values else "-"
+
+
+def _ratio_cell(row: dict) -> str:
+    if row.get("ratio") is not None:
+        return f"{row['ratio']:.2f}x"
+    if row.get("verdict") is None:
+        return "-"
+    values = f"eos {_number(row['eos'])} vs {_number(row['kafka'])}"
+    return f"{values}: {row['verdict']}" if row["verdict"] != EVEN else f"{values}: even"
+
+
+def _label(row: dict) -> str:
+    """The label with its unit, unless the label already ends on it ("...: records/s") or
+    names it before more words ("MB/s on disk", "MB/s (in-process)"); "every 100 ms: p50"
+    still gets " (ms)"."""
+    unit, label = row["unit"], row["label"]
+    if not unit or re.search(rf"{re.escape(unit)}(\s\(|\s+on\b|$)", label):
+        return label
+    return f"{label} ({unit})"
+
+
+def _row_name(row: dict) -> str:
+    return f"{row['workload']}: {_label(row)}"
+
+
+def summary_lines(all_rows: list[dict]) -> list[str]:
+    """A few lines of Markdown: how many rows eos is ahead and behind on, and which."""
+    counts = summary(all_rows)
+    if not counts["compared"]:
+        return ["No figure was measured on both systems."]
+    lines = [f"eos is **ahead on {len(counts['ahead'])}** of the {counts['compared']} figures "
+             f"measured on both systems, **behind on {len(counts['behind'])}**"
+             + (f", even on {len(counts['even'])}" if counts["even"] else "")
+             + " (MB/s rows that restate a records/s row are not counted twice)."]
+    if counts["behind"]:
+        lines.append("Behind: " + "; ".join(f"{_row_name(r)} {_ratio_cell(r)}"
+                                            for r in counts["behind"]) + ".")
+    if counts["within_noise"]:
+        lines.append(f"Within the noise (the two systems' min–max over their runs overlap) on "
+                     f"{len(counts['within_noise'])}: " + "; ".join(
+                         f"{_row_name(r)} {_ratio_cell(r)}" for r in counts["within_noise"])
+                     + ".")
+    if counts["one_run"]:
+        lines.append(f"{len(counts['one_run'])} of the compared figures come from a single run "
+                     "on at least one side: their spread is unknown.")
+    return lines
+
+
+def _grouped(all_rows: list[dict]) -> list[tuple[str, list[dict]]]:
+    """Rows by workload, in run order."""
+    groups: dict[str, list[dict]] = {}
+    for row in all_rows:
+        groups.setdefault(row["workload"], []).append(row)
+    return list(groups.items())
+
+
+def _notes(workload: dict) -> list[str]:
+    notes = []
+    for system in SYSTEMS:
+        outcome = workload["results"].get(system)
+        if outcome and outcome["status"] != "ok":
+            notes.append(f"- {SYSTEM_NAMES[system]}: **{outcome['status']}** — "
+                         f"{outcome.get('detail', '')}")
+        elif outcome:
+            details = list(dict.fromkeys(m["note"] for m in outcome["metrics"]
+                                         if m.get("note")))
+            if details:
+                notes.append(f"- {SYSTEM_NAMES[system]}: " + "; ".join(details))
+    return notes
 
 
 def markdown(run: dict) -> str:
     machine = run["machine"]
     disk = run.get("disk") or {}
+    all_rows = rows(run)
+    repeats = run.get("sizes", {}).get("repeats")
     lines = [
         f"# eos vs Apache Kafka — {run['started_utc'][:10]} on {machine['hostname']}",
+        "",
+        "## Summary",
+        "",
+        *summary_lines(all_rows),
         "",
         f"Command: `{run['command']}` ({run['mode']} sizes; {run['duration_s']:.0f} s). "
         f"Machine: {machine['cpu_model']}, {machine['cores']} cores, "
@@ -86,8 +244,11 @@ def markdown(run: dict) -> str:
         f"{'/'.join(map(str, machine.get('loadavg_at_start', [])))} at the start, "
         f"{'/'.join(map(str, machine.get('loadavg_at_end', [])))} at the end.",
         "",
-        "**Ratio = eos/Kafka for throughput, Kafka/eos for latency: above 1 means eos is "
-        "better.**",
+        "**Ratio = eos/Kafka where higher is better (throughput), Kafka/eos where lower is "
+        "better (latency, duplicates): above 1 means eos is better.** "
+        + (f"Each figure is the median of {repeats} runs" if repeats and repeats > 1
+           else "Each figure is one run") +
+        "; the min–max columns give the range over the runs (their number in brackets).",
         "",
     ]
     if disk:
@@ -95,55 +256,92 @@ def markdown(run: dict) -> str:
                   f"blocks, median of {len(disk['buffered_runs_mb_s'])}): "
                   f"{disk['buffered_mb_s']:,.0f} MB/s buffered, {disk['fsync_mb_s']:,.0f} "
                   f"MB/s with a final fsync.", ""]
-    lines += ["| workload | metric | eos | Kafka | eos/Kafka (>1 = eos better) |",
-              "| --- | --- | ---: | ---: | ---: |"]
-    for row in rows(run):
-        unit = f" ({row['unit']})" if row["unit"] and row["unit"] not in row["label"] else ""
-        lines.append(f"| {row['workload']} | {row['label']}{unit} | "
-                     f"{_cell(row['eos'], row['status']['eos'])} | "
-                     f"{_cell(row['kafka'], row['status']['kafka'])} | "
-                     f"{_ratio_cell(row['ratio'])} |")
-    notes = []
-    for workload in run["workloads"]:
-        for system in SYSTEMS:
-            outcome = workload["results"].get(system)
-            if outcome and outcome["status"] != "ok":
-                notes.append(f"- {workload['name']} on {system}: **{outcome['status']}** — "
-                             f"{outcome.get('detail', '')}")
-            elif outcome:
-                details = list(dict.fromkeys(m["note"] for m in outcome["metrics"]
-                                             if m.get("note")))
-                if details:
-                    notes.append(f"- {workload['name']} on {system}: " + "; ".join(details))
-    if notes:
-        lines += ["", "Notes:", ""] + notes
+    workloads = {w["name"]: w for w in run["workloads"]}
+    for name, group in _grouped(all_rows):
+        workload = workloads[name]
+        elapsed = ", ".join(f"{SYSTEM_NAMES[s]} {o['elapsed_s']:.0f} s"
+                            for s, o in workload["results"].items() if "elapsed_s" in o)
+        lines += [f"## {name}: {workload['title']}" + (f" ({elapsed})" if elapsed else ""),
+                  "",
+                  "| metric | eos | eos min–max | Kafka | Kafka min–max | "
+                  "eos/Kafka (>1 = eos better) |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: |"]
+        for row in group:
+            lines.append(f"| {_label(row)} | "
+                         f"{_cell(row['eos'], row['status']['eos'])} | "
+                         f"{_spread_cell(row['samples']['eos'])} | "
+                         f"{_cell(row['kafka'], row['status']['kafka'])} | "
+                         f"{_spread_cell(row['samples']['kafka'])} | "
+                         f"{_ratio_cell(row)} |")
+        notes = _notes(workload)
+        if notes:
+            lines += ["", *notes]
+        lines.append("")
     for system in SYSTEMS:
         info = run["systems"].get(system, {})
         if info.get("status") not in (None, "ok"):
-            lines += ["", f"{system}: {info['status']} — {info.get('detail', '')}"]
-    lines += ["", "Sizes: " + ", ".join(f"{k}={v}" for k, v in run["sizes"].items()), ""]
+            lines += [f"{system}: {info['status']} — {info.get('detail', '')}", ""]
+    lines += ["Sizes: " + ", ".join(f"{k}={v}" for k, v in run["sizes"].items()), ""]
     return "\n".join(lines)
 
 
 def console_table(run: dict) -> str:
-    table = [("workload", "metric", "eos", "kafka", "eos/kafka")]
-    for row in rows(run):
-        table.append((row["workload"], f"{row['label']} [{row['unit']}]" if row["unit"] else
-                      row["label"], _cell(row["eos"], row["status"]["eos"]),
-                      _cell(row["kafka"], row["status"]["kafka"]), _ratio_cell(row["ratio"])))
-    widths = [max(len(r[i]) for r in table) for i in range(5)]
+    all_rows = rows(run)
+    table = [("workload", "metric", "eos", "eos min-max", "kafka", "kafka min-max",
+              "eos/kafka")]
+    for name, group in _grouped(all_rows):
+        for index, row in enumerate(group):
+            table.append((name if index == 0 else "",
+                          _label(row),
+                          _cell(row["eos"], row["status"]["eos"]),
+                          _spread_cell(row["samples"]["eos"]).replace("–", "-"),
+                          _cell(row["kafka"], row["status"]["kafka"]),
+                          _spread_cell(row["samples"]["kafka"]).replace("–", "-"),
+                          _ratio_cell(row)))
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
     out = []
     for index, row in enumerate(table):
         out.append("  ".join(cell.ljust(widths[i]) if i < 2 else cell.rjust(widths[i])
-                             for i, cell in enumerate(row)))
+                             for i, cell in enumerate(row)).rstrip())
         if index == 0:
             out.append("  ".join("-" * w for w in widths))
-    out.append("(eos/kafka > 1 means eos is better; for latency the ratio is kafka/eos)")
+    out.append("(eos/kafka > 1 means eos is better; where lower is better the ratio is "
+               "kafka/eos; min-max over the runs, their number in brackets)")
+    out += [""] + [line.replace("**", "") for line in summary_lines(all_rows)]
     return "\n".join(out)
 
 
+def _plot_panels(all_rows: list[dict]) -> list[tuple[str, list[dict]]]:
+    """(title, rows) of each bar panel; rows of units without a panel of their own (counts
+    such as duplicates) get one panel per unit."""
+    def is_append(r: dict) -> bool:
+        return r["workload"].startswith("append")
+
+    measured = [r for r in all_rows if r["eos"] is not None or r["kafka"] is not None]
+    panels = [
+        ("Throughput (records/s, higher is better)", [r for r in measured
+                                                     if r["unit"] == "records/s"
+                                                     and not is_append(r)]),
+        ("MB/s of values (higher is better)", [r for r in measured if r["unit"] == "MB/s"
+                                               and not is_append(r)]),
+        # Append rows (MB/s of .log bytes) get their own panel against the raw disk: the
+        # in-process ones are an order of magnitude above any client's MB/s.
+        ("Append: MB/s to .log files; red lines: raw disk (higher is better)",
+         [r for r in measured if r["unit"] == "MB/s" and is_append(r)]),
+        ("Latency (ms, lower is better)", [r for r in measured if r["unit"] == "ms"]),
+    ]
+    known = {"records/s", "MB/s", "ms", "ratio", ""}
+    for unit in dict.fromkeys(r["unit"] for r in measured if r["unit"] not in known):
+        unit_rows = [r for r in measured if r["unit"] == unit]
+        directions = {("higher" if r["higher_is_better"] else "lower") for r in unit_rows}
+        direction = f", {directions.pop()} is better" if len(directions) == 1 else ""
+        panels.append((f"{unit[:1].upper()}{unit[1:]} ({unit}{direction})", unit_rows))
+    return [(title, rs) for title, rs in panels if rs]
+
+
 def plot(run: dict, path: Path) -> Path | None:
-    """Bar charts of records/s, MB/s, latency and the ratios; None without matplotlib."""
+    """Bar charts of records/s, MB/s, latency, other units and the ratios, with the
+    min-max of the runs as error bars; None without matplotlib."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -152,29 +350,18 @@ def plot(run: dict, path: Path) -> Path | None:
     except ImportError:
         return None
     all_rows = rows(run)
-    # Append rows (MB/s of .log bytes) get their own panel against the raw disk: the
-    # in-process ones are an order of magnitude above any client's MB/s.
-    def is_append(r: dict) -> bool:
-        return r["workload"].startswith("append")
-
-    panels = [
-        ("Throughput (records/s, higher is better)", [r for r in all_rows
-                                                     if r["unit"] == "records/s"
-                                                     and not is_append(r)]),
-        ("MB/s of values (higher is better)", [r for r in all_rows if r["unit"] == "MB/s"
-                                               and not is_append(r)]),
-        ("Append: MB/s written to .log files; lines: raw disk write (higher is better)",
-         [r for r in all_rows if r["unit"] == "MB/s" and is_append(r)]),
-        ("Latency (ms, lower is better)", [r for r in all_rows if r["unit"] == "ms"]),
-    ]
-    panels = [(title, rs) for title, rs in panels if rs]
-    # MB/s of values repeats records/s for the same run, so it is left out of the ratios.
-    ratio_rows = [r for r in all_rows if r["ratio"] is not None
-                  and (r["unit"] != "MB/s" or r["workload"] == "append-client")]
+    panels = _plot_panels(all_rows)
+    # Rows that restate another (MB/s next to records/s) are left out of the ratios.
+    ratio_rows = [r for r in all_rows if compared(r)]
     count = len(panels) + (1 if ratio_rows else 0)
     if count == 0:
         return None
-    fig, axes = plt.subplots(count, 1, figsize=(11, 3.2 * count + 0.6), squeeze=False)
+    # Each panel as tall as its rows need (two bars a row; one bar a row for the ratios).
+    heights = [max(1.8, 0.9 + 0.42 * len(rs)) for _title, rs in panels]
+    if ratio_rows:
+        heights.append(max(1.8, 0.9 + 0.26 * len(ratio_rows)))
+    fig, axes = plt.subplots(count, 1, figsize=(11, sum(heights) + 0.6), squeeze=False,
+                             gridspec_kw={"height_ratios": heights})
     colours = {"eos": "#2b7bba", "kafka": "#9a9a9a"}
     for ax, (title, panel_rows) in zip(axes[:, 0], panels):
         labels = [f"{r['workload']}: {r['label']}".replace(": records/s", "")
@@ -182,18 +369,24 @@ def plot(run: dict, path: Path) -> Path | None:
         positions = range(len(panel_rows))
         width = 0.4
         for offset, system in ((-width / 2, "eos"), (width / 2, "kafka")):
-            values = [r[system] or 0 for r in panel_rows]
+            values = [r[system] if _finite(r[system]) else 0 for r in panel_rows]
+            low, high = [], []
+            for r, value in zip(panel_rows, values):
+                spread = [v for v in r["samples"][system] if _finite(v)]
+                low.append(max(0.0, value - min(spread)) if len(spread) > 1 else 0.0)
+                high.append(max(0.0, max(spread) - value) if len(spread) > 1 else 0.0)
             bars = ax.barh([p + offset for p in positions], values, height=width,
+                           xerr=[low, high], error_kw={"elinewidth": 0.8, "capsize": 2},
                            label="eos" if system == "eos" else "Apache Kafka",
                            color=colours[system])
-            for bar, r in zip(bars, panel_rows):
+            for bar, r, top in zip(bars, panel_rows, high):
                 text = _cell(r[system], r["status"][system])
-                ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {text}",
-                        va="center", fontsize=7)
+                ax.text(bar.get_width() + top, bar.get_y() + bar.get_height() / 2,
+                        f" {text}", va="center", fontsize=7)
         ax.set_yticks(list(positions))
         ax.set_yticklabels(labels, fontsize=8)
         ax.invert_yaxis()
-        ax.set_title(title, fontsize=10)
+        ax.set_title(title + "; whiskers: min-max of the runs", fontsize=10)
         ax.xaxis.set_major_locator(MaxNLocator(nbins=6))   # wide labels must not collide
         ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: f"{x:,.0f}"))
         ax.legend(fontsize=8, loc="upper right", bbox_to_anchor=(1.0, 1.18), ncol=2,
@@ -208,19 +401,7 @@ def plot(run: dict, path: Path) -> Path | None:
                 ax.text(x, 0.97, f"{name} {x:,.0f} ", fontsize=6, color="#b22222",
                         rotation=90, ha="right", va="top", transform=ax.get_xaxis_transform())
     if ratio_rows:
-        ax = axes[-1, 0]
-        labels = [f"{r['workload']}: {r['label']}" for r in ratio_rows]
-        values = [r["ratio"] for r in ratio_rows]
-        ax.barh(range(len(values)), values,
-                color=["#2b7bba" if v >= 1 else "#d9822b" for v in values])
-        ax.axvline(1.0, color="black", linewidth=0.8)
-        ax.set_yticks(list(range(len(values))))
-        ax.set_yticklabels(labels, fontsize=8)
-        ax.invert_yaxis()
-        ax.set_title("eos relative to Kafka (> 1 means eos is better)", fontsize=10)
-        for y, v in enumerate(values):
-            ax.text(v, y, f" {v:.2f}x", va="center", fontsize=7)
-        ax.margins(x=0.15)
+        _plot_ratios(axes[-1, 0], ratio_rows)
     fig.suptitle(f"eos vs Apache Kafka {run['systems'].get('kafka', {}).get('version') or ''} — "
                  f"{run['started_utc'][:10]}, {run['machine']['hostname']} "
                  f"({run['mode']})", fontsize=11)
@@ -228,6 +409,30 @@ def plot(run: dict, path: Path) -> Path | None:
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
+
+
+def _plot_ratios(ax, ratio_rows: list[dict]) -> None:
+    """Log-scale bars from 1 to each ratio; a row without a ratio (a zero on one side) gets
+    its verdict written at 1 instead of a bar."""
+    ratios = [r["ratio"] for r in ratio_rows if r["ratio"] is not None and r["ratio"] > 0]
+    extent = max([abs(math.log10(v)) for v in ratios] + [0.3]) * 1.25
+    for y, row in enumerate(ratio_rows):
+        value = row["ratio"]
+        if value is not None and value > 0:
+            ax.barh(y, value - 1.0, left=1.0,
+                    color="#2b7bba" if value >= 1 else "#d9822b")
+            ax.text(value, y, f" {value:.2f}x " if value >= 1 else f" {value:.2f}x ",
+                    va="center", ha="left" if value >= 1 else "right", fontsize=7)
+        else:
+            ax.text(1.0, y, f" {_ratio_cell(row)}", va="center", ha="left", fontsize=7,
+                    color="#2b7bba" if row["verdict"] == EOS_BETTER else "#d9822b")
+    ax.set_xscale("log")
+    ax.set_xlim(10 ** -extent, 10 ** extent)
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_yticks(list(range(len(ratio_rows))))
+    ax.set_yticklabels([_row_name(r) for r in ratio_rows], fontsize=8)
+    ax.set_ylim(len(ratio_rows) - 0.5, -0.5)
+    ax.set_title("eos relative to Kafka (> 1 means eos is better; log scale)", fontsize=10)
 
 
 def rewrite(json_path: Path) -> list[Path]:

@@ -26,7 +26,7 @@ that produce filled), but each must also work alone under ``--only``.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -52,6 +52,11 @@ class Metric:
 
     `key` is stable across systems and runs (it pairs eos with kafka in the report);
     `higher_is_better` orients the eos/kafka ratio so that a ratio above 1 favours eos.
+    `samples` holds every run's figure in run order when `value` is the median of several
+    runs (the report shows their min-max, so a reader sees how noisy the row is).
+    `restates` names the key of another metric of the same runs that this one only states
+    in other units (MB/s next to records/s): the report leaves it out of its summary count
+    and of the ratio plot so that one measurement is not counted twice.
     """
     key: str
     label: str
@@ -59,34 +64,77 @@ class Metric:
     unit: str
     higher_is_better: bool = True
     note: str = ""
+    samples: tuple[float, ...] = ()
+    restates: str = ""
 
     def to_dict(self) -> dict:
-        return {"key": self.key, "label": self.label, "value": self.value, "unit": self.unit,
-                "higher_is_better": self.higher_is_better, "note": self.note}
+        out = {"key": self.key, "label": self.label, "value": self.value, "unit": self.unit,
+               "higher_is_better": self.higher_is_better, "note": self.note}
+        if self.samples:
+            out["samples"] = list(self.samples)
+        if self.restates:
+            out["restates"] = self.restates
+        return out
+
+
+def median_low(values: list[float]) -> float:
+    """The median that is one of the values (the lower middle one for an even count), so
+    that a median figure is always a run that happened."""
+    if not values:
+        raise ValueError("median of no values")
+    return sorted(values)[(len(values) - 1) // 2]
+
+
+def median_of_runs(runs: list[list[Metric]]) -> list[Metric]:
+    """Metrics of several runs of one scenario folded into one list: per key, the median
+    value (`median_low`), every run's value in `samples`, and the note of the run whose
+    value is that median. Keys keep the order of the first run; every run must report the
+    same keys."""
+    if not runs:
+        raise ValueError("no runs to take the median of")
+    keys = [m.key for m in runs[0]]
+    for index, run in enumerate(runs[1:], start=2):
+        if [m.key for m in run] != keys:
+            raise ValueError(f"run {index} reported keys {[m.key for m in run]}, "
+                             f"run 1 reported {keys}")
+    folded = []
+    for position, key in enumerate(keys):
+        same = [run[position] for run in runs]
+        median = median_low([m.value for m in same])
+        chosen = next(m for m in same if m.value == median)
+        folded.append(replace(chosen, samples=tuple(m.value for m in same)))
+    return folded
 
 
 @dataclass
 class Sizes:
-    """How much work each workload does; --quick shrinks all of it."""
+    """How much work each workload does; --quick shrinks all of it.
+
+    Every throughput and latency figure is the median of `repeats` runs (each run's figure
+    kept as a sample): on a shared machine three short runs say more than one long one.
+    """
     records: int = 2_000_000          # records per throughput measurement
     value_bytes: int = 100
-    repeats: int = 3                  # throughput figures are the median of this many runs
+    repeats: int = 3                  # every figure is the median of this many runs
     max_measure_s: float = 10.0       # a throughput run stops sending after this long
     warmup_records: int = 50_000
     latency_rate_per_s: int = 5_000
-    latency_duration_s: float = 5.0
+    latency_duration_s: float = 3.0   # each run of latency and of e2e-latency (per mode)
     latency_warmup_s: float = 1.0
     consume_timeout_s: float = 120.0
     disk_mib: int = 512
-    txn_duration_s: float = 5.0       # each transactional / idempotent run of `transactions`
+    txn_duration_s: float = 2.0       # each transactional / idempotent run of `transactions`
     copier_records: int = 200_000     # input records the copier copies
     e2e_rate_per_s: int = 2_000       # end-to-end latency: records/s produced
+    commit_rate_per_s: int = 10_000   # commit-latency: records/s offered, 100 ms transactions
+    commit_duration_s: float = 5.0    # each run of commit-latency, after latency_warmup_s
 
     @classmethod
     def quick(cls) -> "Sizes":
         return cls(records=300_000, repeats=1, max_measure_s=6.0, warmup_records=10_000,
                    latency_duration_s=2.0, latency_warmup_s=0.5, consume_timeout_s=60.0,
-                   disk_mib=128, txn_duration_s=1.5, copier_records=30_000)
+                   disk_mib=128, txn_duration_s=1.5, copier_records=30_000,
+                   commit_duration_s=1.5)
 
 
 @dataclass
@@ -113,6 +161,16 @@ class RunContext:
             if partition_dir.is_dir() and suffix.isdigit():
                 total += sum(f.stat().st_size for f in partition_dir.glob("*.log"))
         return total
+
+
+def repeated(ctx: RunContext, run_once: Callable[[], list[Metric]]) -> list[Metric]:
+    """`Sizes.repeats` runs of one scenario, folded by `median_of_runs`."""
+    runs = []
+    for index in range(ctx.sizes.repeats):
+        if ctx.sizes.repeats > 1:
+            ctx.progress(f"   run {index + 1} of {ctx.sizes.repeats}")
+        runs.append(run_once())
+    return median_of_runs(runs)
 
 
 RunFn = Callable[[RunContext], list[Metric]]

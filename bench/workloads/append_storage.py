@@ -195,7 +195,8 @@ def run_eos(ctx: RunContext) -> list[Metric]:
         what = f"storage append, {variant.label}"
         metrics += [
             Metric(f"{prefix}.mb_per_s", f"{what}: MB/s (in-process, no client)",
-                   round(mb_s, 1), "MB/s", True, note),
+                   round(mb_s, 1), "MB/s", True, note,
+                   samples=tuple(round(r.mb_per_s, 1) for r in runs)),
             Metric(f"{prefix}.vs_disk_buffered", f"{what} / raw disk write (buffered)",
                    round(mb_s / alongside.buffered_mb_s, 4), "ratio", True, buffered_note),
             Metric(f"{prefix}.vs_disk_fsync", f"{what} + final fsync / raw disk write "

@@ -58,16 +58,15 @@ def _repeat(ctx: RunContext, timed_read, expected: int, size: int) -> list[Metri
         ctx.progress(f"    {received / elapsed_s:,.0f} records/s ({received:,} in "
                      f"{elapsed_s:.2f} s)")
         reads.append((received / elapsed_s, received, value_bytes, elapsed_s))
-    reads.sort()
-    rate, received, value_bytes, elapsed_s = reads[(len(reads) - 1) // 2]
+    rate, received, value_bytes, elapsed_s = sorted(reads)[(len(reads) - 1) // 2]
     note = f"median read: {received:,} records in {elapsed_s:.2f} s, {ISOLATION}"
-    if len(reads) > 1:
-        note += "; runs " + ", ".join(f"{r[0]:,.0f}" for r in reads) + " records/s"
     return [
         Metric("consume.records_per_s", "consume: records/s", round(rate), "records/s",
-               True, note),
+               True, note, samples=tuple(round(r[0]) for r in reads)),
         Metric("consume.mb_per_s", "consume: MB/s", round(value_bytes / elapsed_s / 1e6, 2),
-               "MB/s", True, "values only, 10^6 bytes"),
+               "MB/s", True, "values only, 10^6 bytes",
+               samples=tuple(round(r[2] / r[3] / 1e6, 2) for r in reads),
+               restates="consume.records_per_s"),
     ]
 
 

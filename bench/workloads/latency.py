@@ -1,5 +1,8 @@
 """Produce latency at a moderate fixed rate: send call to delivery callback.
 
+Each figure is the median of `Sizes.repeats` runs, each on a fresh topic with a fresh
+producer (p50 and p99 of a run, then the median of those per figure).
+
 One producer (acks=all, idempotent, linger 0 on both sides, so batching waits for nothing)
 sends `Sizes.latency_rate_per_s` records a second in 1 ms ticks, first for a warm-up whose
 samples are dropped, then for `Sizes.latency_duration_s`. Each record's latency is the time
@@ -12,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 
-from bench.workloads import Metric, RecordsLost, RunContext, Workload, register
+from bench.workloads import Metric, RecordsLost, RunContext, Workload, register, repeated
 from bench.workloads.clients import (eos_create_topic, eos_module, kafka_create_topic,
                                      kafka_producer_config)
 
@@ -66,6 +69,10 @@ def _metrics(ctx: RunContext, latencies_s: list[float], achieved_rate: float) ->
 
 
 def kafka_latency(ctx: RunContext) -> list[Metric]:
+    return repeated(ctx, lambda: _kafka_latency_once(ctx))
+
+
+def _kafka_latency_once(ctx: RunContext) -> list[Metric]:
     from confluent_kafka import Producer
 
     warm, measured = _schedule(ctx)
@@ -109,6 +116,10 @@ def kafka_latency(ctx: RunContext) -> list[Metric]:
 
 
 def eos_latency(ctx: RunContext) -> list[Metric]:
+    return repeated(ctx, lambda: _eos_latency_once(ctx))
+
+
+def _eos_latency_once(ctx: RunContext) -> list[Metric]:
     eos = eos_module("Producer")
     warm, measured = _schedule(ctx)
     ctx.progress(f"  latency at {ctx.sizes.latency_rate_per_s:,}/s for "

@@ -273,9 +273,13 @@ def measure(ctx: RunContext, config_key: str) -> ProduceRun:
                      f" x {ctx.sizes.repeats}")
         runs = [measure_once(ctx, config) for _ in range(ctx.sizes.repeats)]
         cache[config_key] = median_run(runs)
-        ctx.shared.setdefault("produce_samples", {})[config_key] = [
-            round(r.records_per_s) for r in runs]
+        ctx.shared.setdefault("produce_runs", {})[config_key] = runs
     return cache[config_key]
+
+
+def runs_of(ctx: RunContext, run: ProduceRun) -> list[ProduceRun]:
+    """Every run of the configuration whose median `run` is (just `run` if measured alone)."""
+    return ctx.shared.get("produce_runs", {}).get(run.config.key, [run])
 
 
 def throughput_metrics(ctx: RunContext, run: ProduceRun) -> list[Metric]:
@@ -283,15 +287,16 @@ def throughput_metrics(ctx: RunContext, run: ProduceRun) -> list[Metric]:
     if run.sent < ctx.sizes.records:
         note += (f" (fewer than {ctx.sizes.records:,}: sized from the warm-up rate to take "
                  f"about {ctx.sizes.max_measure_s:.0f} s)")
-    samples = ctx.shared.get("produce_samples", {}).get(run.config.key, [])
-    if len(samples) > 1:
-        note += "; runs " + ", ".join(f"{x:,}" for x in samples) + " records/s"
+    runs = runs_of(ctx, run)
     key = run.config.key
     return [
         Metric(f"{key}.records_per_s", f"{run.config.label}: records/s",
-               round(run.records_per_s), "records/s", True, note),
+               round(run.records_per_s), "records/s", True, note,
+               samples=tuple(round(r.records_per_s) for r in runs)),
         Metric(f"{key}.mb_per_s", f"{run.config.label}: MB/s",
-               round(run.mb_per_s, 2), "MB/s", True, "values only, 10^6 bytes"),
+               round(run.mb_per_s, 2), "MB/s", True, "values only, 10^6 bytes",
+               samples=tuple(round(r.mb_per_s, 2) for r in runs),
+               restates=f"{key}.records_per_s"),
     ]
 
 
