@@ -1,11 +1,13 @@
 """The consumer's fetcher without a broker: positions, skipping, read_committed filtering."""
 from __future__ import annotations
 
+import threading
+from concurrent import futures
 from types import SimpleNamespace
 
 import pytest
 
-from consumer.fetcher import Fetcher
+from consumer.fetcher import Fetcher, _FetchCallers, _FetchInFlight
 from eos import net
 from eos.records.codec import encode_batch, encode_control_batch
 from eos.types import TopicPartition
@@ -129,3 +131,62 @@ def test_unassigned_partition_is_refused():
     f = fetcher()
     with pytest.raises(ValueError, match="not assigned"):
         f.state(TopicPartition("other", 0))
+
+
+# ---- the threads that make the Fetch calls -------------------------------------------------
+
+def test_fetch_callers_run_a_brokers_calls_in_order_on_one_reused_thread():
+    callers = _FetchCallers()
+    try:
+        def where(tag, *, timeout):
+            return tag, timeout, threading.current_thread().name
+
+        first = callers.submit(7, where, "a", timeout=1.5)
+        second = callers.submit(7, where, "b", timeout=2.5)
+        other = callers.submit(8, where, "c", timeout=0.5)
+        assert first.result(timeout=10) == ("a", 1.5, "eos-consumer-fetch-7")
+        assert second.result(timeout=10) == ("b", 2.5, "eos-consumer-fetch-7")
+        assert other.result(timeout=10) == ("c", 0.5, "eos-consumer-fetch-8")
+    finally:
+        callers.close()
+
+
+def test_fetch_callers_hand_an_exception_to_the_future_and_go_on():
+    callers = _FetchCallers()
+    try:
+        def fail():
+            raise ValueError("Cannot invoke RPC on closed channel!")
+
+        failed = callers.submit(1, fail)
+        with pytest.raises(ValueError, match="closed channel"):
+            failed.result(timeout=10)
+        assert callers.submit(1, lambda: "next").result(timeout=10) == "next"
+    finally:
+        callers.close()
+
+
+def test_fetch_callers_after_close_cancel_instead_of_calling():
+    callers = _FetchCallers()
+    callers.close()
+    calls = []
+    late = callers.submit(1, lambda: calls.append("called"))
+    assert late.cancelled()
+    with pytest.raises(futures.CancelledError):
+        late.result(timeout=0)
+    assert calls == []
+
+
+def test_a_fetch_whose_channel_was_closed_is_retried_not_fatal():
+    f = fetcher()
+    state = f.state(TP)
+    state.seek(0)
+    state.in_flight = True
+    call: futures.Future = futures.Future()
+    call.set_exception(ValueError("Cannot invoke RPC on closed channel!"))
+    stale = []
+    f._metadata = SimpleNamespace(mark_stale=stale.append)
+    f._handle_response(_FetchInFlight(0, {TP: (state.fetch_epoch, 0)}, call))
+    assert not f.has_pending_error
+    assert not state.in_flight
+    assert state.retry_at_ms > 0
+    assert stale == ["t"]
