@@ -9,10 +9,18 @@ The `RecordAccumulator` is what they share, behind one lock held only for list a
   appended. Only the tail may be *open* (still taking records). A batch is *sealed* when
   the next record would take it past batch.size (an estimate of its encoded size), when
   the sender drains it, or when a bulk append fills it.
-- An open batch is plain Python lists (values, keys, timestamps, headers). Appending a
-  record is four list appends; encoding happens once per batch on the sender thread, with
-  `BatchBuilder.append_many` (per-record work as cheap as Python allows, and off the
-  application's thread).
+- An open batch is plain Python lists (values, timestamps; keys and headers only once a
+  record has one). Appending a record is two list appends under the lock; encoding
+  happens once per batch on the sender thread, with `BatchBuilder.append_many`
+  (per-record work as cheap as Python allows, and off the application's thread).
+- send()'s path is the hot one: one record per call, so every attribute lookup and call
+  counts. The accumulator keeps the open batch each per-record append last used, by
+  topic for the sticky partition and by (topic, partition) for an explicit one
+  (`_append_tails`); while that batch is open and has room, an append is a dict lookup,
+  a size check and two list appends. Everything else (a new batch, a switch of sticky
+  partition, buffer memory) takes the general path. Only an open batch takes records,
+  and an open batch is always the tail of its partition's deque, so a cached batch
+  that is still open is the right one.
 - Memory: each new batch reserves max(batch.size, its first record) bytes of
   buffer.memory (a bulk batch: the bytes it is made to hold) until it is delivered or
   failed; the reservation is also the batch's capacity. When the buffer is full, appends
@@ -96,7 +104,7 @@ class ProducerBatch:
     __slots__ = (
         "topic", "partition", "tp", "creation_index", "created_ms",
         "values", "keys", "timestamps_ms", "headers", "size_estimate_bytes", "reserved_bytes",
-        "has_keys", "has_headers", "sealed", "single_timestamp_ms",
+        "sealed", "single_timestamp_ms",
         "_condition", "_done", "base_offset", "log_append_time_ms", "exception",
         "_record_callbacks", "_done_callbacks", "_watched_futures",
         "payload", "producer_id", "producer_epoch", "base_sequence",
@@ -111,15 +119,17 @@ class ProducerBatch:
         self.creation_index = creation_index
         self.created_ms = created_ms
         self.values: list = []
-        self.keys: list = []
+        # keys and headers stay None while every record so far has none (most batches):
+        # then an append does not pay for them; once one record has one, they are lists
+        # aligned with values (None for records without).
+        self.keys: list | None = None
         self.timestamps_ms: list = []
-        self.headers: list = []
+        self.headers: list | None = None
         self.size_estimate_bytes = BATCH_HEADER_BYTES
         self.reserved_bytes = reserved_bytes
-        self.has_keys = False
-        self.has_headers = False
         self.sealed = False
-        # The one timestamp all records share, or -1: lets the encoder take its fast path.
+        # The one timestamp all records share (bulk appends know it), -1 when they differ,
+        # None when nobody looked (per-record appends): the encoder finds out then.
         self.single_timestamp_ms = None
         self._condition = threading.Condition()
         self._done = False
@@ -148,6 +158,18 @@ class ProducerBatch:
     @property
     def record_count(self) -> int:
         return len(self.timestamps_ms)   # values are let go at delivery; timestamps stay
+
+    def add_key(self, index: int, key) -> None:
+        """Give record `index` (the last one appended) a key: the keys list is made on
+        the first key."""
+        if self.keys is None:
+            self.keys = [None] * index
+        self.keys.append(key)
+
+    def add_headers(self, index: int, headers) -> None:
+        if self.headers is None:
+            self.headers = [None] * index
+        self.headers.append(headers)
 
     @property
     def done(self) -> bool:
@@ -246,13 +268,18 @@ class ProducerBatch:
         """Take over the records of `follower` (the next unsent batch of this partition)
         before this batch is first sent; the follower is delivered with this one."""
         first_index = len(self.timestamps_ms)
+        follower_count = len(follower.timestamps_ms)
         self.values.extend(follower.values)
-        self.keys.extend(follower.keys)
         self.timestamps_ms.extend(follower.timestamps_ms)
-        self.headers.extend(follower.headers)
-        self.has_keys = self.has_keys or follower.has_keys
-        self.has_headers = self.has_headers or follower.has_headers
-        if self.single_timestamp_ms != follower.single_timestamp_ms:
+        if follower.keys is not None or self.keys is not None:
+            self.keys = ((self.keys or [None] * first_index)
+                         + (follower.keys or [None] * follower_count))
+        if follower.headers is not None or self.headers is not None:
+            self.headers = ((self.headers or [None] * first_index)
+                            + (follower.headers or [None] * follower_count))
+        if self.single_timestamp_ms is None or follower.single_timestamp_ms is None:
+            self.single_timestamp_ms = None
+        elif self.single_timestamp_ms != follower.single_timestamp_ms:
             self.single_timestamp_ms = -1
         self.size_estimate_bytes += follower.size_estimate_bytes - BATCH_HEADER_BYTES
         if self.absorbed is None:
@@ -474,6 +501,11 @@ class RecordAccumulator:
         self.closed = False
         self.wake_requested = False
         self._drain_start = 0
+        # The open batch the last per-record append of a topic's sticky partition (key:
+        # topic) or of an explicit partition (key: (topic, partition)) went to; see the
+        # module doc. Entries are hints: a sealed batch here means "take the general path".
+        self._append_tails: dict = {}
+        self.drain_passes = 0     # drain() calls so far: lets tests wait for the sender to look
         self.posted: collections.deque = collections.deque()  # finished RPCs, for the sender
 
     # ---- appending (application threads) ---------------------------------------------------
@@ -547,27 +579,24 @@ class RecordAccumulator:
 
     def append(self, topic: str, partition: int | None, partition_count: int, value, key,
                headers, timestamp_ms: int, record_bytes: int, on_delivery) -> RecordFuture:
-        """Add one record; partition None means the topic's sticky partition."""
+        """Add one record; partition None means the topic's sticky partition.
+
+        The hot path of send(): see the module doc for the cached open batch."""
         with self.lock:
-            self._check_open()
-            sticky = partition is None
-            if sticky:
-                partition = self._sticky.current(topic, partition_count)
-            batch = self._open_tail((topic, partition))
-            if batch is None or (batch.size_estimate_bytes + record_bytes > self.batch_size and batch.values):
-                batch = self._batch_with_room_locked(topic, partition, sticky, partition_count,
-                                                     record_bytes, None)
-            index = len(batch.values)
-            batch.values.append(value)
-            batch.keys.append(key)
+            if self.closing or self.closed:
+                raise ProducerClosedError("cannot send after the producer is closed")
+            batch = self._append_tails.get(topic if partition is None else (topic, partition))
+            if (batch is None or batch.sealed or batch.size_estimate_bytes + record_bytes > self.batch_size
+                    or batch.partition >= partition_count):
+                batch = self._append_tail_locked(topic, partition, partition_count, record_bytes)
+            values = batch.values
+            index = len(values)
+            values.append(value)
             batch.timestamps_ms.append(timestamp_ms)
-            if batch.single_timestamp_ms != timestamp_ms:
-                batch.single_timestamp_ms = timestamp_ms if not index else -1
-            batch.headers.append(headers)
-            if key is not None:
-                batch.has_keys = True
-            if headers:
-                batch.has_headers = True
+            if key is not None or batch.keys is not None:
+                batch.add_key(index, key)
+            if headers is not None or batch.headers is not None:
+                batch.add_headers(index, headers)
             batch.size_estimate_bytes += record_bytes
             if on_delivery is not None:
                 batch.add_record_callback(index, on_delivery)
@@ -576,6 +605,22 @@ class RecordAccumulator:
                 self.wake_requested = True
                 self.wakeup.notify()
         return RecordFuture(batch, index)
+
+    def _append_tail_locked(self, topic: str, partition: int | None, partition_count: int,
+                            record_bytes: int) -> ProducerBatch:
+        """append()'s general path: the open batch that takes the record (switching the
+        sticky partition or opening a batch as needed), remembered for the next append."""
+        sticky = partition is None
+        if sticky:
+            partition = self._sticky.current(topic, partition_count)
+        batch = self._open_tail((topic, partition))
+        if batch is None or (batch.size_estimate_bytes + record_bytes > self.batch_size and batch.values):
+            batch = self._batch_with_room_locked(topic, partition, sticky, partition_count,
+                                                 record_bytes, None)
+        # A bulk batch may have known its one timestamp; per-record appends do not keep it.
+        batch.single_timestamp_ms = None
+        self._append_tails[topic if sticky else (topic, batch.partition)] = batch
+        return batch
 
     def append_many(self, topic: str, partition: int | None, partition_count: int,
                     values: list, keys: list | None, timestamps_ms: list, headers: list | None,
@@ -622,14 +667,16 @@ class RecordAccumulator:
                 elif batch.single_timestamp_ms != single_timestamp_ms:
                     batch.single_timestamp_ms = -1
                 if keys is not None:
+                    if batch.keys is None:
+                        batch.keys = [None] * batch_start
                     batch.keys.extend(keys[start:end])
-                    batch.has_keys = True
-                else:
+                elif batch.keys is not None:
                     batch.keys.extend(itertools.repeat(None, end - start))
                 if headers is not None:
+                    if batch.headers is None:
+                        batch.headers = [None] * batch_start
                     batch.headers.extend(headers[start:end])
-                    batch.has_headers = True
-                else:
+                elif batch.headers is not None:
                     batch.headers.extend(itertools.repeat(None, end - start))
                 batch.size_estimate_bytes += cumulative[end - 1] - consumed_before
                 bulk.watch(_Segment(batch, batch_start, end - start, positions[start:end]))
@@ -703,6 +750,7 @@ class RecordAccumulator:
         taken: list[ProducerBatch] = []
         next_ready_ms = now_ms + 3_600_000
         with self.lock:
+            self.drain_passes += 1
             force = self._flushes_in_progress > 0 or self.closing
             deques = list(self._deques.values())
             if not deques:

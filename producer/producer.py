@@ -35,6 +35,7 @@ import logging
 import threading
 import time
 from concurrent.futures import Future
+from time import time_ns as _time_ns
 from typing import Callable, Iterable, Sequence
 
 from eos import net
@@ -42,6 +43,7 @@ from eos.errors import EosError, ErrorCode, MessageTooLargeError, Reaction
 from eos.v1 import group_pb2, txn_pb2
 from eos.records.compression import codec_from_name
 from producer.accumulator import (
+    RECORD_OVERHEAD_ESTIMATE_BYTES,
     BufferExhaustedError,
     ProducerClosedError,
     RecordAccumulator,
@@ -221,6 +223,7 @@ class Producer:
         self._max_request_size = settings["max.request.size"]
         self._batch_size = max(1, settings["batch.size"])
         self._buffer_memory = settings["buffer.memory"]
+        self._record_bytes_max = min(self._max_request_size, self._buffer_memory)
         self._max_block_ms = settings["max.block.ms"]
         self._ignore_keys = settings["partitioner.ignore.keys"]
         self._idempotent = settings["enable.idempotence"]
@@ -291,18 +294,23 @@ class Producer:
         if self._txn is not None:
             with self._txn_lock:
                 self._txn.check_send()
-        if type(value) is not bytes and value is not None:
+        # One record per call: this is the hot path of a per-record producer, written for
+        # the fewest lookups and calls in the common case (bytes value, no key, headers,
+        # partition or timestamp); the general cases branch off it.
+        if value.__class__ is not bytes and value is not None:
             value = _as_bytes("value", value)
-        if type(key) is not bytes and key is not None:
+        if key is not None and key.__class__ is not bytes:
             key = _as_bytes("key", key)
-        if headers:
+        if headers is not None:
             headers = _check_headers(headers)
         if timestamp_ms is None:
-            timestamp_ms = int(time.time() * 1000)
+            timestamp_ms = _time_ns() // 1_000_000
         elif isinstance(timestamp_ms, bool) or not isinstance(timestamp_ms, int) or timestamp_ms < 0:
             raise ValueError(f"timestamp_ms must be a non-negative int, got {timestamp_ms!r}")
         try:
-            count = self._partition_count(topic)
+            count = self._metadata.partition_count(topic)
+            if count is None:
+                count = self._partition_count(topic)
             if partition is not None:
                 if isinstance(partition, bool) or not isinstance(partition, int) or not 0 <= partition < count:
                     raise ValueError(f"partition {partition!r} is not in the range [0...{count - 1}] "
@@ -311,15 +319,12 @@ class Producer:
                 partition = partition_for_key(key, count)
             if partition is not None and self._txn is not None:
                 self._note_partition(topic, partition)
-            size = record_size_estimate(value, key, headers)
-            if size > self._max_request_size:
-                raise MessageTooLargeError(
-                    f"the message is {size} bytes when serialized, which is larger than "
-                    f"max.request.size ({self._max_request_size})")
-            if size > self._buffer_memory:
-                raise MessageTooLargeError(
-                    f"the message is {size} bytes when serialized, which is larger than "
-                    f"buffer.memory ({self._buffer_memory})")
+            if key is None and headers is None:
+                size = RECORD_OVERHEAD_ESTIMATE_BYTES if value is None else RECORD_OVERHEAD_ESTIMATE_BYTES + len(value)
+            else:
+                size = record_size_estimate(value, key, headers)
+            if size > self._record_bytes_max:
+                self._raise_too_large(size)
             return self._accumulator.append(topic, partition, count, value, key, headers,
                                             timestamp_ms, size, on_delivery)
         except ProducerClosedError:
@@ -332,6 +337,15 @@ class Producer:
                 except Exception:
                     log.exception("on_delivery callback raised")
             return _failed_future(exc)
+
+    def _raise_too_large(self, size: int) -> None:
+        if size > self._max_request_size:
+            raise MessageTooLargeError(
+                f"the message is {size} bytes when serialized, which is larger than "
+                f"max.request.size ({self._max_request_size})")
+        raise MessageTooLargeError(
+            f"the message is {size} bytes when serialized, which is larger than "
+            f"buffer.memory ({self._buffer_memory})")
 
     def _note_partition(self, topic: str, partition: int) -> None:
         tp = (topic, partition)

@@ -517,9 +517,8 @@ class Sender(threading.Thread):
         builder = BatchBuilder(compression=self._compression)
         timestamps = batch.single_timestamp_ms
         if timestamps is None or timestamps < 0:
-            timestamps = batch.timestamps_ms
-        builder.append_many(batch.values, batch.keys if batch.has_keys else None, timestamps,
-                            batch.headers if batch.has_headers else None)
+            timestamps = batch.timestamps_ms   # the builder finds runs of equal timestamps
+        builder.append_many(batch.values, batch.keys, timestamps, batch.headers)
         return builder.build(producer_id=batch.producer_id, producer_epoch=batch.producer_epoch,
                              base_sequence=batch.base_sequence, transactional=self._txn is not None)
 

@@ -14,8 +14,6 @@ def batch_with(count: int, timestamps=None) -> ProducerBatch:
     batch = ProducerBatch("t", 2, creation_index=0, created_ms=0, reserved_bytes=0)
     for i in range(count):
         batch.values.append(b"v%d" % i)
-        batch.keys.append(None)
-        batch.headers.append(None)
         batch.timestamps_ms.append(1000 + i if timestamps is None else timestamps[i])
     return batch
 
