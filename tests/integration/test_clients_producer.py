@@ -8,10 +8,11 @@ import time
 import pytest
 
 import eos
-from eos.errors import MessageTooLargeError, UnknownTopicOrPartitionError
+from eos.errors import ErrorCode, MessageTooLargeError, UnknownTopicOrPartitionError
 from eos.types import TopicPartition
 from producer import ProducerClosedError, RecordMetadata
 from producer.partitioner import partition_for_key
+from tests.waits import wait_for
 
 WAIT_S = 30
 
@@ -149,8 +150,16 @@ def test_callbacks_run_with_metadata(broker, admin):
 def test_flush_and_close(broker, admin):
     admin.create_topic("fc", partitions=1)
     producer = eos.Producer(broker.address, linger_ms=60_000)   # only flush() sends
+    wait_for(lambda: producer.producer_id >= 0, "the producer id", WAIT_S)   # nothing holds sends back
     futures = [producer.send("fc", b"a") for _ in range(10)]
-    time.sleep(0.2)
+    # Let the sender look at the queue after the records are in it: a drain that starts
+    # after the sends (it holds the accumulator lock throughout) must leave the lingering
+    # batch queued.
+    accumulator = producer._accumulator
+    passes = accumulator.drain_passes
+    producer._sender.wake()
+    wait_for(lambda: accumulator.drain_passes > passes, "the sender to drain once more", WAIT_S)
+    assert futures[0]._batch in accumulator.queued_batches()
     assert not any(f.done() for f in futures)
     producer.flush(WAIT_S)
     assert [f.result().offset for f in futures] == list(range(10))
@@ -221,12 +230,26 @@ def test_errors_come_back_as_failed_futures_or_raise(broker, admin):
 
 def test_topic_created_after_the_producer_started(broker, admin):
     with eos.Producer(broker.address, max_block_ms=20_000) as producer:
+        # Record every metadata answer the producer gets, to know when send() has asked
+        # for the topic and been told it does not exist yet.
+        answers = []
+        real_fetch = producer._metadata.fetch
+
+        def recording_fetch(names, *args, **kwargs):
+            response = real_fetch(names, *args, **kwargs)
+            answers.append({t.name: t.error_code for t in response.topics})
+            return response
+
+        producer._metadata.fetch = recording_fetch
         result = {}
         sender = threading.Thread(target=lambda: result.setdefault("f", producer.send("later", b"x")))
         sender.start()
-        time.sleep(0.3)
+        wait_for(lambda: any(a.get("later", ErrorCode.NONE) != ErrorCode.NONE for a in answers),
+                 "send() to be told the topic does not exist", WAIT_S)
+        assert sender.is_alive() and "f" not in result     # send() blocks, waiting for the topic
         admin.create_topic("later", partitions=1)
         sender.join(WAIT_S)
+        assert not sender.is_alive()
         assert result["f"].result(WAIT_S).offset == 0
 
 
