@@ -45,6 +45,13 @@ Stdout, one flushed line per event (the supervising test reads them)::
     committed position=<next input offset> records=<in this transaction> total=<by this process>
     aborted position=<rewound to> reason=<error>
     done position=<next input offset>
+    frozen position=<where the open transaction started> phase=<records|offsets>
+
+`--freeze-after N` (for the zombie test): inside the first transaction that starts at or
+after input position N, once its records are written to the broker (`--freeze-phase
+records`) or its offsets are added too (`offsets`), the copier reports "frozen" and stops
+itself with SIGSTOP, as a long GC pause or a stalled VM would stop it; SIGCONT resumes it
+where it stood, with its transaction open.
 
 Exit codes: 0 done (--stop-at-end: the input's end was reached), 2 a fatal error (or a
 client call outside a transaction that timed out), 3 a transaction that could not be
@@ -54,6 +61,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
 import sys
 import time
 
@@ -96,6 +105,7 @@ class Copier:
             args.bootstrap, group_id=args.group, isolation_level="read_committed",
             auto_offset_reset="earliest", max_poll_records=args.max_poll_records)
         self.copied_total = 0
+        self._froze = False      # --freeze-after: the one freeze happened
 
     def close(self) -> None:
         self.consumer.close()
@@ -125,7 +135,7 @@ class Copier:
                 position = self.consumer.position(self.tp)
                 continue
             try:
-                count = self._copy_in_one_transaction(records, group_metadata, end)
+                count = self._copy_in_one_transaction(records, group_metadata, end, position)
             except (EosError, TimeoutError) as exc:   # TimeoutError: a client call ran out of time
                 if isinstance(exc, EosError) and exc.fatal:
                     raise
@@ -137,7 +147,7 @@ class Copier:
         emit(f"done position={position}")
         return EXIT_DONE
 
-    def _copy_in_one_transaction(self, records, group_metadata, end: int) -> int:
+    def _copy_in_one_transaction(self, records, group_metadata, end: int, start_position: int) -> int:
         args, producer, output = self.args, self.producer, self.args.output
         started = time.monotonic()
         deadline = started + args.txn_max_ms / 1000
@@ -156,12 +166,24 @@ class Copier:
                                          max_records=min(args.max_poll_records, args.txn_records - count))
             if not records:
                 break
+        self._maybe_freeze("records", start_position)
         pace_until = started + count / args.max_records_per_s if args.max_records_per_s else 0.0
         self._pace(started, pace_until)
         producer.send_offsets_to_transaction({self.tp: self.consumer.position(self.tp)}, group_metadata)
+        self._maybe_freeze("offsets", start_position)
         self._pace(started, pace_until, 1.0)
         producer.commit_transaction()
         return count
+
+    def _maybe_freeze(self, phase: str, start_position: int) -> None:
+        """--freeze-after: stop this process inside its open transaction (see the module doc)."""
+        args = self.args
+        if self._froze or args.freeze_after < 0 or args.freeze_phase != phase or start_position < args.freeze_after:
+            return
+        self._froze = True
+        self.producer.flush()        # the transaction's records are on the broker, uncommitted
+        emit(f"frozen position={start_position} phase={phase}")
+        os.kill(os.getpid(), signal.SIGSTOP)
 
     @staticmethod
     def _pace(started: float, until: float, fraction: float = 0.5) -> None:
@@ -207,6 +229,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="pace the copy to at most this rate (0: as fast as it goes)")
     parser.add_argument("--stop-at-end", action="store_true",
                         help="exit 0 once the input's end (as of start) is copied")
+    parser.add_argument("--freeze-after", type=int, default=-1,
+                        help="testing: SIGSTOP itself inside the first transaction starting at or after this "
+                             "input position (-1: never)")
+    parser.add_argument("--freeze-phase", choices=("records", "offsets"), default="records",
+                        help="with --freeze-after: once the transaction's records are written, or its offsets "
+                             "added too")
     args = parser.parse_args(argv)
     if (args.partition < 0 or args.txn_records < 1 or args.txn_max_ms < 0 or args.max_poll_records < 1
             or args.max_records_per_s < 0):

@@ -16,9 +16,9 @@ partition, and per output partition the records of each input partition in input
 fresh read_committed read of the whole output must equal what the read-along consumer saw.
 
 The second test kills the broker itself (and with it the embedded transaction and group
-coordinators) mid-copy and restarts it, and the copiers too. The third freezes a copier
-with SIGSTOP, lets a successor with the same transactional.id take over, and thaws the
-zombie: it must be fenced and never commit.
+coordinators) mid-copy and restarts it, and the copiers too. In the third a copier freezes
+itself with SIGSTOP inside a transaction (--freeze-after), a successor with the same
+transactional.id takes over, and the zombie is thawed: it must be fenced and never commit.
 
 Seeds: EOS_CHAOS_SEED (default fixed); every failure message names the seed and carries
 the supervisor's event log, the copiers' log tails and the broker's.
@@ -40,6 +40,7 @@ import eos
 from eos.types import TopicPartition
 from producer.partitioner import partition_for_key
 from tests.chaos.copier import TRANSFORM_SUFFIX
+from tests.waits import wait_for
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SEED = int(os.environ.get("EOS_CHAOS_SEED", "20261121"))
@@ -55,7 +56,7 @@ DRAIN_TIMEOUT_S = 60.0
 # kills land with records written and offsets added, and a copier cannot outrun its kills.
 COPY_RATE_MAX = 20_000
 PACED = ["--max-records-per-s", str(COPY_RATE_MAX)]
-LINE = re.compile(rb"^(ready|committed|aborted|done) position=(-?\d+)")
+LINE = re.compile(rb"^(ready|committed|aborted|done|frozen) position=(-?\d+)")
 
 
 # ---- the input -------------------------------------------------------------------------------
@@ -122,6 +123,7 @@ class CopierProcess:
         self.position = -1       # the position the current instance reported last (ready/committed/...)
         self.best_position = -1  # the furthest position any instance reported
         self.done = False        # the current instance reported "done"
+        self.frozen = False      # the current instance reported "frozen" (--freeze-after)
         self.starts = 0
         self.kills: list[int] = []           # the reported position at each kill
         self.unexpected_exits: list[str] = []
@@ -130,6 +132,7 @@ class CopierProcess:
 
     def start(self) -> None:
         self.done = False
+        self.frozen = False
         self.killed_by_us = False
         self.position = -1       # until the new instance reports where it starts
         self.starts += 1
@@ -154,6 +157,8 @@ class CopierProcess:
                 self.best_position = max(self.best_position, self.position)
                 if kind == b"done":
                     self.done = True
+                elif kind == b"frozen":
+                    self.frozen = True
                 elif kind == b"aborted":
                     self.aborts += 1
                 self._wakeup.set()
@@ -174,9 +179,14 @@ class CopierProcess:
             self._process.send_signal(signal.SIGKILL)
             self._process.wait(20)
 
-    def freeze(self) -> None:
-        """SIGSTOP: the process stops where it is, as a long GC pause or a stalled VM would."""
-        self._process.send_signal(signal.SIGSTOP)
+    def is_stopped(self) -> bool:
+        """Stopped by a signal (state T in /proc/<pid>/stat): frozen, not merely slow."""
+        try:
+            with open(f"/proc/{self._process.pid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            return False
+        return stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3] == b"T"
 
     def thaw(self) -> None:
         self._process.send_signal(signal.SIGCONT)
@@ -550,7 +560,10 @@ def test_a_frozen_copier_is_fenced_by_its_successor(broker, tmp_path):
     keys = seed_input(broker.address, records_per_partition, rng)
     wakeup = threading.Event()
     args = ["--txn-records", "500", "--max-records-per-s", "5000"]
-    zombie = CopierProcess(broker.address, 0, tmp_path, wakeup, args, name="copier-0-zombie")
+    # It freezes itself inside a transaction (records written, or offsets added too: seeded),
+    # so the freeze point does not depend on how fast this test notices its progress.
+    freeze = ["--freeze-after", "2000", "--freeze-phase", rng.choice(["records", "offsets"])]
+    zombie = CopierProcess(broker.address, 0, tmp_path, wakeup, args + freeze, name="copier-0-zombie")
     successor = CopierProcess(broker.address, 0, tmp_path, wakeup, args, name="copier-0-successor")
     other = CopierProcess(broker.address, 1, tmp_path, wakeup, args)
     copiers = [zombie, successor, other]
@@ -567,10 +580,10 @@ def test_a_frozen_copier_is_fenced_by_its_successor(broker, tmp_path):
     try:
         zombie.start()
         other.start()
-        wait_until(lambda: zombie.position >= 2000, "the first copier has copied 2,000 records")
-        time.sleep(rng.uniform(0.0, 0.1))    # a seeded point inside its next transaction
-        zombie.freeze()
+        wait_until(lambda: zombie.frozen, "the first copier froze itself inside a transaction past 2,000 records")
+        wait_for(zombie.is_stopped, "the first copier's process to be stopped (SIGSTOP)")
         frozen_at = zombie.position
+        assert frozen_at >= 2000
         successor.start()
         wait_until(lambda: successor.position >= frozen_at + 1000,
                    "the successor has committed past the zombie")
