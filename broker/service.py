@@ -600,11 +600,12 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         if waiter is None:  # the purgatory is full or closing: answer with what there is
             return broker_pb2.FetchResponse(partitions=results)
         context.add_callback(waiter.cancel)  # a client that gives up frees its worker
+        isolation = request.isolation_level
         try:
-            seen = self._read_positions(results, request.isolation_level)
+            seen = self._read_positions(results, isolation)
             while True:
                 # Registered before this check, so an append after it wakes the waiter.
-                if self._read_positions(results, request.isolation_level, refresh=True) == seen:
+                if self._read_positions(results, isolation, refresh=True) == seen:
                     remaining_s = deadline_s - time.monotonic()
                     if remaining_s <= 0:
                         break
@@ -615,11 +616,13 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                 results, bytes_read, has_error = self._read_all(request)
                 if bytes_read >= request.min_bytes or has_error:
                     break
-                seen = self._read_positions(results, request.isolation_level)
+                seen = self._read_positions(results, isolation)
         finally:
             self._purgatory.unwatch(waiter)
-        if waiter.cancelled or not (bytes_read >= request.min_bytes or has_error):
-            # woken by shutdown or the deadline: give the freshest view
+        if (not (bytes_read >= request.min_bytes or has_error)
+                and self._read_positions(results, isolation, refresh=True) != seen):
+            # Ended by the deadline or shutdown just as a partition moved: give the freshest
+            # view. Nothing moved (the usual timeout): the last read is that view already.
             results, _, _ = self._read_all(request)
         return broker_pb2.FetchResponse(partitions=results)
 
@@ -659,12 +662,14 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             partition_log = self._log_for(fp.topic, fp.partition)
             partition_max_bytes = (fp.partition_max_bytes if fp.partition_max_bytes > 0
                                    else PARTITION_FETCH_MAX_BYTES_DEFAULT)
-            # Under read_committed the log also stops at the LSO of the snapshot it reads
-            # from and lists the aborted transactions of what it returns.
+            # One snapshot bounds the read and gives the offsets answered: the log stops at
+            # that snapshot's end -- its high watermark on one node, where every write moves
+            # both together -- and, under read_committed, at its LSO, listing the aborted
+            # transactions of what it returns. (A bound read from the log beforehand would
+            # come from an older snapshot than the records and offsets.)
             data = partition_log.read(
                 fp.fetch_offset, max(0, min(partition_max_bytes, budget_bytes)),
-                max_offset_exclusive=partition_log.high_watermark, min_one_batch=min_one_batch,
-                isolation_committed=isolation == common_pb2.READ_COMMITTED)
+                min_one_batch=min_one_batch, isolation_committed=isolation == common_pb2.READ_COMMITTED)
         except Exception as exc:
             code, message = _describe(exc)
             self._log_partition_error("Fetch", fp.topic, fp.partition, exc)

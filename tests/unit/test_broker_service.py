@@ -217,6 +217,40 @@ def test_long_poll_returns_data_appended_while_waiting(servicer):
     assert servicer._purgatory.waiter_count == 0
 
 
+def test_fetch_bound_and_offsets_come_from_the_snapshot_it_reads(servicer):
+    """The read is bounded inside the log by the same snapshot that gives the records and
+    the offsets answered: a high watermark read from the log beforehand may be older."""
+    create(servicer, "t")
+    produce(servicer, "t", 0, one_record_batch(b"x"))
+    log = servicer._log_manager.get_log("t", 0)
+    calls = []
+
+    def read_from_a_later_snapshot(fetch_offset, max_bytes, **kwargs):
+        calls.append(kwargs)
+        return FakeFetchData(log.batches[0][1], 0, high_watermark=7, log_start_offset=0, last_stable_offset=6)
+
+    log.read = read_from_a_later_snapshot
+    [result] = servicer.Fetch(broker_pb2.FetchRequest(partitions=[
+        broker_pb2.FetchPartition(topic="t", partition=0, fetch_offset=0)]), FakeContext()).partitions
+    assert [kwargs.get("max_offset_exclusive") for kwargs in calls] == [None]
+    assert (result.high_watermark, result.last_stable_offset) == (7, 6)
+
+
+def test_long_poll_that_times_out_reads_each_partition_once(servicer):
+    """Nothing moved while it waited: the first read is the answer, not read again."""
+    create(servicer, "t", 2)
+    reads = []
+    for partition in (0, 1):
+        log = servicer._log_manager.get_log("t", partition)
+        log.read = (lambda original, partition: lambda *a, **k: reads.append(partition) or original(*a, **k))(
+            log.read, partition)
+    response = servicer.Fetch(broker_pb2.FetchRequest(max_wait_ms=20, min_bytes=1, partitions=[
+        broker_pb2.FetchPartition(topic="t", partition=p, fetch_offset=0) for p in (0, 1)]), FakeContext())
+    assert [p.records for p in response.partitions] == [b"", b""]
+    assert sorted(reads) == [0, 1]
+    assert servicer._purgatory.waiter_count == 0
+
+
 def test_long_poll_is_cancelled_with_its_rpc(servicer):
     create(servicer, "t")
     context = FakeContext()
