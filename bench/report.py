@@ -386,7 +386,7 @@ def plot(run: dict, path: Path) -> Path | None:
         ax.set_yticks(list(positions))
         ax.set_yticklabels(labels, fontsize=8)
         ax.invert_yaxis()
-        ax.set_title(title + "; whiskers: min-max of the runs", fontsize=10)
+        ax.set_title(title, fontsize=10)
         ax.xaxis.set_major_locator(MaxNLocator(nbins=6))   # wide labels must not collide
         ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: f"{x:,.0f}"))
         ax.legend(fontsize=8, loc="upper right", bbox_to_anchor=(1.0, 1.18), ncol=2,
@@ -404,7 +404,7 @@ def plot(run: dict, path: Path) -> Path | None:
         _plot_ratios(axes[-1, 0], ratio_rows)
     fig.suptitle(f"eos vs Apache Kafka {run['systems'].get('kafka', {}).get('version') or ''} — "
                  f"{run['started_utc'][:10]}, {run['machine']['hostname']} "
-                 f"({run['mode']})", fontsize=11)
+                 f"({run['mode']}); whiskers: min-max of the runs", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
