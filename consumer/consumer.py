@@ -430,10 +430,13 @@ class Consumer:
                         return []
                     fetcher.wakeup.wait(min(remaining_s, GROUP_WAIT_S))
                     continue
-            fetcher.handle_arrivals()
+            if fetcher.handle_arrivals():
+                # The next Fetch goes out before these records are decoded, so that it is
+                # already waiting at the broker when the next batch is written.
+                fetcher.send_fetches()
             records = fetcher.collect(max_records)
             if records:
-                fetcher.send_fetches()     # the next responses travel while these are processed
+                fetcher.send_fetches()     # partitions that collect() made fetchable again
                 return records
             fetcher.raise_pending_error()
             remaining_ms = int((deadline - time.monotonic()) * 1000)

@@ -399,13 +399,17 @@ class Fetcher:
     def has_in_flight(self) -> bool:
         return bool(self._in_flight)
 
-    def handle_arrivals(self) -> None:
-        """Turn finished Fetch calls into received data (application thread)."""
+    def handle_arrivals(self) -> bool:
+        """Turn finished Fetch calls into received data (application thread); True when
+        any call finished."""
+        handled = False
         while self._arrived:
             node = self._arrived.popleft()
             in_flight = self._in_flight.pop(node, None)
             if in_flight is not None:
                 self._handle_response(in_flight)
+                handled = True
+        return handled
 
     def _handle_response(self, in_flight: _FetchInFlight) -> None:
         now = self._clock()
