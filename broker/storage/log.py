@@ -12,13 +12,18 @@ of which is active. The log owns the list of segments and the offsets that descr
 
 Appending is staged, so bad input changes nothing:
 
-1. prepare: parse every batch header, check sizes and CRCs (pure, outside the lock), then,
+1. prepare (pure, outside the lock): parse every batch header (or take the caller's,
+   `headers=`, when it parsed them already), check sizes and CRCs, copy the request and
+   stamp what does not depend on the log's state: the leader epoch and, if the topic uses
+   LogAppendTime, the timestamp type and max timestamp (recomputing those CRCs). Then,
    under the lock, ask the producer state whether the batch is in sequence or a duplicate.
-2. write: copy the request, stamp base offsets (contiguous from log_end_offset), stamp
-   LogAppendTime if the topic uses it (recomputing those CRCs), roll if the active segment
-   is full or old, and write the batches with one `os.write`.
+2. write: stamp base offsets (contiguous from log_end_offset; the CRC does not cover
+   them), roll if the active segment is full or old, and write the batches with one
+   `os.write`.
 3. apply: move log_end_offset and the high watermark, record the batch in the producer
    state, publish a new snapshot for readers, count unflushed records.
+The lock covers only steps 2 and 3 and the producer-state check: per-byte work (the copy,
+the CRCs) stays outside it.
 
 Readers never take the lock. After each change the log publishes an immutable `_LogView`
 (segments, their base offsets, the active segment's end position, the offsets); a read
@@ -60,7 +65,7 @@ import re
 import struct
 import threading
 from bisect import bisect_left, bisect_right
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 from eos.config import TopicConfig
 from eos.errors import (
@@ -458,17 +463,22 @@ class Log:
     # ---- append -----------------------------------------------------------------------
 
     def append_as_leader(self, records, now_ms: int, *, origin: AppendOrigin = AppendOrigin.CLIENT,
-                         leader_epoch: int = 0) -> LogAppendInfo:
+                         leader_epoch: int = 0, headers: Sequence[BatchHeader] | None = None) -> LogAppendInfo:
         """Validate and append a request's batches; return where they landed.
 
         A coordinator's request may instead be one transaction marker (a control batch),
         which takes the path of `append_txn_marker`.
 
+        `headers`: the caller's parse of `records` (every batch, in order, as
+        `eos.records.header.iter_headers(records)` yields them), so that a caller that had
+        to read them already does not pay for a second parse. They must tile `records`
+        exactly (else InvalidRequestError); everything else is checked as for a parse here.
+
         Raises CorruptRecordError, InvalidRecordError, MessageTooLargeError,
         RecordListTooLargeError, OutOfOrderSequenceError, InvalidProducerEpochError,
         InvalidTxnStateError or StorageError; in every case the log is unchanged.
         """
-        prepared = self._prepare_batches(records, origin)
+        prepared = self._prepare_batches(records, origin, headers)
         if prepared.marker is not None:
             committed, coordinator_epoch = prepared.marker
             header = prepared.headers[0]
@@ -476,6 +486,8 @@ class Log:
                                        coordinator_epoch, committed, now_ms, leader_epoch)
         config = self.config
         log_append_time = config.message_timestamp_type == "LogAppendTime"
+        log_append_time_ms = now_ms if log_append_time else None
+        buf, crcs, max_timestamp_ms = _copy_and_stamp(records, prepared.headers, leader_epoch, log_append_time_ms)
         flush_now = False
         with self._lock:
             self._check_open()
@@ -490,8 +502,7 @@ class Log:
                 producer_append = outcome
             # -- write: nothing above changed any state
             first_offset = self._log_end_offset
-            buf, headers, max_timestamp_ms = _stamp(records, prepared.headers, first_offset, leader_epoch,
-                                                    now_ms if log_append_time else None)
+            headers = _assign_offsets(buf, prepared.headers, first_offset, leader_epoch, log_append_time_ms, crcs)
             last_offset = headers[-1].last_offset
             active = self._segment_for_append_locked(prepared.size_bytes, max_timestamp_ms, first_offset,
                                                      last_offset, now_ms)
@@ -539,6 +550,8 @@ class Log:
         marker batch in `records`."""
         config = self.config
         log_append_time = config.message_timestamp_type == "LogAppendTime"
+        log_append_time_ms = now_ms if log_append_time else None
+        buf, crcs, max_timestamp_ms = _copy_and_stamp(records, prepared.headers, leader_epoch, log_append_time_ms)
         flush_now = False
         with self._lock:
             self._check_open()
@@ -547,8 +560,7 @@ class Log:
             # -- write: nothing above changed any state
             marker_offset = self._log_end_offset
             aborted_txn = self._aborted_txn_of(marker, marker_offset)
-            buf, headers, max_timestamp_ms = _stamp(records, prepared.headers, marker_offset, leader_epoch,
-                                                    now_ms if log_append_time else None)
+            headers = _assign_offsets(buf, prepared.headers, marker_offset, leader_epoch, log_append_time_ms, crcs)
             active = self._segment_for_append_locked(prepared.size_bytes, max_timestamp_ms, marker_offset,
                                                      marker_offset, now_ms)
             active.append(buf, headers, max_timestamp_ms, aborted_txn=aborted_txn)
@@ -584,14 +596,18 @@ class Log:
         self._unflushed_records += record_count
         self._publish()
 
-    def _prepare_batches(self, records, origin: AppendOrigin) -> _PreparedBatches:
-        """Check that `records` is one or more whole, valid v2 batches. Pure."""
+    def _prepare_batches(self, records, origin: AppendOrigin,
+                         parsed: Sequence[BatchHeader] | None = None) -> _PreparedBatches:
+        """Check that `records` is one or more whole, valid v2 batches (with `parsed`: that
+        those headers tile it). Pure."""
         try:
             view = memoryview(records)
         except TypeError:
             raise InvalidRecordError(f"records must be bytes-like, got {type(records).__name__}") from None
         if view.nbytes == 0:
             raise InvalidRecordError(f"{self.name}: the request holds no record batches")
+        if parsed is not None:
+            self._check_tiling(parsed, view.nbytes)
         max_message_bytes = self.config.max_message_bytes
         headers: list[BatchHeader] = []
         size_bytes = 0
@@ -599,7 +615,7 @@ class Log:
         max_timestamp_ms = -1
         producer_header = None
         marker = None
-        for header in iter_headers(view):
+        for header in iter_headers(view) if parsed is None else parsed:
             where = f"{self.name}: batch {len(headers)} (byte {header.position})"
             if header.size_bytes > max_message_bytes:
                 raise MessageTooLargeError(
@@ -633,6 +649,20 @@ class Log:
             raise RecordListTooLargeError(
                 f"{self.name}: {size_bytes} bytes of batches exceed segment.bytes {self.config.segment_bytes}")
         return _PreparedBatches(headers, size_bytes, record_count, max_timestamp_ms, producer_header, marker)
+
+    def _check_tiling(self, parsed: Sequence[BatchHeader], size_bytes: int) -> None:
+        """Headers handed in by the caller describe `size_bytes` of batches back to back
+        from byte 0 (the CRC check then ties each to its bytes)."""
+        position = 0
+        for index, header in enumerate(parsed):
+            if not isinstance(header, BatchHeader) or header.position != position:
+                raise InvalidRequestError(
+                    f"{self.name}: parsed header {index} does not describe the batch at byte {position} of "
+                    f"the request: {header!r}")
+            position += header.size_bytes
+        if position != size_bytes or not parsed:
+            raise InvalidRequestError(f"{self.name}: the parsed headers cover {position} bytes of a "
+                                      f"{size_bytes}-byte request")
 
     @staticmethod
     def _check_marker_batch(view, header: BatchHeader, origin: AppendOrigin, where: str) -> tuple[bool, int]:
@@ -947,33 +977,50 @@ def _remove(path: str) -> None:
         log.warning("not removing directory %s", path)
 
 
-def _stamp(records, headers: list[BatchHeader], first_offset: int, leader_epoch: int,
-           log_append_time_ms: int | None) -> tuple[bytearray, list[BatchHeader], int]:
-    """Copy the request and write what the log assigns: base offsets, the leader epoch and,
-    under LogAppendTime, the timestamp type and max timestamp (whose CRC is recomputed)."""
+def _copy_and_stamp(records, headers: list[BatchHeader], leader_epoch: int,
+                    log_append_time_ms: int | None) -> tuple[bytearray, list[int] | None, int]:
+    """Copy the request and write what the log assigns that does not depend on its state:
+    the leader epoch and, under LogAppendTime, the timestamp type and max timestamp (whose
+    CRC is recomputed). Returns (the copy, the new CRCs under LogAppendTime else None, the
+    max timestamp); no lock needed. `_assign_offsets` brings the headers up to date."""
     buf = bytearray(records)
-    stamped: list[BatchHeader] = []
-    next_offset = first_offset
     max_timestamp_ms = -1
+    if log_append_time_ms is None:
+        for header in headers:
+            _LEADER_EPOCH_STRUCT.pack_into(buf, header.position + 12, leader_epoch)
+            if header.max_timestamp > max_timestamp_ms:
+                max_timestamp_ms = header.max_timestamp
+        return buf, None, max_timestamp_ms
+    crcs = []
     for header in headers:
         position = header.position
-        write_base_offset(buf, position, next_offset)
         _LEADER_EPOCH_STRUCT.pack_into(buf, position + 12, leader_epoch)
-        if log_append_time_ms is not None:
-            attributes = header.attributes | TIMESTAMP_TYPE_MASK
-            _ATTRIBUTES_STRUCT.pack_into(buf, position + 21, attributes)
-            _TIMESTAMP_STRUCT.pack_into(buf, position + 35, log_append_time_ms)
-            crc = compute_crc(buf, position, header.size_bytes)
-            _CRC_STRUCT.pack_into(buf, position + 17, crc)
-            header = header._replace(base_offset=next_offset, partition_leader_epoch=leader_epoch,
-                                     attributes=attributes, max_timestamp=log_append_time_ms, crc=crc)
-        else:
+        _ATTRIBUTES_STRUCT.pack_into(buf, position + 21, header.attributes | TIMESTAMP_TYPE_MASK)
+        _TIMESTAMP_STRUCT.pack_into(buf, position + 35, log_append_time_ms)
+        crc = compute_crc(buf, position, header.size_bytes)
+        _CRC_STRUCT.pack_into(buf, position + 17, crc)
+        crcs.append(crc)
+    return buf, crcs, log_append_time_ms
+
+
+def _assign_offsets(buf: bytearray, headers: list[BatchHeader], first_offset: int, leader_epoch: int,
+                    log_append_time_ms: int | None, crcs: list[int] | None) -> list[BatchHeader]:
+    """Stamp base offsets contiguous from `first_offset` (under the log's lock: they depend
+    on the log end; the CRC does not cover them). Returns the headers of `buf` as
+    `_copy_and_stamp` left it, with these offsets."""
+    assigned: list[BatchHeader] = []
+    next_offset = first_offset
+    for index, header in enumerate(headers):
+        write_base_offset(buf, header.position, next_offset)
+        if crcs is None:
             header = header._replace(base_offset=next_offset, partition_leader_epoch=leader_epoch)
-        stamped.append(header)
-        if header.max_timestamp > max_timestamp_ms:
-            max_timestamp_ms = header.max_timestamp
+        else:
+            header = header._replace(base_offset=next_offset, partition_leader_epoch=leader_epoch,
+                                     attributes=header.attributes | TIMESTAMP_TYPE_MASK,
+                                     max_timestamp=log_append_time_ms, crc=crcs[index])
+        assigned.append(header)
         next_offset = header.next_offset
-    return buf, stamped, max_timestamp_ms
+    return assigned
 
 
 def _read_from_segment(segment: LogSegment, fetch_offset: int, limit: int, end_position: int, max_bytes: int,

@@ -170,66 +170,55 @@ class LogSegment:
         bytes_since_entry = 0
         next_offset = self.base_offset
         rolling_base: int | None = None
-        position = 0
-        block, block_start = b"", 0
+        valid_end = 0                  # the end of the last batch that passed every check
         problem = None
-        while position < file_size:
-            relative = position - block_start
-            if relative + HEADER_SIZE > len(block):
-                block = self.read_bytes(position, min(RECOVERY_BLOCK_BYTES, file_size - position))
-                block_start, relative = position, 0
-            if len(block) - relative < HEADER_SIZE:
-                problem = f"{file_size - position} trailing bytes, less than a batch header"
-                break
-            header = BatchHeader(*HEADER_STRUCT.unpack_from(block, relative), position)
-            problem = self._header_problem(header, file_size, next_offset)
-            if problem:
-                break
-            if verify_crc:
-                if relative + header.size_bytes <= len(block):
-                    crc = compute_crc(block, relative, header.size_bytes)
-                else:
-                    crc = compute_crc(self.read_bytes(position, header.size_bytes), 0, header.size_bytes)
-                if crc != header.crc:
-                    problem = f"CRC mismatch (stored {header.crc:#010x}, computed {crc:#010x})"
+        try:
+            for header, block, relative in self._scan(0, file_size, RECOVERY_BLOCK_BYTES):
+                problem = self._batch_problem(header, next_offset)
+                if problem:
                     break
-            if rolling_base is None:
-                rolling_base = header.max_timestamp
-            if header.max_timestamp > max_timestamp:
-                max_timestamp, offset_of_max = header.max_timestamp, header.last_offset
-            if bytes_since_entry > self.index_interval_bytes and \
-                    len(offset_entries) < self.offset_index.max_entries:
-                offset_entries.append((header.last_offset, position))
-                if max_timestamp > (time_entries[-1][0] if time_entries else -1) and \
-                        len(time_entries) < self.time_index.max_entries:
-                    time_entries.append((max_timestamp, offset_of_max))
-                bytes_since_entry = 0
-            bytes_since_entry += header.size_bytes
-            next_offset = header.next_offset
-            position += header.size_bytes
-        truncated = file_size - position
+                if verify_crc:
+                    if relative + header.size_bytes <= len(block):
+                        crc = compute_crc(block, relative, header.size_bytes)
+                    else:
+                        crc = compute_crc(self.read_bytes(header.position, header.size_bytes), 0, header.size_bytes)
+                    if crc != header.crc:
+                        problem = f"CRC mismatch (stored {header.crc:#010x}, computed {crc:#010x})"
+                        break
+                if rolling_base is None:
+                    rolling_base = header.max_timestamp
+                if header.max_timestamp > max_timestamp:
+                    max_timestamp, offset_of_max = header.max_timestamp, header.last_offset
+                if bytes_since_entry > self.index_interval_bytes and \
+                        len(offset_entries) < self.offset_index.max_entries:
+                    offset_entries.append((header.last_offset, header.position))
+                    if max_timestamp > (time_entries[-1][0] if time_entries else -1) and \
+                            len(time_entries) < self.time_index.max_entries:
+                        time_entries.append((max_timestamp, offset_of_max))
+                    bytes_since_entry = 0
+                bytes_since_entry += header.size_bytes
+                next_offset = header.next_offset
+                valid_end = header.position + header.size_bytes
+        except CorruptRecordError as e:
+            problem = str(e)
+        truncated = file_size - valid_end
         if truncated:
-            log.warning("%s: cutting %d bytes at byte %d: %s", self.log_path, truncated, position, problem)
-            os.ftruncate(self._fd, position)
+            log.warning("%s: cutting %d bytes at byte %d: %s", self.log_path, truncated, valid_end, problem)
+            os.ftruncate(self._fd, valid_end)
         # The time index ends with the segment's maximum, as Kafka leaves it at roll and close.
         if max_timestamp > (time_entries[-1][0] if time_entries else -1):
             time_entries.append((max_timestamp, offset_of_max))
         self.offset_index.reset(offset_entries)
         self.time_index.reset(time_entries)
-        self.size_bytes = position
+        self.size_bytes = valid_end
         self.next_offset = next_offset
         self.max_timestamp_ms, self.offset_of_max_timestamp = max_timestamp, offset_of_max
         self.rolling_base_timestamp_ms = rolling_base
         self._bytes_since_last_index_entry = bytes_since_entry
         return truncated
 
-    def _header_problem(self, header: BatchHeader, end_position: int, expected_offset: int) -> str | None:
-        if header.magic != MAGIC_V2:
-            return f"magic {header.magic}, not 2"
-        if header.batch_length < _MIN_BATCH_LENGTH:
-            return f"batch length {header.batch_length}"
-        if header.position + header.size_bytes > end_position:
-            return f"batch of {header.size_bytes} bytes runs past the end ({end_position})"
+    def _batch_problem(self, header: BatchHeader, expected_offset: int) -> str | None:
+        """What recovery finds wrong with a batch whose header frame `_scan` accepted."""
         if header.records_count < 0 or header.last_offset_delta < 0:
             return f"recordsCount {header.records_count}, lastOffsetDelta {header.last_offset_delta}"
         if header.base_offset < expected_offset:
@@ -275,23 +264,32 @@ class LogSegment:
         Only header fields are checked, enough not to run off the end; positions are file
         positions. Raises CorruptRecordError at anything that is not a batch header.
         """
+        for header, _, _ in self._scan(start_position, end_position, SCAN_BLOCK_BYTES):
+            yield header
+
+    def _scan(self, start_position: int, end_position: int,
+              block_bytes: int) -> Iterator[tuple[BatchHeader, bytes, int]]:
+        """The one walk over the file's batches (reads and recovery): each header in
+        [start_position, end_position) with the block it was read from and its position in
+        that block, reading `block_bytes` at a time. Checks the frame only (magic, length,
+        end within `end_position`); raises CorruptRecordError naming the first bad one."""
         position = start_position
         block, block_start = b"", start_position
         while position < end_position:
             relative = position - block_start
             if relative + HEADER_SIZE > len(block):
-                block = self.read_bytes(position, min(SCAN_BLOCK_BYTES, end_position - position))
+                block = self.read_bytes(position, min(block_bytes, end_position - position))
                 block_start, relative = position, 0
                 if len(block) < HEADER_SIZE:
-                    raise CorruptRecordError(
-                        f"{self.log_path}: {len(block)} bytes at {position}, less than a batch header")
+                    raise CorruptRecordError(f"{self.log_path}: {len(block)} bytes at byte {position}, "
+                                             f"less than a batch header")
             header = BatchHeader(*HEADER_STRUCT.unpack_from(block, relative), position)
             if header.magic != MAGIC_V2 or header.batch_length < _MIN_BATCH_LENGTH or \
                     position + header.size_bytes > end_position:
                 raise CorruptRecordError(
-                    f"{self.log_path}: no valid batch header at byte {position} "
-                    f"(magic {header.magic}, length {header.batch_length})")
-            yield header
+                    f"{self.log_path}: no valid batch header at byte {position} (magic {header.magic}, "
+                    f"length {header.batch_length}, {end_position - position} bytes left)")
+            yield header, block, relative
             position += header.size_bytes
 
     def find_batch(self, offset: int, end_position: int) -> BatchHeader | None:

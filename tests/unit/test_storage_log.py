@@ -104,6 +104,55 @@ def test_log_append_time_stamps_the_batch_and_keeps_the_crc_valid(tmp_path):
     assert log.offset_for_timestamp(700) == (0, 777)
 
 
+def test_the_copy_and_the_log_append_time_crc_are_done_before_the_partition_lock(tmp_path, monkeypatch):
+    import broker.storage.log as log_module
+
+    log = open_log(tmp_path, message_timestamp_type="LogAppendTime")
+    lock_held_at_crc = []
+    real_crc = log_module.compute_crc
+
+    def watched_crc(buf, position, size):
+        lock_held_at_crc.append(log._lock.locked())
+        return real_crc(buf, position, size)
+
+    monkeypatch.setattr(log_module, "compute_crc", watched_crc)
+    log.append_as_leader(make_batch(3) + make_batch(2), now_ms=777)
+    log.append_txn_marker(7, 0, 0, False, now_ms=778)
+    assert lock_held_at_crc == [False, False, False]
+    assert [h.base_offset for h in whole_batches(log.read(0, 1 << 20).records)] == [0, 3, 5]
+
+
+def test_headers_parsed_by_the_caller_append_the_same_as_a_parse_here(tmp_path):
+    request = make_batch(3, tag=1) + make_batch(2, tag=2)
+    parsed = open_log(tmp_path, name="parsed-0")
+    own = open_log(tmp_path, name="own-0")
+    for log in (parsed, own):
+        log.append_as_leader(make_batch(1), now_ms=0)
+    assert parsed.append_as_leader(request, now_ms=5, headers=list(iter_headers(request))) == \
+        own.append_as_leader(request, now_ms=5)
+    assert parsed.read(0, 1 << 20).records == own.read(0, 1 << 20).records
+
+
+def test_parsed_headers_that_do_not_describe_the_request_are_refused_and_change_nothing(tmp_path):
+    from eos.errors import InvalidRequestError
+
+    log = open_log(tmp_path)
+    log.append_as_leader(make_batch(1), now_ms=0)
+    before = dir_state(log.directory)
+    request = make_batch(3) + make_batch(2)
+    headers = list(iter_headers(request))
+    with pytest.raises(InvalidRequestError, match="cover"):
+        log.append_as_leader(request, now_ms=0, headers=headers[:1])          # the second batch is missing
+    with pytest.raises(InvalidRequestError, match="does not describe the batch at byte"):
+        log.append_as_leader(request, now_ms=0, headers=headers[::-1])        # out of order
+    with pytest.raises(InvalidRequestError, match="cover"):
+        log.append_as_leader(request, now_ms=0, headers=[])
+    other = make_batch(3, tag=9) + make_batch(2, tag=9)                      # same layout, other bytes
+    with pytest.raises(CorruptRecordError, match="CRC"):
+        log.append_as_leader(request, now_ms=0, headers=list(iter_headers(other)))
+    assert dir_state(log.directory) == before and log.log_end_offset == 1
+
+
 # ---- bad input: a clear error, nothing changed ------------------------------------------------
 
 def _bad_crc():
