@@ -152,7 +152,7 @@ def test_open_transactions_and_txn_indexes_survive_shutdown_and_crash(tmp_path):
     assert not crashed.had_clean_shutdown and observed(crashed.get_log("t", 0)) == before
 
 
-def test_housekeeping_applies_retention_and_writes_checkpoints(tmp_path):
+def test_housekeeping_applies_retention_and_writes_checkpoints(tmp_path, caplog):
     clock = FakeClock(0)
     manager = LogManager(str(tmp_path), now_ms_fn=clock)
     manager.load({})
@@ -161,11 +161,19 @@ def test_housekeeping_applies_retention_and_writes_checkpoints(tmp_path):
                                                       file_delete_delay_ms=0))
     for i in range(6):
         log.append_as_leader(make_batch(1, value_bytes=len(batch) - 70, timestamp_ms=1_000 * i), now_ms=0)
-    manager.run_housekeeping(now_ms=8_001)      # segments with max timestamps 1000 and 3000 are older than 5 s
-    assert log.log_start_offset == 4
-    assert OffsetCheckpointFile(str(tmp_path / "log-start-offset-checkpoint")).read() == {("events", 0): 4}
-    # rolled segments were fsynced: the recovery point reached the active segment
-    assert OffsetCheckpointFile(str(tmp_path / "recovery-point-offset-checkpoint")).read() == {("events", 0): 4}
+    assert [(s.base_offset, s.largest_timestamp_ms) for s in log.segments] == [(0, 1_000), (2, 3_000), (4, 5_000)]
+    recovery_points = OffsetCheckpointFile(str(tmp_path / "recovery-point-offset-checkpoint"))
+    start_offsets = OffsetCheckpointFile(str(tmp_path / "log-start-offset-checkpoint"))
+    # Housekeeping swallows a partition's StorageError (logging it); a failure here must name it.
+    with caplog.at_level(logging.WARNING, logger="broker.storage.log_manager"):
+        manager.run_housekeeping(now_ms=6_000)      # nothing is older than 5 s yet
+        # the rolled segments were fsynced: the recovery point reached the active segment
+        assert (log.log_start_offset, log.recovery_point) == (0, 4)
+        assert (start_offsets.read(), recovery_points.read()) == ({("events", 0): 0}, {("events", 0): 4})
+        manager.run_housekeeping(now_ms=8_001)      # segments with max timestamps 1000 and 3000 are
+        assert log.log_start_offset == 4            # older than 5 s
+        assert (start_offsets.read(), recovery_points.read()) == ({("events", 0): 4}, {("events", 0): 4})
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
     assert not any(n.endswith(".deleted") for n in os.listdir(log.directory))
 
 
