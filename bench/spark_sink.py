@@ -15,6 +15,17 @@ exactly-once sink also the commit latency of a micro-batch -- offsets + EndTxn o
 driver, from the end of the executors' writes to the decision -- p50/p99 over every batch
 of every round, and the whole batch (write + commit) p50/p99. The output of every run is
 read back (read_committed) and counted, so a broken sink cannot post a speed.
+
+``python -m bench.spark_sink stage --spec FILE`` is the driver side of the harness's
+"spark" workload (bench/workloads/spark.py), run in a child process so that the workload
+can SIGKILL it: one SparkSession, then the same stage -- read the input topic, upper-case
+the value, write the output topic, availableNow with a per-trigger cap -- through either
+Spark's own Kafka source and sink (``system: kafka``; the connector jars come in the spec)
+or the eos source and ExactlyOnceSink (``system: eos``). The spec (JSON) names an optional
+warm-up run, the measured runs and a last run (the one the workload kills, or, in a standby
+driver, the restart of it: that one waits for a "go" file before its last run); after each
+run the driver rewrites the result file with every wall time so far, so a killed driver
+leaves what it finished.
 """
 from __future__ import annotations
 
@@ -61,14 +72,127 @@ def run_stage(spark, address: str, sink, checkpoint: str, batch: int, source: st
     started = time.perf_counter()
     query = (staged.writeStream.foreachBatch(sink).option("checkpointLocation", checkpoint)
              .trigger(availableNow=True).start())
+    _await(query, 1800)
+    return time.perf_counter() - started
+
+
+def _await(query, timeout_s: float) -> None:
     try:
-        if not query.awaitTermination(1800):
-            raise TimeoutError("the benchmark stage did not finish in 30 minutes")
+        if not query.awaitTermination(timeout_s):
+            raise TimeoutError(f"the benchmark stage did not finish in {timeout_s:.0f} s")
         if query.exception() is not None:
             raise RuntimeError(f"the stage failed: {query.exception()}")
     finally:
         query.stop()
+
+
+def run_kafka_stage(spark, bootstrap: str, source: str, output: str, checkpoint: str,
+                    per_trigger: int, timeout_s: float) -> float:
+    """The stage through Spark's built-in Kafka source and sink; its wall time in seconds.
+
+    The source reads read_committed (the eos source's default; Kafka's consumer default
+    is read_uncommitted) and caps each micro-batch at `per_trigger` offsets; the sink is
+    Spark's: a Kafka producer per task, no transaction, so a replayed batch is written
+    again."""
+    from pyspark.sql import functions as F
+
+    stream = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
+              .option("subscribe", source).option("startingOffsets", "earliest")
+              .option("maxOffsetsPerTrigger", str(per_trigger))
+              .option("kafka.isolation.level", "read_committed").load())
+    staged = stream.select("key", F.upper(F.col("value").cast("string")).alias("value"))
+    started = time.perf_counter()
+    query = (staged.writeStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
+             .option("topic", output).option("checkpointLocation", checkpoint)
+             .trigger(availableNow=True).start())
+    _await(query, timeout_s)
     return time.perf_counter() - started
+
+
+def run_eos_stage(spark, bootstrap: str, source: str, output: str, checkpoint: str,
+                  per_trigger: int, timeout_s: float) -> float:
+    """The stage through the eos source and ExactlyOnceSink; its wall time in seconds.
+
+    The transactional id and the group are named after the output topic, so a restarted
+    driver on the same checkpoint fences the killed one and recognises its batches."""
+    from pyspark.sql import functions as F
+
+    from spark_sink.sink import ExactlyOnceSink
+
+    stream = (spark.readStream.format("eos").option("bootstrap", bootstrap).option("subscribe", source)
+              .option("startingOffsets", "earliest").option("maxRecordsPerTrigger", str(per_trigger)).load())
+    staged = stream.select("key", F.upper(F.col("value").cast("string")).alias("value"))
+    sink = ExactlyOnceSink(bootstrap, output, transactional_id=f"bench-spark-{output}",
+                           group_id=f"bench-spark-{output}", checkpoint_location=checkpoint)
+    try:
+        started = time.perf_counter()
+        query = (staged.writeStream.foreachBatch(sink).option("checkpointLocation", checkpoint)
+                 .trigger(availableNow=True).start())
+        _await(query, timeout_s)
+        return time.perf_counter() - started
+    finally:
+        sink.close()
+
+
+def _session(app_name: str, jars: list[str]):
+    import os
+
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    builder = (SparkSession.builder.master("local[2]").appName(app_name)
+               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
+               .config("spark.python.worker.reuse", "true")
+               .config("spark.ui.showConsoleProgress", "false"))
+    if jars:
+        builder = builder.config("spark.jars", ",".join(jars))
+    return builder.getOrCreate()
+
+
+def _wait_for_file(path: Path, timeout_s: float) -> None:
+    """A standby driver (started and warmed up while another driver still runs on the
+    same checkpoint) starts its last run only when the workload says the other is gone."""
+    print(f"waiting for {path}", flush=True)
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear within {timeout_s:.0f} s")
+        time.sleep(0.05)
+
+
+def stage_main(argv: list[str]) -> int:
+    """The harness's Spark driver: the runs of one spec (see the module doc), timed."""
+    parser = argparse.ArgumentParser(prog="python -m bench.spark_sink stage")
+    parser.add_argument("--spec", type=Path, required=True)
+    args = parser.parse_args(argv)
+    spec = json.loads(args.spec.read_text())
+    system = spec["system"]
+    if system not in ("kafka", "eos"):
+        raise SystemExit(f"spec: system must be kafka or eos, got {system!r}")
+    result_path = Path(spec["result_path"])
+    run_fn = run_kafka_stage if system == "kafka" else run_eos_stage
+    spark = _session(f"eos-bench-spark-{system}", spec.get("jars", []))
+    try:
+        spark.sparkContext.setLogLevel("ERROR")
+        if system == "eos":
+            import spark_sink
+
+            spark_sink.register(spark)
+        results: dict[str, list] = {"warmup_s": [], "wall_s": [], "last_s": []}
+        for kind, runs in (("warmup_s", spec.get("warmup", [])), ("wall_s", spec.get("runs", [])),
+                           ("last_s", spec.get("last", []))):
+            if kind == "last_s" and spec.get("go_file"):
+                _wait_for_file(Path(spec["go_file"]), float(spec.get("timeout_s", 600)))
+            for run in runs:
+                wall_s = run_fn(spark, spec["bootstrap"], run["input"], run["output"], run["checkpoint"],
+                                int(spec["per_trigger"]), float(spec.get("timeout_s", 600)))
+                results[kind].append(wall_s)
+                print(f"{kind[:-2]} {run['output']}: {wall_s:.2f} s", flush=True)
+                result_path.write_text(json.dumps(results))
+    finally:
+        spark.stop()
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -181,4 +305,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["stage"]:
+        sys.exit(stage_main(sys.argv[2:]))
     sys.exit(main())

@@ -194,6 +194,6 @@ def register(workload: Workload) -> Workload:
     return workload
 
 
-# Run order = import order. Later issues add: spark.
+# Run order = import order.
 from bench.workloads import (produce, consume, latency, append, append_storage,  # noqa: E402,F401
-                             append_broker, idempotence, transactions)
+                             append_broker, idempotence, transactions, spark)
