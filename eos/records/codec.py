@@ -98,10 +98,66 @@ RUNS_PER_RECORD_MAX = 8
 _NULL = b"\x01"  # varint -1: a null key or value
 _NO_HEADERS = b"\x00"
 _ATTRIBUTES = b"\x00"
+_BYTES_ONLY = {bytes}
 
 # _HEAD0_NULL_KEY[d]: attributes, timestampDelta 0, offsetDelta d, keyLength -1 -- the
 # leading bytes of every record that append_many writes with one timestamp and null keys.
 _HEAD0_NULL_KEY = [b"\x00\x00" + v + _NULL for v in VARINT_OF]
+
+# Records of one timestamp, null keys, no headers and values of one length (what a
+# producer sending same-sized values writes) differ only in their offset delta and
+# value. Such a record is three pieces: a head (the header count 0 of the record before
+# it, the record length, attributes, timestamp delta), which only changes where the
+# offset delta's varint gets longer; a tail (offset delta, null key, value length), from
+# a table per value length; and the value. Encoding a run is three slice assignments and
+# a join, no Python loop per record. Bounded: at most this many tables (value lengths),
+# each for offset deltas below the second limit.
+_SAME_LENGTH_TABLES_MAX = 64
+_SAME_LENGTH_OFFSETS_MAX = 16384
+_same_length_tails: dict[int, list[bytes]] = {}
+# (first offset delta, end) of each varint width of an offset delta below the limit
+_OFFSET_WIDTHS = ((0, 64, 1), (64, 8192, 2), (8192, _SAME_LENGTH_OFFSETS_MAX, 3))
+
+
+def _same_length_tails_table(value_length: int, offsets_needed: int) -> list[bytes]:
+    """tails[d]: offset delta d, null key length, value length -- for d below
+    `offsets_needed` (<= _SAME_LENGTH_OFFSETS_MAX)."""
+    table = _same_length_tails.get(value_length)
+    if table is not None and len(table) >= offsets_needed:
+        return table
+    if table is None and len(_same_length_tails) >= _SAME_LENGTH_TABLES_MAX:
+        _same_length_tails.clear()
+    size = min(_SAME_LENGTH_OFFSETS_MAX, max(offsets_needed, 256, 2 * len(table or ())))
+    suffix = _NULL + (VARINT_OF[value_length] if value_length < VARINT_TABLE_SIZE else encode_varint(value_length))
+    table = ([varint + suffix for varint in VARINT_OF[:size]]
+             + [encode_varint(d) + suffix for d in range(VARINT_TABLE_SIZE, size)])
+    _same_length_tails[value_length] = table
+    return table
+
+
+def _encode_same_length(values: list, first_offset_delta: int, delta_bytes: bytes, value_length: int) -> bytes:
+    """The records section of `values` (bytes, all `value_length` long, offset deltas
+    below _SAME_LENGTH_OFFSETS_MAX) with one timestamp delta, null keys and no headers."""
+    count = len(values)
+    end = first_offset_delta + count
+    tails = _same_length_tails_table(value_length, end)
+    value_length_width = len(tails[0]) - 2
+    # the record length without its offset delta: attributes, timestamp delta, null key,
+    # value length, value, header count
+    fixed = 1 + len(delta_bytes) + 1 + value_length_width + value_length + 1
+    heads: list[bytes] = []
+    for low, high, width in _OFFSET_WIDTHS:
+        low, high = max(low, first_offset_delta), min(high, end)
+        if low < high:
+            body_length = fixed + width
+            heads += [b"".join((_NO_HEADERS, VARINT_OF[body_length] if body_length < VARINT_TABLE_SIZE
+                                else encode_varint(body_length), _ATTRIBUTES, delta_bytes))] * (high - low)
+    pieces = [_NO_HEADERS] * (3 * count + 1)
+    pieces[0:3 * count:3] = heads
+    pieces[1:3 * count:3] = tails[first_offset_delta:end]
+    pieces[2:3 * count:3] = values
+    pieces[0] = pieces[0][1:]          # the first record has no record before it
+    return b"".join(pieces)
 
 
 def _now_ms() -> int:
@@ -287,6 +343,14 @@ class BatchBuilder:
         table_size = VARINT_TABLE_SIZE
         delta_bytes = (varint_of[timestamp_delta] if 0 <= timestamp_delta < table_size
                        else _encode_timestamp_delta(timestamp_delta, timestamp_ms))
+        count = len(values)
+        if count > 1 and first_offset_delta + count <= _SAME_LENGTH_OFFSETS_MAX:
+            values = values if values.__class__ is list else list(values)
+            if set(map(type, values)) == _BYTES_ONLY:
+                lengths = set(map(len, values))
+                if len(lengths) == 1:
+                    return (_encode_same_length(values, first_offset_delta, delta_bytes, lengths.pop()),
+                            timestamp_ms)
         prefix = _ATTRIBUTES + delta_bytes
         # heads[d - heads_base]: the bytes from attributes through the null key length
         if timestamp_delta == 0:

@@ -295,3 +295,28 @@ def test_sent_or_open_batches_are_never_absorbed():
     open_tail = acc.append("t", 1, 4, b"x", None, None, 1, 20, None)._batch   # open, not sealed
     head = append(acc, 2)._batch
     assert not open_tail.sealed and head.record_count == 1
+
+
+def test_the_encoders_fast_paths_write_the_bytes_of_the_general_path():
+    # The producer's batches (null keys, no headers, values of one length, timestamps in
+    # runs) take BatchBuilder's table-driven paths; every byte must be what the general
+    # record-by-record path writes, across varint widths and offsets past the tables.
+    from eos.records.codec import BatchBuilder
+    rng = random.Random(7)
+    base_ms = 1_700_000_000_000
+    for _ in range(300):
+        count = rng.randrange(1, 400)
+        first = rng.choice([0, 1, 127, 128, 8191, 16_300, 20_000])
+        length = rng.choice([0, 1, 63, 64, 100, 8192])
+        values = [bytes([rng.randrange(256)]) * length for _ in range(count)]
+        if rng.random() < 0.2:
+            values[rng.randrange(count)] = rng.choice([None, b"odd"])
+        steps = rng.choice([(0,), (0, 1), (0, 0, 0, 1), (0, 9000), (0, -5)])
+        timestamps = [base_ms]
+        for _ in range(count - 1):
+            timestamps.append(timestamps[-1] + rng.choice(steps))
+        general = BatchBuilder._encode_general(values, None, timestamps, False, None, first, base_ms)
+        runs = BatchBuilder._encode_timestamp_runs(values, first, timestamps, base_ms)
+        assert runs is None or runs == general
+        one = BatchBuilder._encode_uniform(values, first, timestamps[0] - base_ms, timestamps[0])
+        assert one == BatchBuilder._encode_general(values, None, timestamps[0], True, None, first, base_ms)
