@@ -49,8 +49,9 @@ its bytes come from and carries the aborted transactions (producer id, first off
 overlap them, so the consumer can drop aborted batches. Every response carries the LSO.
 When the response holds fewer than min_bytes (counting only what the reader may see) and
 max_wait_ms > 0, the fetch waits in the purgatory (woken by appends and transaction markers
-on its partitions, its deadline, its RPC being cancelled, or shutdown) and reads again. No
-lock is held while reading or appending.
+on its partitions, its deadline, its RPC being cancelled, or shutdown) and reads again. A
+wait that ends without a wake-up reads again only if a partition's bound moved meanwhile;
+otherwise its last read is the answer. No lock is held while reading or appending.
 
 Transactions (KIP-98, KIP-890 part 1). WriteTxnMarkers, sent by the transaction
 coordinator, appends one COMMIT or ABORT control batch per partition; the log checks the
