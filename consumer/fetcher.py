@@ -43,6 +43,7 @@ import heapq
 import logging
 import queue
 import threading
+import weakref
 from concurrent import futures
 from typing import Callable, NamedTuple
 
@@ -177,14 +178,17 @@ class _FetchCallers:
             if item is None:
                 return
             future, fn, args, kwargs = item
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                result = fn(*args, **kwargs)
-            except BaseException as exc:  # handed to whoever reads the future
-                future.set_exception(exc)
-            else:
-                future.set_result(result)
+            if future.set_running_or_notify_cancel():
+                try:
+                    result = fn(*args, **kwargs)
+                except BaseException as exc:  # handed to whoever reads the future
+                    future.set_exception(exc)
+                else:
+                    future.set_result(result)
+                    del result
+            # An idle thread keeps nothing alive (the future's callbacks reach the Fetcher,
+            # whose finaliser stops this thread).
+            del item, future, fn, args, kwargs
 
     def close(self) -> None:
         """Stop every thread once its call in flight (if any) returns; calls still queued
@@ -215,6 +219,8 @@ class Fetcher:
         self._ready: collections.deque[_Received] = collections.deque()
         self._in_flight: dict[int, _FetchInFlight] = {}      # node id -> the call
         self._callers = _FetchCallers()
+        # A consumer dropped without close(): its idle fetch threads stop with it.
+        weakref.finalize(self, self._callers.close)
         self._arrived: collections.deque = collections.deque()  # calls done, from gRPC threads
         self.wakeup = threading.Event()
         self._pending_error: BaseException | None = None

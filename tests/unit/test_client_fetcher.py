@@ -190,3 +190,15 @@ def test_a_fetch_whose_channel_was_closed_is_retried_not_fatal():
     assert not state.in_flight
     assert state.retry_at_ms > 0
     assert stale == ["t"]
+
+
+def test_a_fetcher_dropped_without_close_stops_its_fetch_threads():
+    import gc
+
+    f = fetcher()
+    assert f._callers.submit(5, lambda: "done").result(timeout=10) == "done"
+    [thread] = [t for t in threading.enumerate() if t.name == "eos-consumer-fetch-5"]
+    del f
+    gc.collect()
+    thread.join(10)
+    assert not thread.is_alive()
