@@ -320,3 +320,32 @@ def test_the_encoders_fast_paths_write_the_bytes_of_the_general_path():
         assert runs is None or runs == general
         one = BatchBuilder._encode_uniform(values, first, timestamps[0] - base_ms, timestamps[0])
         assert one == BatchBuilder._encode_general(values, None, timestamps[0], True, None, first, base_ms)
+
+
+@pytest.mark.parametrize("partition", [None, 2])
+def test_a_drained_open_batch_takes_no_more_records(partition):
+    # append() remembers the open batch it used last; once the sender has taken that batch
+    # (lingered out, still open) the next record must go to a new batch, not into the one
+    # being sent.
+    acc, clock = make(linger_ms=5)
+    first = append(acc, partition)
+    clock.now_ms += 5
+    taken, _ = acc.drain(clock(), take_all)
+    assert taken == [first._batch]
+    second = append(acc, partition)
+    assert second._batch is not first._batch and second._index == 0
+    assert first._batch.record_count == 1
+    assert acc.queued_batches() == [second._batch]
+
+
+def test_keys_and_headers_lists_appear_with_the_first_record_that_has_one():
+    acc, _ = make(batch_size=10_000)
+    append(acc, 0)
+    append(acc, 0, key=b"k")
+    size = record_size_estimate(b"v", None, [("h", b"x")])
+    acc.append("t", 0, 4, b"v", None, [("h", b"x")], 1, size, None)
+    append(acc, 0)
+    batch = acc.queued_batches()[0]
+    assert batch.values == [b"x" * 84, b"x" * 84, b"v", b"x" * 84]
+    assert batch.keys == [None, b"k", None, None]
+    assert batch.headers == [None, None, [("h", b"x")], None]
