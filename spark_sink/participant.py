@@ -140,17 +140,14 @@ class ParticipantWriter:
         self._check_done_sends(wait=False)
 
     def _check_done_sends(self, *, wait: bool) -> None:
-        """Count the finished sends and raise the first failure; with `wait`, every send
-        must be finished (after a flush)."""
+        """Count the finished sends and raise the first failure; with `wait` (after a
+        flush), wait for each to finish, up to timeout_ms."""
         pending = []
         for send in self._sends:
-            if not send.done():
-                if wait:
-                    raise EosError(f"a send to {self.topic} is unfinished after the flush",
-                                   ErrorCode.REQUEST_TIMED_OUT)
+            if not wait and not send.done():
                 pending.append(send)
                 continue
-            result = send.result()          # raises the send's error
+            result = send.result(self.timeout_ms / 1000)     # raises the send's error
             self._records_written += len(result)
             self._partitions_written.update(partition for _, partition in result.offsets_by_partition())
         self._sends = pending
