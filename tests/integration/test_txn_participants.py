@@ -48,7 +48,7 @@ def test_accepted_participants_commit_with_the_offsets_and_the_rest_abort(cluste
     owner = TransactionOwner(cluster.address, TXN_ID)
     owner.init()
     a = write(owner, "out", "a", 500)
-    b = write(owner, "out", "b", 300, flush_bytes=1024)     # many small flushes
+    b = write(owner, "out", "b", 300, producer_config={"batch.size": 1024})   # many small batches
     stray = write(owner, "out", "stray", 200)               # a task attempt Spark discarded
     results = [w.close() for w in (a, b, stray)]
     assert len({r.producer_id for r in results}) == 3 and all(r.producer_id >= 0 for r in results)
@@ -72,21 +72,20 @@ def test_a_new_owner_instance_aborts_the_open_transaction_with_its_participants(
     crashed.init()
     zombie = write(crashed, "out", "old", 100)
     zombie_result = zombie.close()
+    late = write(crashed, "out", "early", 30)    # a task still running when the driver dies
+    late.flush()
     crashed.commit_offsets("g", {TopicPartition("in", 0): 99}, "old")
     # the driver dies here; a new one starts
     restarted = TransactionOwner(cluster.address, TXN_ID)
     restarted.init()
     assert restarted.producer_epoch > crashed.producer_epoch
     # the old participant's late writes are refused, and the old owner cannot commit
-    late = ParticipantWriter(crashed.identity(), "out")
-    late.producer_id, late.producer_epoch = zombie_result.producer_id, 0
-    late._registered = {0, 1, 2}
-    late._sequences = dict(zombie._sequences)
-    late.write([b"k"] * 30, [b"late"] * 30)
     with pytest.raises(EosError) as info:
+        late.write([f"k{i}".encode() for i in range(30)], [b"late"] * 30)
         late.flush()
     assert info.value.code in (ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode.PRODUCER_FENCED,
                                ErrorCode.INVALID_PRODUCER_ID_MAPPING, ErrorCode.INVALID_TXN_STATE)
+    late.abandon()
     with pytest.raises(EosError) as info:
         crashed.commit([zombie_result.producer_id])
     assert info.value.code is ErrorCode.PRODUCER_FENCED
@@ -127,7 +126,7 @@ def test_accepting_an_unknown_participant_is_refused_and_the_transaction_stays_o
     assert described.state == "Ongoing"
     [participant] = described.participants
     assert participant.producer_id == result.producer_id and not participant.accepted
-    assert {p.partition for p in participant.partitions} == writer._registered and writer._registered
+    assert {p.partition for p in participant.partitions} == writer.partitions_written and writer.partitions_written
     listed = cluster.txn_stub().ListTransactions(txn_pb2.ListTransactionsRequest(), timeout=10).transactions
     assert [(t.transactional_id, t.participant_count) for t in listed if t.transactional_id == TXN_ID] == [(TXN_ID, 1)]
     owner.commit([result.producer_id])
