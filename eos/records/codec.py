@@ -46,6 +46,10 @@ Hot-loop choices, each measured: lists of precomputed varint `bytes` for values 
 (`VARINT_OF`); a one-byte zigzag decode table; inlined two-byte varint decoding (the record
 length and value length of a 100-byte record are two-byte varints); names bound to locals;
 `tuple.__new__(Record, ...)` rather than the NamedTuple's Python-level `__new__`.
+Producer batches (null keys, no headers, values of one length, timestamps in runs of
+equal milliseconds) skip the per-record loop altogether: each run is three slice
+assignments of precomputed pieces and one join (`_encode_same_length`); append_many of
+100-byte values went from 1.29M to 5.0M records/s with it (same machine, same load).
 """
 from __future__ import annotations
 
