@@ -341,6 +341,35 @@ class EosOutput:
 
 # ---------------------------------------------------------------- the driver process
 
+def descendants(parents: dict[int, int], root: int) -> set[int]:
+    """Every process below `root` in a {pid: parent pid} table (root itself excluded)."""
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    for pid, parent in parents.items():
+        children[parent].append(pid)
+    found: set[int] = set()
+    stack = [root]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            if child not in found and child != root:
+                found.add(child)
+                stack.append(child)
+    return found
+
+
+def _process_parents() -> dict[int, int]:
+    """{pid: parent pid} of every process now, from /proc (empty where there is none)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue          # the process ended while we looked
+        # pid (comm) state ppid ...; comm may hold spaces and parentheses
+        fields = text[text.rindex(")") + 2:].split()
+        parents[int(stat.parent.name)] = int(fields[1])
+    return parents
+
+
 @dataclass
 class Driver:
     """One `python -m bench.spark_sink stage` child, leading its own process group."""
@@ -365,11 +394,19 @@ class Driver:
         return cls(process, log_path, result_path)
 
     def kill(self) -> None:
-        """SIGKILL to the whole group: driver, JVM, Python workers."""
+        """SIGKILL to the driver, its JVM and its Python workers at once: the process group
+        and every descendant (pyspark's worker daemons call setsid, so they are in process
+        groups of their own and a killpg alone would leave them to notice the JVM's death)."""
+        doomed = descendants(_process_parents(), self.process.pid)
         try:
             os.killpg(self.process.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        for pid in doomed:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         try:
             self.process.wait(30)
         except subprocess.TimeoutExpired:
@@ -478,8 +515,11 @@ def _run(ctx: RunContext, system: str) -> list[Metric]:
         killed_at = time.monotonic()
         after_log_end, after_stable = client.ends(kill_out)
         placed = (f"SIGKILL with {seen_in_flight:,} of the {per_trigger:,} records of a micro-batch in "
-                  f"the output log (output ends before the kill: log {log_end:,}, stable "
-                  f"{stable_end:,}; after: log {after_log_end:,}, stable {after_stable:,})")
+                  f"the output log (" + (
+                      f"high watermarks summed: {log_end:,} seen, {after_log_end:,} after the kill"
+                      if system == "kafka" else
+                      f"log end / last stable offset summed: {log_end:,} / {stable_end:,} seen, "
+                      f"{after_log_end:,} / {after_stable:,} after the kill") + ")")
         ctx.progress(f"    {placed}; restarting from the checkpoint")
         for out, wall_s in zip(outputs, wall_times):
             _check_exact(ctx, f"run into {out}", tally(client.read_values(out), expected), records)
