@@ -19,11 +19,7 @@ The core (txn_coordinator.state) decides; this shell carries the decisions out:
 
 The coordinator never imports `broker`: it reaches brokers only through the gRPC contract
 (Produce/Fetch for its own log, WriteTxnMarkers for markers, Metadata for leaders), so it can
-run in the broker's process (the embedded default) or in its own. Embedded, the link may
-call the broker's servicer in process (`BrokerLink(..., local_servicer=...)`): the same
-request and response messages and the same handlers, without the loopback transport, whose
-dispatch was about half of EndTxn's time at the coordinator and most of the time from
-PrepareCommit to the markers being in the logs (see `InProcessBrokerStub`).
+run in the broker's process (the embedded default) or in its own.
 
 Locking: one lock guards the core; I/O (log appends, marker RPCs, producer-id blocks on a
 block boundary) happens outside it, except `new_producer_id`, which the core calls and which
@@ -66,94 +62,17 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class InProcessRpcError(grpc.RpcError):
-    """A Broker handler called in process ended the call with a status (context.abort),
-    or failed unexpectedly (UNKNOWN): raised where a gRPC call would raise its RpcError,
-    with the same code() and details(), so callers handle both alike."""
-
-    def __init__(self, code: grpc.StatusCode, details: str):
-        super().__init__(f"{code.name}: {details}")
-        self._code = code
-        self._details = details
-
-    def code(self) -> grpc.StatusCode:
-        return self._code
-
-    def details(self) -> str:
-        return self._details
-
-
-class _InProcessContext:
-    """The part of grpc.ServicerContext the Broker's unary handlers use. An in-process
-    call cannot be cancelled by a client, so no callback ever fires."""
-
-    def add_callback(self, callback) -> bool:
-        return True
-
-    def abort(self, code: grpc.StatusCode, details: str):
-        raise InProcessRpcError(code, details)
-
-    def set_trailing_metadata(self, metadata) -> None:
-        pass
-
-    def is_active(self) -> bool:
-        return True
-
-
-class InProcessBrokerStub:
-    """The unary Broker RPCs the coordinator uses, called on a servicer of this process
-    (an implementation of the generated `broker_pb2_grpc.BrokerServicer`, handed in, never
-    imported): the same messages, on the caller's thread, without serialising them or a
-    gRPC worker's dispatch. `timeout` is accepted for the stub's signature; the handlers
-    the coordinator calls never wait (its Fetch has max_wait_ms=0)."""
-
-    def __init__(self, servicer: broker_pb2_grpc.BrokerServicer):
-        self._servicer = servicer
-
-    def _call(self, method: str, request, timeout: float | None = None):
-        handler = getattr(self._servicer, method)
-        try:
-            return handler(request, _InProcessContext())
-        except InProcessRpcError:
-            raise
-        except Exception as exc:  # what gRPC would turn into an UNKNOWN status
-            log.exception("in-process %s failed", method)
-            raise InProcessRpcError(grpc.StatusCode.UNKNOWN, f"{method}: {type(exc).__name__}: {exc}") from exc
-
-    def Metadata(self, request, timeout: float | None = None):
-        return self._call("Metadata", request, timeout)
-
-    def CreateTopics(self, request, timeout: float | None = None):
-        return self._call("CreateTopics", request, timeout)
-
-    def Produce(self, request, timeout: float | None = None):
-        return self._call("Produce", request, timeout)
-
-    def Fetch(self, request, timeout: float | None = None):
-        return self._call("Fetch", request, timeout)
-
-    def WriteTxnMarkers(self, request, timeout: float | None = None):
-        return self._call("WriteTxnMarkers", request, timeout)
-
-
 class BrokerLink:
-    """The coordinator's view of the cluster, through the Broker gRPC service only: over a
-    channel to `bootstrap`, or, for a coordinator embedded in the broker, on that broker's
-    servicer in process (`local_servicer`; `bootstrap` is then unused)."""
+    """The coordinator's view of the cluster, through the Broker gRPC service only."""
 
-    def __init__(self, bootstrap: str, *, local_servicer: broker_pb2_grpc.BrokerServicer | None = None):
-        self._channel: grpc.Channel | None = None
-        if local_servicer is not None:
-            self._stub = InProcessBrokerStub(local_servicer)
-            return
+    def __init__(self, bootstrap: str):
         self._channel = grpc.insecure_channel(bootstrap, options=[
             ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES)])
         self._stub = broker_pb2_grpc.BrokerStub(self._channel)
 
     def close(self) -> None:
-        if self._channel is not None:
-            self._channel.close()
+        self._channel.close()
 
     def ensure_topic(self, name: str, partitions: int) -> int:
         """Create the internal topic when missing; return its partition count."""

@@ -338,26 +338,3 @@ def test_hanging_transaction_is_aborted_at_its_timeout(inprocess_broker_factory)
     assert producer.end(commit=True).error_code in FENCED
     assert producer.send("t", 0, [b"after"]).error_code in FENCED
     assert high_watermark(stub, "t", 0) == 3
-
-
-# ---- the coordinator's in-process link to the broker it is embedded in -----------------------
-
-def test_in_process_link_creates_appends_reads_and_marks_on_the_real_servicer(inprocess_broker):
-    from eos.types import TopicPartition
-    from txn_coordinator.coordinator import BrokerLink
-    from txn_coordinator.state import MarkerEntry, MarkerRequest
-
-    link = BrokerLink("unused:0", local_servicer=inprocess_broker.server._servicer)
-    try:
-        assert link.ensure_topic("inproc-link", 2) == 2
-        assert link.ensure_topic("inproc-link", 5) == 2          # exists: its own count
-        assert link.append("inproc-link", 1, encode_batch([b"v0"], keys=[b"k0"])) == 0
-        assert link.append("inproc-link", 1, encode_batch([b"v1"], keys=[b"k1"])) == 1
-        assert list(link.read_all("inproc-link", 1)) == [(b"k0", b"v0"), (b"k1", b"v1")]
-        tp, missing = TopicPartition("inproc-link", 0), TopicPartition("inproc-link", 9)
-        answers = link.write_markers(MarkerRequest("nobody", 0, (
-            MarkerEntry(123456, 0, True, frozenset({tp, missing})),)))
-        assert set(answers) == {(0, tp), (0, missing)}
-        assert answers[(0, missing)][0] == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-    finally:
-        link.close()

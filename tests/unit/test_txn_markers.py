@@ -3,24 +3,20 @@
 One decision's markers (the owner's entry and its participants') go out in one
 WriteTxnMarkersRequest; when some (entry, partition) pairs fail, only those are sent again;
 Complete* is written once all are in; a restarted coordinator re-sends every decided group.
-The marker thread runs for real, so the tests wait for it with a bounded deadline.
-Last, the link's in-process stub (an embedded coordinator calling its broker's servicer):
-answers come back as they are, failures as the gRPC errors a channel would raise."""
+The marker thread runs for real, so the tests wait for it with a bounded deadline."""
 from __future__ import annotations
 
 import collections
 import threading
 
-import grpc
 import pytest
 
 from eos.errors import ErrorCode
 from eos.records.codec import decode_records
 from eos.records.header import iter_headers
 from eos.types import TopicPartition
-from eos.v1 import broker_pb2
-from txn_coordinator.coordinator import STATE_TOPIC, BrokerLink, TransactionCoordinator
-from txn_coordinator.state import MarkerEntry, MarkerRequest, TxnState
+from txn_coordinator.coordinator import STATE_TOPIC, TransactionCoordinator
+from txn_coordinator.state import TxnState
 from tests.waits import wait_for
 
 OUT0, OUT1, OUT2 = TopicPartition("out", 0), TopicPartition("out", 1), TopicPartition("out", 2)
@@ -157,51 +153,3 @@ def test_a_restart_resends_every_decided_group(make_coordinator):
     wait_for(lambda: second.describe("app").state is TxnState.COMPLETE_COMMIT, "CompleteCommit after restart")
     assert link.sent_pairs(link.sent[sent_before]) == {
         (owner, 1, True, OUT2), (p1, 1, False, OUT0), (p2, 1, True, OUT0), (p2, 1, True, OUT1)}
-
-
-# ---- the in-process link of an embedded coordinator ------------------------------------------
-
-class _Servicer:
-    """A Broker servicer that answers Produce, aborts WriteTxnMarkers as a stopping broker
-    does, and fails Fetch unexpectedly."""
-
-    def __init__(self):
-        self.requests = []
-
-    def Produce(self, request, context):
-        self.requests.append(request)
-        return broker_pb2.ProduceResponse(partitions=[broker_pb2.PartitionProduceResult(
-            topic=p.topic, partition=p.partition, error_code=ErrorCode.NONE, base_offset=41)
-            for p in request.partitions])
-
-    def WriteTxnMarkers(self, request, context):
-        context.abort(grpc.StatusCode.UNAVAILABLE, "the broker is shutting down")
-
-    def Fetch(self, request, context):
-        raise ZeroDivisionError("boom")
-
-
-def test_in_process_link_hands_the_request_to_the_servicer_and_returns_its_answer():
-    servicer = _Servicer()
-    link = BrokerLink("unused:0", local_servicer=servicer)
-    assert link.append(STATE_TOPIC, 3, b"batch") == 41
-    [request] = servicer.requests
-    assert (request.acks, request.partitions[0].partition, request.partitions[0].records) == (-1, 3, b"batch")
-    link.close()
-
-
-def test_in_process_link_raises_an_aborted_call_as_the_rpc_error_grpc_would():
-    link = BrokerLink("unused:0", local_servicer=_Servicer())
-    group = MarkerRequest("t", 0, (MarkerEntry(1, 0, True, frozenset({OUT0})),))
-    with pytest.raises(grpc.RpcError) as raised:
-        link.write_markers(group)
-    assert raised.value.code() is grpc.StatusCode.UNAVAILABLE
-    assert "shutting down" in raised.value.details()
-
-
-def test_in_process_link_raises_an_unexpected_failure_as_unknown():
-    link = BrokerLink("unused:0", local_servicer=_Servicer())
-    with pytest.raises(grpc.RpcError) as raised:
-        list(link.read_all(STATE_TOPIC, 0))
-    assert raised.value.code() is grpc.StatusCode.UNKNOWN
-    assert "ZeroDivisionError: boom" in raised.value.details()
