@@ -25,6 +25,11 @@ from spark_sink.sink import CRASH_ENV
 RECORDS = 3000
 PER_TRIGGER = 500
 RUN_TIMEOUT_S = 300
+RUNS = 6
+# pytest-timeout's default (300 s, pyproject) would cut the whole test short under load --
+# six pipeline runs, each starting a JVM -- before a run's own bound could name the
+# stuck run with its log, and its teardown would stop the broker under the running pipeline.
+TEST_TIMEOUT_S = RUNS * RUN_TIMEOUT_S + 300
 
 
 def wait_for(process: subprocess.Popen, log_path, timeout_s: float = RUN_TIMEOUT_S) -> int:
@@ -47,6 +52,7 @@ def seeded(eos_broker, admin):
     return eos_broker.address
 
 
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_pipeline_killed_at_chosen_and_random_points_writes_everything_exactly_once(seeded, admin, tmp_path):
     address = seeded
     checkpoints = tmp_path / "checkpoints"
