@@ -86,7 +86,7 @@ from eos.errors import (
     InvalidRequestError,
     UnknownTopicOrPartitionError,
 )
-from eos.records.header import iter_headers
+from eos.records.header import BatchHeader, iter_headers
 from eos.types import TopicPartition
 from eos.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 
@@ -335,18 +335,20 @@ def _refuse_produce(request: broker_pb2.ProduceRequest, code: int, message: str)
     return broker_pb2.ProduceResponse(partitions=[_produce_error(p, code, message) for p in request.partitions])
 
 
-def _transactional_producers(records: bytes) -> set[tuple[int, int]]:
-    """(producer id, epoch) of the transactional data batches in `records` (one header
-    parse per batch, no record work). Bytes that do not parse yield what was found so far:
-    the append refuses them with the precise error."""
-    found: set[tuple[int, int]] = set()
+def _parse_headers(records: bytes) -> list[BatchHeader] | None:
+    """The batch headers of `records` (one header parse per batch, no record work), handed
+    to the log's append so that it does not parse them again; None when the bytes do not
+    parse: the append then parses them itself and refuses them with the precise error."""
     try:
-        for header in iter_headers(records):
-            if header.is_transactional and not header.is_control:
-                found.add((header.producer_id, header.producer_epoch))
+        return list(iter_headers(records))
     except Exception:
-        pass
-    return found
+        return None
+
+
+def _transactional_producers(headers: list[BatchHeader] | None) -> set[tuple[int, int]]:
+    """(producer id, epoch) of the transactional data batches among `headers`."""
+    return {(h.producer_id, h.producer_epoch) for h in headers or ()
+            if h.is_transactional and not h.is_control}
 
 
 def _verification_refusal(tp: TopicPartition, transactional_id: str, code: int, message: str) -> tuple[int, str]:
@@ -492,17 +494,19 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         if acks not in (0, 1, -1):
             return _refuse_produce(request, ErrorCode.INVALID_REQUIRED_ACKS,
                                    f"acks must be 0, 1 or -1 (all), got {acks}")
+        headers = [_parse_headers(p.records) for p in request.partitions]
         try:
-            refusals = self._verify_transactional_writes(request)
+            refusals = self._verify_transactional_writes(request, headers)
         except _RequestRefused as refused:
             return _refuse_produce(request, refused.code, str(refused))
         now_ms = self._now_ms()
-        results = [self._produce_partition(p, acks, now_ms) if i not in refusals
+        results = [self._produce_partition(p, acks, now_ms, headers[i]) if i not in refusals
                    else _produce_error(p, *refusals[i])
                    for i, p in enumerate(request.partitions)]
         return broker_pb2.ProduceResponse(partitions=results)
 
-    def _verify_transactional_writes(self, request: broker_pb2.ProduceRequest) -> dict[int, tuple[int, str]]:
+    def _verify_transactional_writes(self, request: broker_pb2.ProduceRequest,
+                                     headers: list[list[BatchHeader] | None]) -> dict[int, tuple[int, str]]:
         """KIP-890 part 1: the partitions where a transactional batch would open its
         producer's transaction are checked with the transaction coordinator first. Returns
         the refused partitions as {index in request.partitions: (code, message)}; raises
@@ -510,7 +514,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         producers: set[tuple[int, int]] = set()
         candidates: list[tuple[int, broker_pb2.PartitionRecords]] = []
         for index, p in enumerate(request.partitions):
-            found = _transactional_producers(p.records)
+            found = _transactional_producers(headers[index])
             if found:
                 producers |= found
                 candidates.append((index, p))
@@ -556,8 +560,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                 refusals[index] = refusal
         return refusals
 
-    def _produce_partition(self, p: broker_pb2.PartitionRecords, acks: int,
-                           now_ms: int) -> broker_pb2.PartitionProduceResult:
+    def _produce_partition(self, p: broker_pb2.PartitionRecords, acks: int, now_ms: int,
+                           headers: list[BatchHeader] | None = None) -> broker_pb2.PartitionProduceResult:
         try:
             partition_log = self._log_for(p.topic, p.partition, may_create=True)
             if acks == -1:
@@ -567,7 +571,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                         f"acks=all needs min.insync.replicas={min_isr} in-sync replicas; "
                         f"{p.topic}-{p.partition} has 1 (single broker)",
                         ErrorCode.NOT_ENOUGH_REPLICAS)
-            append = partition_log.append_as_leader(p.records, now_ms)
+            append = partition_log.append_as_leader(p.records, now_ms, headers=headers)
         except Exception as exc:
             code, message = _describe(exc)
             self._log_partition_error("Produce", p.topic, p.partition, exc)

@@ -55,10 +55,13 @@ class FakeLog:
     def has_ongoing_transaction(self, producer_id, producer_epoch):
         return False
 
-    def append_as_leader(self, records: bytes, now_ms: int):
+    def append_as_leader(self, records: bytes, now_ms: int, *, headers=None):
         if self.fail_with is not None:
             raise self.fail_with
         buf = bytearray(records)
+        if headers is not None:
+            # The service hands over its own parse; it must be the parse of these bytes.
+            assert [h.position for h in headers] == [h.position for h in iter_headers(buf)]
         headers = list(iter_headers(buf))
         if not headers:
             raise CorruptRecordError("no batch")
