@@ -9,8 +9,9 @@ maxRecordsPerTrigger) of a tenth of the input, so a run is ten micro-batches. On
 runs through Spark's built-in Kafka source (read_committed) and sink; on eos through the
 eos source and ExactlyOnceSink in foreachBatch. The Spark driver always runs in a child
 process (``python -m bench.spark_sink stage``, bench/spark_sink.py) that leads its own
-process group: the harness stays free of a JVM, and one killpg takes the driver, its JVM
-and its Python workers down together.
+process group: the harness stays free of a JVM, and a kill can take the driver, its JVM
+and its Python workers down together (`Driver.kill`: the group and every descendant, as
+pyspark's worker daemons leave the group).
 
 Spark's Kafka connector is not part of pyspark. `resolve_connector` resolves
 ``spark-sql-kafka-0-10_2.13`` with Maven (the helpers of bench/kafka.py) into
@@ -35,9 +36,10 @@ micro-batch: `in_flight_records` is what the batch being written has put in the 
 (Kafka, whose sink writes no transactions: the high watermarks summed, modulo the batch
 size; eos: log end minus last stable offset, summed -- the open transaction's records),
 and `partly_written` holds when that is strictly between 0 and the batch size. Then the
-whole process group gets SIGKILL, the go file appears, and the standby driver runs the
-same query from the same checkpoint to the end. The output is read back read_committed and tallied against the
-expected values (`tally`): extra copies are duplicates, absent values missing. Duplicates
+driver and everything under it get SIGKILL, the go file appears, and the standby driver
+runs the same query from the same checkpoint to the end. The output is read back
+read_committed and tallied against the expected values (`tally`): extra copies are
+duplicates, absent values missing. Duplicates
 on Kafka are what an at-least-once sink does and are reported, not raised; missing records
 on either system, or any duplicate on eos, raise RecordsLost.
 """
