@@ -743,7 +743,10 @@ class Log:
     def read(self, fetch_offset: int, max_bytes: int, *, max_offset_exclusive: int | None = None,
              min_one_batch: bool = True, isolation_committed: bool = False) -> FetchData:
         """Whole batches from the one holding `fetch_offset`, at most `max_bytes` of them
-        (but at least one when `min_one_batch`), none reaching `max_offset_exclusive`.
+        (but at least one when `min_one_batch`), none reaching the limit: the snapshot's
+        high watermark by default (what consumers may see; equal to the log end on one node,
+        where every append moves both), or `max_offset_exclusive` capped at the log end (a
+        reader allowed past the high watermark, such as a follower, passes its own bound).
 
         `isolation_committed` (read_committed): nothing at or past the last stable offset
         either, and `aborted_transactions` lists the aborted transactions overlapping the
@@ -760,7 +763,7 @@ class Log:
             raise OffsetOutOfRangeError(
                 f"{self.name}: fetch offset {fetch_offset} is outside the log's range "
                 f"[{view.log_start_offset}, {view.log_end_offset}]")
-        limit = view.log_end_offset if max_offset_exclusive is None else min(max_offset_exclusive,
+        limit = view.high_watermark if max_offset_exclusive is None else min(max_offset_exclusive,
                                                                              view.log_end_offset)
         if isolation_committed and view.last_stable_offset < limit:
             limit = view.last_stable_offset

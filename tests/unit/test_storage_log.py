@@ -95,6 +95,22 @@ def test_read_returns_the_batch_holding_the_offset_and_respects_limits(tmp_path)
         log.read(-1, 100)
 
 
+def test_read_stops_at_the_snapshot_high_watermark_unless_given_a_bound(tmp_path):
+    log = open_log(tmp_path)
+    for _ in range(5):
+        log.append_as_leader(make_batch(4, value_bytes=20), now_ms=0)
+    # One node never holds the high watermark back, so publish a snapshot that does (as
+    # replication would): the default bound is what consumers may see, not the log end.
+    log._view = log._view._replace(high_watermark=10)
+    held_back = log.read(0, 1 << 20)
+    assert [h.last_offset for h in whole_batches(held_back.records)] == [3, 7]
+    assert held_back.high_watermark == 10
+    assert log.read(8, 1 << 20).records == b""
+    # an explicit bound may pass the high watermark, never the log end
+    assert [h.last_offset for h in whole_batches(log.read(8, 1 << 20, max_offset_exclusive=99).records)] == \
+        [11, 15, 19]
+
+
 def test_log_append_time_stamps_the_batch_and_keeps_the_crc_valid(tmp_path):
     log = open_log(tmp_path, message_timestamp_type="LogAppendTime")
     info = log.append_as_leader(make_batch(2, timestamp_ms=5), now_ms=777)
