@@ -225,11 +225,10 @@ def start_pipeline(bootstrap: str, checkpoint_dir: Path, log_path: Path, *, max_
 
 
 def kill_hard(process: subprocess.Popen) -> None:
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    process.wait(30)
+    """SIGKILL the pipeline's driver, its JVM and its Python workers at once."""
+    from eos.processes import kill_tree
+
+    kill_tree(process)
 
 
 def _tail(path: Path, lines: int = 30) -> str:

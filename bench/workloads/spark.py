@@ -50,7 +50,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -62,6 +61,7 @@ from typing import Iterable
 from bench.workloads import (Metric, NotAvailable, RecordsLost, RunContext, Workload, median_low,
                              register)
 from bench.workloads.clients import eos_create_topic, kafka_create_topic
+from eos.processes import kill_tree
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 PARTITIONS = 3
@@ -343,35 +343,6 @@ class EosOutput:
 
 # ---------------------------------------------------------------- the driver process
 
-def descendants(parents: dict[int, int], root: int) -> set[int]:
-    """Every process below `root` in a {pid: parent pid} table (root itself excluded)."""
-    children: dict[int, list[int]] = collections.defaultdict(list)
-    for pid, parent in parents.items():
-        children[parent].append(pid)
-    found: set[int] = set()
-    stack = [root]
-    while stack:
-        for child in children.get(stack.pop(), []):
-            if child not in found and child != root:
-                found.add(child)
-                stack.append(child)
-    return found
-
-
-def _process_parents() -> dict[int, int]:
-    """{pid: parent pid} of every process now, from /proc (empty where there is none)."""
-    parents: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue          # the process ended while we looked
-        # pid (comm) state ppid ...; comm may hold spaces and parentheses
-        fields = text[text.rindex(")") + 2:].split()
-        parents[int(stat.parent.name)] = int(fields[1])
-    return parents
-
-
 @dataclass
 class Driver:
     """One `python -m bench.spark_sink stage` child, leading its own process group."""
@@ -396,23 +367,9 @@ class Driver:
         return cls(process, log_path, result_path)
 
     def kill(self) -> None:
-        """SIGKILL to the driver, its JVM and its Python workers at once: the process group
-        and every descendant (pyspark's worker daemons call setsid, so they are in process
-        groups of their own and a killpg alone would leave them to notice the JVM's death)."""
-        doomed = descendants(_process_parents(), self.process.pid)
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        for pid in doomed:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        try:
-            self.process.wait(30)
-        except subprocess.TimeoutExpired:
-            pass
+        """SIGKILL to the driver, its JVM and its Python workers at once
+        (`eos.processes.kill_tree`: the group and every descendant)."""
+        kill_tree(self.process)
 
     def finish(self, timeout_s: float = DRIVER_TIMEOUT_S) -> dict:
         """Wait for a clean exit; the driver's results. Killed and raised on failure."""

@@ -12,7 +12,6 @@ from bench.workloads.spark import (
     Tally,
     _sizes,
     connector_candidates,
-    descendants,
     expected_output,
     in_flight_records,
     input_value,
@@ -91,14 +90,6 @@ def test_sizes_make_every_kafka_batch_whole():
         records, per_trigger = _sizes(RunContext("kafka", "x", None, sizes))
         assert records == per_trigger * BATCHES_PER_RUN
         assert records % (KEYS * BATCHES_PER_RUN) == 0 and records > 0
-
-
-def test_descendants_are_every_generation_below_the_root_and_nothing_else():
-    parents = {10: 1, 11: 10, 12: 10, 13: 12, 14: 13, 20: 1, 21: 20, 30: 99}
-    assert descendants(parents, 10) == {11, 12, 13, 14}
-    assert descendants(parents, 13) == {14}
-    assert descendants(parents, 14) == set()
-    assert descendants({5: 5, 6: 5}, 5) == {6}          # a self-parented entry does not loop
 
 
 # ---- the connector
