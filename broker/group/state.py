@@ -59,15 +59,21 @@ Rules (Kafka's, looked up in GroupCoordinator / GroupMetadataManager):
   MEMBER_ID_REQUIRED and must rejoin with it; until it does (or its session timeout passes)
   the join phase waits for it.
 - KIP-345 static membership: a known group.instance.id joining without a member id replaces
-  the old member id (which is fenced: FENCED_INSTANCE_ID from then on). In a Stable group,
-  when neither the chosen protocol nor the member's metadata changes, there is no rebalance:
-  it keeps the generation and its assignment (it gets it with SyncGroup). eos also asks for
-  unchanged metadata (Kafka checks only the protocol choice) so a restarted member with a new
-  subscription does get a rebalance. Static members that miss a rebalance are not dropped
-  at the rebalance timeout; only their session timeout removes them.
-- Rebalance triggers: a member joins, leaves, dies (session timeout), rejoins with other
-  metadata, or the leader rejoins (how a consumer leader that sees a partition count change
-  asks for a new assignment: the coordinator never reads topic metadata).
+  the old member id (which is fenced: FENCED_INSTANCE_ID from then on, and its parked
+  JoinGroup or SyncGroup is answered so). In a Stable group, when the group's protocol choice
+  would not change, there is no rebalance: it keeps the generation and its assignment (it gets
+  it with SyncGroup). Its metadata is not compared (Kafka's rule): a restarted sticky member's
+  always differs, as it owns nothing yet. A new subscription is therefore not seen until the
+  client rejoins with its member id (the client does when its assignment names a topic it no
+  longer subscribes to) or the group rebalances for another reason. While PreparingRebalance
+  the new member id simply joins the next generation; while CompletingRebalance the group
+  rebalances again (the leader may be assigning to the old member id). Static members that
+  miss a rebalance are not dropped at the rebalance timeout; only their session timeout
+  removes them.
+- Rebalance triggers: a member joins, leaves, dies (session timeout), rejoins with its member
+  id and other metadata (bytes compared, static or not), or the leader rejoins (how a
+  consumer leader that sees a partition count change asks for a new assignment: the
+  coordinator never reads topic metadata).
 - The generation goes up by one each time a join phase completes; the leader is the first
   member to join and is kept while it rejoins in time.
 - The protocol (assignor) is chosen by vote among the protocols every member supports; each
@@ -896,9 +902,12 @@ class GroupCoordinatorCore:
         self._update_member(new, protocols, request.rebalance_timeout_ms, request.session_timeout_ms)
         token = self._park_join(new, fx)
         if group.state is S.STABLE:
-            if group.select_protocol() == group.protocol_name and protocols == old_settings[0]:
-                # Nothing that the assignment depends on changed: keep the generation, record
-                # the new member id, and answer once that is in the log.
+            if group.select_protocol() == group.protocol_name:
+                # Kafka's rule: only a change of the group's protocol choice rebalances. The
+                # metadata bytes are not compared: a restarted member's differ as a rule (the
+                # sticky subscription carries the partitions owned and their generation, which
+                # a fresh process does not have). Keep the generation, record the new member
+                # id and metadata, and answer once that is in the log.
                 pending = _PendingWrite("static", group.group_id, group.generation_id, instance_id=instance_id,
                                         old_member_id=old_member_id, new_member_id=new_member_id,
                                         old_protocols=old_settings[0], old_rebalance_timeout_ms=old_settings[1],

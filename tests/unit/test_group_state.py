@@ -477,17 +477,48 @@ def test_superseded_and_removed_requests_are_all_answered():
 
 # ---- static membership (KIP-345) ------------------------------------------------------------
 
-def static_group(shell):
+INSTANCES = ("i1", "i2", "i3")
+
+
+def static_group(shell, protocols=None, assignor=RangeAssignor()):
+    """Three static members i1..i3 in one Stable generation. `protocols`: {instance: protocols}
+    (default: range with a plain subscription). Returns (plan by member id, generation)."""
+    protocols = protocols or {}
     answers = {}
-    for inst in ("i1", "i2", "i3"):
-        answers[inst] = shell.join(instance=inst, client=inst)
+    for inst in INSTANCES:
+        answers[inst] = shell.join(instance=inst, client=inst, protocols=protocols.get(inst))
     group = shell.core.groups["g"]
     first = group.static_members["i1"]
     if shell.answer(answers["i1"]).generation_id == 1:
         shell.heartbeat(first, 1, instance="i1")
-        answers["i1"] = shell.join(member_id=first, instance="i1")
-    plan, generation = stabilize(shell, {group.static_members[i]: answers[i] for i in answers})
+        answers["i1"] = shell.join(member_id=first, instance="i1", protocols=protocols.get("i1"))
+    plan, generation = stabilize(shell, {group.static_members[i]: answers[i] for i in answers}, assignor=assignor)
     return plan, generation
+
+
+def sticky_static_group(shell):
+    """Three static members under the sticky assignor, in the state a running group is in: a
+    second generation whose subscriptions carry what each member owned in the first (as every
+    rejoin of the eos and Kafka clients does). Returns (plan by member id, generation)."""
+    first_plan, first_generation = static_group(shell, {i: [("sticky", sub())] for i in INSTANCES}, StickyAssignor())
+    group = shell.core.groups["g"]
+    ids = {i: group.static_members[i] for i in INSTANCES}
+    owned = {i: [("sticky", sub(owned=first_plan[ids[i]], generation=first_generation))] for i in INSTANCES}
+    leader = next(i for i in INSTANCES if ids[i] == group.leader_id)
+    answers = {ids[leader]: shell.join(member_id=ids[leader], instance=leader, protocols=owned[leader])}
+    for i in INSTANCES:
+        if i != leader:
+            assert shell.heartbeat(ids[i], first_generation, instance=i) is E.REBALANCE_IN_PROGRESS
+            answers[ids[i]] = shell.join(member_id=ids[i], instance=i, protocols=owned[i])
+    plan, generation = stabilize(shell, answers, assignor=StickyAssignor())
+    assert generation == first_generation + 1 and shell.state() is S.STABLE
+    assert all(set(plan[ids[i]]) == set(first_plan[ids[i]]) for i in INSTANCES)     # sticky: nothing moved
+    return plan, generation
+
+
+def recorded_members(shell):
+    """{instance id: MemberMetadata} of the group's last record in the log."""
+    return {m.group_instance_id: m for m in decode_record(*shell.log[-1])[1].members}
 
 
 def test_static_members_join_without_member_id_required():
@@ -514,25 +545,139 @@ def test_static_member_restart_keeps_its_partitions_without_a_new_generation():
     assert shell.join(member_id=old_id, instance="i2").error is E.FENCED_INSTANCE_ID
     assert shell.core.validate_offset_commit("g", generation, old_id, "i2").error is E.FENCED_INSTANCE_ID
     assert shell.heartbeat(new_id, generation, instance="i2") is E.NONE
-    recorded = {m.group_instance_id: m.member_id for m in decode_record(*shell.log[-1])[1].members}
-    assert recorded["i2"] == new_id                                            # recorded in the log
+    assert recorded_members(shell)["i2"].member_id == new_id                   # recorded in the log
 
 
-def test_static_leader_restart_gets_skip_assignment():
+def test_static_sticky_member_restart_with_other_owned_partitions_keeps_the_generation():
+    # The sticky subscription carries the owned partitions and their generation, so the bytes
+    # a restarted member sends (it owns nothing yet) differ from the ones the group holds.
+    # Kafka's coordinator looks only at whether the group's protocol choice would change.
+    shell = Shell()
+    plan, generation = sticky_static_group(shell)
+    group = shell.core.groups["g"]
+    ids = dict(group.static_members)
+    old_id = ids["i2"]
+    restarted_metadata = sub()
+    assert group.members[old_id].metadata("sticky") != restarted_metadata
+    shell.now = 3_000
+    rejoined = shell.answer(shell.join(instance="i2", client="i2", protocols=[("sticky", restarted_metadata)]))
+    new_id = rejoined.member_id
+    assert rejoined.error is E.NONE and new_id != old_id
+    assert (rejoined.generation_id, rejoined.protocol_name, shell.state()) == (generation, "sticky", S.STABLE)
+    synced = shell.answer(shell.sync(new_id, generation, instance="i2"))
+    assert synced.error is E.NONE and list(decode_assignment(synced.assignment).partitions) == plan[old_id]
+    # Nobody else was disturbed: their heartbeats are fine in the same generation.
+    for inst in ("i1", "i3"):
+        assert shell.heartbeat(ids[inst], generation, instance=inst) is E.NONE
+    # The old incarnation is fenced everywhere.
+    assert shell.heartbeat(old_id, generation, instance="i2") is E.FENCED_INSTANCE_ID
+    assert shell.answer(shell.sync(old_id, generation, instance="i2")).error is E.FENCED_INSTANCE_ID
+    assert shell.join(member_id=old_id, instance="i2", protocols=[("sticky", sub())]).error is E.FENCED_INSTANCE_ID
+    assert shell.core.validate_offset_commit("g", generation, old_id, "i2").error is E.FENCED_INSTANCE_ID
+    # The log holds the new member id with its new metadata and the old assignment.
+    recorded = recorded_members(shell)["i2"]
+    assert (recorded.member_id, recorded.subscription) == (new_id, restarted_metadata)
+    assert list(decode_assignment(recorded.assignment).partitions) == plan[old_id]
+
+
+def test_static_member_restart_with_new_subscription_keeps_the_generation_as_kafka_does():
+    # Kafka's rule (GroupCoordinator.updateStaticMemberAndRebalance): only a change of the
+    # group's protocol choice rebalances. The member keeps its assignment; a client whose
+    # assignment names topics it no longer subscribes to rejoins (then with its member id,
+    # and changed metadata of a known member does rebalance).
+    shell = Shell()
+    plan, generation = static_group(shell)
+    old_id = shell.core.groups["g"].static_members["i2"]
+    rejoined = shell.answer(shell.join(instance="i2", client="i2", protocols=[("range", sub("t", "u"))]))
+    assert rejoined.error is E.NONE and rejoined.generation_id == generation and shell.state() is S.STABLE
+    synced = shell.answer(shell.sync(rejoined.member_id, generation, instance="i2"))
+    assert list(decode_assignment(synced.assignment).partitions) == plan[old_id]
+
+
+MIXED = {"range-first": [("range", sub()), ("roundrobin", sub())],
+         "roundrobin-first": [("roundrobin", sub()), ("range", sub())]}
+
+
+def test_static_member_restart_rebalances_only_when_the_protocol_choice_changes():
+    shell = Shell()
+    _, generation = static_group(shell, {i: MIXED["range-first"] for i in INSTANCES})
+    assert shell.core.groups["g"].protocol_name == "range"
+    # i2 now prefers roundrobin: the vote is still range 2, roundrobin 1, so nothing to do.
+    kept = shell.answer(shell.join(instance="i2", client="i2", protocols=MIXED["roundrobin-first"]))
+    assert kept.error is E.NONE and kept.generation_id == generation and shell.state() is S.STABLE
+    # i3 too: roundrobin wins the next vote, so the group must rebalance to use it.
+    token = shell.join(instance="i3", client="i3", protocols=MIXED["roundrobin-first"])
+    assert isinstance(token, int) and shell.answer(token) is None and shell.state() is S.PREPARING_REBALANCE
+    assert shell.heartbeat(shell.core.groups["g"].static_members["i1"], generation, instance="i1") \
+        is E.REBALANCE_IN_PROGRESS
+
+
+def test_known_static_member_rejoining_with_changed_metadata_rebalances():
+    # Not a restart: the member rejoins with its member id. Kafka compares the metadata of a
+    # known follower in a Stable group byte for byte, static or not.
+    shell = Shell()
+    plan, generation = sticky_static_group(shell)
+    group = shell.core.groups["g"]
+    follower = next(i for i in INSTANCES if group.static_members[i] != group.leader_id)
+    member_id = group.static_members[follower]
+    same = shell.join(member_id=member_id, instance=follower, protocols=[("sticky", group.members[member_id].metadata("sticky"))])
+    assert isinstance(same, JoinResponse) and same.generation_id == generation and shell.state() is S.STABLE
+    token = shell.join(member_id=member_id, instance=follower,
+                       protocols=[("sticky", sub(owned=plan[member_id], generation=generation))])
+    assert isinstance(token, int) and shell.state() is S.PREPARING_REBALANCE
+
+
+def _start_rebalance(shell, generation):
+    """From a Stable static group: the leader rejoins, so the group is PreparingRebalance."""
+    group = shell.core.groups["g"]
+    leader_inst = next(i for i in INSTANCES if group.static_members[i] == group.leader_id)
+    token = shell.join(member_id=group.leader_id, instance=leader_inst)
+    assert isinstance(token, int) and shell.state() is S.PREPARING_REBALANCE
+    return leader_inst, token
+
+
+def test_static_member_restart_while_preparing_rebalance_joins_the_next_generation():
+    # Kafka: nothing more to do than for any member rejoining during the join phase; the old
+    # member id's parked join is answered FENCED_INSTANCE_ID and never gets the generation.
     shell = Shell()
     _, generation = static_group(shell)
     group = shell.core.groups["g"]
-    leader_instance = next(i for i, m in group.static_members.items() if m == group.leader_id)
-    rejoined = shell.answer(shell.join(instance=leader_instance, client="x"))
-    assert rejoined.skip_assignment and rejoined.leader == rejoined.member_id and len(rejoined.members) == 3
-    assert rejoined.generation_id == generation and shell.state() is S.STABLE
+    old_ids = dict(group.static_members)
+    leader_inst, leader_token = _start_rebalance(shell, generation)
+    restarting, other = [i for i in INSTANCES if i != leader_inst]
+    old_token = shell.join(member_id=old_ids[restarting], instance=restarting)
+    assert isinstance(old_token, int)
+    new_token = shell.join(instance=restarting, client=restarting)
+    assert isinstance(new_token, int) and shell.state() is S.PREPARING_REBALANCE
+    assert shell.answer(old_token).error is E.FENCED_INSTANCE_ID
+    new_id = group.static_members[restarting]
+    answers = {old_ids[leader_inst]: leader_token, new_id: new_token,
+               old_ids[other]: shell.join(member_id=old_ids[other], instance=other)}
+    plan, new_generation = stabilize(shell, answers)
+    assert new_generation == generation + 1 and set(plan) == {old_ids[leader_inst], new_id, old_ids[other]}
+    assert shell.heartbeat(old_ids[restarting], new_generation, instance=restarting) is E.FENCED_INSTANCE_ID
 
 
-def test_static_member_restart_with_new_subscription_rebalances():
+def test_static_member_restart_while_completing_rebalance_starts_another_rebalance():
+    # Kafka: the leader may already be assigning to the old member id, so the new one would
+    # get nothing: the group goes back to PreparingRebalance, and the old id's parked
+    # SyncGroup is answered FENCED_INSTANCE_ID.
     shell = Shell()
     _, generation = static_group(shell)
-    token = shell.join(instance="i2", client="i2", protocols=[("range", sub("t", "u"))])
-    assert isinstance(token, int) and shell.state() is S.PREPARING_REBALANCE
+    group = shell.core.groups["g"]
+    old_ids = dict(group.static_members)
+    leader_inst, leader_token = _start_rebalance(shell, generation)
+    others = [i for i in INSTANCES if i != leader_inst]
+    for inst in others:
+        shell.join(member_id=old_ids[inst], instance=inst)
+    assert shell.state() is S.COMPLETING_REBALANCE and group.generation_id == generation + 1
+    restarting = others[0]
+    old_sync = shell.sync(old_ids[restarting], generation + 1, instance=restarting)
+    assert isinstance(old_sync, int) and shell.answer(old_sync) is None           # waits for the leader
+    new_token = shell.join(instance=restarting, client=restarting)
+    assert isinstance(new_token, int) and shell.state() is S.PREPARING_REBALANCE
+    assert shell.answer(old_sync).error is E.FENCED_INSTANCE_ID
+    assert shell.answer(shell.sync(group.leader_id, generation + 1, {})).error is E.REBALANCE_IN_PROGRESS
 
 
 def test_failed_static_rejoin_write_restores_the_old_member():
