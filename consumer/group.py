@@ -40,9 +40,10 @@ Subscription metadata (Kafka's ConsumerProtocol, consumer/assignors.py): the sub
 topics and, for the sticky assignor only, the partitions owned in the last generation with
 that generation's id. (The eager protocol revokes everything before rejoining; Kafka's
 eager sticky assignor therefore carries the previous assignment in its user data, ours
-reads it from owned_partitions.) For range and roundrobin the metadata holds only the
-topics, so a restarted static member sends the same bytes and the coordinator gives it its
-old assignment back without a rebalance.
+reads it from owned_partitions.) A restarted static member's sticky metadata therefore
+differs from what it sent before (it owns nothing yet); that does not matter: the
+coordinator gives a restarted static member its old assignment back without a rebalance
+unless the group's protocol choice changes (Kafka's rule), whatever the bytes.
 
 Static membership (group.instance.id): close() and a missed poll interval do not send
 LeaveGroup, so a member restarted within session.timeout.ms keeps its partitions.

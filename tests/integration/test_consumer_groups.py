@@ -255,32 +255,54 @@ def test_the_leader_rejoins_when_partitions_are_added(broker):
         close_all(members)
 
 
-def test_a_static_member_restarted_keeps_its_partitions_without_a_rebalance(broker):
-    topic, group = fresh("static"), fresh("g-static")
+@pytest.mark.parametrize("assignor", ["range", "sticky"])
+def test_a_static_member_restarted_keeps_its_partitions_without_a_rebalance(broker, assignor):
+    # Under "sticky" the subscription carries the partitions owned and their generation, so the
+    # restarted member's JoinGroup metadata differs from the bytes the coordinator holds; the
+    # coordinator still keeps the generation (Kafka's rule: only a change of protocol choice
+    # rebalances a static restart).
+    topic, group = fresh(f"static-{assignor}"), fresh(f"g-static-{assignor}")
     create_topic(broker, topic, 4)
     produce(broker, topic, 4, 5)
-    a = member(broker, group, [topic], "a", group_instance_id="instance-a")
-    b = member(broker, group, [topic], "b", group_instance_id="instance-b")
+    config = dict(partition_assignment_strategy=[assignor])
+    a = member(broker, group, [topic], "a", group_instance_id="instance-a", **config)
     try:
+        # a alone first, then b: a rejoins for b's arrival, so the coordinator holds a's
+        # subscription as a running member sends it (under "sticky": with what it owned).
+        drive([a], lambda: same_generation_covers([a], all_partitions(topic, 4)), "a alone")
+        b = member(broker, group, [topic], "b", group_instance_id="instance-b", **config)
         drive([a, b], lambda: same_generation_covers([a, b], all_partitions(topic, 4)), "both static members")
         drive([a, b], lambda: len(a[1].records) + len(b[1].records) == 20, "every record")
         generation = b[0].group_metadata().generation_id
-        owned_a = a[0].assignment()
+        owned_a, owned_b = a[0].assignment(), b[0].assignment()
+        old_member_id = a[0].group_metadata().member_id
         b_events = list(b[1].events)
         a[0].close()                        # static: no LeaveGroup; the coordinator keeps its place
         produce(broker, topic, 4, 5)
-        restarted = member(broker, group, [topic], "a2", group_instance_id="instance-a")
+        restarted = member(broker, group, [topic], "a2", group_instance_id="instance-a", **config)
         drive([restarted, b], lambda: restarted[0].assignment() == owned_a and len(restarted[1].records) == 10,
               "the restarted member's partitions and new records")
         metadata = restarted[0].group_metadata()
         assert metadata.generation_id == generation and metadata.group_instance_id == "instance-a"
-        assert b[1].events == b_events                     # b never saw a rebalance
+        assert metadata.member_id != old_member_id
+        assert restarted[1].assignments() == {generation: tuple(sorted(owned_a))}
+        assert b[1].events == b_events                     # b never saw a rebalance: nothing revoked
+        assert b[0].assignment() == owned_b and b[0].group_metadata().generation_id == generation
+        with eos.Admin(broker.address) as admin:
+            described = admin.describe_group(group)
+        assert (described["state"], described["protocol"], described["generation"]) == ("Stable", assignor, generation)
+        by_instance = {m["group_instance_id"]: m for m in described["members"]}
+        assert by_instance["instance-a"]["member_id"] == metadata.member_id
+        assert set(by_instance["instance-a"]["assignment"]) == owned_a
         # It continued from a's committed offsets: only the new records.
         assert sorted(o for _, _, o in restarted[1].records) == sorted([5, 6, 7, 8, 9] * len(owned_a))
     finally:
-        close_all([b])
+        if "b" in locals():
+            close_all([b])
         if "restarted" in locals():
             restarted[0].close()
+        else:
+            a[0].close()
 
 
 def test_a_member_that_stops_polling_leaves_and_rejoins_when_it_polls_again(broker):
