@@ -86,6 +86,7 @@ from producer.accumulator import (
     ProducerClosedError,
     RecordAccumulator,
 )
+from producer.calls import CallThreads
 from producer.coordinator import concurrent_transactions_delay_ms
 from producer.idempotence import Decision, IdempotenceState
 from producer.stream import ProduceStream
@@ -202,6 +203,7 @@ class Sender(threading.Thread):
         self._txn = txn
         self._txn_lock = txn_lock if txn_lock is not None else threading.Condition()
         self._add_partitions_in_flight = False
+        self._call_threads = CallThreads(f"eos-producer-calls{'-' + client_id if client_id else ''}")
         self._add_partitions_attempts = 0
         self._add_partitions_retry_at_ms = 0
 
@@ -240,6 +242,7 @@ class Sender(threading.Thread):
             self._abort_everything(EosError(f"producer sender thread failed: {exc!r}"))
         finally:
             self._close_streams()
+            self._call_threads.close()
             acc.mark_closed()
 
     def _run_once(self, now: int) -> int:
@@ -360,11 +363,14 @@ class Sender(threading.Thread):
                         for topic, partition in partitions])
         self._add_partitions_in_flight = True
         try:
-            call = self._metadata.txn_coordinator_stub().AddPartitionsToTxn.future(
-                request, timeout=self._request_timeout_ms / 1000)
-        except Exception as exc:   # the channel is closed
+            stub = self._metadata.txn_coordinator_stub()
+        except Exception as exc:   # no coordinator channel
             self._acc.post(_AddPartitionsAnswer(_FailedCall(exc)))
             return
+        # A blocking call on a long-lived thread, not AddPartitionsToTxn.future: see
+        # producer.calls (a future on the idle coordinator channel starts a thread per call).
+        call = self._call_threads.submit("txn-coordinator", stub.AddPartitionsToTxn, request,
+                                         timeout=self._request_timeout_ms / 1000)
         call.add_done_callback(lambda f: self._acc.post(_AddPartitionsAnswer(f)))
 
     def _handle_add_partitions(self, call, now: int) -> None:

@@ -9,10 +9,12 @@ requests of one stream in order and answers in order, each answer echoing the re
 `correlation_id`. The sender keeps one `ProduceStream` per broker and pipelines up to
 max.in.flight.requests.per.connection requests on it.
 
-- Requests go into a bounded queue that feeds the call's request iterator (gRPC consumes
-  it on a thread of its own). The sender never has more than its in-flight bound
-  outstanding on a stream, so the queue never blocks it; a full queue is a bug
-  (InvariantError).
+- Requests go into a queue that feeds the call's request iterator (gRPC consumes it on a
+  thread of its own). The sender never has more than its in-flight bound outstanding on a
+  stream (more is a bug: InvariantError), which bounds the queue. It is a
+  `queue.SimpleQueue`: put and get are single C calls, where `queue.Queue` wakes the
+  consumer through a Python-level Condition (two more lock round trips, each a chance to
+  wait for the GIL) -- this handoff is on the path of every record sent.
 - A reader thread takes the answers in order. Each must carry the correlation id of the
   oldest outstanding request; it is handed to `on_answer(request_id, answer)` (the
   sender's mailbox), where `answer.result()` returns the ProduceResponse or raises.
@@ -94,8 +96,8 @@ class ProduceStream:
         self.node_id = node_id
         self._on_answer = on_answer
         self._in_flight_max = in_flight_max
-        # One slot more than the in-flight bound, for the end-of-stream marker.
-        self._requests: queue.Queue = queue.Queue(maxsize=in_flight_max + 1)
+        # Holds at most in_flight_max requests (send() checks) and the end-of-stream marker.
+        self._requests: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._outstanding: collections.deque = collections.deque()   # (correlation_id, request_id, sent_ms)
         self._next_correlation_id = 0
@@ -134,7 +136,7 @@ class ProduceStream:
             self._next_correlation_id = (correlation_id + 1) % CORRELATION_ID_MODULUS
             request.correlation_id = correlation_id
             self._outstanding.append((correlation_id, request_id, now_ms))
-            self._requests.put_nowait(request)
+            self._requests.put(request)
         return True
 
     def abort(self, error: EosError) -> None:
@@ -206,15 +208,7 @@ class ProduceStream:
             if self._abort_error is not None:
                 error = self._abort_error
             # End the request iterator so gRPC's consumer thread is not left waiting.
-            while True:
-                try:
-                    self._requests.put_nowait(_END_OF_STREAM)
-                    break
-                except queue.Full:
-                    try:
-                        self._requests.get_nowait()
-                    except queue.Empty:
-                        pass
+            self._requests.put(_END_OF_STREAM)
             # The failures are handed over before `closed` turns true: a sender that sees
             # the stream closed finds them in its mailbox on its next pass.
             for _, request_id, _ in self._outstanding:

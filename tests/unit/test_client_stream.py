@@ -194,3 +194,51 @@ def test_refusals_at_open_say_why(channel, refusal, flag):
         assert getattr(stream, flag) and stream.closed
     finally:
         broker.stop()
+
+
+# ---- producer.calls: blocking calls on one long-lived thread per destination -----------------
+
+def test_call_threads_run_a_destinations_calls_in_order_on_one_reused_thread():
+    from producer.calls import CallThreads
+
+    calls = CallThreads("eos-test-calls")
+    try:
+        def where(tag, *, timeout):
+            return tag, timeout, threading.current_thread().name
+
+        first = calls.submit("coordinator", where, "a", timeout=1.5)
+        second = calls.submit("coordinator", where, "b", timeout=2.5)
+        other = calls.submit(3, where, "c", timeout=0.5)
+        assert first.result(WAIT_S) == ("a", 1.5, "eos-test-calls-coordinator")
+        assert second.result(WAIT_S) == ("b", 2.5, "eos-test-calls-coordinator")
+        assert other.result(WAIT_S) == ("c", 0.5, "eos-test-calls-3")
+    finally:
+        calls.close()
+
+
+def test_call_threads_hand_an_exception_to_the_future_and_go_on():
+    from producer.calls import CallThreads
+
+    calls = CallThreads("eos-test-calls")
+    try:
+        def fail():
+            raise ValueError("Cannot invoke RPC on closed channel!")
+
+        with pytest.raises(ValueError, match="closed channel"):
+            calls.submit(1, fail).result(WAIT_S)
+        assert calls.submit(1, lambda: "next").result(WAIT_S) == "next"
+    finally:
+        calls.close()
+
+
+def test_call_threads_after_close_cancel_instead_of_calling():
+    from producer.calls import CallThreads
+
+    calls = CallThreads("eos-test-calls")
+    calls.close()
+    made = []
+    late = calls.submit(1, lambda: made.append("called"))
+    assert late.cancelled()
+    with pytest.raises(futures.CancelledError):
+        late.result(timeout=0)
+    assert made == []
