@@ -16,6 +16,13 @@ Reads use `os.pread` on the same descriptor, so they need no seek and may run in
 threads while an append is in progress: a reader only looks below an end position it took
 from the log's published snapshot, and bytes below it are never rewritten.
 
+Finding the batch that holds an offset starts at the sparse index entry below it and scans
+headers forward (about index.interval.bytes of them). Readers at the tail, the common case
+(consumers and copiers keeping up), ask for batches appended moments ago, so the segment
+also remembers the (last offset, position) of at least the last RECENT_BATCHES_MAX batches
+it appended (`_RecentBatches`): an offset from the first of them on is found by
+bisection and one header read, with no scan.
+
 `size_bytes`, `next_offset` and the maximum timestamp describe what is in the file and are
 owned here; `recover()` rebuilds them, and both indexes, from the `.log` alone, cutting the
 file at the first thing that is not a whole, valid batch.
@@ -33,7 +40,8 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Iterator
+from bisect import bisect_left
+from typing import Iterator, NamedTuple
 
 from eos.errors import CorruptRecordError, InvariantError, StorageError
 from eos.records.header import (
@@ -61,6 +69,18 @@ RELATIVE_OFFSET_LIMIT = 2**31 - 1  # Kafka keeps offset - base_offset within an 
 SCAN_BLOCK_BYTES = 16 * 1024       # headers read per pread when scanning near an index entry
 RECOVERY_BLOCK_BYTES = 1 << 20     # bytes read per pread when checking a whole segment
 _MIN_BATCH_LENGTH = HEADER_SIZE - LOG_OVERHEAD
+RECENT_BATCHES_MAX = 64            # batches whose positions the segment remembers for tail reads
+
+
+class _RecentBatches(NamedTuple):
+    """The last batches appended, consecutive and in file order. The appender extends both
+    lists in place (last_offsets first) and replaces the pair when it grows past
+    2 x RECENT_BATCHES_MAX, so a reader in another thread, taking the pair once and then
+    the length of `positions`, sees entries that never change: list.append is atomic in
+    CPython. (Rebuilding tuples on each append cost ~13k instructions per append.)"""
+
+    last_offsets: list[int]
+    positions: list[int]
 
 
 def segment_file_name(base_offset: int, suffix: str) -> str:
@@ -114,6 +134,9 @@ class LogSegment:
         self.rolling_base_timestamp_ms: int | None = None
         self.created_ms = created_ms
         self._bytes_since_last_index_entry = 0
+        # Positions of the batches appended since this object was made (none for a loaded
+        # or recovered segment until it is appended to): tail reads skip the header scan.
+        self._recent_batches = _RecentBatches([], [])
         self._closed = False
 
     # -- construction --------------------------------------------------------------------
@@ -215,6 +238,7 @@ class LogSegment:
         self.max_timestamp_ms, self.offset_of_max_timestamp = max_timestamp, offset_of_max
         self.rolling_base_timestamp_ms = rolling_base
         self._bytes_since_last_index_entry = bytes_since_entry
+        self._recent_batches = _RecentBatches([], [])   # positions past the cut may be gone
         return truncated
 
     def _batch_problem(self, header: BatchHeader, expected_offset: int) -> str | None:
@@ -283,17 +307,43 @@ class LogSegment:
                 if len(block) < HEADER_SIZE:
                     raise CorruptRecordError(f"{self.log_path}: {len(block)} bytes at byte {position}, "
                                              f"less than a batch header")
-            header = BatchHeader(*HEADER_STRUCT.unpack_from(block, relative), position)
-            if header.magic != MAGIC_V2 or header.batch_length < _MIN_BATCH_LENGTH or \
-                    position + header.size_bytes > end_position:
-                raise CorruptRecordError(
-                    f"{self.log_path}: no valid batch header at byte {position} (magic {header.magic}, "
-                    f"length {header.batch_length}, {end_position - position} bytes left)")
+            header = self._checked_header(block, relative, position, end_position)
             yield header, block, relative
             position += header.size_bytes
 
+    def _checked_header(self, block: bytes, relative: int, position: int, end_position: int) -> BatchHeader:
+        """The header at `relative` in `block` (file position `position`), its frame checked:
+        magic, length, and the batch ending within `end_position`."""
+        header = BatchHeader(*HEADER_STRUCT.unpack_from(block, relative), position)
+        if header.magic != MAGIC_V2 or header.batch_length < _MIN_BATCH_LENGTH or \
+                position + header.size_bytes > end_position:
+            raise CorruptRecordError(
+                f"{self.log_path}: no valid batch header at byte {position} (magic {header.magic}, "
+                f"length {header.batch_length}, {end_position - position} bytes left)")
+        return header
+
     def find_batch(self, offset: int, end_position: int) -> BatchHeader | None:
         """The first batch below `end_position` whose last offset is >= `offset`."""
+        last_offsets, positions = self._recent_batches
+        count = len(positions)   # entries below it are complete in both lists
+        if count and offset >= last_offsets[0]:
+            # Not before the first remembered batch's last offset: every earlier batch ends
+            # below `offset`, so the first remembered one ending at or after it is the
+            # answer (or nothing is, yet).
+            i = bisect_left(last_offsets, offset, 0, count)
+            if i == count:
+                return None   # past every batch whose write had finished (all the caller may see)
+            position = positions[i]
+            if position >= end_position:
+                return None   # appended after the caller's snapshot
+            if position + HEADER_SIZE > end_position:
+                raise CorruptRecordError(f"{self.log_path}: a batch at byte {position} runs past the end "
+                                         f"{end_position}")
+            header = self._checked_header(self.read_bytes(position, HEADER_SIZE), 0, position, end_position)
+            if header.last_offset != last_offsets[i]:
+                raise InvariantError(f"{self.log_path}: the batch at byte {position} ends at offset "
+                                     f"{header.last_offset}, the segment appended one ending at {last_offsets[i]}")
+            return header
         _, start = self.offset_index.lookup(offset)
         for header in self.iter_batches(start, end_position):
             if header.last_offset >= offset:
@@ -377,6 +427,27 @@ class LogSegment:
             self._bytes_since_last_index_entry += header.size_bytes
         self.size_bytes = physical_position + len(buf)
         self.next_offset = headers[-1].next_offset
+        last_offsets, positions = self._recent_batches
+        if len(headers) == 1 and len(positions) < 2 * RECENT_BATCHES_MAX:   # the common append, inline
+            last_offsets.append(headers[0].last_offset)
+            positions.append(physical_position + headers[0].position)
+        else:
+            self._remember_recent(physical_position, headers)
+
+    def _remember_recent(self, physical_position: int, headers: list[BatchHeader]) -> None:
+        """Add the batches just written to `_recent_batches` (see there for why readers in
+        other threads may look at it without the lock)."""
+        last_offsets, positions = self._recent_batches
+        if len(headers) >= RECENT_BATCHES_MAX:
+            headers = headers[-RECENT_BATCHES_MAX:]
+            last_offsets, positions = [], []
+            self._recent_batches = _RecentBatches(last_offsets, positions)
+        elif len(positions) >= 2 * RECENT_BATCHES_MAX:
+            last_offsets, positions = last_offsets[-RECENT_BATCHES_MAX:], positions[-RECENT_BATCHES_MAX:]
+            self._recent_batches = _RecentBatches(last_offsets, positions)
+        for header in headers:
+            last_offsets.append(header.last_offset)
+            positions.append(physical_position + header.position)
 
     def _append_txn_index_entry(self, aborted_txn: AbortedTxn) -> None:
         entries_before = len(self.txn_index)

@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from broker.storage import AppendOrigin, Log
+from broker.storage.segment import RECENT_BATCHES_MAX
 from eos.config import TopicConfig
 from eos.errors import (
     CorruptRecordError,
@@ -437,6 +438,43 @@ def test_by_default_only_rolled_segments_are_flushed(tmp_path):
 
 
 # ---- concurrency -----------------------------------------------------------------------------
+
+def test_finding_a_batch_agrees_with_a_scan_from_the_start_at_every_snapshot(tmp_path):
+    log = open_log(tmp_path, index_interval_bytes=300)
+    snapshots = []   # (end position, log end offset) as a reader's view saw them after each append
+    # single batches, and requests of several batches, one of more than RECENT_BATCHES_MAX:
+    # enough for the remembered positions to be restarted and trimmed several times
+    shapes = [1] * 150 + [3, RECENT_BATCHES_MAX + 5, 1, 2, 40] + [1] * 200
+    for i, batches in enumerate(shapes):
+        request = b"".join(make_batch(1 + (i + j) % 3, value_bytes=20) for j in range(batches))
+        log.append_as_leader(request, now_ms=0)
+        snapshots.append((log.active_segment.size_bytes, log.log_end_offset))
+    segment = log.active_segment
+    assert len(segment.offset_index.entries()) > 10
+    for end_position, end_offset in snapshots[::7] + snapshots[-RECENT_BATCHES_MAX:]:
+        scanned = list(segment.iter_batches(0, end_position))
+        for offset in range(max(0, end_offset - 3 * RECENT_BATCHES_MAX), end_offset + 3):
+            expected = next((h for h in scanned if h.last_offset >= offset), None)
+            assert segment.find_batch(offset, end_position) == expected, (offset, end_position)
+
+
+def test_a_read_at_the_tail_does_not_scan_headers(tmp_path, monkeypatch):
+    log = open_log(tmp_path, index_interval_bytes=4096)
+    for _ in range(100):
+        log.append_as_leader(make_batch(1, value_bytes=100), now_ms=0)
+    tail_offset = log.log_end_offset
+    log.append_as_leader(make_batch(2, value_bytes=100), now_ms=0)
+
+    def no_scan(*args):
+        raise AssertionError("scanned headers for a batch appended moments ago")
+
+    monkeypatch.setattr(log.active_segment, "iter_batches", no_scan)
+    data = log.read(tail_offset + 1, 1 << 20)
+    assert [(h.base_offset, h.last_offset) for h in whole_batches(data.records)] == [(100, 101)]
+    # an older batch is still found, from the sparse index and a scan
+    monkeypatch.undo()
+    assert log.read(3, 1 << 20).first_offset == 3
+
 
 def test_reads_concurrent_with_appends_see_only_whole_batches(tmp_path):
     log = open_log(tmp_path, segment_bytes=20_000, index_interval_bytes=500)
