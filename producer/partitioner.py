@@ -16,14 +16,27 @@ half-empty ones) and spreads load over time. KIP-794 also weighs partitions by t
 broker's queue depth; we do not: with the sticky switch on every new batch, partitions get
 batches in turn, which is the property the KIP's adaptive mode protects.
 
+`partitions_for_keys` is the same choice for a whole send_batch() call: with numpy it hashes
+all keys of one length at once (their bytes as a matrix, murmur2's steps as column-wise
+uint32 operations, which wrap modulo 2**32 exactly as the Java ints do), so a call costs a
+few array operations per distinct key length instead of a Python loop per key (200,000
+distinct keys: ~0.6 s of per-key hashing). Without numpy it falls back to the per-key hash.
+
 `StickyPartitions` is a pure class: the accumulator calls it under its own lock, so it
 needs none. `random` is passed in so tests are deterministic.
 """
 from __future__ import annotations
 
+import operator
 import random as _random
 import struct
 from functools import lru_cache
+from typing import Sequence
+
+try:
+    import numpy as _np
+except ImportError:   # numpy is optional: the per-key hash does the same, slower
+    _np = None
 
 _M = 0x5BD1E995
 _SEED = 0x9747B28C
@@ -77,6 +90,64 @@ def partition_for_key(key, partition_count: int) -> int:
     if type(key) is not bytes:
         key = bytes(key)
     return _positive_hash_cached(key) % partition_count
+
+
+NO_KEY_PARTITION = -1   # partitions_for_keys' answer for a None key (the sticky partition's)
+# Below this many keys the per-key hash (cached) beats numpy's per-call overhead.
+BULK_HASH_MIN_KEYS = 64
+
+
+def partitions_for_keys(keys: Sequence, partition_count: int):
+    """`partition_for_key` of each key, NO_KEY_PARTITION for None: a numpy int64 array
+    when numpy is there and the call is large, else a list of ints. `keys` holds bytes
+    (or None)."""
+    count = len(keys)
+    if _np is None or count < BULK_HASH_MIN_KEYS:
+        return [partition_for_key(key, partition_count) if key is not None else NO_KEY_PARTITION
+                for key in keys]
+    np = _np
+    partitions = np.full(count, NO_KEY_PARTITION, dtype=np.int64)
+    if None in keys:
+        lengths = np.fromiter((len(key) if key is not None else -1 for key in keys),
+                              dtype=np.int64, count=count)
+    else:
+        lengths = np.fromiter(map(len, keys), dtype=np.int64, count=count)
+    multiplier = np.uint32(_M)
+    for length in np.unique(lengths).tolist():
+        if length < 0:
+            continue   # None keys
+        positions = np.flatnonzero(lengths == length)
+        if len(positions) == 1:
+            position = int(positions[0])
+            partitions[position] = partition_for_key(keys[position], partition_count)
+            continue
+        hashes = np.full(len(positions), (_SEED ^ length) & _MASK32, dtype=np.uint32)
+        if length:
+            rows = np.frombuffer(b"".join(operator.itemgetter(*positions.tolist())(keys)),
+                                 dtype=np.uint8).reshape(len(positions), length)
+            word_count = length >> 2
+            if word_count:
+                words = np.ascontiguousarray(rows[:, :word_count << 2]).view("<u4")
+                for column in range(word_count):
+                    k = words[:, column] * multiplier
+                    k ^= k >> np.uint32(_R)
+                    k *= multiplier
+                    hashes *= multiplier
+                    hashes ^= k
+            tail_start = word_count << 2
+            remaining = length & 3
+            if remaining:
+                if remaining == 3:
+                    hashes ^= rows[:, tail_start + 2].astype(np.uint32) << np.uint32(16)
+                if remaining >= 2:
+                    hashes ^= rows[:, tail_start + 1].astype(np.uint32) << np.uint32(8)
+                hashes ^= rows[:, tail_start].astype(np.uint32)
+                hashes *= multiplier
+        hashes ^= hashes >> np.uint32(13)
+        hashes *= multiplier
+        hashes ^= hashes >> np.uint32(15)
+        partitions[positions] = (hashes & np.uint32(0x7FFFFFFF)).astype(np.int64) % partition_count
+    return partitions
 
 
 class StickyPartitions:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import operator
 import threading
 import time
 from concurrent.futures import Future
@@ -55,7 +56,13 @@ from producer.accumulator import (
 )
 from producer.coordinator import CoordinatorCaller, first_partition_error
 from producer.idempotence import IdempotenceState
-from producer.partitioner import StickyPartitions, partition_for_key
+from producer.partitioner import (
+    NO_KEY_PARTITION,
+    StickyPartitions,
+    partition_for_key,
+    partitions_for_keys,
+)
+from producer.partitioner import _np   # numpy, or None
 from producer.sender import Sender
 from producer.transactions import (
     IllegalStateError,
@@ -190,6 +197,37 @@ def _normalise_many(what: str, items: Sequence) -> list:
     if kinds <= {bytes, type(None)}:
         return items
     return [_as_bytes(what, item) for item in items]
+
+
+def _positions_by_partition(partitions) -> list[tuple[int | None, list[int]]]:
+    """(partition, the positions that go there in call order) for each partition in
+    `partitions` (`partitions_for_keys`' answer); None for the keyless records' sticky
+    partition. One stable sort when it is a numpy array, no Python loop per record."""
+    if isinstance(partitions, list):
+        groups: dict[int, list[int]] = {}
+        for position, p in enumerate(partitions):
+            group = groups.get(p)
+            if group is None:
+                group = groups[p] = []
+            group.append(position)
+        items = groups.items()
+    else:
+        np = _np
+        order = np.argsort(partitions, kind="stable")
+        present, starts = np.unique(partitions[order], return_index=True)
+        ends = list(starts[1:].tolist()) + [len(order)]
+        items = [(p, order[start:end].tolist())
+                 for p, start, end in zip(present.tolist(), starts.tolist(), ends)]
+    return [(None if p == NO_KEY_PARTITION else p, positions) for p, positions in items]
+
+
+def _picker(positions: list[int]) -> Callable[[Sequence], Sequence]:
+    """seq -> the items of seq at `positions`, in that order (one C call, not a Python
+    loop per item)."""
+    if len(positions) == 1:
+        only = positions[0]
+        return lambda seq: (seq[only],)
+    return operator.itemgetter(*positions)
 
 
 class Producer:
@@ -440,21 +478,12 @@ class Producer:
                 acc.append_many(topic, partition, partition_count, values, keys, timestamps, headers,
                                 sizes, None, bulk, single_timestamp_ms, batch_bytes_max)
             else:
-                groups: dict[int | None, list[int]] = {}
-                for position, key in enumerate(keys):
-                    p = partition_for_key(key, partition_count) if key is not None else None
-                    group = groups.get(p)
-                    if group is None:
-                        group = groups[p] = []
-                    group.append(position)
-                for p, positions in groups.items():
+                for p, positions in _positions_by_partition(partitions_for_keys(keys, partition_count)):
+                    pick = _picker(positions)
                     acc.append_many(
-                        topic, p, partition_count,
-                        [values[i] for i in positions], [keys[i] for i in positions],
-                        [timestamps[i] for i in positions],
-                        [headers[i] for i in positions] if headers is not None else None,
-                        [sizes[i] for i in positions], positions, bulk, single_timestamp_ms,
-                        batch_bytes_max)
+                        topic, p, partition_count, pick(values), pick(keys), pick(timestamps),
+                        pick(headers) if headers is not None else None, pick(sizes),
+                        positions, bulk, single_timestamp_ms, batch_bytes_max)
         except ProducerClosedError:
             raise
         except EosError as exc:
@@ -478,13 +507,17 @@ class Producer:
 
     @staticmethod
     def _record_sizes(values: list, keys: list | None, headers: list | None) -> list[int]:
+        # map() over C callables (len, int.__add__): no Python frame per record.
         overhead = record_size_estimate(None, None, None)
         if None in values:
             sizes = [overhead + (len(v) if v is not None else 0) for v in values]
         else:
-            sizes = [overhead + n for n in map(len, values)]
+            sizes = list(map(overhead.__add__, map(len, values)))
         if keys is not None:
-            sizes = [s + (len(k) if k is not None else 0) for s, k in zip(sizes, keys)]
+            if None in keys:
+                sizes = [s + (len(k) if k is not None else 0) for s, k in zip(sizes, keys)]
+            else:
+                sizes = list(map(operator.add, sizes, map(len, keys)))
         if headers is not None:
             sizes = [s + record_size_estimate(None, None, h) - overhead if h else s
                      for s, h in zip(sizes, headers)]

@@ -56,11 +56,13 @@ from __future__ import annotations
 import struct
 import time
 from itertools import groupby
+from operator import add as _add
 
 from crc32c import crc32c
 
 from eos.errors import CorruptRecordError, InvalidRecordError
 from eos.records import compression as _compression
+from eos.records.decode import RUN_RECORDS_MIN, decode_runs
 from eos.records.header import (
     COMPRESSION_CODEC_MASK, CONTROL_FLAG, HEADER_SIZE, LOG_OVERHEAD, MAGIC_V2, NO_PRODUCER_EPOCH,
     NO_PRODUCER_ID, NO_SEQUENCE, TIMESTAMP_TYPE_MASK, TRANSACTIONAL_FLAG, BatchHeader, iter_headers,
@@ -162,6 +164,62 @@ def _encode_same_length(values: list, first_offset_delta: int, delta_bytes: byte
     pieces[2:3 * count:3] = values
     pieces[0] = pieces[0][1:]          # the first record has no record before it
     return b"".join(pieces)
+
+
+# _LENGTH_WITH_VARINT[n]: n plus the bytes of n's varint (a length and its length field)
+_LENGTH_WITH_VARINT = [n + len(VARINT_OF[n]) for n in range(VARINT_TABLE_SIZE)]
+
+
+def _encode_keyed(values, keys, first_offset_delta: int, timestamp_delta: int, timestamp_ms: int):
+    """(records section, timestamp_ms) of records with one timestamp, no headers, and bytes
+    keys and values (none null) whose lengths and record lengths are below
+    VARINT_TABLE_SIZE; None (for the general path) otherwise.
+
+    A keyed record is eight pieces -- record length, attributes + timestamp delta, offset
+    delta, key length, key, value length, value, header count 0 -- each of which is a
+    table lookup or the caller's bytes. Every column is computed for all records at once
+    with map() over C callables (len, list.__getitem__, int.__add__, operator.add) and
+    placed with one slice assignment, then one join: no Python frame per record."""
+    count = len(values)
+    end = first_offset_delta + count
+    if count == 0 or end > INT32_MAX or not 0 <= timestamp_delta < VARINT_TABLE_SIZE:
+        return None
+    values = values if values.__class__ is list else list(values)
+    keys = keys if keys.__class__ is list else list(keys)
+    if set(map(type, values)) != _BYTES_ONLY or set(map(type, keys)) != _BYTES_ONLY:
+        return None    # null keys or values, or other buffer types: the general path
+    varint_at = VARINT_OF.__getitem__
+    key_lengths = list(map(len, keys))
+    value_lengths = list(map(len, values))
+    if max(key_lengths) >= VARINT_TABLE_SIZE or max(value_lengths) >= VARINT_TABLE_SIZE:
+        return None
+    offset_delta_bytes = VARINT_OF[first_offset_delta:end]
+    if end > VARINT_TABLE_SIZE:   # a 1 MiB bulk batch of small records goes past the table
+        offset_delta_bytes += map(encode_varint, range(max(first_offset_delta, VARINT_TABLE_SIZE), end))
+    attributes_and_delta = _ATTRIBUTES + VARINT_OF[timestamp_delta]
+    # attributes, timestamp delta and the header count: the same for every record
+    fixed = len(attributes_and_delta) + len(_NO_HEADERS)
+    with_varint = _LENGTH_WITH_VARINT.__getitem__    # n + the width of n's varint
+    one_value_length = value_lengths[0] if value_lengths.count(value_lengths[0]) == count else -1
+    if one_value_length >= 0:     # values of one length (the usual producer): a constant
+        fixed += with_varint(one_value_length)
+        value_length_bytes = [VARINT_OF[one_value_length]] * count
+        variable = map(with_varint, key_lengths)
+    else:
+        value_length_bytes = list(map(varint_at, value_lengths))
+        variable = map(_add, map(with_varint, key_lengths), map(with_varint, value_lengths))
+    body_lengths = list(map(fixed.__add__, map(_add, variable, map(len, offset_delta_bytes))))
+    if max(body_lengths) >= VARINT_TABLE_SIZE:
+        return None
+    pieces = [_NO_HEADERS] * (8 * count)
+    pieces[0::8] = map(varint_at, body_lengths)
+    pieces[1::8] = [attributes_and_delta] * count
+    pieces[2::8] = offset_delta_bytes
+    pieces[3::8] = map(varint_at, key_lengths)
+    pieces[4::8] = keys
+    pieces[5::8] = value_length_bytes
+    pieces[6::8] = values
+    return b"".join(pieces), timestamp_ms
 
 
 def _now_ms() -> int:
@@ -317,13 +375,17 @@ class BatchBuilder:
             base_timestamp_ms = timestamps_ms if scalar_timestamp else timestamps_ms[0]
 
         encoded = None
-        if keys is None and headers is None:
+        if headers is None:
             if scalar_timestamp:
-                encoded = self._encode_uniform(
-                    values, first_offset_delta, timestamps_ms - base_timestamp_ms, timestamps_ms)
+                if keys is None:
+                    encoded = self._encode_uniform(
+                        values, first_offset_delta, timestamps_ms - base_timestamp_ms, timestamps_ms)
+                else:
+                    encoded = _encode_keyed(values, keys, first_offset_delta,
+                                            timestamps_ms - base_timestamp_ms, timestamps_ms)
             else:
                 encoded = self._encode_timestamp_runs(values, first_offset_delta, timestamps_ms,
-                                                      base_timestamp_ms)
+                                                      base_timestamp_ms, keys)
         if encoded is not None:
             section, max_timestamp_ms = encoded
         else:
@@ -393,13 +455,15 @@ class BatchBuilder:
         return section, timestamp_ms
 
     @staticmethod
-    def _encode_timestamp_runs(values, first_offset_delta: int, timestamps_ms, base_timestamp_ms: int):
-        """Null keys, no headers, a timestamp per record: the producer's send() batches.
+    def _encode_timestamp_runs(values, first_offset_delta: int, timestamps_ms, base_timestamp_ms: int,
+                               keys=None):
+        """No headers, a timestamp per record: the producer's send() batches.
 
         Records stamped one by one mostly share their millisecond with their neighbours,
         so the batch is a few runs of equal timestamps, each encoded by the uniform path
-        (the same bytes record by record). Returns None, for the general path, when the
-        runs are short (little to gain) or anything needs checking or naming there."""
+        (null keys) or `_encode_keyed` (the same bytes record by record). Returns None, for
+        the general path, when the runs are short (little to gain) or anything needs
+        checking or naming there."""
         count = len(values)
         runs = [(timestamp_ms, len(list(run))) for timestamp_ms, run in groupby(timestamps_ms)]
         if len(runs) * RUNS_PER_RECORD_MAX > count:
@@ -415,8 +479,15 @@ class BatchBuilder:
                 if timestamp_ms > max_timestamp_ms:
                     max_timestamp_ms = timestamp_ms
                 end = start + length
-                sections.append(encode_uniform(values[start:end], first_offset_delta + start,
-                                               timestamp_ms - base_timestamp_ms, timestamp_ms)[0])
+                if keys is None:
+                    section = encode_uniform(values[start:end], first_offset_delta + start,
+                                             timestamp_ms - base_timestamp_ms, timestamp_ms)
+                else:
+                    section = _encode_keyed(values[start:end], keys[start:end], first_offset_delta + start,
+                                            timestamp_ms - base_timestamp_ms, timestamp_ms)
+                    if section is None:
+                        return None
+                sections.append(section[0])
                 start = end
         except (TypeError, InvalidRecordError):
             return None     # the general path names the record at fault
@@ -646,13 +717,18 @@ def decode_records(buf, header: BatchHeader, topic: str, partition: int) -> list
     base_offset = header.base_offset
 
     records: list[Record] = []
+    if count >= RUN_RECORDS_MIN and data.__class__ is bytes:
+        # uniform runs (null keys, same-length values, no headers) in bulk; the loop below
+        # takes whatever they leave (see eos/records/decode.py)
+        position = decode_runs(data, position, end, count, topic, partition, base_offset, base_timestamp,
+                               delta_scale, timestamp_type, records)
     append = records.append
     new_record = tuple.__new__
     record_class = Record
     zigzag1 = ZIGZAG_DECODE_1
     record_start = position
     try:
-        for _ in range(count):
+        for _ in range(count - len(records)):
             record_start = position
             # length (varint): 1 or 2 bytes inline
             byte = data[position]

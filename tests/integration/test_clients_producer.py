@@ -129,8 +129,8 @@ def test_bulk_path(broker, admin, acks):
     assert [r.value for r in part1[:20_000]] == values
     # keyed records keep their call order within each partition
     for partition, recs in by_partition([r for r in records if r.key is not None]).items():
-        expected = [values[i] for i in range(3000) if partition_for_key(keys[i], 3) == partition]
-        assert [r.value for r in recs] == expected
+        expected = [(keys[i], values[i]) for i in range(3000) if partition_for_key(keys[i], 3) == partition]
+        assert [(r.key, r.value) for r in recs] == expected
 
 
 def test_callbacks_run_with_metadata(broker, admin):

@@ -5,7 +5,15 @@ import random
 
 import pytest
 
-from producer.partitioner import StickyPartitions, murmur2, partition_for_key
+from producer import partitioner
+from producer.partitioner import (
+    BULK_HASH_MIN_KEYS,
+    NO_KEY_PARTITION,
+    StickyPartitions,
+    murmur2,
+    partition_for_key,
+    partitions_for_keys,
+)
 
 # From Apache Kafka's UtilsTest.testMurmur2 (clients/src/test/.../utils/UtilsTest.java).
 KAFKA_UTILS_TEST_VECTORS = [
@@ -46,6 +54,30 @@ def test_partition_for_key_is_positive_hash_modulo(key, expected, partitions):
     # Kafka: Utils.toPositive(murmur2(key)) % numPartitions, toPositive = n & 0x7fffffff
     assert partition_for_key(key, partitions) == (expected & 0x7FFFFFFF) % partitions
     assert partition_for_key(bytearray(key), partitions) == (expected & 0x7FFFFFFF) % partitions
+
+
+@pytest.mark.parametrize("partitions", [1, 3, 7, 100])
+def test_partitions_for_keys_match_kafkas_vectors_in_bulk(partitions):
+    # Enough copies for the bulk (numpy) path; every key length 1..49 of the vectors.
+    vectors = (KAFKA_UTILS_TEST_VECTORS + MORE_JAVA_VECTORS) * BULK_HASH_MIN_KEYS
+    got = partitions_for_keys([key for key, _ in vectors], partitions)
+    assert [int(p) for p in got] == [(expected & 0x7FFFFFFF) % partitions for _, expected in vectors]
+
+
+@pytest.mark.parametrize("count", [1, BULK_HASH_MIN_KEYS - 1, BULK_HASH_MIN_KEYS, 5000])
+def test_partitions_for_keys_equal_the_per_key_choice_with_none_keys_apart(count):
+    rng = random.Random(count)
+    keys = [None if rng.random() < 0.05 else bytes(rng.getrandbits(8) for _ in range(rng.randrange(0, 40)))
+            for _ in range(count)]
+    got = [int(p) for p in partitions_for_keys(keys, 7)]
+    assert got == [partition_for_key(k, 7) if k is not None else NO_KEY_PARTITION for k in keys]
+
+
+def test_partitions_for_keys_without_numpy_are_the_same(monkeypatch):
+    keys = [b"key-%d" % i for i in range(500)] + [None]
+    with_numpy = [int(p) for p in partitions_for_keys(keys, 3)]
+    monkeypatch.setattr(partitioner, "_np", None)
+    assert partitions_for_keys(keys, 3) == with_numpy
 
 
 def test_sticky_partition_stays_until_switched():
