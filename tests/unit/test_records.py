@@ -15,6 +15,7 @@ from eos.records import compression
 from eos.records.codec import (
     CREATE_TIME, LOG_APPEND_TIME, BatchBuilder, decode_control_record, decode_records, encode_batch,
     encode_control_batch, iter_decoded)
+from eos.records.decode import RUN_RECORDS_MIN, decode_runs
 from eos.records.header import parse_header, verify_crc
 from eos.records.varint import (
     decode_unsigned_varint, decode_varint, decode_varlong, encode_unsigned_varint, encode_varint,
@@ -608,3 +609,94 @@ def test_module_exports():
                  "decode_records", "iter_decoded", "encode_varint", "decode_varint", "encode_varlong",
                  "decode_varlong"):
         assert hasattr(codec_module, name)
+
+
+# --- bulk decoding of uniform runs (eos/records/decode.py) ------------------------------
+
+def _decode_both(raw: bytes, monkeypatch) -> tuple[object, object]:
+    """decode_records' outcome (records, or the error's type and message) with the bulk
+    run decoder, then with the general loop alone."""
+    def outcome():
+        try:
+            return decode_records(raw, parse_header(raw), "t", 3)
+        except CorruptRecordError as e:
+            return ("CorruptRecordError", str(e))
+
+    bulk = outcome()
+    with monkeypatch.context() as patch:
+        patch.setattr(codec_module, "RUN_RECORDS_MIN", 1 << 62)   # the general loop takes every record
+        general = outcome()
+    return bulk, general
+
+
+UNIFORM_SHAPES = [
+    (count, value_bytes, spread_ms)
+    for count in (8, 63, 64, 65, 500) for value_bytes in (0, 20, 100)
+    for spread_ms in (0, 40, 300, 20_000)   # timestamp deltas up to 1, 2, then 3 varint bytes
+] + [(8191, 20, 300), (8200, 20, 300)]     # offset deltas of 3 varint bytes from 8192
+
+
+@pytest.mark.parametrize("count,value_bytes,spread_ms", UNIFORM_SHAPES)
+def test_uniform_runs_decode_as_the_general_loop_does(count, value_bytes, spread_ms, monkeypatch):
+    values = [bytes([i % 251]) * value_bytes for i in range(count)]
+    timestamps = [T0 + (i * spread_ms) // count for i in range(count)]
+    raw = encode_batch(values, timestamps_ms=timestamps, base_offset=7_000)
+    bulk, general = _decode_both(raw, monkeypatch)
+    assert bulk == general
+    assert [(r.offset, r.value, r.timestamp) for r in bulk] == \
+        [(7_000 + i, v, t) for i, (v, t) in enumerate(zip(values, timestamps))]
+    assert len({id(r.headers) for r in bulk}) == count   # a list of its own for each record
+    assert {type(r) for r in bulk} == {Record}
+    # and the bulk decoder took all but a short tail (runs break where a varint widens)
+    header = parse_header(raw)
+    taken: list[Record] = []
+    decode_runs(raw, 61, len(raw), count, "t", 3, header.base_offset, header.base_timestamp, 1, CREATE_TIME,
+                taken)
+    if spread_ms < 8192:
+        assert len(taken) >= count - RUN_RECORDS_MIN
+        assert taken == bulk[:len(taken)]
+
+
+def test_uniform_runs_under_log_append_time_show_the_batch_time(monkeypatch):
+    builder = BatchBuilder(timestamp_type=LOG_APPEND_TIME)
+    builder.append_many([b"v" * 30] * 100, None, [T0 + i for i in range(100)])
+    raw = builder.build()
+    bulk, general = _decode_both(raw, monkeypatch)
+    assert bulk == general and {r.timestamp for r in bulk} == {parse_header(raw).max_timestamp}
+
+
+def test_a_record_of_another_shape_inside_a_run_decodes_as_the_general_loop_does(monkeypatch):
+    values = [b"x" * 40] * 200
+    for odd_one in ({"key": b"k"}, {"value": None}, {"headers": [("h", b"1")]}, {"value": b"y" * 41}):
+        builder = BatchBuilder()
+        for i, value in enumerate(values):
+            if i == 70:
+                builder.append(odd_one.get("value", value), odd_one.get("key"), T0, odd_one.get("headers"))
+            else:
+                builder.append(value, None, T0)
+        bulk, general = _decode_both(builder.build(), monkeypatch)
+        assert bulk == general and len(bulk) == 200, odd_one
+
+
+def test_a_damaged_uniform_batch_decodes_or_fails_as_the_general_loop_does(monkeypatch):
+    # every byte of the first records, around the offset delta's widening at 64 and of the
+    # last records, changed two ways (the continuation bit, the low bit): the bulk decoder
+    # must accept exactly what the general loop accepts, and fail with its message
+    count, value_bytes = 100, 6
+    raw = encode_batch([bytes([i]) * value_bytes for i in range(count)], timestamps_ms=[T0] * count)
+    header = parse_header(raw)
+    section_start = 61
+    record_bytes = (len(raw) - section_start) // count   # about; positions below are samples
+    positions = [*range(section_start, section_start + 3 * record_bytes),
+                 *range(section_start + 62 * record_bytes, section_start + 67 * record_bytes),
+                 *range(len(raw) - 2 * record_bytes, len(raw))]
+    outcomes = set()
+    for position in positions:
+        for flip in (0x80, 0x01):
+            damaged = bytearray(raw)
+            damaged[position] ^= flip
+            bulk, general = _decode_both(bytes(damaged), monkeypatch)
+            assert bulk == general, (position, flip)
+            outcomes.add(isinstance(bulk, tuple))
+    assert outcomes == {True, False}   # some damage is still well-formed records, some is not
+    assert header.records_count == count

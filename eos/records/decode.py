@@ -1,0 +1,193 @@
+"""Bulk decoding of uniform runs of records, for `codec.decode_records`.
+
+Theory of operation
+-------------------
+Producers mostly write batches whose records differ only in their offset delta, timestamp
+delta and value bytes: null key, values of one length, no headers, offset deltas 0, 1, 2,
+... Such a record is a fixed frame around three varying fields:
+
+    length | attributes 0 | timestampDelta | offsetDelta | keyLength -1 | valueLength | value | 0
+
+and while the widths of the varints stay the same, every record of the run has the same
+size S. The bytes at frame position k of all the records are then `data[start+k:stop:S]`,
+one C-level slice, so a whole run is checked with a few slices compared to what they must
+hold (`bytes.lstrip`, a regex search, equality with a table of offset-delta bytes), and
+built with one comprehension for the values and one `map` for the Records: no Python
+bytecode per field per record.
+
+`decode_runs` reads the first record's frame with ordinary code, takes the longest run
+from there that every check accepts (each check gives how many leading records pass),
+emits it and starts again after it. It stops, leaving the rest to the caller's general
+loop, at the first record that is not of this shape (a key, a null value, headers, a
+varint wider than two bytes, an offset delta that is not the record's index) or that
+starts a run shorter than RUN_RECORDS_MIN. Anything malformed is therefore never
+accepted here: the general loop meets it and raises the error it always raised. The
+Records are the general loop's: same fields, a fresh headers list each.
+"""
+from __future__ import annotations
+
+import re
+from itertools import repeat
+
+from eos.records.varint import ZIGZAG_DECODE_1
+from eos.types import Record
+
+RUN_RECORDS_MIN = 8          # shorter runs cost more in set-up than the general loop
+_OFFSET_DELTA_MAX = 8192     # offset deltas of one or two varint bytes
+
+# The zigzag varint bytes of offset delta i (the record's index): one byte below 64, two
+# (low byte with the continuation bit, then high byte) from 64 to 8191.
+_OFFSET_DELTA_1 = bytes(2 * i for i in range(64))
+_OFFSET_DELTA_2_LOW = bytes(((2 * i) & 0x7F) | 0x80 for i in range(_OFFSET_DELTA_MAX))
+_OFFSET_DELTA_2_HIGH = bytes(((2 * i) >> 7) & 0xFF for i in range(_OFFSET_DELTA_MAX))
+_CONTINUED = re.compile(rb"[\x80-\xff]")       # a varint byte with the continuation bit
+_LAST = re.compile(rb"[\x00-\x7f]")            # a varint's last byte
+
+_NULL_KEY = 0x01            # varint -1
+_NO_HEADERS = 0x00
+
+
+def _small_varint(data: bytes, position: int) -> tuple[int, int] | None:
+    """(value, width) of the zigzag varint at `position` when it is one or two bytes."""
+    byte = data[position]
+    if byte < 0x80:
+        return ZIGZAG_DECODE_1[byte], 1
+    byte2 = data[position + 1]
+    if byte2 >= 0x80:
+        return None
+    raw = (byte & 0x7F) | (byte2 << 7)
+    return (raw >> 1) ^ -(raw & 1), 2
+
+
+def _frame(data: bytes, start: int, end: int):
+    """(size, length width, timestamp-delta width, offset-delta width, value-length width,
+    value length) of the record at `start` if it has the run shape, else None."""
+    try:
+        found = _small_varint(data, start)
+        if found is None:
+            return None
+        length, length_width = found
+        position = start + length_width
+        if data[position] != 0:                       # attributes
+            return None
+        found = _small_varint(data, position + 1)
+        if found is None:
+            return None
+        timestamp_width = found[1]
+        position += 1 + timestamp_width
+        found = _small_varint(data, position)
+        if found is None:
+            return None
+        offset_width = found[1]
+        position += offset_width
+        if data[position] != _NULL_KEY:
+            return None
+        found = _small_varint(data, position + 1)
+        if found is None or found[0] < 0:             # a null value: the general loop
+            return None
+        value_length, value_length_width = found
+        position += 1 + value_length_width + value_length
+        if position >= end or data[position] != _NO_HEADERS:
+            return None
+    except IndexError:
+        return None
+    size = position + 1 - start
+    if length != size - length_width:
+        return None
+    return size, length_width, timestamp_width, offset_width, value_length_width, value_length
+
+
+def _same_byte_prefix(column: bytes, byte: int) -> int:
+    """How many leading bytes of `column` equal `byte`."""
+    return len(column) - len(column.lstrip(bytes((byte,))))
+
+
+def _equal_prefix(column: bytes, expected: bytes) -> int:
+    """How many leading bytes of `column` equal those of `expected` (same length)."""
+    if column == expected:
+        return len(column)
+    low, high = 0, len(column) - 1      # a prefix of `low` bytes matches; `high + 1` does not
+    while low < high:
+        middle = (low + high + 1) // 2
+        if column[:middle] == expected[:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def _search_prefix(pattern: re.Pattern, column: bytes) -> int:
+    """How many leading bytes of `column` do not match `pattern` (a one-byte class)."""
+    found = pattern.search(column)
+    return len(column) if found is None else found.start()
+
+
+def decode_runs(data: bytes, position: int, end: int, count: int, topic: str, partition: int,
+                base_offset: int, base_timestamp: int, delta_scale: int, timestamp_type: int,
+                records: list) -> int:
+    """Append to `records` the uniform runs from record `len(records)` on (see the module
+    doc); return the position of the first record not decoded (the general loop's)."""
+    new_record = tuple.__new__
+    zigzag1 = ZIGZAG_DECODE_1
+    index = len(records)
+    while count - index >= RUN_RECORDS_MIN:
+        frame = _frame(data, position, end)
+        if frame is None:
+            break
+        size, length_width, timestamp_width, offset_width, value_length_width, value_length = frame
+        if offset_width == 1:
+            last = min(count, 64)
+        else:
+            last = min(count, _OFFSET_DELTA_MAX)
+            if index < 64:
+                break   # a two-byte offset delta below 64: not this encoder's, the general loop
+        last = min(last, index + (end - position) // size)
+        run = last - index
+        if run < RUN_RECORDS_MIN:
+            break
+        stop = position + run * size
+        # the fixed frame bytes: length, attributes, null key, value length, header count
+        fixed_at = [*range(length_width), length_width, length_width + 1 + timestamp_width + offset_width,
+                    *range(length_width + 2 + timestamp_width + offset_width,
+                           length_width + 2 + timestamp_width + offset_width + value_length_width),
+                    size - 1]
+        for k in fixed_at:
+            run = min(run, _same_byte_prefix(data[position + k:stop:size], data[position + k]))
+        # offset deltas: the record's index
+        offset_at = position + length_width + 1 + timestamp_width
+        if offset_width == 1:
+            run = min(run, _equal_prefix(data[offset_at:stop:size], _OFFSET_DELTA_1[index:last]))
+        else:
+            run = min(run, _equal_prefix(data[offset_at:stop:size], _OFFSET_DELTA_2_LOW[index:last]),
+                      _equal_prefix(data[offset_at + 1:stop:size], _OFFSET_DELTA_2_HIGH[index:last]))
+        # timestamp deltas: varints of the first record's width
+        timestamp_at = position + length_width + 1
+        if timestamp_width == 1:
+            run = min(run, _search_prefix(_CONTINUED, data[timestamp_at:stop:size]))
+        else:
+            run = min(run, _search_prefix(_LAST, data[timestamp_at:stop:size]),
+                      _search_prefix(_CONTINUED, data[timestamp_at + 1:stop:size]))
+        if run < RUN_RECORDS_MIN:
+            break
+        stop = position + run * size
+        # the run is checked: build its records
+        if delta_scale == 0:
+            timestamps = repeat(base_timestamp, run)
+        elif timestamp_width == 1:
+            column = data[timestamp_at:stop:size]
+            if _same_byte_prefix(column, column[0]) == run:
+                timestamps = repeat(base_timestamp + zigzag1[column[0]], run)
+            else:
+                timestamps = [base_timestamp + zigzag1[byte] for byte in column]
+        else:
+            timestamps = [base_timestamp + ((raw >> 1) ^ -(raw & 1))
+                          for raw in map(int.__or__, map((0x7F).__and__, data[timestamp_at:stop:size]),
+                                         map((7).__rlshift__, data[timestamp_at + 1:stop:size]))]
+        value_at = position + size - 1 - value_length
+        values = [data[at:at + value_length] for at in range(value_at, stop, size)]
+        records += map(new_record, repeat(Record, run), zip(
+            repeat(topic, run), repeat(partition, run), range(base_offset + index, base_offset + index + run),
+            repeat(None, run), values, timestamps, map(list, repeat((), run)), repeat(timestamp_type, run)))
+        index += run
+        position = stop
+    return position
