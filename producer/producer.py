@@ -41,7 +41,7 @@ from typing import Callable, Iterable, Sequence
 
 from eos import net
 from eos.errors import EosError, ErrorCode, MessageTooLargeError, Reaction
-from eos.v1 import group_pb2, txn_pb2
+from eos.v1 import common_pb2, group_pb2, txn_pb2
 from eos.records.compression import codec_from_name
 from producer.accumulator import (
     RECORD_OVERHEAD_ESTIMATE_BYTES,
@@ -630,15 +630,19 @@ class Producer:
             if reaction is not Reaction.FATAL and fatal_otherwise:
                 txn.fatal_error(error)
 
-    def init_transactions(self, timeout: float | None = None) -> None:
+    def init_transactions(self, timeout: float | None = None, *,
+                          partitions: Iterable[tuple[str, int]] | None = None) -> None:
         """Get the transactional.id's producer id and epoch from the coordinator
         (InitProducerId, with transaction.timeout.ms), which fences any earlier instance of
         the id and aborts its open transaction. Retries the coordinator's passing refusals
         (CONCURRENT_TRANSACTIONS, COORDINATOR_LOAD_IN_PROGRESS) until `timeout` seconds
         (default max.block.ms), then TransactionTimeoutError (a TimeoutError) -- calling
         again resumes. A participant (participant_of=...) asks InitParticipant with its
-        owner's id and epoch instead."""
+        owner's id and epoch instead; `partitions` (participants only: (topic, partition)
+        pairs) are registered by that same request, so their first batches need no
+        AddPartitionsToTxn round trip."""
         txn = self._transactions("init_transactions()")
+        registered = _participant_partitions(partitions, self._participant_of is not None)
         with self._txn_lock:
             txn.begin_init()
         deadline_ms = self._deadline_ms(timeout)
@@ -648,8 +652,10 @@ class Producer:
                 owner_id, owner_epoch = self._participant_of
                 answer = self._coordinator.call(
                     "InitParticipant", stub.InitParticipant,
-                    txn_pb2.InitParticipantRequest(transactional_id=self._transactional_id,
-                                                   producer_id=owner_id, producer_epoch=owner_epoch),
+                    txn_pb2.InitParticipantRequest(
+                        transactional_id=self._transactional_id, producer_id=owner_id, producer_epoch=owner_epoch,
+                        partitions=[common_pb2.TopicPartition(topic=topic, partition=partition)
+                                    for topic, partition in registered]),
                     deadline_ms)
             else:
                 answer = self._coordinator.call(
@@ -664,6 +670,8 @@ class Producer:
         self._set_producer_id(answer.producer_id, answer.producer_epoch, deadline_ms - net.now_ms())
         with self._txn_lock:
             txn.init_done()
+            if registered:
+                txn.participant_partitions_registered(registered)
 
     def begin_transaction(self) -> None:
         """Start a transaction: every send until commit or abort belongs to it."""
@@ -843,20 +851,25 @@ class Producer:
     @classmethod
     def participant(cls, transactional_id: str, owner_producer_id: int, owner_producer_epoch: int,
                     bootstrap: str = net.DEFAULT_BOOTSTRAP, *, timeout: float | None = None,
-                    config: dict | None = None, **kwargs) -> "Producer":
+                    config: dict | None = None, partitions: Iterable[tuple[str, int]] | None = None,
+                    **kwargs) -> "Producer":
         """A producer that writes into the open transaction of `transactional_id`'s owner
         (eos's participant extension, for writers on other machines such as Spark
         executors): it gets a producer id of its own from InitParticipant, registers its
         partitions like a transactional producer, and sends. It never ends the transaction:
         commit and abort are the owner's (EndTxn with accepted_participants, naming
         `participant_id`). flush() returns when every record it sent is written (and raises
-        if one failed: such a participant must not be accepted). Same as
-        ``Producer(bootstrap, transactional_id=..., participant_of=(id, epoch))`` followed by
-        init_transactions()."""
+        if one failed: such a participant must not be accepted). `partitions`, the
+        (topic, partition) pairs it knows it will write, are registered by InitParticipant
+        itself (no AddPartitionsToTxn for them). Once the transaction no longer takes its
+        writes (decided, over, or its owner fenced) it fails with ProducerFencedError. Same
+        as ``Producer(bootstrap, transactional_id=..., participant_of=(id, epoch))``
+        followed by init_transactions(partitions=...)."""
+        _participant_partitions(partitions, True)     # bad input: refused before anything starts
         producer = cls(bootstrap, config=config, participant_of=(owner_producer_id, owner_producer_epoch),
                        transactional_id=transactional_id, **kwargs)
         try:
-            producer.init_transactions(timeout)
+            producer.init_transactions(timeout, partitions=partitions)
         except BaseException:
             producer.close()
             raise
@@ -891,6 +904,29 @@ class Producer:
         """The transactional state's name (UNINITIALIZED, READY, IN_TRANSACTION, ...), or
         None for a producer without transactional.id."""
         return None if self._txn is None else self._txn.state.name
+
+
+def _participant_partitions(partitions, participant: bool) -> list[tuple[str, int]]:
+    """init_transactions(partitions=...) checked: sorted distinct (topic, partition) pairs;
+    only a participant may name any."""
+    if partitions is None:
+        return []
+    if not participant:
+        raise ValueError("partitions are registered at initialisation only for a participant "
+                         "(Producer.participant or participant_of=)")
+    if isinstance(partitions, (str, bytes)):
+        raise TypeError(f"partitions must be (topic, partition) pairs, got {partitions!r}")
+    checked = set()
+    for tp in partitions:
+        try:
+            topic, partition = tp
+        except (TypeError, ValueError):
+            raise TypeError(f"partitions must be (topic, partition) pairs, got {tp!r}") from None
+        if (not isinstance(topic, str) or not topic or isinstance(partition, bool)
+                or not isinstance(partition, int) or partition < 0):
+            raise ValueError(f"partition {tp!r} is not a (topic, partition >= 0)")
+        checked.add((topic, partition))
+    return sorted(checked)
 
 
 def _group_fields(group_metadata) -> tuple[str, int, str, str]:

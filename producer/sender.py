@@ -47,7 +47,8 @@ it, one AddPartitionsToTxn asks for all of them; its answer is posted back like 
 answer, and the batches go in the next pass. While the transaction cannot commit
 (ABORTABLE_ERROR) or is aborting, queued batches are failed at once (Kafka's
 abortUndrainedBatches); only batches in flight are waited for. A batch that fails for good
-makes the transaction abortable; a fenced epoch makes the producer fail for good. The
+makes the transaction abortable; a fenced epoch (for a participant also a transaction that no
+longer takes its writes: `TransactionManager.fences`) makes the producer fail for good. The
 producer id and epoch of a transactional producer come from init_transactions() and
 EndTxn, applied on this thread through `run_task`; it never bumps an epoch itself.
 
@@ -94,7 +95,6 @@ from producer.transactions import (
     TransactionAbortedError,
     TransactionManager,
     TxnState,
-    transaction_error,
 )
 
 log = logging.getLogger("eos.producer")
@@ -723,8 +723,13 @@ class Sender(threading.Thread):
             self._acc.reenqueue(batch)
             return
         if decision is Decision.FAIL_AND_BUMP:
-            log.warning("%s-%d: %s; failing the batch and bumping the producer epoch",
-                        batch.topic, batch.partition, error)
+            if self._txn is None:
+                log.warning("%s-%d: %s; failing the batch and bumping the producer epoch",
+                            batch.topic, batch.partition, error)
+            else:
+                # A transactional producer's epoch moves only with init_transactions() and
+                # EndTxn, never here; a participant's never moves at all.
+                log.warning("%s-%d: %s; failing the batch", batch.topic, batch.partition, error)
         self._fail(batch, error)
 
     def _give_up(self, batch: ProducerBatch, error: BaseException) -> None:
@@ -745,8 +750,8 @@ class Sender(threading.Thread):
         txn = self._txn
         if txn is not None:
             code = getattr(error, "code", None)
-            if code in _FENCED_CODES:
-                error = transaction_error(code, str(error))
+            if code is not None and txn.fences(code):
+                error = txn.fenced_error(code, str(error))
                 with self._txn_lock:
                     txn.fatal_error(error)
                 if self.fatal_error is None:
@@ -772,9 +777,6 @@ class Sender(threading.Thread):
         for batch in self._acc.incomplete_batches():
             if not batch.done:
                 self._fail(batch, error)
-
-
-_FENCED_CODES = frozenset({ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_EPOCH})
 
 
 class SenderTask:

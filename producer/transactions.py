@@ -42,9 +42,15 @@ lost, so the transaction must not commit.
 
 Participants (eos's extension, see txn_coordinator.state): a participant writes into
 another producer's open transaction with a producer id of its own. It is initialised with
-InitParticipant instead of InitProducerId, goes to IN_TRANSACTION at once, registers its
+InitParticipant instead of InitProducerId (which may register partitions at once:
+`participant_partitions_registered`), goes to IN_TRANSACTION at once, registers its other
 partitions as above, and never ends the transaction (only the owner's EndTxn does): its
-commit and abort are refused.
+commit and abort are refused. Its id belongs to that one transaction and it cannot bump
+its epoch, so once the transaction is decided or over (INVALID_TXN_STATE), its id is
+forgotten (INVALID_PRODUCER_ID_MAPPING) or its owner is fenced, nothing it writes can ever
+be accepted: for a participant those codes are fencing (`fences`), and the error is
+ProducerFencedError -- Kafka's meaning, fatal -- naming the coordinator's or leader's code
+and reason, not an abortable error it could do nothing about.
 
 The class does no I/O, reads no clock and takes no lock; the producer serialises calls.
 """
@@ -105,6 +111,9 @@ VALID_PREVIOUS_STATES: dict[TxnState, frozenset[TxnState]] = {
 }
 
 _FENCED_CODES = frozenset({ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_EPOCH})
+# What fences a participant besides those (see the module doc): its transaction is decided
+# or over, or its id is forgotten.
+_PARTICIPANT_FENCED_CODES = _FENCED_CODES | {ErrorCode.INVALID_TXN_STATE, ErrorCode.INVALID_PRODUCER_ID_MAPPING}
 
 
 def reaction_to(code: int, *, from_partition_leader: bool = False) -> Reaction:
@@ -269,8 +278,27 @@ class TransactionManager:
         if self.state is not S.FATAL_ERROR:
             self._transition(S.FATAL_ERROR, error)
 
+    def fences(self, code: int) -> bool:
+        """Whether `code` (from the coordinator or a partition leader) means this producer
+        is fenced: PRODUCER_FENCED / INVALID_PRODUCER_EPOCH, and for a participant also a
+        decided or forgotten transaction (see the module doc)."""
+        return code in (_PARTICIPANT_FENCED_CODES if self.participant else _FENCED_CODES)
+
+    def fenced_error(self, code: int, message: str) -> EosError:
+        """The fatal error of a `fences(code)` refusal: ProducerFencedError, whose message
+        keeps the refusal's own code and reason."""
+        code = ErrorCode(code)
+        if not self.participant:
+            return transaction_error(code, message)
+        return ProducerFencedError(
+            f"participant of {self.transactional_id!r} is fenced: the transaction it writes into "
+            f"no longer takes its writes ({code.name}: {message})")
+
     def error(self, code: int, message: str, *, from_partition_leader: bool = False) -> Reaction:
         """Record a non-retriable error; returns its reaction (RETRY: nothing recorded)."""
+        if self.fences(code):
+            self.fatal_error(self.fenced_error(code, message))
+            return Reaction.FATAL
         reaction = reaction_to(code, from_partition_leader=from_partition_leader)
         if reaction is Reaction.FATAL:
             self.fatal_error(transaction_error(code, message))
@@ -348,6 +376,17 @@ class TransactionManager:
                 self.pending_partitions.add(tp)
             worst = _worse(worst, reaction)
         return worst
+
+    def participant_partitions_registered(self, partitions) -> None:
+        """InitParticipant registered `partitions` for this participant: they may be sent
+        without an AddPartitionsToTxn."""
+        if not self.participant or self.state is not S.IN_TRANSACTION:
+            raise self._refuse("take partitions registered at initialisation (only a participant, after "
+                               "InitParticipant)")
+        self.partitions_in_txn |= set(partitions)
+        self.pending_partitions -= self.partitions_in_txn
+        if self.partitions_in_txn:
+            self.transaction_started = True
 
     def add_partitions_failed(self) -> None:
         """The request got no answer (transport error): its partitions are pending again."""

@@ -168,3 +168,82 @@ def test_a_participant_that_registered_partitions_but_wrote_nothing_still_comple
         time.sleep(0.05)
     assert described.state == "CompleteCommit" and list(described.participants) == []
     owner.close()
+
+
+# ---- Producer.participant directly: fencing surfaces as PRODUCER_FENCED; partitions at init ----------
+
+def test_a_fenced_participant_fails_with_producer_fenced_naming_the_cause_and_logs_no_epoch_bump(cluster, caplog):
+    import logging
+
+    import eos
+    from eos.errors import ProducerFencedError
+
+    owner = eos.Producer(cluster.address, transactional_id=TXN_ID)
+    owner.init_transactions(10)
+    owner.begin_transaction()
+    participant = eos.Producer.participant(TXN_ID, owner.producer_id, owner.producer_epoch, cluster.address,
+                                           timeout=10)
+    participant.send("out", value=b"before", partition=0)
+    participant.flush(10)
+    restarted = eos.Producer(cluster.address, transactional_id=TXN_ID)
+    restarted.init_transactions(10)             # fences the owner and aborts its transaction
+    caplog.set_level(logging.WARNING, logger="eos.producer")
+    late = participant.send("out", value=b"late", partition=0)
+    with pytest.raises(ProducerFencedError) as info:
+        participant.flush(10)
+    assert info.value.code is ErrorCode.PRODUCER_FENCED
+    assert "INVALID_PRODUCER_ID_MAPPING" in str(info.value) or "INVALID_TXN_STATE" in str(info.value)
+    assert isinstance(late.exception(10), ProducerFencedError)
+    with pytest.raises(ProducerFencedError):
+        participant.send("out", value=b"later", partition=1)
+    assert not [r for r in caplog.records if "bumping" in r.getMessage()]
+    for producer in (participant, owner, restarted):
+        producer.close(10)
+
+
+def test_partitions_named_at_init_need_no_add_partitions_round_trip(cluster):
+    import eos
+
+    owner = eos.Producer(cluster.address, transactional_id=TXN_ID)
+    owner.init_transactions(10)
+    owner.begin_transaction()
+    participant = eos.Producer.participant(TXN_ID, owner.producer_id, owner.producer_epoch, cluster.address,
+                                           timeout=10, partitions=[("out", 0), ("out", 2)])
+    asked = []
+    real_submit = participant._sender._call_threads.submit
+    participant._sender._call_threads.submit = lambda *args, **kwargs: (asked.append(args[0]),
+                                                                        real_submit(*args, **kwargs))[1]
+    for partition in (0, 2):
+        participant.send("out", value=b"p%d" % partition, partition=partition)
+    participant.flush(10)
+    assert asked == []                           # no AddPartitionsToTxn went out
+    participant.send("out", value=b"p1", partition=1)
+    participant.flush(10)
+    assert asked == ["txn-coordinator"]          # a partition not named at init is registered as before
+    pid = participant.participant_id
+    participant.close(10)
+    owner.commit_transaction(10, accepted_participants=[pid])
+    assert values_of(read_committed(cluster.address, "out")) == [b"p0", b"p1", b"p2"]
+    owner.close(10)
+
+
+@pytest.mark.parametrize("partitions, error", [
+    ([("out", -1)], ValueError), ([("", 0)], ValueError), (["out"], TypeError), ("out", TypeError),
+])
+def test_bad_partitions_at_init_are_refused_before_anything_starts(cluster, partitions, error):
+    import eos
+
+    with pytest.raises(error, match="partition"):
+        eos.Producer.participant(TXN_ID, 0, 0, cluster.address, timeout=10, partitions=partitions)
+
+
+def test_only_a_participant_names_partitions_at_init(cluster):
+    import eos
+
+    producer = eos.Producer(cluster.address, transactional_id=TXN_ID)
+    try:
+        with pytest.raises(ValueError, match="participant"):
+            producer.init_transactions(10, partitions=[("out", 0)])
+        assert producer.transaction_state == "UNINITIALIZED"
+    finally:
+        producer.close(10)

@@ -233,3 +233,48 @@ def test_reactions(code, leader, expected):
 def test_an_empty_transactional_id_is_refused():
     with pytest.raises(ValueError, match="transactional.id"):
         TransactionManager("")
+
+
+# ---- participants: fencing and partitions registered at initialisation ----------------------------
+
+@pytest.mark.parametrize("code", [ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_EPOCH,
+                                  ErrorCode.INVALID_TXN_STATE, ErrorCode.INVALID_PRODUCER_ID_MAPPING])
+def test_a_participant_whose_transaction_no_longer_takes_its_writes_is_fenced(code):
+    txn = in_state(S.IN_TRANSACTION, participant=True)
+    assert txn.fences(code)
+    txn.partition_ready(TP0)
+    txn.partitions_to_add()
+    assert txn.add_partitions_done({TP0: (code, "the transaction is over")}) is Reaction.FATAL
+    assert txn.state is S.FATAL_ERROR
+    error = txn.last_error
+    assert isinstance(error, ProducerFencedError) and error.code is ErrorCode.PRODUCER_FENCED
+    assert code.name in str(error) and "the transaction is over" in str(error)
+    with pytest.raises(ProducerFencedError):
+        txn.check_send()
+
+
+def test_an_owner_is_not_fenced_by_a_forgotten_producer_id():
+    owner = in_state(S.IN_TRANSACTION)
+    assert owner.fences(ErrorCode.PRODUCER_FENCED)
+    assert not owner.fences(ErrorCode.INVALID_PRODUCER_ID_MAPPING)
+    owner.error(ErrorCode.INVALID_PRODUCER_ID_MAPPING, "no")
+    assert owner.last_error.code is ErrorCode.INVALID_PRODUCER_ID_MAPPING   # its own code, not fenced
+
+
+def test_partitions_registered_by_init_participant_are_ready_at_once():
+    txn = TransactionManager("tx", participant=True)
+    txn.begin_init()
+    txn.init_done()
+    txn.participant_partitions_registered([TP0, TP1])
+    assert txn.partition_ready(TP0) and txn.partition_ready(TP1)
+    assert txn.partitions_to_add() == []
+    assert not txn.partition_ready(TP2) and txn.partitions_to_add() == [TP2]
+    assert txn.end_txn_needed
+
+
+@pytest.mark.parametrize("participant, state", [(False, S.READY), (True, S.INITIALIZING)])
+def test_partitions_registered_at_initialisation_only_for_an_initialised_participant(participant, state):
+    txn = in_state(state, participant=participant)
+    with pytest.raises(IllegalStateError, match="participant"):
+        txn.participant_partitions_registered([TP0])
+    assert txn.state is state and not txn.partitions_in_txn
