@@ -33,10 +33,20 @@ import struct
 from functools import lru_cache
 from typing import Sequence
 
-try:
-    import numpy as _np
-except ImportError:   # numpy is optional: the per-key hash does the same, slower
-    _np = None
+_NOT_LOADED = object()
+_np = _NOT_LOADED     # numpy, imported on the first bulk call (its import takes ~0.2 s); None: not installed
+
+
+def _numpy():
+    """numpy, or None when it is not installed (the per-key hash does the same, slower)."""
+    global _np
+    if _np is _NOT_LOADED:
+        try:
+            import numpy
+        except ImportError:
+            numpy = None
+        _np = numpy
+    return _np
 
 _M = 0x5BD1E995
 _SEED = 0x9747B28C
@@ -102,10 +112,10 @@ def partitions_for_keys(keys: Sequence, partition_count: int):
     when numpy is there and the call is large, else a list of ints. `keys` holds bytes
     (or None)."""
     count = len(keys)
-    if _np is None or count < BULK_HASH_MIN_KEYS:
+    np = _numpy() if count >= BULK_HASH_MIN_KEYS else None
+    if np is None:
         return [partition_for_key(key, partition_count) if key is not None else NO_KEY_PARTITION
                 for key in keys]
-    np = _np
     partitions = np.full(count, NO_KEY_PARTITION, dtype=np.int64)
     if None in keys:
         lengths = np.fromiter((len(key) if key is not None else -1 for key in keys),

@@ -59,10 +59,10 @@ from producer.idempotence import IdempotenceState
 from producer.partitioner import (
     NO_KEY_PARTITION,
     StickyPartitions,
+    _numpy,
     partition_for_key,
     partitions_for_keys,
 )
-from producer.partitioner import _np   # numpy, or None
 from producer.sender import Sender
 from producer.transactions import (
     IllegalStateError,
@@ -212,7 +212,7 @@ def _positions_by_partition(partitions) -> list[tuple[int | None, list[int]]]:
             group.append(position)
         items = groups.items()
     else:
-        np = _np
+        np = _numpy()     # partitions is a numpy array: numpy is loaded
         order = np.argsort(partitions, kind="stable")
         present, starts = np.unique(partitions[order], return_index=True)
         ends = list(starts[1:].tolist()) + [len(order)]
