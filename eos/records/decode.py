@@ -11,7 +11,7 @@ delta and value bytes: null key, values of one length, no headers, offset deltas
 and while the widths of the varints stay the same, every record of the run has the same
 size S. The bytes at frame position k of all the records are then `data[start+k:stop:S]`,
 one C-level slice, so a whole run is checked with a few slices compared to what they must
-hold (`bytes.lstrip`, a regex search, equality with a table of offset-delta bytes), and
+hold (`bytes.lstrip`, a regex search, equality with tables of offset-delta bytes), and
 built with one comprehension for the values and one `map` for the Records: no Python
 bytecode per field per record.
 
@@ -19,8 +19,9 @@ bytecode per field per record.
 from there that every check accepts (each check gives how many leading records pass),
 emits it and starts again after it. It stops, leaving the rest to the caller's general
 loop, at the first record that is not of this shape (a key, a null value, headers, a
-varint wider than two bytes, an offset delta that is not the record's index) or that
-starts a run shorter than RUN_RECORDS_MIN. Anything malformed is therefore never
+timestamp delta of more than two varint bytes or an offset delta of more than three, an
+offset delta that is not the record's index) or that starts a run shorter than
+RUN_RECORDS_MIN. Anything malformed is therefore never
 accepted here: the general loop meets it and raises the error it always raised. The
 Records are the general loop's: same fields, a fresh headers list each.
 """
@@ -33,13 +34,28 @@ from eos.records.varint import ZIGZAG_DECODE_1
 from eos.types import Record
 
 RUN_RECORDS_MIN = 8          # shorter runs cost more in set-up than the general loop
-_OFFSET_DELTA_MAX = 8192     # offset deltas of one or two varint bytes
+# Offset deltas below these take 1, 2 and 3 varint bytes (zigzag doubles them). A 1 MiB
+# batch holds at most ~130k records, so wider ones are left to the general loop.
+_OFFSET_WIDTH_END = (0, 64, 8192, 1 << 20)
 
-# The zigzag varint bytes of offset delta i (the record's index): one byte below 64, two
-# (low byte with the continuation bit, then high byte) from 64 to 8191.
-_OFFSET_DELTA_1 = bytes(2 * i for i in range(64))
-_OFFSET_DELTA_2_LOW = bytes(((2 * i) & 0x7F) | 0x80 for i in range(_OFFSET_DELTA_MAX))
-_OFFSET_DELTA_2_HIGH = bytes(((2 * i) >> 7) & 0xFF for i in range(_OFFSET_DELTA_MAX))
+# Per varint width, its bytes for offset delta i (the record's index), one bytes object
+# per byte of the varint, indexed by i; grown on demand up to the width's end.
+_offset_delta_columns_by_width: dict[int, list[bytes]] = {}
+
+
+def _offset_delta_columns(width: int, last: int) -> list[bytes]:
+    """The byte columns of offset deltas of `width` varint bytes, covering deltas below
+    `last` (entries below the width's range are unused)."""
+    columns = _offset_delta_columns_by_width.get(width)
+    if columns is None or len(columns[0]) < last:
+        size = min(_OFFSET_WIDTH_END[width], max(last, 2 * len(columns[0]) if columns else 0))
+        zigzag = range(0, 2 * size, 2)
+        columns = [bytes(((value >> (7 * j)) & 0x7F) | (0x80 if j < width - 1 else 0) for value in zigzag)
+                   for j in range(width)]
+        _offset_delta_columns_by_width[width] = columns   # a race builds it twice, no harm
+    return columns
+
+
 _CONTINUED = re.compile(rb"[\x80-\xff]")       # a varint byte with the continuation bit
 _LAST = re.compile(rb"[\x00-\x7f]")            # a varint's last byte
 
@@ -47,16 +63,23 @@ _NULL_KEY = 0x01            # varint -1
 _NO_HEADERS = 0x00
 
 
-def _small_varint(data: bytes, position: int) -> tuple[int, int] | None:
-    """(value, width) of the zigzag varint at `position` when it is one or two bytes."""
+def _small_varint(data: bytes, position: int, max_width: int = 2) -> tuple[int, int] | None:
+    """(value, width) of the zigzag varint at `position` when it is at most `max_width`
+    (2 or 3) bytes, else None."""
     byte = data[position]
     if byte < 0x80:
         return ZIGZAG_DECODE_1[byte], 1
     byte2 = data[position + 1]
-    if byte2 >= 0x80:
+    if byte2 < 0x80:
+        raw = (byte & 0x7F) | (byte2 << 7)
+        return (raw >> 1) ^ -(raw & 1), 2
+    if max_width < 3:
         return None
-    raw = (byte & 0x7F) | (byte2 << 7)
-    return (raw >> 1) ^ -(raw & 1), 2
+    byte3 = data[position + 2]
+    if byte3 >= 0x80:
+        return None
+    raw = (byte & 0x7F) | ((byte2 & 0x7F) << 7) | (byte3 << 14)
+    return (raw >> 1) ^ -(raw & 1), 3
 
 
 def _frame(data: bytes, start: int, end: int):
@@ -75,7 +98,7 @@ def _frame(data: bytes, start: int, end: int):
             return None
         timestamp_width = found[1]
         position += 1 + timestamp_width
-        found = _small_varint(data, position)
+        found = _small_varint(data, position, 3)
         if found is None:
             return None
         offset_width = found[1]
@@ -135,13 +158,9 @@ def decode_runs(data: bytes, position: int, end: int, count: int, topic: str, pa
         if frame is None:
             break
         size, length_width, timestamp_width, offset_width, value_length_width, value_length = frame
-        if offset_width == 1:
-            last = min(count, 64)
-        else:
-            last = min(count, _OFFSET_DELTA_MAX)
-            if index < 64:
-                break   # a two-byte offset delta below 64: not this encoder's, the general loop
-        last = min(last, index + (end - position) // size)
+        if index < _OFFSET_WIDTH_END[offset_width - 1]:
+            break   # a varint wider than the record's index needs: not an offset delta of ours
+        last = min(count, _OFFSET_WIDTH_END[offset_width], index + (end - position) // size)
         run = last - index
         if run < RUN_RECORDS_MIN:
             break
@@ -155,11 +174,8 @@ def decode_runs(data: bytes, position: int, end: int, count: int, topic: str, pa
             run = min(run, _same_byte_prefix(data[position + k:stop:size], data[position + k]))
         # offset deltas: the record's index
         offset_at = position + length_width + 1 + timestamp_width
-        if offset_width == 1:
-            run = min(run, _equal_prefix(data[offset_at:stop:size], _OFFSET_DELTA_1[index:last]))
-        else:
-            run = min(run, _equal_prefix(data[offset_at:stop:size], _OFFSET_DELTA_2_LOW[index:last]),
-                      _equal_prefix(data[offset_at + 1:stop:size], _OFFSET_DELTA_2_HIGH[index:last]))
+        for j, column in enumerate(_offset_delta_columns(offset_width, last)):
+            run = min(run, _equal_prefix(data[offset_at + j:stop:size], column[index:last]))
         # timestamp deltas: varints of the first record's width
         timestamp_at = position + length_width + 1
         if timestamp_width == 1:
