@@ -465,6 +465,8 @@ class BatchBuilder:
         the general path, when the runs are short (little to gain) or anything needs
         checking or naming there."""
         count = len(values)
+        if count < RUNS_PER_RECORD_MAX:
+            return None     # fewer records than one run needs to pay off (linger 0: often one)
         runs = [(timestamp_ms, len(list(run))) for timestamp_ms, run in groupby(timestamps_ms)]
         if len(runs) * RUNS_PER_RECORD_MAX > count:
             return None
