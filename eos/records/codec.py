@@ -50,6 +50,10 @@ Producer batches (null keys, no headers, values of one length, timestamps in run
 equal milliseconds) skip the per-record loop altogether: each run is three slice
 assignments of precomputed pieces and one join (`_encode_same_length`); append_many of
 100-byte values went from 1.29M to 5.0M records/s with it (same machine, same load).
+Keyed records (bytes keys and values, one timestamp or runs of one, no headers: what
+send_batch with keys and send() with keys build) are encoded column by column
+(`_encode_keyed`: map() over C callables, slice assignments, one join); 9,500 keyed
+100-byte records went from 1.22-1.40M to 1.53-1.67M records/s.
 """
 from __future__ import annotations
 
