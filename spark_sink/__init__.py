@@ -1,7 +1,7 @@
 """The Spark side of eos: the data source "eos", the exactly-once sink, pipeline stages.
 
 `register(spark)` makes `spark.read.format("eos")` and `spark.readStream.format("eos")`
-available in a session (and the sinks' internal writer format "eos_participant").
+available in a session.
 `ExactlyOnceSink`, `AtLeastOnceSink` and `App` are handed out lazily: pyspark is imported
 only when they are used, so importing `spark_sink` costs nothing where Spark is not installed.
 """
@@ -17,13 +17,11 @@ _LAZY = {
 
 
 def register(spark) -> None:
-    """Register the eos data source (`spark_sink.source.EosDataSource`) and the sinks'
-    participant writer with a SparkSession."""
-    from spark_sink.sink import register_writer
+    """Register the eos data source (`spark_sink.source.EosDataSource`) with a SparkSession
+    (the sinks need nothing registered: their tasks run through `mapInArrow`)."""
     from spark_sink.source import EosDataSource
 
     spark.dataSource.register(EosDataSource)
-    register_writer(spark)
 
 
 def __getattr__(name: str):

@@ -19,13 +19,20 @@ Per micro-batch (`__call__(df, batch_id)`, on the driver):
 3. Replay check: the group's committed offsets (OffsetFetch, require_stable) carry metadata
    `{"sink": "eos", "query": <query id>, "batch": <id>}`. If this query already committed
    this batch id (or a later one), the batch was written before a crash; nothing is written.
-4. Write: `df.write.format("eos_participant")` -- a Python data source whose Arrow writer
-   runs one participant producer per Spark task on the executors (`spark_sink.participant`
-   over `eos.Producer.participant`; records never pass through
-   the driver). Spark hands the commit messages of the successful task attempts, one per
-   partition, to the writer's `commit()`, which reports their participant ids back to the
-   driver through a file (`commit()` runs in a Python worker beside the driver). A failed
-   or duplicate attempt's participant is not among them.
+4. Write: `df.mapInArrow(TaskWrite(...)).collect()` -- one Spark job whose tasks each run
+   one participant producer on the executors (`spark_sink.participant` over
+   `eos.Producer.participant`; records never pass through the driver). A task yields a
+   single row, its participant id and record count, only after its producer's flush
+   succeeded. `collect()` returns the row of the one attempt per partition that Spark
+   counted as successful (the scheduler drops the result of a second, speculative attempt
+   of a finished partition, and a failed attempt has none), so a failed or duplicate
+   attempt's participant is never accepted.
+   Why not a Python data source writer (`df.write.format(...)`, the first version): its
+   `writer()` and `commit()` each run in a Python worker beside the driver, measured at
+   about 100-150 ms and 50 ms of every micro-batch on the driver's critical path, and
+   a query's first batch waits for those two Python processes to start. Spark's
+   mapInArrow needs pandas on the driver only for a check; `map_in_arrow` builds the
+   same Arrow map without it.
 5. Commit: AddOffsetsToTxn + TxnOffsetCommit of the end offsets with the metadata above,
    then EndTxn(commit, accepted participants) -- the one decision: outputs and input
    offsets become visible together or not at all. Any error before the decision aborts
@@ -49,12 +56,8 @@ import json
 import logging
 import os
 import signal
-import tempfile
 import time
-import uuid
 from pathlib import Path
-
-from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 
 from eos.errors import EosError, ErrorCode
 from eos.types import TopicPartition
@@ -63,78 +66,58 @@ from spark_sink.participant import TIMEOUT_MS_DEFAULT, OwnerIdentity, producer_s
 
 log = logging.getLogger("eos.spark.sink")
 
-WRITER_SOURCE_NAME = "eos_participant"
 CRASH_ENV = "EOS_SINK_CRASH_AT"
 CRASH_POINTS = ("before_write", "after_write", "after_offsets", "after_commit")
 STATS_KEPT_MAX = 10_000
 
 
-# ---- the executor-side writer, as a Python data source -----------------------------------------
+# ---- the executor side: one task's write -----------------------------------------------------------
 
-@dataclasses.dataclass
-class TaskWrite(WriterCommitMessage):
-    """One successful task's report: its participant id (-1 when it wrote nothing)."""
-
-    producer_id: int
-    records: int
+TASK_RESULT_SCHEMA = "producer_id long, records long"
 
 
-class ParticipantDataSource(DataSource):
-    """`df.write.format("eos_participant")`: the sinks' write step (not meant for users).
+@dataclasses.dataclass(frozen=True)
+class TaskWrite:
+    """The function each Spark task runs over its partition of the batch, as Arrow record
+    batches of key/value (picklable: shipped to the executors): write them through one
+    participant (or plain) writer, then yield one row -- the participant id (-1 when the
+    task wrote nothing) and the records written. No row unless every record is written."""
 
-    Options: bootstrap, topic, transactionalId, producerId, producerEpoch, transactional
-    (true|false), resultPath (where commit() reports the tasks), timeoutMs, producerConfig
-    (JSON: further Kafka producer settings for the tasks' producers)."""
+    owner: OwnerIdentity
+    topic: str
+    transactional: bool
+    timeout_ms: int
+    producer_config: dict
 
-    @classmethod
-    def name(cls) -> str:
-        return WRITER_SOURCE_NAME
+    def __call__(self, batches):
+        import pyarrow as pa
 
-    def writer(self, schema, overwrite: bool) -> "ParticipantArrowWriter":
-        return ParticipantArrowWriter(dict(self.options))
-
-
-class ParticipantArrowWriter(DataSourceArrowWriter):
-    def __init__(self, options: dict):
-        self.options = {k.lower(): v for k, v in options.items()}
-        transactional = self.options.get("transactional", "true").lower() == "true"
-        self.owner = OwnerIdentity(self.options["bootstrap"], self.options.get("transactionalid", ""),
-                                   int(self.options.get("producerid", -1)), int(self.options.get("producerepoch", -1)))
-        self.topic = self.options["topic"]
-        self.transactional = transactional
-        self.timeout_ms = int(self.options.get("timeoutms", TIMEOUT_MS_DEFAULT))
-        self.producer_config = json.loads(self.options.get("producerconfig", "{}"))
-        self.result_path = self.options["resultpath"]
-
-    def write(self, iterator) -> TaskWrite:
-        result = write_arrow_batches(self.owner, self.topic, iterator, transactional=self.transactional,
+        result = write_arrow_batches(self.owner, self.topic, batches, transactional=self.transactional,
                                      timeout_ms=self.timeout_ms, producer_config=self.producer_config)
-        return TaskWrite(result.producer_id, result.records)
-
-    def commit(self, messages) -> None:
-        tasks = [m for m in messages if m is not None]
-        report = {"participants": sorted(m.producer_id for m in tasks if m.producer_id >= 0),
-                  "records": sum(m.records for m in tasks), "tasks": len(tasks)}
-        temporary = f"{self.result_path}.tmp"
-        with open(temporary, "w") as f:
-            json.dump(report, f)
-        os.replace(temporary, self.result_path)
-
-    def abort(self, messages) -> None:
-        # Nothing to undo here: the driver aborts the transaction, and with it every participant.
-        pass
+        yield pa.RecordBatch.from_pydict({"producer_id": pa.array([result.producer_id], pa.int64()),
+                                          "records": pa.array([result.records], pa.int64())})
 
 
-_REGISTERED_APPLICATIONS: set[str] = set()
+def map_in_arrow(df, function, schema: str):
+    """`df.mapInArrow(function, schema)` without pandas: pyspark's public mapInArrow builds
+    its UDF with pandas_udf, which refuses to run unless pandas is installed, although the
+    worker side of an Arrow map (SQL_MAP_ARROW_ITER_UDF) needs pyarrow only. Same plan,
+    same UDF type; classic (py4j) sessions only."""
+    from pyspark.sql import DataFrame
+    from pyspark.sql.udf import UserDefinedFunction
+    from pyspark.util import PythonEvalType
+
+    udf = UserDefinedFunction(function, returnType=schema, name=type(function).__name__,
+                              evalType=PythonEvalType.SQL_MAP_ARROW_ITER_UDF)
+    column = udf(*[df[name] for name in df.columns])
+    return DataFrame(df._jdf.mapInArrow(column._jc, False, None), df.sparkSession)
 
 
-def register_writer(session) -> None:
-    """Register the participant writer once per Spark application (Spark warns on every
-    re-registration)."""
-    application = session.sparkContext.applicationId
-    if application not in _REGISTERED_APPLICATIONS:
-        session.dataSource.register(ParticipantDataSource)
-        _REGISTERED_APPLICATIONS.add(application)
+def tasks_report(rows) -> dict:
+    """What the driver takes from the collected task rows: the accepted participant ids
+    (sorted, without the -1 of tasks that wrote nothing), the records and the task count."""
+    return {"participants": sorted(row[0] for row in rows if row[0] >= 0),
+            "records": sum(row[1] for row in rows), "tasks": len(rows)}
 
 
 # ---- Spark's checkpoint, read ----------------------------------------------------------------------
@@ -252,7 +235,6 @@ class _SinkBase:
         producer_settings(task_timeout_ms, producer_config)     # bad settings fail here, not in the tasks
         self.producer_config = dict(producer_config or {})
         self.reports: collections.deque[BatchReport] = collections.deque(maxlen=STATS_KEPT_MAX)
-        self._result_dir = tempfile.mkdtemp(prefix="eos-sink-")
         self._topic_checked = False
 
     def _key_value(self, df):
@@ -283,30 +265,11 @@ class _SinkBase:
         self._topic_checked = True
 
     def _write(self, df, batch_id: int, owner: OwnerIdentity, transactional: bool) -> dict:
-        """Run the Spark job that writes the batch; returns commit()'s report."""
+        """Run the Spark job that writes the batch (one participant per task); returns
+        `tasks_report` of the successful tasks' rows."""
         self._check_topic()
-        session = df.sparkSession
-        register_writer(session)
-        result_path = os.path.join(self._result_dir, f"batch-{batch_id}-{uuid.uuid4().hex}.json")
-        (self._key_value(df).write.format(WRITER_SOURCE_NAME).mode("append")
-         .option("bootstrap", self.bootstrap).option("topic", self.topic)
-         .option("transactionalId", owner.transactional_id).option("producerId", str(owner.producer_id))
-         .option("producerEpoch", str(owner.producer_epoch))
-         .option("transactional", "true" if transactional else "false")
-         .option("resultPath", result_path)
-         .option("producerConfig", json.dumps(self.producer_config))
-         .option("timeoutMs", str(self.task_timeout_ms)).save())
-        try:
-            with open(result_path) as f:
-                return json.load(f)
-        except (OSError, ValueError) as exc:
-            raise EosError(f"batch {batch_id}: the write finished but its task report {result_path} is "
-                           f"unreadable: {exc}", ErrorCode.UNKNOWN_SERVER_ERROR) from None
-        finally:
-            try:
-                os.unlink(result_path)
-            except OSError:
-                pass
+        write = TaskWrite(owner, self.topic, transactional, self.task_timeout_ms, dict(self.producer_config))
+        return tasks_report(map_in_arrow(self._key_value(df), write, TASK_RESULT_SCHEMA).collect())
 
 
 class ExactlyOnceSink(_SinkBase):
@@ -407,5 +370,5 @@ def _running_checkpoint(df) -> str:
                    "(the query's checkpointLocation)", ErrorCode.INVALID_REQUEST)
 
 
-__all__ = ["AtLeastOnceSink", "BatchReport", "ExactlyOnceSink", "ParticipantDataSource", "batch_end_offsets",
-           "committed_batch", "parse_offset_log", "query_id"]
+__all__ = ["AtLeastOnceSink", "BatchReport", "ExactlyOnceSink", "TaskWrite", "batch_end_offsets",
+           "committed_batch", "map_in_arrow", "parse_offset_log", "query_id", "tasks_report"]

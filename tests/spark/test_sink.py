@@ -17,7 +17,7 @@ import pytest
 from eos.types import TopicPartition
 from spark_sink.owner import TransactionOwner
 from spark_sink.readback import read_committed
-from spark_sink.sink import ExactlyOnceSink, batch_metadata, committed_batch, parse_offset_log
+from spark_sink.sink import ExactlyOnceSink, TaskWrite, batch_metadata, committed_batch, parse_offset_log, tasks_report
 from tests.spark.helpers import STREAM_TIMEOUT_S, produce
 
 
@@ -199,6 +199,18 @@ def test_a_task_without_rows_makes_no_participant_and_connects_to_nothing():
     nowhere = OwnerIdentity("127.0.0.1:1", "t", 5, 0)          # nothing listens there
     empty = pa.RecordBatch.from_pydict({"key": pa.array([], pa.binary()), "value": pa.array([], pa.binary())})
     assert write_arrow_batches(nowhere, "out", [empty, empty]) == WriteResult(-1, 0, 0)
+
+
+def test_a_task_yields_one_row_and_the_driver_accepts_only_tasks_that_wrote():
+    import pyarrow as pa
+
+    from spark_sink.participant import OwnerIdentity
+
+    nowhere = OwnerIdentity("127.0.0.1:1", "t", 5, 0)
+    empty = pa.RecordBatch.from_pydict({"key": pa.array([], pa.binary()), "value": pa.array([], pa.binary())})
+    rows = list(TaskWrite(nowhere, "out", True, 1000, {})([empty]))
+    assert [batch.to_pydict() for batch in rows] == [{"producer_id": [-1], "records": [0]}]
+    assert tasks_report([(-1, 0), (17, 5), (9, 3)]) == {"participants": [9, 17], "records": 8, "tasks": 3}
 
 
 @pytest.mark.parametrize("settings, problem", [
