@@ -97,6 +97,8 @@ def partition_for_key(key, partition_count: int) -> int:
     Hashes are cached per key (bounded): keyed workloads usually repeat keys, and the pure
     Python hash costs a few microseconds.
     """
+    if partition_count == 1:
+        return 0        # whatever the hash: no murmur2 (and no cache entry) for one partition
     if type(key) is not bytes:
         key = bytes(key)
     return _positive_hash_cached(key) % partition_count
@@ -112,6 +114,8 @@ def partitions_for_keys(keys: Sequence, partition_count: int):
     when numpy is there and the call is large, else a list of ints. `keys` holds bytes
     (or None)."""
     count = len(keys)
+    if partition_count == 1:
+        return [0 if key is not None else NO_KEY_PARTITION for key in keys]
     np = _numpy() if count >= BULK_HASH_MIN_KEYS else None
     if np is None:
         return [partition_for_key(key, partition_count) if key is not None else NO_KEY_PARTITION

@@ -117,3 +117,10 @@ def test_partition_count_shrink_in_metadata_picks_a_valid_partition():
     sticky = StickyPartitions(random.Random(3))
     sticky._sticky_by_topic["t"] = 9  # as if the topic had 10 partitions before
     assert 0 <= sticky.current("t", 4) < 4
+
+
+def test_one_partition_takes_every_key_without_hashing(monkeypatch):
+    monkeypatch.setattr(partitioner, "_positive_hash_cached", lambda key: pytest.fail("hashed"))
+    keys = [b"key-%d" % i for i in range(200)] + [None]
+    assert [partition_for_key(k, 1) for k in keys[:-1]] == [0] * 200
+    assert list(partitions_for_keys(keys, 1)) == [0] * 200 + [NO_KEY_PARTITION]
