@@ -704,3 +704,17 @@ def test_a_damaged_uniform_batch_decodes_or_fails_as_the_general_loop_does(count
                 assert bulk == general, (record, position, flip)
                 outcomes.add(isinstance(bulk, tuple))
     assert outcomes == {True, False}   # some damage is still well-formed records, some is not
+
+
+def test_bulk_decoding_leaves_the_garbage_collector_as_it_found_it():
+    import gc
+
+    raw = encode_batch([b"v" * 10] * 100, timestamps_ms=[T0] * 100)
+    was_enabled = gc.isenabled()
+    try:
+        gc.enable()
+        assert len(decode_records(raw, parse_header(raw), "t", 0)) == 100 and gc.isenabled()
+        gc.disable()
+        assert len(decode_records(raw, parse_header(raw), "t", 0)) == 100 and not gc.isenabled()
+    finally:
+        (gc.enable if was_enabled else gc.disable)()
