@@ -32,9 +32,9 @@ Per micro-batch (`__call__(df, batch_id)`, on the driver):
    machine that was 100-150 ms and 50 ms of every micro-batch on the driver's critical
    path (690 ms -> 571 ms per 10,000-record batch); on a quiet one the same (336 vs
    339 ms). Either way a query's first batch waited for those two Python processes to
-   start (first batch 2.6 s -> 0.5 s quiet, 10.8 s -> 1.8 s busy). Spark's mapInArrow
-   needs pandas on the driver only for a check; `map_in_arrow` builds the same Arrow map
-   without it.
+   start (first batch 2.6 s -> 0.5 s quiet, 10.8 s -> 1.8 s busy). The map is Spark's
+   public `DataFrame.mapInArrow` (it checks on the driver that pandas is installed, hence
+   pandas in the `spark` extra; the tasks use pyarrow only).
 5. Commit: AddOffsetsToTxn + TxnOffsetCommit of the end offsets with the metadata above,
    then EndTxn(commit, accepted participants) -- the one decision: outputs and input
    offsets become visible together or not at all. Any error before the decision aborts
@@ -98,21 +98,6 @@ class TaskWrite:
                                      timeout_ms=self.timeout_ms, producer_config=self.producer_config)
         yield pa.RecordBatch.from_pydict({"producer_id": pa.array([result.producer_id], pa.int64()),
                                           "records": pa.array([result.records], pa.int64())})
-
-
-def map_in_arrow(df, function, schema: str):
-    """`df.mapInArrow(function, schema)` without pandas: pyspark's public mapInArrow builds
-    its UDF with pandas_udf, which refuses to run unless pandas is installed, although the
-    worker side of an Arrow map (SQL_MAP_ARROW_ITER_UDF) needs pyarrow only. Same plan,
-    same UDF type; classic (py4j) sessions only."""
-    from pyspark.sql import DataFrame
-    from pyspark.sql.udf import UserDefinedFunction
-    from pyspark.util import PythonEvalType
-
-    udf = UserDefinedFunction(function, returnType=schema, name=type(function).__name__,
-                              evalType=PythonEvalType.SQL_MAP_ARROW_ITER_UDF)
-    column = udf(*[df[name] for name in df.columns])
-    return DataFrame(df._jdf.mapInArrow(column._jc, False, None), df.sparkSession)
 
 
 def tasks_report(rows) -> dict:
@@ -271,7 +256,7 @@ class _SinkBase:
         `tasks_report` of the successful tasks' rows."""
         self._check_topic()
         write = TaskWrite(owner, self.topic, transactional, self.task_timeout_ms, dict(self.producer_config))
-        return tasks_report(map_in_arrow(self._key_value(df), write, TASK_RESULT_SCHEMA).collect())
+        return tasks_report(self._key_value(df).mapInArrow(write, TASK_RESULT_SCHEMA).collect())
 
 
 class ExactlyOnceSink(_SinkBase):
@@ -373,4 +358,4 @@ def _running_checkpoint(df) -> str:
 
 
 __all__ = ["AtLeastOnceSink", "BatchReport", "ExactlyOnceSink", "TaskWrite", "batch_end_offsets",
-           "committed_batch", "map_in_arrow", "parse_offset_log", "query_id", "tasks_report"]
+           "committed_batch", "parse_offset_log", "query_id", "tasks_report"]
