@@ -14,13 +14,10 @@ received response of it waits to be consumed. Each broker gets at most one Fetch
 response the next one is already on its way, and memory is bounded by two responses per
 partition plus the one in flight.
 
-The calls themselves run on `_FetchCallers`: one long-lived daemon thread per broker that
-makes each Fetch as a blocking gRPC call and completes a `concurrent.futures.Future`. Not
-`stub.Fetch.future`: a gRPC future on a channel with no other call in flight starts a new
-thread to drive that channel, every time -- on a consumer that keeps up with its producer
-that is once a record, and it was the largest cost of the fetch loop (about half of the
-application thread's CPU in the end-to-end latency benchmark). A blocking call drives its
-own completion queue, so the thread is made once.
+The calls themselves run on `eos.calls.CallThreads`: one long-lived daemon thread per
+broker that makes each Fetch as a blocking gRPC call and completes a
+`concurrent.futures.Future` -- not `stub.Fetch.future`, which on an idle channel starts a
+thread per call (see eos/calls.py).
 
 Seeks and resets bump the partition's `fetch_epoch`; data that was fetched under an older
 epoch is dropped when it arrives, so a seek is never followed by records from before it.
@@ -41,7 +38,6 @@ from __future__ import annotations
 import collections
 import heapq
 import logging
-import queue
 import threading
 import weakref
 from concurrent import futures
@@ -50,6 +46,7 @@ from typing import Callable, NamedTuple
 import grpc
 
 from eos import net
+from eos.calls import CallThreads
 from eos.errors import (
     CorruptRecordError,
     EosError,
@@ -144,61 +141,6 @@ class _FetchInFlight(NamedTuple):
     call: object
 
 
-class _FetchCallers:
-    """Runs calls on one long-lived daemon thread per broker and hands each back as a
-    `concurrent.futures.Future` (see "The calls themselves" in the module doc). A broker's
-    calls run one after the other, which is all the fetcher asks: one Fetch in flight per
-    broker. Threads are daemons so that a consumer never closed cannot hold up the
-    interpreter's exit behind a long poll."""
-
-    def __init__(self, thread_name_prefix: str = "eos-consumer-fetch"):
-        self._thread_name_prefix = thread_name_prefix
-        self._queues: dict[int, queue.SimpleQueue] = {}
-        self._closed = False
-
-    def submit(self, node_id: int, fn: Callable, *args, **kwargs) -> futures.Future:
-        """fn(*args, **kwargs) on `node_id`'s thread (started on first use)."""
-        future: futures.Future = futures.Future()
-        if self._closed:
-            future.cancel()
-            future.set_running_or_notify_cancel()
-            return future
-        calls = self._queues.get(node_id)
-        if calls is None:
-            calls = self._queues[node_id] = queue.SimpleQueue()
-            threading.Thread(target=self._run, args=(calls,), daemon=True,
-                             name=f"{self._thread_name_prefix}-{node_id}").start()
-        calls.put((future, fn, args, kwargs))
-        return future
-
-    @staticmethod
-    def _run(calls: queue.SimpleQueue) -> None:
-        while True:
-            item = calls.get()
-            if item is None:
-                return
-            future, fn, args, kwargs = item
-            if future.set_running_or_notify_cancel():
-                try:
-                    result = fn(*args, **kwargs)
-                except BaseException as exc:  # handed to whoever reads the future
-                    future.set_exception(exc)
-                else:
-                    future.set_result(result)
-                    del result
-            # An idle thread keeps nothing alive (the future's callbacks reach the Fetcher,
-            # whose finaliser stops this thread).
-            del item, future, fn, args, kwargs
-
-    def close(self) -> None:
-        """Stop every thread once its call in flight (if any) returns; calls still queued
-        are dropped. A long poll in flight ends when the channel is closed."""
-        self._closed = True
-        for calls in self._queues.values():
-            calls.put(None)
-        self._queues.clear()
-
-
 class Fetcher:
     def __init__(self, metadata: net.ClusterMetadata, *, isolation_level: int,
                  auto_offset_reset: str, fetch_min_bytes: int, fetch_max_wait_ms: int,
@@ -218,7 +160,7 @@ class Fetcher:
         self.states: dict[TopicPartition, PartitionState] = {}
         self._ready: collections.deque[_Received] = collections.deque()
         self._in_flight: dict[int, _FetchInFlight] = {}      # node id -> the call
-        self._callers = _FetchCallers()
+        self._callers = CallThreads("eos-consumer-fetch")
         # A consumer dropped without close(): its idle fetch threads stop with it.
         weakref.finalize(self, self._callers.close)
         self._arrived: collections.deque = collections.deque()  # calls done, from gRPC threads

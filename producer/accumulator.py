@@ -47,7 +47,6 @@ import collections
 import itertools
 import logging
 import threading
-import time
 from concurrent.futures import Future
 from typing import Callable, NamedTuple, Sequence
 
@@ -841,10 +840,16 @@ class RecordAccumulator:
         """The batch (and the batches it absorbed) is delivered or failed: give its memory back."""
         with self.lock:
             freed = False
+            tails = self._append_tails
             for done in itertools.chain((batch,), (f for f, _ in batch.absorbed or ())):
                 if self._incomplete.pop(done, False) is not False:
                     self._available_bytes += done.reserved_bytes
                     freed = True
+                # A finished batch is sealed, so the append cache would only skip it; drop
+                # it so the cache does not keep its records alive for the producer's life.
+                for key in (done.topic, (done.topic, done.partition)):
+                    if tails.get(key) is done:
+                        del tails[key]
             if freed:
                 self._space.notify_all()
 

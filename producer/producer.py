@@ -865,11 +865,13 @@ class Producer:
         writes (decided, over, or its owner fenced) it fails with ProducerFencedError. Same
         as ``Producer(bootstrap, transactional_id=..., participant_of=(id, epoch))``
         followed by init_transactions(partitions=...)."""
-        _participant_partitions(partitions, True)     # bad input: refused before anything starts
+        # Bad input is refused before anything starts; the checked list is what is passed on
+        # (`partitions` may be a one-shot iterator).
+        checked_partitions = _participant_partitions(partitions, True)
         producer = cls(bootstrap, config=config, participant_of=(owner_producer_id, owner_producer_epoch),
                        transactional_id=transactional_id, **kwargs)
         try:
-            producer.init_transactions(timeout, partitions=partitions)
+            producer.init_transactions(timeout, partitions=checked_partitions if partitions is not None else None)
         except BaseException:
             producer.close()
             raise

@@ -87,7 +87,7 @@ from producer.accumulator import (
     ProducerClosedError,
     RecordAccumulator,
 )
-from producer.calls import CallThreads
+from eos.calls import CallThreads
 from producer.coordinator import concurrent_transactions_delay_ms
 from producer.idempotence import Decision, IdempotenceState
 from producer.stream import ProduceStream
@@ -368,7 +368,7 @@ class Sender(threading.Thread):
             self._acc.post(_AddPartitionsAnswer(_FailedCall(exc)))
             return
         # A blocking call on a long-lived thread, not AddPartitionsToTxn.future: see
-        # producer.calls (a future on the idle coordinator channel starts a thread per call).
+        # eos.calls (a future on the idle coordinator channel starts a thread per call).
         call = self._call_threads.submit("txn-coordinator", stub.AddPartitionsToTxn, request,
                                          timeout=self._request_timeout_ms / 1000)
         call.add_done_callback(lambda f: self._acc.post(_AddPartitionsAnswer(f)))

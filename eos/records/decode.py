@@ -33,6 +33,7 @@ around the build (see there) took the consume bench from ~390k to ~715k records/
 from __future__ import annotations
 
 import re
+import threading
 from gc import disable as gc_disable
 from gc import enable as gc_enable
 from gc import isenabled as gc_isenabled
@@ -40,6 +41,41 @@ from itertools import repeat
 
 from eos.records.varint import ZIGZAG_DECODE_1
 from eos.types import Record
+
+class _GcPause:
+    """Automatic garbage collection paused while any thread is inside a bulk build.
+
+    The collector's switch is process-wide, so a per-call save/restore would let two
+    decoding threads (or a thread switch between the save and the restore) leave it off for
+    good or turn it back on under another builder. Instead the first thread in turns it off
+    -- only if it was on -- and the last one out turns it back on. `exit` is called from a
+    `finally` that also covers `enter`, so it tolerates an `enter` that never counted (an
+    interrupt inside it): the count never goes below zero, and the worst case of a
+    mismatch is the collector coming back early, which costs speed, never memory.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._inside = 0
+        self._turned_off = False       # whether we, not the application, switched it off
+
+    def enter(self) -> None:
+        with self._lock:
+            if self._inside == 0 and gc_isenabled():
+                gc_disable()
+                self._turned_off = True
+            self._inside += 1
+
+    def exit(self) -> None:
+        with self._lock:
+            if self._inside > 0:
+                self._inside -= 1
+            if self._inside == 0 and self._turned_off:
+                self._turned_off = False
+                gc_enable()
+
+
+_GC_PAUSE = _GcPause()
 
 RUN_RECORDS_MIN = 8          # shorter runs cost more in set-up than the general loop
 # Offset deltas below these take 1, 2 and 3 varint bytes (zigzag doubles them). A 1 MiB
@@ -212,18 +248,15 @@ def decode_runs(data: bytes, position: int, end: int, count: int, topic: str, pa
         # Each record is two objects the cyclic GC tracks (the Record and its headers
         # list), and they all survive: with automatic collection on, a 10k-record run
         # set off ~28 young collections, and the old-generation ones they feed, and the GC
-        # cost more than building the records. One C-level call builds the run with it
-        # paused (no Python code runs inside it, so nothing else sees the pause).
-        gc_was_enabled = gc_isenabled()
-        if gc_was_enabled:
-            gc_disable()
+        # cost more than building the records. One C-level call builds the run with
+        # automatic collection paused (see _GcPause for how threads share the pause).
         try:
+            _GC_PAUSE.enter()
             records += map(new_record, repeat(Record, run), zip(
                 repeat(topic, run), repeat(partition, run), range(base_offset + index, base_offset + index + run),
                 repeat(None, run), values, timestamps, map(list, repeat((), run)), repeat(timestamp_type, run)))
         finally:
-            if gc_was_enabled:
-                gc_enable()
+            _GC_PAUSE.exit()
         index += run
         position = stop
     return position

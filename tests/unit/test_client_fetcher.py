@@ -7,7 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from consumer.fetcher import Fetcher, _FetchCallers, _FetchInFlight
+from consumer.fetcher import Fetcher, _FetchInFlight
+from eos.calls import CallThreads
 from eos import net
 from eos.records.codec import encode_batch, encode_control_batch
 from eos.types import TopicPartition
@@ -136,7 +137,7 @@ def test_unassigned_partition_is_refused():
 # ---- the threads that make the Fetch calls -------------------------------------------------
 
 def test_fetch_callers_run_a_brokers_calls_in_order_on_one_reused_thread():
-    callers = _FetchCallers()
+    callers = CallThreads("eos-consumer-fetch")
     try:
         def where(tag, *, timeout):
             return tag, timeout, threading.current_thread().name
@@ -152,7 +153,7 @@ def test_fetch_callers_run_a_brokers_calls_in_order_on_one_reused_thread():
 
 
 def test_fetch_callers_hand_an_exception_to_the_future_and_go_on():
-    callers = _FetchCallers()
+    callers = CallThreads("eos-consumer-fetch")
     try:
         def fail():
             raise ValueError("Cannot invoke RPC on closed channel!")
@@ -166,7 +167,7 @@ def test_fetch_callers_hand_an_exception_to_the_future_and_go_on():
 
 
 def test_fetch_callers_after_close_cancel_instead_of_calling():
-    callers = _FetchCallers()
+    callers = CallThreads("eos-consumer-fetch")
     callers.close()
     calls = []
     late = callers.submit(1, lambda: calls.append("called"))
@@ -197,7 +198,9 @@ def test_a_fetcher_dropped_without_close_stops_its_fetch_threads():
 
     f = fetcher()
     assert f._callers.submit(5, lambda: "done").result(timeout=10) == "done"
-    [thread] = [t for t in threading.enumerate() if t.name == "eos-consumer-fetch-5"]
+    # This fetcher's own thread (another fetcher not yet collected may have a node 5 too).
+    thread = f._callers.submit(5, threading.current_thread).result(timeout=10)
+    assert thread.name == "eos-consumer-fetch-5"
     del f
     gc.collect()
     thread.join(10)

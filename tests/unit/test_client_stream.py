@@ -196,10 +196,10 @@ def test_refusals_at_open_say_why(channel, refusal, flag):
         broker.stop()
 
 
-# ---- producer.calls: blocking calls on one long-lived thread per destination -----------------
+# ---- eos.calls: blocking calls on one long-lived thread per destination -----------------
 
 def test_call_threads_run_a_destinations_calls_in_order_on_one_reused_thread():
-    from producer.calls import CallThreads
+    from eos.calls import CallThreads
 
     calls = CallThreads("eos-test-calls")
     try:
@@ -217,7 +217,7 @@ def test_call_threads_run_a_destinations_calls_in_order_on_one_reused_thread():
 
 
 def test_call_threads_hand_an_exception_to_the_future_and_go_on():
-    from producer.calls import CallThreads
+    from eos.calls import CallThreads
 
     calls = CallThreads("eos-test-calls")
     try:
@@ -232,7 +232,7 @@ def test_call_threads_hand_an_exception_to_the_future_and_go_on():
 
 
 def test_call_threads_after_close_cancel_instead_of_calling():
-    from producer.calls import CallThreads
+    from eos.calls import CallThreads
 
     calls = CallThreads("eos-test-calls")
     calls.close()

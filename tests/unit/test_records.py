@@ -718,3 +718,34 @@ def test_bulk_decoding_leaves_the_garbage_collector_as_it_found_it():
         assert len(decode_records(raw, parse_header(raw), "t", 0)) == 100 and not gc.isenabled()
     finally:
         (gc.enable if was_enabled else gc.disable)()
+
+
+def test_the_gc_pause_is_shared_by_nested_builders_and_survives_an_unmatched_exit():
+    # Two threads inside bulk builds at once: the collector comes back only when the last
+    # leaves, and an exit whose enter never counted (an interrupt inside enter) cannot
+    # drive the count negative and leave the collector off for good.
+    import gc
+
+    from eos.records.decode import _GcPause
+
+    was_enabled = gc.isenabled()
+    pause = _GcPause()
+    try:
+        gc.enable()
+        pause.enter()
+        pause.enter()
+        pause.exit()
+        assert not gc.isenabled()
+        pause.exit()
+        assert gc.isenabled()
+        pause.exit()                      # unmatched
+        pause.enter()
+        assert not gc.isenabled()
+        pause.exit()
+        assert gc.isenabled()
+        gc.disable()                      # the application's own choice is kept
+        pause.enter()
+        pause.exit()
+        assert not gc.isenabled()
+    finally:
+        (gc.enable if was_enabled else gc.disable)()

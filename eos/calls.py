@@ -4,18 +4,22 @@ Theory of operation
 -------------------
 `stub.Method.future(request)` on a channel with no other call in flight starts a new
 thread to drive that channel, every time (gRPC's channel "spin" thread exits when its last
-call ends). A call the sender makes now and then on an otherwise idle channel -- one
-AddPartitionsToTxn per transaction to the coordinator -- pays a thread start each time, on
-the path of the transaction's first records. A blocking call drives its own completion
-queue on the calling thread, so `CallThreads` makes each call as a blocking call on a
-thread made once per destination and completes a `concurrent.futures.Future` with the
-answer or the exception.
+call ends). A client that makes a call now and then on an otherwise idle channel pays a
+thread start each time: the consumer's Fetch at the tail (once a record, when it keeps up
+with its producer: about half of the application thread's CPU in the end-to-end latency
+benchmark) and the producer's AddPartitionsToTxn (once a transaction, on the path of its
+first records). A blocking call drives its own completion queue on the calling thread, so
+`CallThreads` makes each call as a blocking call on a thread made once per destination and
+completes a `concurrent.futures.Future` with the answer or the exception.
 
-A destination's calls run one after the other, in submission order: it suits calls of
-which the sender keeps at most one in flight per destination. Threads are daemons, so a
-producer never closed cannot hold the interpreter's exit behind a call. close() stops each
-thread after the calls already submitted (a call on a closed channel fails at once, into
-its future); a call submitted after close() gets a cancelled future.
+A destination's calls run one after the other, in submission order: it suits clients that
+keep at most one call in flight per destination (one Fetch per broker; one
+AddPartitionsToTxn to the coordinator). Threads are daemons, so a client never closed
+cannot hold the interpreter's exit behind a call (or a long poll); an idle thread holds no
+reference to its last call, so its owner can be collected and stop it from a finaliser.
+close() stops each thread after the calls already submitted: they still run, and a call
+on a channel closed meanwhile fails at once into its future; the owner cancels the futures
+it no longer wants. A call submitted after close() gets a cancelled future.
 """
 from __future__ import annotations
 
@@ -66,6 +70,10 @@ class CallThreads:
                 future.set_exception(exc)
             else:
                 future.set_result(result)
+                del result
+            # An idle thread keeps nothing alive (the future's callbacks may reach the
+            # owner, whose finaliser is what stops this thread).
+            del item, future, fn, args, kwargs
 
     def close(self) -> None:
         with self._lock:
