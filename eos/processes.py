@@ -5,9 +5,11 @@ Theory of operation
 A Spark driver started with ``start_new_session=True`` leads its own process group, but
 PySpark's Python worker daemons call ``setsid`` and so leave that group: a ``killpg`` alone
 leaves them running until they notice the JVM is gone, which is not the instantaneous
-crash a kill test means to cause. `kill_tree` therefore takes a snapshot of the parent
-links in /proc first (a process killed first would re-parent its children to init and hide
-them), then SIGKILLs the group and every descendant found.
+crash a kill test means to cause. `kill_tree` therefore finds the tree from the parent
+links in /proc, freezing it with SIGSTOP as it goes (the daemon forks a worker per task,
+and a process forked between a snapshot and the kill would escape; a process killed first
+would re-parent its children to init and hide them), until a snapshot finds no new member,
+and only then SIGKILLs the group and every member found.
 """
 from __future__ import annotations
 
@@ -47,20 +49,42 @@ def process_parents() -> dict[int, int]:
     return parents
 
 
-def kill_tree(process: subprocess.Popen, wait_s: float = 30.0) -> None:
+def kill_tree(process: subprocess.Popen, wait_s: float = 30.0, max_rounds: int = 10) -> None:
     """SIGKILL `process` (a process-group leader), its group and every descendant at once,
     then reap it (bounded by `wait_s`)."""
-    doomed = descendants(process_parents(), process.pid)
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    for pid in doomed:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    if process.poll() is not None:
+        # Already reaped, so its pid may be reused and its tree cannot be walked; a pid
+        # stays reserved while it names a live process group, so the group is still safe.
+        _signal_group(process.pid, signal.SIGKILL)
+        return
+    frozen: set[int] = {process.pid}      # itself too, in case it leads no group
+    _signal(process.pid, signal.SIGSTOP)
+    for _ in range(max_rounds):
+        _signal_group(process.pid, signal.SIGSTOP)
+        found = descendants(process_parents(), process.pid) - frozen
+        if not found:
+            break
+        for pid in found:
+            _signal(pid, signal.SIGSTOP)
+        frozen |= found
+    _signal_group(process.pid, signal.SIGKILL)
+    for pid in frozen:
+        _signal(pid, signal.SIGKILL)
     try:
         process.wait(wait_s)
     except subprocess.TimeoutExpired:
+        pass
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except (ProcessLookupError, PermissionError):
         pass

@@ -48,3 +48,8 @@ def test_kill_tree_takes_a_child_that_left_the_process_group(tmp_path):
         if parent.poll() is None:
             parent.kill()
             parent.wait(30)
+        if pid_file.exists() and pid_file.read_text().strip():
+            try:
+                os.kill(int(pid_file.read_text()), 9)      # the setsid child, if the test failed early
+            except ProcessLookupError:
+                pass
