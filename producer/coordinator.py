@@ -56,9 +56,11 @@ def first_partition_error(answer) -> tuple[int, str]:
     retriable = None
     for p in answer.partitions:
         if p.error_code != ErrorCode.NONE:
+            # Some partition answers (OffsetFetch's FetchedOffset) carry a code but no message.
+            error = (p.error_code, f"{p.topic}-{p.partition}: {getattr(p, 'error_message', '')}")
             if reaction_for(p.error_code) is not Reaction.RETRY:
-                return p.error_code, f"{p.topic}-{p.partition}: {p.error_message}"
-            retriable = retriable or (p.error_code, f"{p.topic}-{p.partition}: {p.error_message}")
+                return error
+            retriable = retriable or error
     return retriable or (ErrorCode.NONE, "")
 
 

@@ -36,6 +36,7 @@ from eos import net
 from eos.errors import EosError, ErrorCode, Reaction, error_for, reaction_for
 from eos.types import TopicPartition
 from eos.v1 import common_pb2, group_pb2, group_pb2_grpc, txn_pb2
+from producer.coordinator import first_partition_error
 from spark_sink.participant import OwnerIdentity
 
 log = logging.getLogger("eos.spark.owner")
@@ -48,14 +49,11 @@ BACKOFF_MS_MAX = 500
 
 
 def first_error(answer) -> tuple[int, str]:
-    """The answer's own error, else the first partition's error (the `error_of` of answers
-    that carry both, such as OffsetFetch)."""
+    """The answer's own error, else its partitions' (the `error_of` of answers that carry
+    both, such as OffsetFetch)."""
     if answer.error_code != ErrorCode.NONE:
         return answer.error_code, answer.error_message
-    for p in answer.partitions:
-        if p.error_code != ErrorCode.NONE:
-            return p.error_code, f"{p.topic}-{p.partition}: {getattr(p, 'error_message', '')}"
-    return ErrorCode.NONE, ""
+    return first_partition_error(answer)
 
 
 def retrying(call: Callable[[], "object"], what: str, *, timeout_ms: int,
@@ -85,13 +83,6 @@ def retrying(call: Callable[[], "object"], what: str, *, timeout_ms: int,
             raise EosError(f"{what}: gave up after {attempt} attempts in {timeout_ms} ms: {error}",
                            getattr(error, "code", ErrorCode.REQUEST_TIMED_OUT))
         time.sleep(min(backoff.delay_ms(attempt) / 1000, remaining_s))
-
-
-def _first_partition_error(partitions) -> tuple[int, str]:
-    for p in partitions:
-        if p.error_code != ErrorCode.NONE:
-            return p.error_code, f"{p.topic}-{p.partition}: {p.error_message}"
-    return ErrorCode.NONE, ""
 
 
 def fetch_committed(groups: group_pb2_grpc.GroupCoordinatorStub, group_id: str, partitions: list[TopicPartition],
@@ -177,7 +168,7 @@ class TransactionOwner:
                      for tp, offset in sorted(offsets.items())])
         self._retry(lambda: self._groups.TxnOffsetCommit(commit, timeout=RPC_TIMEOUT_S),
                     f"TxnOffsetCommit for group {group_id!r}",
-                    error_of=lambda a: _first_partition_error(a.partitions))
+                    error_of=first_partition_error)
 
     def _end(self, committed: bool, accepted: list[int]) -> None:
         request = txn_pb2.EndTxnRequest(transactional_id=self.transactional_id, producer_id=self.producer_id,

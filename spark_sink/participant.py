@@ -4,7 +4,8 @@ Theory of operation
 -------------------
 The driver of a Spark query owns a transactional.id and opens one transaction per
 micro-batch (`spark_sink.owner.TransactionOwner`); what the executors need of it travels
-in the write's options as an `OwnerIdentity`. Each Spark task writes its share of the
+to them inside the pickled task function (`spark_sink.sink.TaskWrite`) as an
+`OwnerIdentity`. Each Spark task writes its share of the
 batch through one `ParticipantWriter`, a thin adapter over the producer's participant mode
 (`eos.Producer.participant`): the producer asks the coordinator for a participant producer
 id of its own (InitParticipant, naming the owner's id and epoch), registers the partitions
@@ -186,7 +187,8 @@ def write_arrow_batches(owner: OwnerIdentity, topic: str, batches, *, key_column
                         value_column: str = "value", transactional: bool = True,
                         timeout_ms: int = TIMEOUT_MS_DEFAULT, producer_config: dict | None = None) -> WriteResult:
     """A Spark task's body: write every Arrow record batch's key/value columns (binary) and
-    return the task's `WriteResult`. Used by the sinks through their Python data source."""
+    return the task's `WriteResult`. Used by the sinks' task function (`spark_sink.sink.TaskWrite`,
+    run by mapInArrow)."""
     writer = ParticipantWriter(owner, topic, transactional=transactional, timeout_ms=timeout_ms,
                                producer_config=producer_config)
     try:
