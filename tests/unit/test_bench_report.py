@@ -191,7 +191,6 @@ def test_a_system_without_figures_shows_its_status_not_a_verdict():
 
 
 def test_plot_draws_zero_rows_and_new_units(tmp_path):
-    pytest.importorskip("matplotlib")
     run = _run([
         ("produce", {"eos": [_metric("p.records_per_s", 100, samples=(90, 100, 120))],
                      "kafka": [_metric("p.records_per_s", 300, samples=(280, 300, 310))]}),
