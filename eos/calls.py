@@ -62,15 +62,14 @@ class CallThreads:
             if item is _STOP:
                 return
             future, fn, args, kwargs = item
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                result = fn(*args, **kwargs)
-            except BaseException as exc:  # handed to whoever reads the future
-                future.set_exception(exc)
-            else:
-                future.set_result(result)
-                del result
+            if future.set_running_or_notify_cancel():       # False: cancelled while queued
+                try:
+                    result = fn(*args, **kwargs)
+                except BaseException as exc:  # handed to whoever reads the future
+                    future.set_exception(exc)
+                else:
+                    future.set_result(result)
+                    del result
             # An idle thread keeps nothing alive (the future's callbacks may reach the
             # owner, whose finaliser is what stops this thread).
             del item, future, fn, args, kwargs
