@@ -41,6 +41,7 @@ class ErrorCode(enum.IntEnum):
     BROKER_NOT_AVAILABLE = 8
     REPLICA_NOT_AVAILABLE = 9
     MESSAGE_TOO_LARGE = 10
+    STALE_CONTROLLER_EPOCH = 11
     OFFSET_METADATA_TOO_LARGE = 12
     NETWORK_EXCEPTION = 13
     COORDINATOR_LOAD_IN_PROGRESS = 14
@@ -63,9 +64,12 @@ class ErrorCode(enum.IntEnum):
     TOPIC_ALREADY_EXISTS = 36
     INVALID_PARTITIONS = 37
     INVALID_REPLICATION_FACTOR = 38
+    INVALID_REPLICA_ASSIGNMENT = 39
     INVALID_CONFIG = 40
+    NOT_CONTROLLER = 41
     INVALID_REQUEST = 42
     UNSUPPORTED_FOR_MESSAGE_FORMAT = 43
+    POLICY_VIOLATION = 44
     OUT_OF_ORDER_SEQUENCE_NUMBER = 45
     DUPLICATE_SEQUENCE_NUMBER = 46
     INVALID_PRODUCER_EPOCH = 47
@@ -76,14 +80,23 @@ class ErrorCode(enum.IntEnum):
     TRANSACTION_COORDINATOR_FENCED = 52
     KAFKA_STORAGE_ERROR = 56
     UNKNOWN_PRODUCER_ID = 59
+    REASSIGNMENT_IN_PROGRESS = 60
     NON_EMPTY_GROUP = 68
     GROUP_ID_NOT_FOUND = 69
+    FENCED_LEADER_EPOCH = 74
+    UNKNOWN_LEADER_EPOCH = 75
+    STALE_BROKER_EPOCH = 77
     MEMBER_ID_REQUIRED = 79
+    PREFERRED_LEADER_NOT_AVAILABLE = 80
     GROUP_MAX_SIZE_REACHED = 81
     FENCED_INSTANCE_ID = 82
+    ELIGIBLE_LEADERS_NOT_AVAILABLE = 83
+    ELECTION_NOT_NEEDED = 84
+    NO_REASSIGNMENT_IN_PROGRESS = 85
     INVALID_RECORD = 87
     UNSTABLE_OFFSET_COMMIT = 88
     PRODUCER_FENCED = 90
+    INCONSISTENT_CLUSTER_ID = 104
     TRANSACTIONAL_ID_NOT_FOUND = 105
     TRANSACTION_ABORTABLE = 120
 
@@ -106,6 +119,11 @@ _RETRIABLE = {
     ErrorCode.KAFKA_STORAGE_ERROR,
     ErrorCode.UNSTABLE_OFFSET_COMMIT,
     ErrorCode.REBALANCE_IN_PROGRESS,
+    ErrorCode.NOT_CONTROLLER,                   # the controller moved: ask the new one
+    ErrorCode.FENCED_LEADER_EPOCH,              # the client's metadata is older than the leader's
+    ErrorCode.UNKNOWN_LEADER_EPOCH,             # the client's metadata is newer than the broker's
+    ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE,
+    ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE,
 }
 _ABORTABLE = {
     ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
@@ -178,6 +196,26 @@ InvalidProducerEpochError = _error_class("InvalidProducerEpochError", ErrorCode.
 UnknownProducerIdError = _error_class("UnknownProducerIdError", ErrorCode.UNKNOWN_PRODUCER_ID)
 ProducerFencedError = _error_class("ProducerFencedError", ErrorCode.PRODUCER_FENCED)
 InvalidTxnStateError = _error_class("InvalidTxnStateError", ErrorCode.INVALID_TXN_STATE)
+NotLeaderOrFollowerError = _error_class("NotLeaderOrFollowerError", ErrorCode.NOT_LEADER_OR_FOLLOWER)
+LeaderNotAvailableError = _error_class("LeaderNotAvailableError", ErrorCode.LEADER_NOT_AVAILABLE)
+NotEnoughReplicasError = _error_class("NotEnoughReplicasError", ErrorCode.NOT_ENOUGH_REPLICAS)
+NotEnoughReplicasAfterAppendError = _error_class("NotEnoughReplicasAfterAppendError",
+                                                 ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND)
+StaleControllerEpochError = _error_class("StaleControllerEpochError", ErrorCode.STALE_CONTROLLER_EPOCH)
+NotControllerError = _error_class("NotControllerError", ErrorCode.NOT_CONTROLLER)
+FencedLeaderEpochError = _error_class("FencedLeaderEpochError", ErrorCode.FENCED_LEADER_EPOCH)
+UnknownLeaderEpochError = _error_class("UnknownLeaderEpochError", ErrorCode.UNKNOWN_LEADER_EPOCH)
+InvalidReplicationFactorError = _error_class("InvalidReplicationFactorError", ErrorCode.INVALID_REPLICATION_FACTOR)
+InvalidReplicaAssignmentError = _error_class("InvalidReplicaAssignmentError", ErrorCode.INVALID_REPLICA_ASSIGNMENT)
+ReassignmentInProgressError = _error_class("ReassignmentInProgressError", ErrorCode.REASSIGNMENT_IN_PROGRESS)
+NoReassignmentInProgressError = _error_class("NoReassignmentInProgressError", ErrorCode.NO_REASSIGNMENT_IN_PROGRESS)
+PreferredLeaderNotAvailableError = _error_class("PreferredLeaderNotAvailableError",
+                                                ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE)
+EligibleLeadersNotAvailableError = _error_class("EligibleLeadersNotAvailableError",
+                                                ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE)
+ElectionNotNeededError = _error_class("ElectionNotNeededError", ErrorCode.ELECTION_NOT_NEEDED)
+InconsistentClusterIdError = _error_class("InconsistentClusterIdError", ErrorCode.INCONSISTENT_CLUSTER_ID)
+StaleBrokerEpochError = _error_class("StaleBrokerEpochError", ErrorCode.STALE_BROKER_EPOCH)
 UnknownServerError = _error_class("UnknownServerError", ErrorCode.UNKNOWN_SERVER_ERROR)
 
 _BY_CODE: dict[ErrorCode, type[EosError]] = {}
