@@ -60,30 +60,40 @@ class PartitionProduceResult(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., base_offset: _Optional[int] = ..., log_append_time_ms: _Optional[int] = ..., log_start_offset: _Optional[int] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
-    __slots__ = ("max_wait_ms", "min_bytes", "max_bytes", "isolation_level", "partitions")
+    __slots__ = ("max_wait_ms", "min_bytes", "max_bytes", "isolation_level", "partitions", "is_replica", "replica_id", "replica_broker_epoch")
     MAX_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     MIN_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     ISOLATION_LEVEL_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    IS_REPLICA_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_BROKER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     max_wait_ms: int
     min_bytes: int
     max_bytes: int
     isolation_level: _common_pb2.IsolationLevel
     partitions: _containers.RepeatedCompositeFieldContainer[FetchPartition]
-    def __init__(self, max_wait_ms: _Optional[int] = ..., min_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., isolation_level: _Optional[_Union[_common_pb2.IsolationLevel, str]] = ..., partitions: _Optional[_Iterable[_Union[FetchPartition, _Mapping]]] = ...) -> None: ...
+    is_replica: bool
+    replica_id: int
+    replica_broker_epoch: int
+    def __init__(self, max_wait_ms: _Optional[int] = ..., min_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., isolation_level: _Optional[_Union[_common_pb2.IsolationLevel, str]] = ..., partitions: _Optional[_Iterable[_Union[FetchPartition, _Mapping]]] = ..., is_replica: _Optional[bool] = ..., replica_id: _Optional[int] = ..., replica_broker_epoch: _Optional[int] = ...) -> None: ...
 
 class FetchPartition(_message.Message):
-    __slots__ = ("topic", "partition", "fetch_offset", "partition_max_bytes")
+    __slots__ = ("topic", "partition", "fetch_offset", "partition_max_bytes", "has_leader_epoch", "current_leader_epoch")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     FETCH_OFFSET_FIELD_NUMBER: _ClassVar[int]
     PARTITION_MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HAS_LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partition: int
     fetch_offset: int
     partition_max_bytes: int
-    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., fetch_offset: _Optional[int] = ..., partition_max_bytes: _Optional[int] = ...) -> None: ...
+    has_leader_epoch: bool
+    current_leader_epoch: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., fetch_offset: _Optional[int] = ..., partition_max_bytes: _Optional[int] = ..., has_leader_epoch: _Optional[bool] = ..., current_leader_epoch: _Optional[int] = ...) -> None: ...
 
 class FetchResponse(_message.Message):
     __slots__ = ("partitions", "throttle_time_ms")
@@ -184,14 +194,16 @@ class MetadataResponse(_message.Message):
     def __init__(self, brokers: _Optional[_Iterable[_Union[BrokerNode, _Mapping]]] = ..., controller_id: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[TopicMetadata, _Mapping]]] = ..., cluster_id: _Optional[str] = ...) -> None: ...
 
 class BrokerNode(_message.Message):
-    __slots__ = ("node_id", "host", "port")
+    __slots__ = ("node_id", "host", "port", "rack")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PORT_FIELD_NUMBER: _ClassVar[int]
+    RACK_FIELD_NUMBER: _ClassVar[int]
     node_id: int
     host: str
     port: int
-    def __init__(self, node_id: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ...) -> None: ...
+    rack: str
+    def __init__(self, node_id: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., rack: _Optional[str] = ...) -> None: ...
 
 class TopicMetadata(_message.Message):
     __slots__ = ("name", "error_code", "error_message", "is_internal", "partitions", "configs")
@@ -217,20 +229,22 @@ class TopicMetadata(_message.Message):
     def __init__(self, name: _Optional[str] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., is_internal: _Optional[bool] = ..., partitions: _Optional[_Iterable[_Union[PartitionMetadata, _Mapping]]] = ..., configs: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class PartitionMetadata(_message.Message):
-    __slots__ = ("partition", "error_code", "leader_id", "leader_epoch", "replica_ids", "isr_ids")
+    __slots__ = ("partition", "error_code", "leader_id", "leader_epoch", "replica_ids", "isr_ids", "offline_replica_ids")
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     LEADER_ID_FIELD_NUMBER: _ClassVar[int]
     LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     REPLICA_IDS_FIELD_NUMBER: _ClassVar[int]
     ISR_IDS_FIELD_NUMBER: _ClassVar[int]
+    OFFLINE_REPLICA_IDS_FIELD_NUMBER: _ClassVar[int]
     partition: int
     error_code: _common_pb2.ErrorCode
     leader_id: int
     leader_epoch: int
     replica_ids: _containers.RepeatedScalarFieldContainer[int]
     isr_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, partition: _Optional[int] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., leader_id: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., replica_ids: _Optional[_Iterable[int]] = ..., isr_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    offline_replica_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, partition: _Optional[int] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., leader_id: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., replica_ids: _Optional[_Iterable[int]] = ..., isr_ids: _Optional[_Iterable[int]] = ..., offline_replica_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CreateTopicsRequest(_message.Message):
     __slots__ = ("topics", "timeout_ms", "validate_only")
@@ -243,7 +257,7 @@ class CreateTopicsRequest(_message.Message):
     def __init__(self, topics: _Optional[_Iterable[_Union[NewTopic, _Mapping]]] = ..., timeout_ms: _Optional[int] = ..., validate_only: _Optional[bool] = ...) -> None: ...
 
 class NewTopic(_message.Message):
-    __slots__ = ("name", "num_partitions", "replication_factor", "configs")
+    __slots__ = ("name", "num_partitions", "replication_factor", "configs", "assignments")
     class ConfigsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -255,11 +269,21 @@ class NewTopic(_message.Message):
     NUM_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     REPLICATION_FACTOR_FIELD_NUMBER: _ClassVar[int]
     CONFIGS_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
     name: str
     num_partitions: int
     replication_factor: int
     configs: _containers.ScalarMap[str, str]
-    def __init__(self, name: _Optional[str] = ..., num_partitions: _Optional[int] = ..., replication_factor: _Optional[int] = ..., configs: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    assignments: _containers.RepeatedCompositeFieldContainer[ReplicaAssignment]
+    def __init__(self, name: _Optional[str] = ..., num_partitions: _Optional[int] = ..., replication_factor: _Optional[int] = ..., configs: _Optional[_Mapping[str, str]] = ..., assignments: _Optional[_Iterable[_Union[ReplicaAssignment, _Mapping]]] = ...) -> None: ...
+
+class ReplicaAssignment(_message.Message):
+    __slots__ = ("partition", "broker_ids")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    BROKER_IDS_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    broker_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, partition: _Optional[int] = ..., broker_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CreateTopicsResponse(_message.Message):
     __slots__ = ("topics",)
