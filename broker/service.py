@@ -79,7 +79,7 @@ from typing import Callable, NamedTuple
 import grpc
 
 from broker.purgatory import FetchPurgatory
-from broker.topics import TopicInfo, TopicRegistry, validate_topic_name
+from broker.topics import TopicInfo, TopicRegistry, is_internal_topic, validate_topic_name
 from eos.errors import (
     EosError,
     ErrorCode,
@@ -97,6 +97,7 @@ FETCH_MAX_BYTES_DEFAULT = 52428800            # fetch.max.bytes
 PARTITION_FETCH_MAX_BYTES_DEFAULT = 1048576   # max.partition.fetch.bytes
 # A response must fit in one gRPC message (100 MiB); leave room for the envelope.
 FETCH_RESPONSE_BYTES_MAX = 90 * 1024 * 1024
+PRODUCE_TIMEOUT_MS_DEFAULT = 30000             # request.timeout.ms: how long acks=all waits
 FETCH_MAX_WAIT_CAP_MS = 30000                 # a long poll never holds a worker longer
 # A produce stream holds a gRPC worker for its lifetime, so their number is bounded; the
 # broker sizes its worker pool for this many streams (broker/server.py).
@@ -377,7 +378,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                  fetch_max_wait_cap_ms: int = FETCH_MAX_WAIT_CAP_MS,
                  verify_txn: VerifyTxn | None = None,
                  on_offsets_txn_marker: OffsetsTxnMarkerHook | None = None,
-                 max_produce_streams: int = PRODUCE_STREAMS_MAX):
+                 max_produce_streams: int = PRODUCE_STREAMS_MAX,
+                 metadata=None, replicas=None, topic_admin=None):
         """`verify_txn` asks the transaction coordinator whether partitions are registered in
         a producer's open transaction (None: no coordinator, transactional writes are not
         verified). `on_offsets_txn_marker` is the group coordinator's hook for markers
@@ -393,6 +395,12 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         self._fetch_max_wait_cap_ms = fetch_max_wait_cap_ms
         self._verify_txn = verify_txn
         self._on_offsets_txn_marker = on_offsets_txn_marker
+        # Cluster mode (see "The cluster" in the module doc): the metadata cache answers
+        # Metadata, the replica manager decides who leads and replicates, and topic changes go
+        # to ZooKeeper through `topic_admin`. None of the three on a cluster of one.
+        self._metadata = metadata
+        self._replicas = replicas
+        self._topic_admin = topic_admin
         self._admin_lock = threading.Lock()   # one topic change at a time (registry + logs)
         self._gate = _RequestGate()
         self._streams = _ProduceStreams(max_produce_streams)
@@ -500,7 +508,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         except _RequestRefused as refused:
             return _refuse_produce(request, refused.code, str(refused))
         now_ms = self._now_ms()
-        results = [self._produce_partition(p, acks, now_ms, headers[i]) if i not in refusals
+        timeout_ms = request.timeout_ms if request.timeout_ms > 0 else PRODUCE_TIMEOUT_MS_DEFAULT
+        results = [self._produce_partition(p, acks, now_ms, headers[i], timeout_ms) if i not in refusals
                    else _produce_error(p, *refusals[i])
                    for i, p in enumerate(request.partitions)]
         return broker_pb2.ProduceResponse(partitions=results)
@@ -561,23 +570,39 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         return refusals
 
     def _produce_partition(self, p: broker_pb2.PartitionRecords, acks: int, now_ms: int,
-                           headers: list[BatchHeader] | None = None) -> broker_pb2.PartitionProduceResult:
+                           headers: list[BatchHeader] | None = None,
+                           timeout_ms: int = PRODUCE_TIMEOUT_MS_DEFAULT) -> broker_pb2.PartitionProduceResult:
+        replicas = self._replicas
         try:
-            partition_log = self._log_for(p.topic, p.partition, may_create=True)
+            leader_epoch = 0
+            if replicas is not None:
+                leader_epoch = replicas.leader_epoch_for_append(p.topic, p.partition)
+            partition_log = self._log_for(p.topic, p.partition, may_create=replicas is None)
+            min_isr = self._registry.get(p.topic).config.min_insync_replicas
             if acks == -1:
-                min_isr = self._registry.get(p.topic).config.min_insync_replicas
-                if min_isr > 1:
+                if replicas is not None:
+                    replicas.check_min_isr(p.topic, p.partition, min_isr)
+                elif min_isr > 1:
                     raise EosError(
                         f"acks=all needs min.insync.replicas={min_isr} in-sync replicas; "
                         f"{p.topic}-{p.partition} has 1 (single broker)",
                         ErrorCode.NOT_ENOUGH_REPLICAS)
-            append = partition_log.append_as_leader(p.records, now_ms, headers=headers)
+            append = partition_log.append_as_leader(p.records, now_ms, headers=headers, leader_epoch=leader_epoch)
         except Exception as exc:
             code, message = _describe(exc)
             self._log_partition_error("Produce", p.topic, p.partition, exc)
             return _produce_error(p, code, message)
         if not append.duplicate:
+            # wakes followers' long polls (they read to the log end) and, on one node, readers
             self._purgatory.notify(TopicPartition(p.topic, p.partition))
+        if replicas is not None:
+            if not append.duplicate:
+                replicas.on_leader_append(p.topic, p.partition, partition_log)
+            if acks == -1:
+                code, message = replicas.wait_for_high_watermark(
+                    p.topic, p.partition, append.last_offset + 1, timeout_ms, min_isr)
+                if code != ErrorCode.NONE:
+                    return _produce_error(p, code, message)
         return broker_pb2.PartitionProduceResult(
             topic=p.topic, partition=p.partition, error_code=ErrorCode.NONE,
             base_offset=append.first_offset, log_append_time_ms=append.log_append_time_ms,
@@ -606,11 +631,12 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             return broker_pb2.FetchResponse(partitions=results)
         context.add_callback(waiter.cancel)  # a client that gives up frees its worker
         isolation = request.isolation_level
+        replica = request.is_replica
         try:
-            seen = self._read_positions(results, isolation)
+            seen = self._read_positions(results, isolation, replica=replica)
             while True:
                 # Registered before this check, so an append after it wakes the waiter.
-                if self._read_positions(results, isolation, refresh=True) == seen:
+                if self._read_positions(results, isolation, refresh=True, replica=replica) == seen:
                     remaining_s = deadline_s - time.monotonic()
                     if remaining_s <= 0:
                         break
@@ -618,22 +644,29 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                     if waiter.cancelled or not woken:
                         break
                 waiter.clear()
-                results, bytes_read, has_error = self._read_all(request)
+                results, bytes_read, has_error = self._read_all(request, replica_reported=True)
                 if bytes_read >= request.min_bytes or has_error:
                     break
-                seen = self._read_positions(results, isolation)
+                seen = self._read_positions(results, isolation, replica=replica)
         finally:
             self._purgatory.unwatch(waiter)
         if (not (bytes_read >= request.min_bytes or has_error)
-                and self._read_positions(results, isolation, refresh=True) != seen):
+                and self._read_positions(results, isolation, refresh=True, replica=replica) != seen):
             # Ended by the deadline or shutdown just as a partition moved: give the freshest
             # view. Nothing moved (the usual timeout): the last read is that view already.
-            results, _, _ = self._read_all(request)
+            results, _, _ = self._read_all(request, replica_reported=True)
         return broker_pb2.FetchResponse(partitions=results)
 
-    def _read_positions(self, results, isolation: int, refresh: bool = False) -> tuple:
+    def _read_positions(self, results, isolation: int, refresh: bool = False, replica: bool = False) -> tuple:
         """The upper bound of each fetched partition: what the last read saw, or (refresh)
-        what the logs say now. A change means there may be more to read."""
+        what the logs say now. A change means there may be more to read. A follower reads up
+        to the log end, so its bound is the log end offset."""
+        if replica:
+            positions = []
+            for r in results:
+                partition_log = self._log_manager.get_log(r.topic, r.partition)
+                positions.append(-1 if partition_log is None else partition_log.log_end_offset)
+            return tuple(positions)
         if not refresh:
             if isolation == common_pb2.READ_COMMITTED:
                 return tuple(r.last_stable_offset for r in results)
@@ -644,8 +677,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             positions.append(-1 if partition_log is None else _upper_bound(partition_log, isolation))
         return tuple(positions)
 
-    def _read_all(self, request: broker_pb2.FetchRequest):
-        """One pass over the requested partitions: (results, bytes read, any error)."""
+    def _read_all(self, request: broker_pb2.FetchRequest, replica_reported: bool = False):
+        """One pass over the requested partitions: (results, bytes read, any error).
+        A follower's fetch offsets are its log ends: the first pass reports them to the
+        replica manager (`replica_reported` skips that on the re-reads of a long poll)."""
         isolation = request.isolation_level
         max_bytes = request.max_bytes if request.max_bytes > 0 else FETCH_MAX_BYTES_DEFAULT
         budget_bytes = min(max_bytes, FETCH_RESPONSE_BYTES_MAX)
@@ -654,17 +689,32 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         has_error = False
         for fp in request.partitions:
             result = self._read_partition(fp, isolation, budget_bytes - bytes_read,
-                                          min_one_batch=bytes_read == 0)
+                                          min_one_batch=bytes_read == 0, request=request,
+                                          replica_reported=replica_reported)
             bytes_read += len(result.records)
             has_error = has_error or result.error_code != ErrorCode.NONE
             results.append(result)
         return results, bytes_read, has_error
 
     def _read_partition(self, fp: broker_pb2.FetchPartition, isolation: int, budget_bytes: int,
-                        *, min_one_batch: bool) -> broker_pb2.FetchedPartition:
+                        *, min_one_batch: bool, request: broker_pb2.FetchRequest | None = None,
+                        replica_reported: bool = False) -> broker_pb2.FetchedPartition:
         partition_log = None
+        replica = request is not None and request.is_replica
         try:
+            replicas = self._replicas
+            current_epoch = fp.current_leader_epoch if fp.has_leader_epoch else None
+            if replicas is not None and not replica:
+                replicas.check_leader(fp.topic, fp.partition, current_epoch)
             partition_log = self._log_for(fp.topic, fp.partition)
+            if replica:
+                if replicas is None:
+                    raise EosError("this broker is not part of a cluster: it has no followers",
+                                   ErrorCode.NOT_LEADER_OR_FOLLOWER)
+                if not replica_reported:
+                    replicas.on_replica_fetch(request.replica_id, fp.topic, fp.partition, fp.fetch_offset,
+                                              current_epoch, partition_log)
+                return self._read_for_follower(fp, partition_log, budget_bytes, min_one_batch)
             partition_max_bytes = (fp.partition_max_bytes if fp.partition_max_bytes > 0
                                    else PARTITION_FETCH_MAX_BYTES_DEFAULT)
             # One snapshot bounds the read and gives the offsets answered: the log stops at
@@ -698,6 +748,19 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                 broker_pb2.AbortedTransaction(producer_id=aborted.producer_id, first_offset=aborted.first_offset)
                 for aborted in data.aborted_transactions])
 
+    @staticmethod
+    def _read_for_follower(fp: broker_pb2.FetchPartition, partition_log, budget_bytes: int,
+                           min_one_batch: bool) -> broker_pb2.FetchedPartition:
+        """A follower reads up to the log end, not the high watermark, and learns the HW."""
+        partition_max_bytes = fp.partition_max_bytes if fp.partition_max_bytes > 0 else PARTITION_FETCH_MAX_BYTES_DEFAULT
+        high_watermark = partition_log.high_watermark
+        data = partition_log.read(fp.fetch_offset, max(0, min(partition_max_bytes, budget_bytes)),
+                                  max_offset_exclusive=partition_log.log_end_offset, min_one_batch=min_one_batch)
+        return broker_pb2.FetchedPartition(
+            topic=fp.topic, partition=fp.partition, error_code=ErrorCode.NONE, high_watermark=high_watermark,
+            last_stable_offset=partition_log.last_stable_offset, log_start_offset=data.log_start_offset,
+            records=data.records)
+
     # ---- ListOffsets -------------------------------------------------------------------------
 
     @_gated
@@ -707,6 +770,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
 
     def _list_offset(self, p: broker_pb2.ListOffsetsPartition, isolation: int) -> broker_pb2.ListedOffset:
         try:
+            if self._replicas is not None:
+                self._replicas.check_leader(p.topic, p.partition)
             partition_log = self._log_for(p.topic, p.partition)
             timestamp_ms, offset = self._find_offset(partition_log, p.timestamp, isolation)
         except Exception as exc:
@@ -749,6 +814,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
 
     @_gated
     def Metadata(self, request: broker_pb2.MetadataRequest, context) -> broker_pb2.MetadataResponse:
+        if self._metadata is not None:
+            return self._metadata_from_cache(request)
         topics = []
         if request.topics:
             for name in request.topics:
@@ -762,6 +829,35 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         return broker_pb2.MetadataResponse(
             brokers=[broker_pb2.BrokerNode(node_id=node.node_id, host=node.host, port=node.port)],
             controller_id=node.node_id, topics=topics, cluster_id=self._cluster_id)
+
+    def _metadata_from_cache(self, request: broker_pb2.MetadataRequest) -> broker_pb2.MetadataResponse:
+        """Cluster mode: what the controller last told this broker (UpdateMetadata)."""
+        snapshot = self._metadata.snapshot
+        by_topic = snapshot.topics()
+        names = list(request.topics) or sorted(by_topic)
+        topics = []
+        for name in names:
+            partitions = by_topic.get(name)
+            if partitions is None:
+                topics.append(broker_pb2.TopicMetadata(
+                    name=name, error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                    error_message=f"topic {name!r} does not exist (or its metadata has not reached this broker)"))
+                continue
+            internal = is_internal_topic(name)
+            if internal and not request.topics and not request.include_internal:
+                continue
+            topics.append(broker_pb2.TopicMetadata(
+                name=name, error_code=ErrorCode.NONE, is_internal=internal,
+                configs=dict(snapshot.topic_configs.get(name, {})),
+                partitions=[broker_pb2.PartitionMetadata(
+                    partition=info.partition,
+                    error_code=ErrorCode.NONE if info.leader >= 0 else ErrorCode.LEADER_NOT_AVAILABLE,
+                    leader_id=info.leader, leader_epoch=info.leader_epoch, replica_ids=info.replicas,
+                    isr_ids=info.isr, offline_replica_ids=info.offline_replicas) for info in partitions]))
+        return broker_pb2.MetadataResponse(
+            brokers=[broker_pb2.BrokerNode(node_id=b.broker_id, host=b.host, port=b.port, rack=b.rack or "")
+                     for b in sorted(snapshot.brokers.values(), key=lambda b: b.broker_id)],
+            controller_id=snapshot.controller_id, topics=topics, cluster_id=self._cluster_id)
 
     def _topic_metadata_by_name(self, name: str) -> broker_pb2.TopicMetadata:
         try:
@@ -815,6 +911,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
 
     @_gated
     def CreateTopics(self, request: broker_pb2.CreateTopicsRequest, context) -> broker_pb2.CreateTopicsResponse:
+        if self._topic_admin is not None:
+            return self._topic_admin.create_topics(request)
         counts = collections.Counter(t.name for t in request.topics)
         results = []
         for new_topic in request.topics:
@@ -850,6 +948,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
 
     @_gated
     def DeleteTopics(self, request: broker_pb2.DeleteTopicsRequest, context) -> broker_pb2.DeleteTopicsResponse:
+        if self._topic_admin is not None:
+            return self._topic_admin.delete_topics(request)
         results = []
         for name in request.names:
             try:
@@ -878,6 +978,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     @_gated
     def CreatePartitions(self, request: broker_pb2.CreatePartitionsRequest,
                          context) -> broker_pb2.CreatePartitionsResponse:
+        if self._topic_admin is not None:
+            return self._topic_admin.create_partitions(request)
         counts = collections.Counter(t.name for t in request.topics)
         results = []
         for grow in request.topics:
@@ -920,9 +1022,14 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
 
     def _write_marker(self, marker: broker_pb2.TxnMarker, tp, now_ms: int) -> broker_pb2.PartitionError:
         try:
+            leader_epoch = 0
+            if self._replicas is not None:
+                leader_epoch = self._replicas.leader_epoch_for_append(tp.topic, tp.partition)
             partition_log = self._log_for(tp.topic, tp.partition)
             partition_log.append_txn_marker(marker.producer_id, marker.producer_epoch, marker.coordinator_epoch,
-                                            marker.committed, now_ms)
+                                            marker.committed, now_ms, leader_epoch=leader_epoch)
+            if self._replicas is not None:
+                self._replicas.on_leader_append(tp.topic, tp.partition, partition_log)
         except Exception as exc:
             code, message = _describe(exc)
             self._log_partition_error("WriteTxnMarkers", tp.topic, tp.partition, exc)

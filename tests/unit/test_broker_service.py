@@ -55,7 +55,7 @@ class FakeLog:
     def has_ongoing_transaction(self, producer_id, producer_epoch):
         return False
 
-    def append_as_leader(self, records: bytes, now_ms: int, *, headers=None):
+    def append_as_leader(self, records: bytes, now_ms: int, *, headers=None, leader_epoch: int = 0):
         if self.fail_with is not None:
             raise self.fail_with
         buf = bytearray(records)

@@ -1,0 +1,297 @@
+"""Followers copy their leaders' logs: one fetcher thread per leader broker.
+
+Theory of operation
+-------------------
+`FetcherManager` owns the fetcher threads of one broker and which partitions each carries
+(Kafka's ReplicaFetcherManager). A followed partition goes to the thread of its leader's
+broker; a thread with no partitions left ends.
+
+Each `ReplicaFetcher` loops:
+
+1. Truncate the partitions that just became followers (KIP-101 / KIP-279): ask the leader
+   with OffsetsForLeaderEpoch for the end offset of this log's latest leader epoch. The
+   leader answers (epoch', end'): the largest epoch it knows that is <= the one asked, and
+   where that epoch ended in its log. The follower cuts its own log at min(end', its own
+   end of epoch'), so everything past the point where the two logs agree goes, and nothing
+   before it. (The high watermark is not used for this: truncating to it loses acknowledged
+   records in KIP-101's first scenario and forks the logs in its second.) A leader that knows
+   no epoch at all is answered by truncating to the high watermark, as Kafka does.
+2. One Fetch for all of its partitions, as replica `broker_id`, at each log's end offset
+   and the leader epoch from LeaderAndIsr (a leader with a newer or older epoch refuses it
+   with FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH and the follower waits for the
+   controller's next word). Long poll: the leader holds it until it has data.
+3. Append what came back through the storage engine's follower path (batches kept as the
+   leader wrote them; offsets, producer state and leader epochs checked and rebuilt), then
+   take the leader's high watermark, capped at the local log end.
+
+A fetch offset below the leader's log start (retention moved on) restarts the log at the
+leader's log start. Errors back off (replica.fetch.backoff.ms) without ending the thread;
+removing a partition waits for a response being applied, so a change of role never races
+an append.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable
+
+import grpc
+
+from eos.errors import ErrorCode
+from eos.net import open_channel
+from eos.v1 import broker_pb2, broker_pb2_grpc, cluster_pb2, cluster_pb2_grpc, common_pb2
+
+log = logging.getLogger("eos.broker.fetcher")
+
+REPLICA_FETCH_WAIT_MAX_MS = 500          # Kafka's replica.fetch.wait.max.ms
+REPLICA_FETCH_MIN_BYTES = 1              # replica.fetch.min.bytes
+REPLICA_FETCH_MAX_BYTES = 1_048_576      # replica.fetch.max.bytes (per partition)
+REPLICA_FETCH_RESPONSE_MAX_BYTES = 10_485_760
+REPLICA_FETCH_BACKOFF_MS = 200           # Kafka's default is 1000; short here, as tests kill leaders
+RPC_TIMEOUT_S = 10.0
+
+
+class _FollowedPartition:
+    __slots__ = ("assignment", "needs_truncation", "backoff_until_s")
+
+    def __init__(self, assignment):
+        self.assignment = assignment
+        self.needs_truncation = True
+        self.backoff_until_s = 0.0
+
+
+class ReplicaFetcher(threading.Thread):
+    """Fetches the partitions this broker follows from one leader broker."""
+
+    def __init__(self, broker_id: int, leader_id: int, address: str, log_manager, *,
+                 on_appended: Callable[[tuple[str, int]], None], broker_epoch_fn: Callable[[], int]):
+        super().__init__(name=f"eos-fetcher-{leader_id}", daemon=True)
+        self.broker_id = broker_id
+        self.leader_id = leader_id
+        self.address = address
+        self._log_manager = log_manager
+        self._on_appended = on_appended
+        self._broker_epoch = broker_epoch_fn
+        self._partitions: dict[tuple[str, int], _FollowedPartition] = {}
+        self._lock = threading.Lock()          # the partition map, and one response's application
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._channel = open_channel(address)
+        self._broker = broker_pb2_grpc.BrokerStub(self._channel)
+        self._cluster = cluster_pb2_grpc.ClusterStub(self._channel)
+
+    # ---- partitions ------------------------------------------------------------------------
+
+    def add(self, assignments: dict) -> None:
+        with self._lock:
+            for tp, assignment in assignments.items():
+                self._partitions[tp] = _FollowedPartition(assignment)
+        self._wake.set()
+
+    def remove(self, tps) -> None:
+        with self._lock:   # waits for a response being applied
+            for tp in tps:
+                self._partitions.pop(tp, None)
+
+    def partition_count(self) -> int:
+        with self._lock:
+            return len(self._partitions)
+
+    def shutdown(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+
+    def close(self) -> None:
+        self.shutdown()
+        self.join(RPC_TIMEOUT_S + 1)
+        self._channel.close()
+
+    # ---- the loop ------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                if not self._fetch_once():
+                    self._wake.wait(REPLICA_FETCH_BACKOFF_MS / 1000.0)
+                    self._wake.clear()
+            except Exception:
+                if self._stopping.is_set():
+                    return
+                log.exception("fetcher for leader %d: unexpected error; backing off", self.leader_id)
+                self._stopping.wait(REPLICA_FETCH_BACKOFF_MS / 1000.0)
+
+    def _ready(self) -> dict[tuple[str, int], _FollowedPartition]:
+        now_s = time.monotonic()
+        with self._lock:
+            return {tp: p for tp, p in self._partitions.items() if p.backoff_until_s <= now_s}
+
+    def _fetch_once(self) -> bool:
+        """One round; False when there was nothing to do or the leader could not be reached."""
+        ready = self._ready()
+        if not ready:
+            return False
+        to_truncate = {tp: p for tp, p in ready.items() if p.needs_truncation}
+        if to_truncate and not self._truncate(to_truncate):
+            return False
+        fetchable = {tp: p for tp, p in ready.items() if not p.needs_truncation}
+        if not fetchable:
+            return False
+        request = broker_pb2.FetchRequest(
+            max_wait_ms=REPLICA_FETCH_WAIT_MAX_MS, min_bytes=REPLICA_FETCH_MIN_BYTES,
+            max_bytes=REPLICA_FETCH_RESPONSE_MAX_BYTES, isolation_level=common_pb2.READ_UNCOMMITTED,
+            is_replica=True, replica_id=self.broker_id, replica_broker_epoch=self._broker_epoch())
+        for (topic, partition), followed in fetchable.items():
+            partition_log = self._log_manager.get_log(topic, partition)
+            if partition_log is None:
+                continue
+            request.partitions.add(topic=topic, partition=partition, fetch_offset=partition_log.log_end_offset,
+                                   partition_max_bytes=REPLICA_FETCH_MAX_BYTES, has_leader_epoch=True,
+                                   current_leader_epoch=followed.assignment.leader_epoch)
+        try:
+            response = self._broker.Fetch(request, timeout=RPC_TIMEOUT_S)
+        except grpc.RpcError as exc:
+            if not self._stopping.is_set():
+                log.info("fetch from leader %d at %s failed: %s", self.leader_id, self.address, exc.code())
+            return False
+        with self._lock:
+            for result in response.partitions:
+                self._apply(result)
+        return True
+
+    def _apply(self, result: broker_pb2.FetchedPartition) -> None:
+        """Apply one partition's answer; called with the lock held."""
+        tp = (result.topic, result.partition)
+        followed = self._partitions.get(tp)
+        partition_log = self._log_manager.get_log(*tp)
+        if followed is None or partition_log is None:
+            return   # removed while the fetch was out
+        code = result.error_code
+        if code == ErrorCode.NONE:
+            if result.records:
+                partition_log.append_as_follower(result.records, _now_ms())
+            partition_log.update_high_watermark(min(result.high_watermark, partition_log.log_end_offset))
+            self._on_appended(tp)
+        elif code == ErrorCode.OFFSET_OUT_OF_RANGE:
+            if result.log_start_offset > partition_log.log_end_offset:
+                log.warning("%s-%d: behind the leader's log start %d; restarting the log there",
+                            tp[0], tp[1], result.log_start_offset)
+                partition_log.truncate_fully_and_start_at(result.log_start_offset)
+            else:
+                followed.needs_truncation = True
+        else:
+            log.info("%s-%d: leader %d answered %s: %s", tp[0], tp[1], self.leader_id,
+                     ErrorCode(code).name, result.error_message)
+            followed.backoff_until_s = time.monotonic() + REPLICA_FETCH_BACKOFF_MS / 1000.0
+
+    def _truncate(self, partitions: dict[tuple[str, int], _FollowedPartition]) -> bool:
+        request = cluster_pb2.OffsetsForLeaderEpochRequest(replica_id=self.broker_id)
+        latest: dict[tuple[str, int], int] = {}
+        for (topic, partition), followed in partitions.items():
+            partition_log = self._log_manager.get_log(topic, partition)
+            if partition_log is None:
+                continue
+            epoch = partition_log.leader_epoch_cache.latest_epoch
+            latest[(topic, partition)] = epoch
+            request.partitions.add(topic=topic, partition=partition,
+                                   current_leader_epoch=followed.assignment.leader_epoch,
+                                   leader_epoch=max(epoch, 0))
+        try:
+            response = self._cluster.OffsetsForLeaderEpoch(request, timeout=RPC_TIMEOUT_S)
+        except grpc.RpcError as exc:
+            if not self._stopping.is_set():
+                log.info("OffsetsForLeaderEpoch to leader %d failed: %s", self.leader_id, exc.code())
+            return False
+        with self._lock:
+            for answer in response.partitions:
+                tp = (answer.topic, answer.partition)
+                followed = self._partitions.get(tp)
+                partition_log = self._log_manager.get_log(*tp)
+                if followed is None or partition_log is None or followed is not partitions.get(tp):
+                    continue
+                if answer.error_code != ErrorCode.NONE:
+                    log.info("%s-%d: OffsetsForLeaderEpoch answered %s: %s", tp[0], tp[1],
+                             ErrorCode(answer.error_code).name, answer.error_message)
+                                followed.backoff_until_s = time.monotonic() + REPLICA_FETCH_BACKOFF_MS / 1000.0
+                    continue
+                log_end = partition_log.log_end_offset
+                if latest.get(tp, -1) < 0 or answer.leader_epoch < 0:
+                    # no epochs on one side: Kafka falls back to the high watermark
+                    cut = min(partition_log.high_watermark, log_end)
+                else:
+                    own_epoch, own_end = partition_log.leader_epoch_cache.end_offset_for(answer.leader_epoch, log_end)
+                    cut = min(answer.end_offset, log_end)
+                    if own_epoch == answer.leader_epoch and own_end >= 0:
+                        cut = min(cut, own_end)
+                if cut < log_end:
+                    log.info("%s-%d: truncating from %d to %d to match leader %d (epoch %d ends at %d)",
+                             tp[0], tp[1], log_end, cut, self.leader_id, answer.leader_epoch, answer.end_offset)
+                    partition_log.truncate_to(cut)
+                followed.needs_truncation = False
+        return True
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class FetcherManager:
+    """The fetcher threads of one broker, one per leader broker; see the module doc.
+
+    `address_of(broker_id)` gives a leader's host:port from the metadata cache."""
+
+    def __init__(self, broker_id: int, log_manager, *, address_of: Callable[[int], str | None],
+                 on_appended: Callable[[tuple[str, int]], None], broker_epoch_fn: Callable[[], int]):
+        self.broker_id = broker_id
+        self._log_manager = log_manager
+        self._address_of = address_of
+        self._on_appended = on_appended
+        self._broker_epoch = broker_epoch_fn
+        self._fetchers: dict[int, ReplicaFetcher] = {}
+        self._lock = threading.Lock()
+        self._stopped = False
+
+    def add_partitions(self, assignments: dict) -> None:
+        by_leader: dict[int, dict] = {}
+        for tp, assignment in assignments.items():
+            if assignment.leader < 0:
+                continue   # offline: nothing to fetch from until the controller elects a leader
+            by_leader.setdefault(assignment.leader, {})[tp] = assignment
+        with self._lock:
+            if self._stopped:
+                return
+            for leader_id, group in by_leader.items():
+                address = self._address_of(leader_id)
+                if address is None:
+                    log.warning("no address for leader broker %d; cannot follow %s", leader_id, sorted(group))
+                    continue
+                fetcher = self._fetchers.get(leader_id)
+                if fetcher is not None and fetcher.address != address:
+                    fetcher.shutdown()
+                    fetcher = None
+                if fetcher is None or not fetcher.is_alive():
+                    fetcher = ReplicaFetcher(self.broker_id, leader_id, address, self._log_manager,
+                                             on_appended=self._on_appended, broker_epoch_fn=self._broker_epoch)
+                    self._fetchers[leader_id] = fetcher
+                    fetcher.start()
+                fetcher.add(group)
+
+    def remove_partitions(self, tps) -> None:
+        tps = list(tps)
+        with self._lock:
+            fetchers = list(self._fetchers.items())
+        for leader_id, fetcher in fetchers:
+            fetcher.remove(tps)
+        with self._lock:
+            for leader_id, fetcher in list(self._fetchers.items()):
+                if fetcher.partition_count() == 0:
+                    fetcher.shutdown()
+                    del self._fetchers[leader_id]
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            fetchers = list(self._fetchers.values())
+            self._fetchers.clear()
+        for fetcher in fetchers:
+            fetcher.close()

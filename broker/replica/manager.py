@@ -1,0 +1,411 @@
+"""The replica manager: which partitions this broker leads or follows, and the data path between them.
+
+Theory of operation
+-------------------
+The controller decides roles; this class carries them out (Kafka's ReplicaManager in
+ZooKeeper mode). It is the one owner of the per-partition role on this broker:
+
+    LeaderAndIsr(controller_epoch, partitions)  --> become leader  | become follower
+    StopReplica(partitions, delete)             --> stop following | delete the log
+
+A request from a controller older than the newest one seen is refused whole with
+STALE_CONTROLLER_EPOCH; a partition state whose leader epoch is not newer than the one
+applied is skipped (Kafka's rule), so a late or repeated request changes nothing.
+
+Leader: the partition's `LeaderState` (the pure core in `broker/replica/partition.py`)
+tracks each follower's log end offset, the ISR and the high watermark. A follower's Fetch
+reports its log end (its fetch offset); the core moves the HW (the smallest log end in
+the ISR) and the log publishes it, which wakes consumers' long polls and acks=all waiters.
+An ISR change is a proposal: it is written to the partition's state znode with the
+znode's version (a stale version means the controller changed the state meanwhile; the
+next LeaderAndIsr brings the new one) and announced under /isr_change_notification for
+the controller. A follower that has not caught up for replica.lag.time.max.ms is dropped by
+the maintenance thread; one that reaches the HW is added back on its next fetch.
+
+Follower: one `ReplicaFetcher` thread per leader broker fetches all the partitions this
+broker follows from that leader in one Fetch. Becoming a follower first truncates the log
+to where it agrees with the leader (KIP-101/KIP-279 through OffsetsForLeaderEpoch, done by
+the fetcher before its first fetch of the partition).
+
+Produce with acks=all waits (bounded by the request's timeout) until the HW passes the
+appended batch; min.insync.replicas is checked before the append (NOT_ENOUGH_REPLICAS,
+nothing appended) and again when the wait ends (NOT_ENOUGH_REPLICAS_AFTER_APPEND).
+
+Locks: `_lock` guards the role map and is never held during I/O; each leader partition's
+core has its own lock (`_Leader.lock`) held only for core calls.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from eos.errors import (
+    EosError,
+    ErrorCode,
+    FencedLeaderEpochError,
+    NotEnoughReplicasError,
+    NotLeaderOrFollowerError,
+    StaleControllerEpochError,
+    UnknownLeaderEpochError,
+)
+
+log = logging.getLogger("eos.broker.replica")
+
+REPLICA_LAG_TIME_MAX_MS_DEFAULT = 30_000
+ISR_CHECK_INTERVAL_MIN_MS = 100
+
+
+@dataclass(frozen=True)
+class PartitionAssignment:
+    """One partition's state as the controller sent it."""
+
+    topic: str
+    partition: int
+    controller_epoch: int
+    leader: int
+    leader_epoch: int
+    isr: tuple[int, ...]
+    zk_version: int
+    replicas: tuple[int, ...]
+    adding: tuple[int, ...] = ()
+    removing: tuple[int, ...] = ()
+    is_new: bool = False
+    topic_configs: dict = field(default_factory=dict)
+
+    @property
+    def tp(self) -> tuple[str, int]:
+        return (self.topic, self.partition)
+
+
+class _Leader:
+    """This broker leads the partition: the core plus the lock that orders calls into it."""
+
+    def __init__(self, assignment: PartitionAssignment, core):
+        self.assignment = assignment
+        self.core = core
+        self.lock = threading.Lock()
+        self.hw_changed = threading.Condition(self.lock)
+        self.isr_write_in_flight = False
+
+
+class _Follower:
+    def __init__(self, assignment: PartitionAssignment):
+        self.assignment = assignment
+
+
+class ReplicaManager:
+    """Roles of this broker's replicas; see the module doc.
+
+    `log_manager` gives and creates logs; `ensure_topic(topic, configs)` makes sure the
+    local topic registry knows the topic (so its log opens with the right config);
+    `isr_writer(topic, partition, leader, leader_epoch, isr, controller_epoch, zk_version)`
+    writes an ISR change to ZooKeeper and returns the new znode version (raising on a stale
+    version); `fetchers` is the follower side (`broker.replica.fetcher.FetcherManager`);
+    `notify(tp)` wakes long polls of a partition.
+    """
+
+    def __init__(self, broker_id: int, log_manager, *, ensure_topic: Callable[[str, dict], None],
+                 isr_writer: Callable[..., int], notify: Callable[[tuple[str, int]], None],
+                 now_ms_fn: Callable[[], int], replica_lag_time_max_ms: int = REPLICA_LAG_TIME_MAX_MS_DEFAULT):
+        self.broker_id = broker_id
+        self._log_manager = log_manager
+        self._ensure_topic = ensure_topic
+        self._isr_writer = isr_writer
+        self._notify = notify
+        self._now_ms = now_ms_fn
+        self.replica_lag_time_max_ms = replica_lag_time_max_ms
+        self.fetchers = None   # set by the server: broker.replica.fetcher.FetcherManager
+        self._lock = threading.Lock()
+        self._controller_epoch = 0
+        self._leaders: dict[tuple[str, int], _Leader] = {}
+        self._followers: dict[tuple[str, int], _Follower] = {}
+        self._stopping = threading.Event()
+        self._isr_thread: threading.Thread | None = None
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._isr_thread = threading.Thread(target=self._isr_maintenance_loop, name="eos-isr", daemon=True)
+        self._isr_thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        with self._lock:
+            leaders = list(self._leaders.values())
+        for leader in leaders:
+            with leader.lock:
+                leader.hw_changed.notify_all()
+        if self.fetchers is not None:
+            self.fetchers.stop()
+        if self._isr_thread is not None:
+            self._isr_thread.join(5.0)
+
+    @property
+    def controller_epoch(self) -> int:
+        return self._controller_epoch
+
+    # ---- controller requests --------------------------------------------------------------
+
+    def check_controller_epoch(self, controller_epoch: int, what: str) -> None:
+        with self._lock:
+            if controller_epoch < self._controller_epoch:
+                raise StaleControllerEpochError(
+                    f"{what} from a controller at epoch {controller_epoch}; this broker has seen epoch "
+                    f"{self._controller_epoch}")
+            self._controller_epoch = controller_epoch
+
+    def become_leader_or_follower(self, controller_epoch: int,
+                                  partitions: list[PartitionAssignment]) -> dict[tuple[str, int], tuple[int, str]]:
+        """Apply a LeaderAndIsr; per partition (code, message)."""
+        self.check_controller_epoch(controller_epoch, "LeaderAndIsr")
+        # Fetchers let go of these partitions first (waiting out an append in flight), so no
+        # follower append races a change of role below.
+        if self.fetchers is not None:
+            self.fetchers.remove_partitions([a.tp for a in partitions])
+        results: dict[tuple[str, int], tuple[int, str]] = {}
+        new_follows: dict[tuple[str, int], PartitionAssignment] = {}
+        for assignment in partitions:
+            tp = assignment.tp
+            if self.broker_id not in assignment.replicas:
+                results[tp] = (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                               f"broker {self.broker_id} is not a replica of {tp[0]}-{tp[1]}")
+                continue
+            current = self._current_epoch(tp)
+            if current is not None and assignment.leader_epoch < current:
+                results[tp] = (ErrorCode.STALE_CONTROLLER_EPOCH,
+                               f"leader epoch {assignment.leader_epoch} is older than {current} applied here")
+                continue
+            try:
+                self._ensure_topic(assignment.topic, assignment.topic_configs)
+                partition_log = self._log_manager.get_log(*tp)
+                if partition_log is None:
+                    partition_log = self._log_manager.create_log_for_replica(*tp)
+                partition_log.set_replicated(True)
+                if assignment.leader == self.broker_id:
+                    self._become_leader(assignment, partition_log)
+                else:
+                    with self._lock:
+                        self._leaders.pop(tp, None)
+                        self._followers[tp] = _Follower(assignment)
+                    new_follows[tp] = assignment
+                results[tp] = (ErrorCode.NONE, "")
+            except Exception as exc:   # one partition's failure must not stop the others
+                log.exception("LeaderAndIsr %s-%d failed", *tp)
+                code = exc.code if isinstance(exc, EosError) else ErrorCode.UNKNOWN_SERVER_ERROR
+                results[tp] = (int(code), f"{type(exc).__name__}: {exc}")
+        if self.fetchers is not None and new_follows:
+            self.fetchers.add_partitions(new_follows)
+        return results
+
+    def _current_epoch(self, tp) -> int | None:
+        with self._lock:
+            leader = self._leaders.get(tp)
+            if leader is not None:
+                return leader.assignment.leader_epoch
+            follower = self._followers.get(tp)
+            return None if follower is None else follower.assignment.leader_epoch
+
+    def _become_leader(self, assignment: PartitionAssignment, partition_log) -> None:
+        from broker.replica.partition import LeaderState
+
+        now_ms = self._now_ms()
+        core = LeaderState(self.broker_id, replicas=assignment.replicas, isr=assignment.isr,
+                           leader_epoch=assignment.leader_epoch, zk_version=assignment.zk_version,
+                           leader_log_end=partition_log.log_end_offset,
+                           high_watermark=partition_log.high_watermark, now_ms=now_ms)
+        partition_log.leader_epoch_cache.assign(assignment.leader_epoch, partition_log.log_end_offset)
+        leader = _Leader(assignment, core)
+        with self._lock:
+            self._followers.pop(assignment.tp, None)
+            self._leaders[assignment.tp] = leader
+        # A single-replica ISR commits at once; otherwise the HW waits for the followers.
+        self._apply_high_watermark(assignment.tp, leader, partition_log,
+                                   core.on_leader_append(partition_log.log_end_offset))
+        log.info("%s-%d: leader at epoch %d, ISR %s", assignment.topic, assignment.partition,
+                 assignment.leader_epoch, list(assignment.isr))
+
+    def stop_replicas(self, controller_epoch: int, partitions: list[tuple[str, int]],
+                      delete: bool) -> dict[tuple[str, int], tuple[int, str]]:
+        self.check_controller_epoch(controller_epoch, "StopReplica")
+        with self._lock:
+            for tp in partitions:
+                self._leaders.pop(tp, None)
+                self._followers.pop(tp, None)
+        if self.fetchers is not None:
+            self.fetchers.remove_partitions(partitions)
+        results = {}
+        for tp in partitions:
+            try:
+                if delete:
+                    self._log_manager.delete_log(*tp)
+                results[tp] = (ErrorCode.NONE, "")
+            except Exception as exc:
+                results[tp] = (ErrorCode.KAFKA_STORAGE_ERROR, f"{type(exc).__name__}: {exc}")
+            self._notify(tp)
+        return results
+
+    # ---- the produce and fetch paths --------------------------------------------------------
+
+    def leader_epoch_for_append(self, topic: str, partition: int) -> int:
+        """The epoch to stamp on a produce; NOT_LEADER_OR_FOLLOWER if this broker does not lead."""
+        leader = self._leaders.get((topic, partition))
+        if leader is None:
+            raise NotLeaderOrFollowerError(f"broker {self.broker_id} is not the leader of {topic}-{partition}")
+        return leader.assignment.leader_epoch
+
+    def check_leader(self, topic: str, partition: int, current_leader_epoch: int | None = None) -> None:
+        leader = self._leaders.get((topic, partition))
+        if leader is None:
+            raise NotLeaderOrFollowerError(f"broker {self.broker_id} is not the leader of {topic}-{partition}")
+        _check_epoch(leader.assignment, current_leader_epoch)
+
+    def check_min_isr(self, topic: str, partition: int, min_insync_replicas: int) -> None:
+        leader = self._leader(topic, partition)
+        with leader.lock:
+            isr = tuple(leader.core.isr)
+        if len(isr) < min_insync_replicas:
+            raise NotEnoughReplicasError(
+                f"{topic}-{partition} has {len(isr)} in-sync replicas {list(isr)}; acks=all needs "
+                f"min.insync.replicas={min_insync_replicas}")
+
+    def on_leader_append(self, topic: str, partition: int, partition_log) -> None:
+        leader = self._leaders.get((topic, partition))
+        if leader is None:
+            return
+        with leader.lock:
+            new_hw = leader.core.on_leader_append(partition_log.log_end_offset)
+        self._apply_high_watermark((topic, partition), leader, partition_log, new_hw)
+
+    def wait_for_high_watermark(self, topic: str, partition: int, offset_exclusive: int, timeout_ms: int,
+                                min_insync_replicas: int) -> tuple[int, str]:
+        """acks=all: wait until the HW reaches `offset_exclusive`; (code, message)."""
+        leader = self._leaders.get((topic, partition))
+        if leader is None:
+            return (ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                    f"broker {self.broker_id} stopped leading {topic}-{partition} before the write was replicated")
+        deadline = time.monotonic() + max(timeout_ms, 0) / 1000.0
+        with leader.lock:
+            while leader.core.high_watermark < offset_exclusive:
+                remaining = deadline - time.monotonic()
+                if (remaining <= 0 or self._stopping.is_set()
+                        or self._leaders.get((topic, partition)) is not leader):
+                    break
+                leader.hw_changed.wait(remaining)
+            reached = leader.core.high_watermark >= offset_exclusive
+            isr_size = len(leader.core.isr)
+        if self._leaders.get((topic, partition)) is not leader:
+            return (ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                    f"leadership of {topic}-{partition} moved while the write waited for replication")
+        if not reached:
+            return (ErrorCode.REQUEST_TIMED_OUT,
+                    f"{topic}-{partition}: the in-sync replicas did not all copy the write within {timeout_ms} ms")
+        if isr_size < min_insync_replicas:
+            return (ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+                    f"{topic}-{partition}: the ISR shrank to {isr_size} while the write waited "
+                    f"(min.insync.replicas={min_insync_replicas})")
+        return (ErrorCode.NONE, "")
+
+    def on_replica_fetch(self, replica_id: int, topic: str, partition: int, fetch_offset: int,
+                         current_leader_epoch: int | None, partition_log) -> None:
+        """A follower fetched at `fetch_offset` (its log end): move the HW, maybe expand the ISR."""
+        leader = self._leader(topic, partition)
+        _check_epoch(leader.assignment, current_leader_epoch)
+        if replica_id not in leader.assignment.replicas:
+            raise NotLeaderOrFollowerError(f"broker {replica_id} is not a replica of {topic}-{partition}")
+        now_ms = self._now_ms()
+        with leader.lock:
+            update = leader.core.on_follower_fetch(replica_id, fetch_offset, partition_log.log_end_offset, now_ms)
+        self._apply_high_watermark((topic, partition), leader, partition_log, update.high_watermark)
+        if update.expand_isr is not None:
+            self._write_isr((topic, partition), leader, update.expand_isr)
+
+    def _leader(self, topic: str, partition: int) -> _Leader:
+        leader = self._leaders.get((topic, partition))
+        if leader is None:
+            raise NotLeaderOrFollowerError(f"broker {self.broker_id} is not the leader of {topic}-{partition}")
+        return leader
+
+    def _apply_high_watermark(self, tp, leader: _Leader, partition_log, new_hw: int | None) -> None:
+        if new_hw is None:
+            return
+        partition_log.update_high_watermark(new_hw)
+        with leader.lock:
+            leader.hw_changed.notify_all()
+        self._notify(tp)
+
+    # ---- ISR changes --------------------------------------------------------------------------
+
+    def _write_isr(self, tp, leader: _Leader, proposed_isr) -> None:
+        with leader.lock:
+            if leader.isr_write_in_flight:
+                return
+            proposal = leader.core.propose_isr(tuple(proposed_isr))
+            if proposal is None:
+                return
+            leader.isr_write_in_flight = True
+        a = leader.assignment
+        try:
+            new_version = self._isr_writer(tp[0], tp[1], self.broker_id, a.leader_epoch, tuple(proposal.isr),
+                                           a.controller_epoch, proposal.expected_zk_version)
+        except Exception as exc:
+            log.warning("%s-%d: ISR change to %s not written: %s", tp[0], tp[1], list(proposal.isr), exc)
+            with leader.lock:
+                leader.core.isr_write_failed()
+                leader.isr_write_in_flight = False
+            return
+        with leader.lock:
+            leader.core.isr_write_succeeded(new_version)
+            leader.isr_write_in_flight = False
+            new_hw = leader.core.recompute_high_watermark()
+        log.info("%s-%d: ISR now %s", tp[0], tp[1], list(proposal.isr))
+        partition_log = self._log_manager.get_log(*tp)
+        if partition_log is not None:
+            self._apply_high_watermark(tp, leader, partition_log, new_hw)
+
+    def _isr_maintenance_loop(self) -> None:
+        interval_s = max(ISR_CHECK_INTERVAL_MIN_MS, self.replica_lag_time_max_ms // 2) / 1000.0
+        while not self._stopping.wait(interval_s):
+            try:
+                self.shrink_isrs()
+            except Exception:
+                log.exception("ISR maintenance failed; retrying at the next tick")
+
+    def shrink_isrs(self) -> None:
+        now_ms = self._now_ms()
+        with self._lock:
+            leaders = list(self._leaders.items())
+        for tp, leader in leaders:
+            with leader.lock:
+                shrunk = leader.core.shrink_candidates(now_ms, self.replica_lag_time_max_ms)
+            if shrunk is not None:
+                self._write_isr(tp, leader, shrunk)
+
+    # ---- views --------------------------------------------------------------------------------
+
+    def led_partitions(self) -> list[tuple[str, int]]:
+        with self._lock:
+            return sorted(self._leaders)
+
+    def followed_partitions(self) -> list[tuple[str, int]]:
+        with self._lock:
+            return sorted(self._followers)
+
+    def follower_assignment(self, tp) -> PartitionAssignment | None:
+        follower = self._followers.get(tp)
+        return None if follower is None else follower.assignment
+
+
+def _check_epoch(assignment: PartitionAssignment, current_leader_epoch: int | None) -> None:
+    if current_leader_epoch is None or current_leader_epoch < 0:
+        return
+    if current_leader_epoch < assignment.leader_epoch:
+        raise FencedLeaderEpochError(
+            f"{assignment.topic}-{assignment.partition}: leader epoch {current_leader_epoch} is older than "
+            f"{assignment.leader_epoch}")
+    if current_leader_epoch > assignment.leader_epoch:
+        raise UnknownLeaderEpochError(
+            f"{assignment.topic}-{assignment.partition}: leader epoch {current_leader_epoch} is newer than "
+            f"{assignment.leader_epoch} known here")
