@@ -105,6 +105,7 @@ _TOPIC_DEFAULT_NAMES = {
     "log.cleanup.policy": "cleanup.policy",
     "min.insync.replicas": "min.insync.replicas",
     "log.segment.delete.delay.ms": "file.delete.delay.ms",
+    "unclean.leader.election.enable": "unclean.leader.election.enable",
 }
 
 

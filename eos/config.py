@@ -37,6 +37,9 @@ class TopicConfig:
     cleanup_policy: str = "delete"
     min_insync_replicas: int = 1
     file_delete_delay_ms: int = 60000
+    # Kafka's default: a partition whose in-sync replicas are all down stays offline rather
+    # than elect a replica that may lack acknowledged records.
+    unclean_leader_election_enable: bool = False
 
     # name -> (attribute, parser, check)
     @classmethod
@@ -59,7 +62,18 @@ class TopicConfig:
         return dataclasses.replace(base, **values)
 
     def to_kafka_names(self) -> dict[str, str]:
-        return {name: str(getattr(self, attr)) for name, (attr, _, _) in _TOPIC_SPECS.items()}
+        return {name: _kafka_text(getattr(self, attr)) for name, (attr, _, _) in _TOPIC_SPECS.items()}
+
+
+def _kafka_text(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _parse_bool(raw: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered not in ("true", "false"):
+        raise ValueError(raw)
+    return lowered == "true"
 
 
 def _at_least(minimum: int):
@@ -89,6 +103,7 @@ _TOPIC_SPECS = {
     "cleanup.policy": ("cleanup_policy", str, _one_of("delete")),
     "min.insync.replicas": ("min_insync_replicas", int, _at_least(1)),
     "file.delete.delay.ms": ("file_delete_delay_ms", int, _at_least(0)),
+    "unclean.leader.election.enable": ("unclean_leader_election_enable", _parse_bool, lambda v: None),
 }
 
 
