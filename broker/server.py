@@ -63,7 +63,7 @@ from eos.files import write_file_atomically
 from eos.config import TopicConfig
 from eos.errors import EosError, ErrorCode, InvalidConfigError, StorageError
 from eos.types import TopicPartition
-from eos.v1 import broker_pb2_grpc, group_pb2_grpc, txn_pb2_grpc
+from eos.v1 import broker_pb2_grpc, cluster_pb2_grpc, group_pb2_grpc, txn_pb2_grpc
 from txn_coordinator.producer_ids import PRODUCER_IDS_FILE_NAME, ProducerIdManager
 from txn_coordinator.coordinator import BrokerLink, TransactionCoordinator
 from txn_coordinator.service import TxnCoordinatorServicer
@@ -147,6 +147,18 @@ class BrokerConfig:
     # its count (the group coordinator uses and logs the count it finds, as Kafka does).
     offsets_topic_num_partitions: int = OFFSETS_TOPIC_PARTITIONS
     topic_defaults: TopicConfig = TopicConfig()
+    # ---- the cluster (ZooKeeper mode); none of these matter on a cluster of one ----
+    zookeeper_connect: str = ""                 # empty: a cluster of one, no ZooKeeper
+    zookeeper_session_timeout_ms: int = 18000
+    broker_rack: str = ""
+    default_replication_factor: int = 1
+    replica_lag_time_max_ms: int = 30000
+    auto_leader_rebalance_enable: bool = True
+    leader_imbalance_per_broker_percentage: int = 10
+    leader_imbalance_check_interval_seconds: int = 300
+    controlled_shutdown_enable: bool = True
+    controlled_shutdown_max_retries: int = 3
+    controlled_shutdown_retry_backoff_ms: int = 5000
 
     @classmethod
     def from_dict(cls, config: Mapping[str, str] | None) -> "BrokerConfig":
@@ -180,6 +192,17 @@ class BrokerConfig:
                 values["transaction_max_timeout_ms"] = _parse_int(name, raw, minimum=1)
             elif name == "transactional.id.expiration.ms":
                 values["transactional_id_expiration_ms"] = _parse_int(name, raw, minimum=1)
+            elif name in _CLUSTER_INT_NAMES:
+                attribute, minimum = _CLUSTER_INT_NAMES[name]
+                values[attribute] = _parse_int(name, raw, minimum=minimum)
+            elif name in _CLUSTER_BOOL_NAMES:
+                if raw.lower() not in ("true", "false"):
+                    raise InvalidConfigError(f"invalid value {raw!r} for {name}: must be true or false")
+                values[_CLUSTER_BOOL_NAMES[name]] = raw.lower() == "true"
+            elif name == "zookeeper.connect":
+                values["zookeeper_connect"] = raw
+            elif name == "broker.rack":
+                values["broker_rack"] = raw
             elif name in _GROUP_CONFIG_NAMES:
                 values[_GROUP_CONFIG_NAMES[name]] = _parse_int(name, raw, minimum=0 if name.endswith("delay.ms") else 1)
             else:
@@ -192,6 +215,21 @@ class BrokerConfig:
         except InvalidConfigError as exc:
             raise InvalidConfigError(f"broker default topic config: {exc}") from None
         return cls(topic_defaults=topic_defaults, **values)
+
+
+_CLUSTER_INT_NAMES = {
+    "zookeeper.session.timeout.ms": ("zookeeper_session_timeout_ms", 1000),
+    "default.replication.factor": ("default_replication_factor", 1),
+    "replica.lag.time.max.ms": ("replica_lag_time_max_ms", 1),
+    "leader.imbalance.per.broker.percentage": ("leader_imbalance_per_broker_percentage", 0),
+    "leader.imbalance.check.interval.seconds": ("leader_imbalance_check_interval_seconds", 1),
+    "controlled.shutdown.max.retries": ("controlled_shutdown_max_retries", 0),
+    "controlled.shutdown.retry.backoff.ms": ("controlled_shutdown_retry_backoff_ms", 0),
+}
+_CLUSTER_BOOL_NAMES = {
+    "auto.leader.rebalance.enable": "auto_leader_rebalance_enable",
+    "controlled.shutdown.enable": "controlled_shutdown_enable",
+}
 
 
 def _parse_int(name: str, raw: str, *, minimum: int, maximum: int | None = None) -> int:
@@ -233,9 +271,18 @@ def read_meta_properties(path: Path) -> dict[str, str]:
     return properties
 
 
-def load_or_create_meta_properties(data_dir: Path, node_id: int) -> str:
-    """The cluster id of this data dir, creating `meta.properties` on first start; refuse a
-    data dir that belongs to another node (as Kafka does)."""
+def read_data_dir_cluster_id(data_dir: Path) -> str | None:
+    """The cluster id in the data dir's meta.properties, or None for a new data dir."""
+    path = data_dir / META_PROPERTIES
+    if not path.exists():
+        return None
+    return read_meta_properties(path).get("cluster.id") or None
+
+
+def load_or_create_meta_properties(data_dir: Path, node_id: int, cluster_id: str | None = None) -> str:
+    """The cluster id of this data dir, creating `meta.properties` on first start (with
+    `cluster_id` when given: a cluster's id from ZooKeeper); refuse a data dir that belongs
+    to another node (as Kafka does)."""
     path = data_dir / META_PROPERTIES
     if path.exists():
         properties = read_meta_properties(path)
@@ -246,7 +293,7 @@ def load_or_create_meta_properties(data_dir: Path, node_id: int) -> str:
             raise StorageError(f"{path} belongs to node.id {properties.get('node.id')}, "
                                f"this broker is node.id {node_id}")
         return cluster_id
-    cluster_id = new_cluster_id()
+    cluster_id = cluster_id or new_cluster_id()
     text = (f"#\n#{time.strftime('%a %b %d %H:%M:%S UTC %Y', time.gmtime())}\n"
             f"cluster.id={cluster_id}\nnode.id={node_id}\nversion=1\n")
     write_file_atomically(path, text.encode("utf-8"))
@@ -311,6 +358,7 @@ class BrokerServer:
         self._txn_coordinator: TransactionCoordinator | None = None
         self._txn_link: BrokerLink | None = None
         self._group_coordinator: GroupCoordinator | None = None
+        self._cluster = None   # broker.cluster_node.ClusterNode when zookeeper.connect is set
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._housekeeping_thread: threading.Thread | None = None
@@ -363,15 +411,27 @@ class BrokerServer:
     def _start_locked(self) -> None:
         from broker.storage.log_manager import LogManager  # storage is the heavy import
 
-        self.cluster_id = load_or_create_meta_properties(self.data_dir, self.node_id)
+        if self.config.zookeeper_connect:
+            from broker.cluster_node import ClusterNode
+            self._cluster = ClusterNode(self.node_id, self.config, host=self.host, now_ms_fn=self._now_ms)
+            self.cluster_id = self._cluster.connect(new_cluster_id(), read_data_dir_cluster_id(self.data_dir))
+            load_or_create_meta_properties(self.data_dir, self.node_id, cluster_id=self.cluster_id)
+        else:
+            self.cluster_id = load_or_create_meta_properties(self.data_dir, self.node_id)
+        cluster = self._cluster
         self._registry = TopicRegistry(self.data_dir, default_config=self.config.topic_defaults,
                                        default_num_partitions=self.config.num_partitions)
         topics = self._registry.load()
         self._log_manager = LogManager(str(self.data_dir), now_ms_fn=self._now_ms,
                                        producer_id_expiration_ms=self.config.producer_id_expiration_ms)
         self._log_manager.load({info.name: info.config for info in topics})
-        self._sweep_logs()
-        producer_ids = ProducerIdManager(self.data_dir / PRODUCER_IDS_FILE_NAME)
+        if cluster is None:
+            # On a cluster the controller decides which replicas live here (StopReplica
+            # deletes), and the registry holds only what this broker learned.
+            self._sweep_logs()
+            producer_ids = ProducerIdManager(self.data_dir / PRODUCER_IDS_FILE_NAME)
+        else:
+            producer_ids = cluster.producer_ids
         self._producer_ids = producer_ids
 
         server = grpc.server(
@@ -397,6 +457,10 @@ class BrokerServer:
         # Loaded before the server serves: it creates __consumer_offsets without the Broker
         # service's admin lock, which is safe only while no RPC can create topics.
         config = self.config
+        purgatory = FetchPurgatory(max_waiters=FETCH_WAITERS_MAX)
+        if cluster is not None:
+            cluster.build(registry=self._registry, log_manager=self._log_manager,
+                          notify=lambda tp: purgatory.notify(TopicPartition(*tp)))
         self._group_coordinator = GroupCoordinator(
             self._log_manager, self._registry, now_ms_fn=self._now_ms, node_id=self.node_id, host=self.host,
             port=bound_port, initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
@@ -404,16 +468,27 @@ class BrokerServer:
             max_session_timeout_ms=config.group_max_session_timeout_ms, max_group_size=config.group_max_size,
             offset_metadata_max_bytes=config.offset_metadata_max_bytes, verify_txn=self._verify_txn_partitions,
             offsets_partitions=config.offsets_topic_num_partitions, max_parked_requests=GROUP_PARKED_REQUESTS_MAX)
-        self._group_coordinator.start()
+        if cluster is None:
+            # On a cluster the coordinators follow the leadership of their internal topics'
+            # partitions (issue 13); until then they answer COORDINATOR_LOAD_IN_PROGRESS there.
+            self._group_coordinator.start()
 
-        purgatory = FetchPurgatory(max_waiters=FETCH_WAITERS_MAX)
         self._servicer = BrokerServicer(
             registry=self._registry, log_manager=self._log_manager, purgatory=purgatory,
             node=NodeAddress(self.node_id, self.host, bound_port), cluster_id=self.cluster_id,
             now_ms_fn=self._now_ms, auto_create_topics=self.config.auto_create_topics_enable,
             fetch_max_wait_cap_ms=FETCH_MAX_WAIT_CAP_MS, verify_txn=self._verify_txn_partitions,
-            on_offsets_txn_marker=self._group_coordinator.on_txn_marker, max_produce_streams=PRODUCE_STREAMS_MAX)
+            on_offsets_txn_marker=self._group_coordinator.on_txn_marker, max_produce_streams=PRODUCE_STREAMS_MAX,
+            metadata=None if cluster is None else cluster.metadata,
+            replicas=None if cluster is None else cluster.replicas,
+            topic_admin=None if cluster is None else cluster.topic_admin)
         broker_pb2_grpc.add_BrokerServicer_to_server(self._servicer, server)
+        if cluster is not None:
+            from broker.cluster_service import ClusterServicer
+            cluster_pb2_grpc.add_ClusterServicer_to_server(ClusterServicer(
+                broker_id=self.node_id, replicas=cluster.replicas, metadata=cluster.metadata,
+                log_manager=self._log_manager, controller=lambda: cluster.controller,
+                on_metadata_updated=cluster.sync_registry), server)
         # The transaction coordinator reaches this broker only through the gRPC contract
         # (DESIGN.md §1), here over loopback; it loads its log once the server is up.
         self._txn_link = BrokerLink(_format_host_port(self.host, bound_port))
@@ -427,7 +502,10 @@ class BrokerServer:
             TxnCoordinatorServicer(producer_ids, self._txn_coordinator), server)
         group_pb2_grpc.add_GroupCoordinatorServicer_to_server(GroupCoordinatorServicer(self._group_coordinator), server)
         server.start()
-        threading.Thread(target=self._start_txn_coordinator, name="eos-txn-load", daemon=True).start()
+        if cluster is None:
+            threading.Thread(target=self._start_txn_coordinator, name="eos-txn-load", daemon=True).start()
+        else:
+            cluster.join(bound_port)
 
         self._housekeeping_thread = threading.Thread(
             target=self._housekeeping_loop, name="eos-broker-housekeeping", daemon=True)
@@ -486,6 +564,8 @@ class BrokerServer:
 
     def _teardown_after_failed_start(self) -> None:
         self._stopping.set()
+        if self._cluster is not None:
+            self._cluster.leave()
         if self._group_coordinator is not None:
             self._group_coordinator.stop()
         if self._grpc_server is not None:
@@ -515,6 +595,10 @@ class BrokerServer:
         with self._state_lock:
             if not self._started or self._stopped.is_set():
                 return
+            if self._cluster is not None:
+                # Kafka's order: leaderships move away while this broker still serves, so
+                # producers see a leader change, not a dead leader.
+                self._cluster.controlled_shutdown()
             self._stopping.set()
             if self._txn_coordinator is not None:
                 self._txn_coordinator.stop()
@@ -528,6 +612,8 @@ class BrokerServer:
                 self._housekeeping_thread.join(HOUSEKEEPING_JOIN_TIMEOUT_S)
                 if self._housekeeping_thread.is_alive():
                     log.warning("housekeeping still running at shutdown")
+            if self._cluster is not None:
+                self._cluster.leave()
             if self._txn_link is not None:
                 self._txn_link.close()
             try:

@@ -241,6 +241,26 @@ class TopicRegistry:
                 f"{PARTITIONS_PER_TOPIC_MAX}")
         return dataclasses.replace(current, partition_count=new_partition_count)
 
+    def learn(self, name: str, partition_count: int, config_overrides: Mapping[str, str]) -> TopicInfo:
+        """Cluster mode: the registry is this broker's copy of what ZooKeeper holds, and
+        the controller tells it about topics. Record `name` with at least `partition_count`
+        partitions and these overrides (a topic never shrinks here: a partition this broker
+        learned of stays until the topic is deleted). Returns the topic as now recorded;
+        writes only when something changed."""
+        overrides = {str(k): str(v) for k, v in config_overrides.items()}
+        current = self._topics.get(name)
+        if (current is not None and current.partition_count >= partition_count
+                and dict(current.config_overrides) == overrides):
+            return current
+        config = TopicConfig.from_overrides(overrides, base=self._default_config)
+        if current is None:
+            info = TopicInfo(name, str(uuid.uuid4()), partition_count, overrides, config)
+        else:
+            info = dataclasses.replace(current, partition_count=max(partition_count, current.partition_count),
+                                       config_overrides=overrides, config=config)
+        self.commit(info)
+        return info
+
     def commit(self, info: TopicInfo) -> None:
         """Persist `info` (new or changed topic), then make it visible."""
         with self._lock:

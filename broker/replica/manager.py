@@ -99,15 +99,16 @@ class _Follower:
 class ReplicaManager:
     """Roles of this broker's replicas; see the module doc.
 
-    `log_manager` gives and creates logs; `ensure_topic(topic, configs)` makes sure the
-    local topic registry knows the topic (so its log opens with the right config);
+    `log_manager` gives and creates logs; `ensure_topic(topic, partition, configs)` makes
+    sure the local topic registry knows the topic and returns its TopicConfig (so the
+    replica's log opens with the right config);
     `isr_writer(topic, partition, leader, leader_epoch, isr, controller_epoch, zk_version)`
     writes an ISR change to ZooKeeper and returns the new znode version (raising on a stale
     version); `fetchers` is the follower side (`broker.replica.fetcher.FetcherManager`);
     `notify(tp)` wakes long polls of a partition.
     """
 
-    def __init__(self, broker_id: int, log_manager, *, ensure_topic: Callable[[str, dict], None],
+    def __init__(self, broker_id: int, log_manager, *, ensure_topic: Callable[[str, int, dict], object],
                  isr_writer: Callable[..., int], notify: Callable[[tuple[str, int]], None],
                  now_ms_fn: Callable[[], int], replica_lag_time_max_ms: int = REPLICA_LAG_TIME_MAX_MS_DEFAULT):
         self.broker_id = broker_id
@@ -179,10 +180,10 @@ class ReplicaManager:
                                f"leader epoch {assignment.leader_epoch} is older than {current} applied here")
                 continue
             try:
-                self._ensure_topic(assignment.topic, assignment.topic_configs)
+                config = self._ensure_topic(assignment.topic, assignment.partition, assignment.topic_configs)
                 partition_log = self._log_manager.get_log(*tp)
                 if partition_log is None:
-                    partition_log = self._log_manager.create_log_for_replica(*tp)
+                    partition_log = self._log_manager.create_log(assignment.topic, assignment.partition, config)
                 partition_log.set_replicated(True)
                 if assignment.leader == self.broker_id:
                     self._become_leader(assignment, partition_log)

@@ -1,0 +1,424 @@
+"""The controller's shell: ZooKeeper watches and gRPC requests around the pure ControllerCore.
+
+Theory of operation
+-------------------
+Every broker runs a `Controller`; at most one is active. Election is Kafka's: whoever
+creates the ephemeral /controller znode wins, bumps /controller_epoch by compare-and-set,
+and becomes active with that epoch; the others watch /controller and try again when it
+goes away. The epoch's znode version fences every controller write to ZooKeeper (a write
+from a controller whose epoch was superseded fails the check and the controller resigns),
+and the epoch itself travels in every request to the brokers, which refuse a lower one. A
+controller that was paused past its ZooKeeper session therefore changes nothing when it
+wakes up: its writes fail the version check, its requests carry a stale epoch.
+
+One event thread owns the core (Kafka's single ControllerEventManager thread): ZooKeeper
+watches (kazoo's thread), RPC handlers (ControlledShutdown, ElectLeaders, reassignments)
+and the rebalance timer only put events on its queue; the thread takes them one at a time,
+reads what it needs from ZooKeeper, calls the core and carries out the effects the core
+returns: conditional state writes (whose results go back into the core), requests to the
+brokers through `ControllerChannels`, assignment writes, topic deletion. The core decides;
+this shell never does.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from eos.errors import EosError, ErrorCode, NotControllerError
+from eos.v1 import cluster_pb2
+
+log = logging.getLogger("eos.controller")
+
+EVENT_QUEUE_MAX = 10_000
+LEADER_IMBALANCE_CHECK_INTERVAL_MS = 300_000   # leader.imbalance.check.interval.seconds = 300
+CALL_TIMEOUT_S = 30.0
+STATE_WRITE_ROUNDS_MAX = 10
+
+
+@dataclass
+class _Event:
+    kind: str
+    payload: object = None
+    future: concurrent.futures.Future | None = None
+
+
+class Controller:
+    """This broker's controller role; see the module doc.
+
+    `store` is the ZooKeeper metadata store (`broker.metadata.zk_store.ZkStore`);
+    `config` the core's `ControllerConfig`; `topic_configs(topic)` reads a topic's overrides
+    (for LeaderAndIsr and the unclean flag)."""
+
+    def __init__(self, broker_id: int, store, *, config, now_ms_fn: Callable[[], int],
+                 rebalance_interval_ms: int = LEADER_IMBALANCE_CHECK_INTERVAL_MS):
+        from broker.controller.channels import ControllerChannels
+
+        self.broker_id = broker_id
+        self._store = store
+        self._config = config
+        self._now_ms = now_ms_fn
+        self._rebalance_interval_ms = rebalance_interval_ms
+        self._events: queue.Queue[_Event] = queue.Queue(maxsize=EVENT_QUEUE_MAX)
+        self._channels = ControllerChannels(self._on_broker_response)
+        self._core = None
+        self._epoch = 0
+        self._epoch_zk_version = -1
+        self._topic_configs: dict[str, dict[str, str]] = {}
+        self._topic_versions: dict[str, int] = {}
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._next_rebalance_ms = 0
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def is_active(self) -> bool:
+        return self._core is not None
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="eos-controller", daemon=True)
+        self._thread.start()
+        self._put("elect")
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._put("stop")
+        if self._thread is not None:
+            self._thread.join(CALL_TIMEOUT_S)
+        self._channels.close()
+
+    def session_changed(self, state: str) -> None:
+        """ZooKeeper session events (from the store's listener): after a new session the
+        ephemeral /controller of the old one is gone, so resign and run for election again."""
+        if state == "connected":
+            self._put("elect")
+        elif state == "lost":
+            self._put("resign")
+
+    def _put(self, kind: str, payload=None, future=None) -> None:
+        try:
+            self._events.put_nowait(_Event(kind, payload, future))
+        except queue.Full:
+            log.error("controller event queue full; dropping %s", kind)
+            if future is not None:
+                future.set_exception(EosError("the controller is overloaded", ErrorCode.REQUEST_TIMED_OUT))
+
+    def _call(self, kind: str, payload):
+        """Run an RPC's work on the event thread and wait for its answer."""
+        if not self.is_active:
+            raise NotControllerError(f"broker {self.broker_id} is not the controller")
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._put(kind, payload, future)
+        return future.result(CALL_TIMEOUT_S)
+
+    # ---- RPC entry points (any thread) ---------------------------------------------------------
+
+    def controlled_shutdown(self, broker_id: int, broker_epoch: int) -> set[tuple[str, int]]:
+        return self._call("controlled_shutdown", (broker_id, broker_epoch))
+
+    def elect_leaders(self, election_type: str, tps) -> dict[tuple[str, int], tuple[int, str]]:
+        return self._call("elect_leaders", (election_type, tps))
+
+    def reassign(self, plan, *, throttle_bytes_per_s: int = 0) -> dict[tuple[str, int], tuple[int, str]]:
+        return self._call("reassign", plan)
+
+    def ongoing_reassignments(self) -> dict:
+        return self._call("list_reassignments", None)
+
+    # ---- the event thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            timeout_s = 0.5
+            try:
+                event = self._events.get(timeout=timeout_s)
+            except queue.Empty:
+                event = _Event("tick")
+            if event.kind == "stop":
+                break
+            try:
+                result = self._handle(event)
+                if event.future is not None:
+                    event.future.set_result(result)
+            except Exception as exc:
+                if event.future is not None:
+                    event.future.set_exception(exc)
+                if _is_controller_moved(exc):
+                    log.warning("controller %d fenced (%s); resigning", self.broker_id, exc)
+                    self._resign()
+                    self._put("elect")
+                elif event.future is None:
+                    log.exception("controller event %s failed", event.kind)
+        self._resign(delete_znode=True)
+
+    def _handle(self, event: _Event):
+        kind = event.kind
+        if kind == "elect":
+            return self._elect()
+        if kind == "resign":
+            return self._resign()
+        if not self.is_active:
+            if event.future is not None:
+                raise NotControllerError(f"broker {self.broker_id} is no longer the controller")
+            return None
+        handler = getattr(self, "_on_" + kind)
+        return handler(event.payload)
+
+    # ---- election ---------------------------------------------------------------------------------
+
+    def _elect(self) -> None:
+        current = self._store.controller_id(watch=lambda *_: self._put("elect"))
+        if current is not None:
+            if current != self.broker_id and self.is_active:
+                log.info("broker %d is the controller now; %d resigns", current, self.broker_id)
+                self._resign()
+            return
+        won = self._store.try_become_controller(self.broker_id)
+        if won is None:
+            self._store.controller_id(watch=lambda *_: self._put("elect"))
+            return
+        self._epoch, self._epoch_zk_version = won
+        log.info("broker %d is the controller at epoch %d", self.broker_id, self._epoch)
+        try:
+            self._on_become_controller()
+        except Exception:
+            log.exception("taking over as controller failed; resigning")
+            self._resign(delete_znode=True)
+            raise
+
+    def _resign(self, delete_znode: bool = False) -> None:
+        was_active = self._core is not None
+        self._core = None
+        self._channels.set_brokers({})
+        if was_active:
+            log.info("broker %d resigned as controller (epoch %d)", self.broker_id, self._epoch)
+        if delete_znode:
+            try:
+                self._store.resign_controller(self.broker_id)
+            except Exception as exc:
+                log.info("could not delete /controller: %s", exc)
+
+    def _on_become_controller(self) -> None:
+        from broker.controller.core import ControllerCore
+
+        store = self._store
+        live = self._read_live_brokers()
+        topics = self._read_topics(store.topics(watch=lambda *_: self._put("topics_changed")))
+        tps = [(t, p) for t, model in topics.items() for p in model.assignment]
+        states = store.partition_states(tps)
+        reassignments = store.reassignment_request(watch=lambda *_: self._put("reassign_znode")) or {}
+        store.isr_change_notifications(watch=lambda *_: self._put("isr_change"))
+        store.topics_to_delete(watch=lambda *_: self._put("delete_topics"))
+        store.preferred_election_request(watch=lambda *_: self._put("preferred_znode"))
+        self._core = ControllerCore(self.broker_id, self._epoch, self._config)
+        self._channels.set_brokers({b: f"{r.host}:{r.port}" for b, r in live.items()})
+        self._execute(self._core.initialize(
+            live_brokers=live, topics=topics, states=states, reassignments=reassignments, now_ms=self._now_ms()))
+        # What was pending while no controller was active.
+        self._on_isr_change(None)
+        self._on_delete_topics(None)
+        self._on_preferred_znode(None)
+        self._next_rebalance_ms = self._now_ms() + self._rebalance_interval_ms
+
+    # ---- reading ZooKeeper ---------------------------------------------------------------------------
+
+    def _read_live_brokers(self) -> dict:
+        from broker.controller.core import LiveBroker
+
+        registrations = self._store.live_brokers(watch=lambda *_: self._put("brokers_changed"))
+        return {b: LiveBroker(b, r.host, r.port, r.rack, r.epoch) for b, r in registrations.items()}
+
+    def _read_topics(self, names) -> dict:
+        from broker.controller.core import TopicModel
+
+        models = {}
+        for name in names:
+            found = self._store.topic_assignment(name)
+            if found is None:
+                continue
+            assignment, version = found
+            config = self._store.topic_config(name)
+            self._topic_configs[name] = config
+            self._topic_versions[name] = version
+            models[name] = TopicModel(
+                assignment=dict(assignment.partitions), adding=dict(assignment.adding),
+                removing=dict(assignment.removing), unclean_leader_election_enable=_is_true(
+                    config.get("unclean.leader.election.enable"), self._config.unclean_leader_election_enable))
+        return models
+
+    # ---- events -------------------------------------------------------------------------------------
+
+    def _on_tick(self, _payload) -> None:
+        now_ms = self._now_ms()
+        if now_ms >= self._next_rebalance_ms:
+            self._next_rebalance_ms = now_ms + self._rebalance_interval_ms
+            self._execute(self._core.rebalance_tick(now_ms))
+
+    def _on_brokers_changed(self, _payload) -> None:
+        live = self._read_live_brokers()
+        self._channels.set_brokers({b: f"{r.host}:{r.port}" for b, r in live.items()})
+        self._execute(self._core.brokers_changed(live, self._now_ms()))
+
+    def _on_topics_changed(self, _payload) -> None:
+        names = self._store.topics(watch=lambda *_: self._put("topics_changed"))
+        topics = self._read_topics(names)
+        self._execute(self._core.topics_changed(topics))
+
+    def _on_isr_change(self, _payload) -> None:
+        names = self._store.isr_change_notifications(watch=lambda *_: self._put("isr_change"))
+        if not names:
+            return
+        changed = self._store.read_and_delete_isr_changes(names)
+        states = {tp: found for tp, found in self._store.partition_states(list(changed)).items() if found is not None}
+        self._execute(self._core.isr_changed(states))
+
+    def _on_delete_topics(self, _payload) -> None:
+        names = self._store.topics_to_delete(watch=lambda *_: self._put("delete_topics"))
+        if names:
+            self._execute(self._core.delete_topics(set(names)))
+
+    def _on_preferred_znode(self, _payload) -> None:
+        tps = self._store.preferred_election_request(watch=lambda *_: self._put("preferred_znode"))
+        if tps is None:
+            return
+        results, effects = self._core.elect_leaders("preferred", set(tps) or None)
+        self._execute(effects)
+        self._store.delete_preferred_election_request()
+
+    def _on_reassign_znode(self, _payload) -> None:
+        plan = self._store.reassignment_request(watch=lambda *_: self._put("reassign_znode")) or {}
+        if plan:
+            results, effects = self._core.reassign(dict(plan))
+            self._execute(effects)
+
+    def _on_controlled_shutdown(self, payload) -> set:
+        broker_id, broker_epoch = payload
+        remaining, effects = self._core.controlled_shutdown(broker_id, broker_epoch)
+        self._execute(effects)
+        return set(remaining)
+
+    def _on_elect_leaders(self, payload) -> dict:
+        election_type, tps = payload
+        results, effects = self._core.elect_leaders(election_type, tps)
+        self._execute(effects)
+        return results
+
+    def _on_reassign(self, plan) -> dict:
+        results, effects = self._core.reassign(plan)
+        self._execute(effects)
+        return results
+
+    def _on_list_reassignments(self, _payload) -> dict:
+        return self._core.ongoing_reassignments()
+
+    # ---- effects ------------------------------------------------------------------------------------
+
+    def _execute(self, effects) -> None:
+        """Carry out the core's effects in order; write results go back into the core,
+        whose answers are carried out in turn (bounded)."""
+        from broker.controller import core as c
+
+        pending = list(effects or ())
+        rounds = 0
+        while pending:
+            effect = pending.pop(0)
+            if isinstance(effect, c.WriteStates):
+                rounds += 1
+                if rounds > STATE_WRITE_ROUNDS_MAX * 10:
+                    log.error("too many state write rounds; giving up this event")
+                    return
+                results = {}
+                if effect.creates:
+                    results.update(self._store.create_partition_states(
+                        dict(effect.creates), epoch_zk_version=self._epoch_zk_version))
+                if effect.updates:
+                    results.update(self._store.update_partition_states(
+                        dict(effect.updates), epoch_zk_version=self._epoch_zk_version))
+                for result in results.values():
+                    if _is_controller_moved(result):
+                        raise result
+                pending[:0] = list(self._core.states_written(results) or ())
+            elif isinstance(effect, c.ReadStates):
+                found = self._store.partition_states(list(effect.partitions))
+                pending[:0] = list(self._core.states_read(found) or ())
+            elif isinstance(effect, c.SendLeaderAndIsr):
+                self._channels.send(effect.broker_id, "LeaderAndIsr", self._leader_and_isr_request(effect))
+            elif isinstance(effect, c.SendUpdateMetadata):
+                request = self._update_metadata_request(effect)
+                for broker_id in effect.broker_ids:
+                    self._channels.send(broker_id, "UpdateMetadata", request)
+            elif isinstance(effect, c.SendStopReplica):
+                request = cluster_pb2.StopReplicaRequest(controller_id=self.broker_id, controller_epoch=self._epoch,
+                                                         delete_partitions=effect.delete)
+                for topic, partition in effect.partitions:
+                    request.partitions.add(topic=topic, partition=partition)
+                self._channels.send(effect.broker_id, "StopReplica", request)
+            elif isinstance(effect, c.WriteAssignment):
+                from broker.metadata.zk_store import TopicAssignment
+                version = self._topic_versions.get(effect.topic, -1)
+                self._topic_versions[effect.topic] = self._store.set_topic_assignment(
+                    effect.topic, TopicAssignment(dict(effect.assignment), dict(effect.adding), dict(effect.removing)),
+                    expected_version=version, epoch_zk_version=self._epoch_zk_version)
+            elif isinstance(effect, c.RemoveReassignmentRequest):
+                current = self._store.reassignment_request() or {}
+                left = {tp: r for tp, r in current.items() if tp not in set(effect.partitions)}
+                self._store.set_reassignment_request(left or None)
+            elif isinstance(effect, c.DeleteTopicZnodes):
+                self._store.delete_topic(effect.topic, epoch_zk_version=self._epoch_zk_version)
+                self._topic_configs.pop(effect.topic, None)
+                self._topic_versions.pop(effect.topic, None)
+            else:
+                raise EosError(f"the controller shell does not know the effect {type(effect).__name__}")
+
+    def _partition_state_proto(self, state) -> cluster_pb2.PartitionLeaderState:
+        topic, partition = state.tp
+        li = state.leader_isr
+        return cluster_pb2.PartitionLeaderState(
+            topic=topic, partition=partition, controller_epoch=li.controller_epoch, leader=li.leader,
+            leader_epoch=li.leader_epoch, isr=li.isr, zk_version=getattr(state, "zk_version", 0),
+            replicas=state.replicas, adding_replicas=state.adding, removing_replicas=state.removing,
+            is_new=state.is_new, topic_configs=self._topic_configs.get(topic, {}))
+
+    def _leader_and_isr_request(self, effect) -> cluster_pb2.LeaderAndIsrRequest:
+        return cluster_pb2.LeaderAndIsrRequest(
+            controller_id=self.broker_id, controller_epoch=self._epoch,
+            partitions=[self._partition_state_proto(s) for s in effect.partitions])
+
+    def _update_metadata_request(self, effect) -> cluster_pb2.UpdateMetadataRequest:
+        request = cluster_pb2.UpdateMetadataRequest(
+            controller_id=self.broker_id, controller_epoch=self._epoch,
+            full=getattr(effect, "full", False), deleted_topics=list(getattr(effect, "deleted_topics", ())),
+            live_brokers=[cluster_pb2.ClusterBroker(broker_id=b.broker_id, host=b.host, port=b.port,
+                                                    rack=b.rack or "", broker_epoch=b.epoch)
+                          for b in effect.live_brokers])
+        offline = effect.offline_replicas or {}
+        for state in effect.partitions:
+            proto = self._partition_state_proto(state)
+            proto.offline_replicas.extend(offline.get(state.tp, ()))
+            request.partitions.append(proto)
+        return request
+
+    def _on_broker_response(self, broker_id: int, rpc_name: str, response) -> None:
+        code = getattr(response, "error_code", 0)
+        if code:
+            log.warning("%s to broker %d answered %s: %s", rpc_name, broker_id, ErrorCode(code).name,
+                        response.error_message)
+
+
+def _is_true(raw: str | None, default: bool) -> bool:
+    if raw is None:
+        return default
+    return raw.strip().lower() == "true"
+
+
+def _is_controller_moved(exc) -> bool:
+    return isinstance(exc, EosError) and exc.code == ErrorCode.NOT_CONTROLLER
