@@ -32,7 +32,7 @@ import grpc
 from eos import net
 from eos.errors import EosError, ErrorCode, Reaction, error_for, reaction_for
 from eos.types import TopicPartition
-from eos.v1 import broker_pb2, common_pb2, group_pb2, group_pb2_grpc, txn_pb2
+from eos.v1 import broker_pb2, cluster_pb2, cluster_pb2_grpc, common_pb2, group_pb2, group_pb2_grpc, txn_pb2
 from eos.v1.common_pb2 import IsolationLevel
 
 ADMIN_CONFIG: dict[str, net.ConfigSpec] = {
@@ -216,7 +216,8 @@ class Admin:
 
     def describe_topic(self, name: str) -> dict:
         """{"name", "internal", "partitions": [{"partition", "leader", "leader_epoch",
-        "replicas", "isr"}], "configs": {per-topic overrides}}."""
+        "replicas", "isr", "offline_replicas"}], "configs": {per-topic overrides}}; leader -1
+        when the partition has none (offline)."""
         response = self._call("Metadata", lambda s: s.Metadata,
                               broker_pb2.MetadataRequest(topics=[name], include_internal=True))
         for topic in response.topics:
@@ -230,17 +231,73 @@ class Admin:
                 "internal": topic.is_internal,
                 "partitions": [
                     {"partition": p.partition, "leader": p.leader_id, "leader_epoch": p.leader_epoch,
-                     "replicas": list(p.replica_ids), "isr": list(p.isr_ids)}
+                     "replicas": list(p.replica_ids), "isr": list(p.isr_ids),
+                     "offline_replicas": list(p.offline_replica_ids)}
                     for p in sorted(topic.partitions, key=lambda p: p.partition)],
                 "configs": dict(topic.configs),
             }
         raise error_for(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} is not in the answer")
 
     def describe_cluster(self) -> dict:
-        """{"cluster_id", "controller_id", "brokers": {node_id: "host:port"}}."""
+        """{"cluster_id", "controller_id", "brokers": {node_id: "host:port"}, "racks": {node_id: rack}}."""
         response = self._call("Metadata", lambda s: s.Metadata, broker_pb2.MetadataRequest(topics=[]))
         return {"cluster_id": response.cluster_id, "controller_id": response.controller_id,
-                "brokers": {b.node_id: f"{b.host}:{b.port}" for b in response.brokers}}
+                "brokers": {b.node_id: f"{b.host}:{b.port}" for b in response.brokers},
+                "racks": {b.node_id: b.rack for b in response.brokers if b.rack}}
+
+    # ---- the cluster: elections and reassignments (answered by the controller) -------------
+
+    def _controller_stub(self) -> cluster_pb2_grpc.ClusterStub:
+        response = self._metadata.fetch([])
+        address = self._metadata.address_of(response.controller_id)
+        if address is None:
+            raise error_for(ErrorCode.NOT_CONTROLLER, "the cluster has no active controller right now")
+        return cluster_pb2_grpc.ClusterStub(self._metadata.channel(address))
+
+    def _controller_call(self, what: str, rpc_name: str, request):
+        """An RPC to the controller, found anew on each try (NOT_CONTROLLER is retried)."""
+        return self._call(what, lambda stub: getattr(stub, rpc_name), request, stub=self._controller_stub,
+                          answer_code=lambda r: r.error_code)
+
+    @staticmethod
+    def _partition_results(response, what: str) -> dict[TopicPartition, EosError | None]:
+        if response.error_code != ErrorCode.NONE:
+            raise error_for(response.error_code, f"{what}: {response.error_message or ErrorCode(response.error_code).name}")
+        return {TopicPartition(r.topic, r.partition): (None if r.error_code == ErrorCode.NONE else error_for(
+                    r.error_code, f"{what} {r.topic}-{r.partition}: {r.error_message or ErrorCode(r.error_code).name}"))
+                for r in response.partitions}
+
+    def elect_leaders(self, election_type: str = "preferred", partitions=None) -> dict[TopicPartition, EosError | None]:
+        """kafka-leader-election: "preferred" or "unclean" for `partitions` (None: all).
+        Returns per partition None (elected) or the error (ELECTION_NOT_NEEDED when the
+        preferred replica already leads, PREFERRED_LEADER_NOT_AVAILABLE, ...)."""
+        if election_type not in ("preferred", "unclean"):
+            raise ValueError(f"election_type must be 'preferred' or 'unclean', got {election_type!r}")
+        request = cluster_pb2.ElectLeadersRequest(
+            election_type=cluster_pb2.UNCLEAN if election_type == "unclean" else cluster_pb2.PREFERRED,
+            all_partitions=partitions is None, partitions=[] if partitions is None else _tps(partitions))
+        return self._partition_results(self._controller_call("ElectLeaders", "ElectLeaders", request),
+                                       "leader election for")
+
+    def alter_partition_reassignments(self, plan: dict) -> dict[TopicPartition, EosError | None]:
+        """{(topic, partition): [broker ids] | None} -- None cancels an ongoing reassignment."""
+        request = cluster_pb2.AlterPartitionReassignmentsRequest()
+        for (topic, partition), replicas in plan.items():
+            request.reassignments.add(topic=topic, partition=partition, replicas=list(replicas or ()),
+                                      cancel=replicas is None)
+        return self._partition_results(
+            self._controller_call("AlterPartitionReassignments", "AlterPartitionReassignments", request),
+            "reassignment of")
+
+    def list_partition_reassignments(self, partitions=None) -> dict[TopicPartition, dict]:
+        """Ongoing reassignments: {tp: {"replicas", "adding", "removing"}}."""
+        request = cluster_pb2.ListPartitionReassignmentsRequest(partitions=_tps(partitions or ()))
+        response = self._controller_call("ListPartitionReassignments", "ListPartitionReassignments", request)
+        if response.error_code != ErrorCode.NONE:
+            raise error_for(response.error_code, response.error_message)
+        return {TopicPartition(r.topic, r.partition): {"replicas": list(r.replicas), "adding": list(r.adding_replicas),
+                                                       "removing": list(r.removing_replicas)}
+                for r in response.reassignments}
 
     # ---- offsets -------------------------------------------------------------------------
 
@@ -268,15 +325,61 @@ class Admin:
                                                               timestamp=timestamp))
         if not partitions:
             return {}
-        response = self._call("ListOffsets", lambda s: s.ListOffsets, broker_pb2.ListOffsetsRequest(
-            isolation_level=level, partitions=partitions))
         result = {}
-        for listed in response.partitions:
+        for listed in self._list_offsets_at_leaders(level, partitions):
             if listed.error_code != ErrorCode.NONE:
                 raise error_for(listed.error_code, f"cannot list offsets of {listed.topic}-{listed.partition}: "
                                 f"{listed.error_message or ErrorCode(listed.error_code).name}")
             result[TopicPartition(listed.topic, listed.partition)] = listed.offset
         return result
+
+    def _list_offsets_at_leaders(self, level: int, partitions: list) -> list:
+        """ListOffsets sent to each partition's leader (one request per leader); a
+        partition whose leader moved meanwhile is asked again after a metadata refresh."""
+        topics = sorted({p.topic for p in partitions})
+        answers: dict[tuple[str, int], broker_pb2.ListedOffset] = {}
+        pending = list(partitions)
+        deadline = time.monotonic() + self._api_timeout_ms / 1000
+        attempt = 0
+        while True:
+            self._metadata.fetch(topics)
+            by_leader: dict[int, list] = {}
+            for p in pending:
+                info = self._metadata.topic(p.topic)
+                if info is None or not 0 <= p.partition < info.partition_count:
+                    # unknown: waiting cannot help (the broker says the same for a typo)
+                    answers[(p.topic, p.partition)] = broker_pb2.ListedOffset(
+                        topic=p.topic, partition=p.partition, error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                        error_message=f"topic-partition {p.topic}-{p.partition} does not exist", offset=-1,
+                        timestamp=-1)
+                    continue
+                by_leader.setdefault(self._metadata.leader(p.topic, p.partition), []).append(p)
+            retry = []
+            for leader, group in by_leader.items():
+                stub = None if leader == net.NO_LEADER else self._metadata.broker_stub(leader)
+                if stub is None:
+                    retry.extend(group)
+                    continue
+                response = self._call("ListOffsets", lambda s: s.ListOffsets, broker_pb2.ListOffsetsRequest(
+                    isolation_level=level, partitions=group), stub=lambda stub=stub: stub)
+                for listed in response.partitions:
+                    if (listed.error_code != ErrorCode.NONE and reaction_for(listed.error_code) is Reaction.RETRY
+                            and time.monotonic() < deadline):
+                        retry.append(broker_pb2.ListOffsetsPartition(
+                            topic=listed.topic, partition=listed.partition,
+                            timestamp=next(p.timestamp for p in group if (p.topic, p.partition) == (
+                                listed.topic, listed.partition))))
+                    else:
+                        answers[(listed.topic, listed.partition)] = listed
+            if not retry or time.monotonic() >= deadline:
+                for p in retry:
+                    answers[(p.topic, p.partition)] = broker_pb2.ListedOffset(
+                        topic=p.topic, partition=p.partition, error_code=ErrorCode.LEADER_NOT_AVAILABLE,
+                        error_message="no leader answered before default.api.timeout.ms", offset=-1, timestamp=-1)
+                return [answers[(p.topic, p.partition)] for p in partitions]
+            pending = retry
+            attempt += 1
+            time.sleep(self._backoff.delay_ms(attempt) / 1000)
 
     def _end_offsets(self, partitions, isolation_level: str) -> dict[TopicPartition, int | None]:
         """ListOffsets latest of each partition (the LSO under read_committed); None where the
@@ -284,12 +387,12 @@ class Admin:
         partitions = sorted(set(partitions))
         if not partitions:
             return {}
-        response = self._call("ListOffsets", lambda s: s.ListOffsets, broker_pb2.ListOffsetsRequest(
-            isolation_level=_isolation_level(isolation_level),
-            partitions=[broker_pb2.ListOffsetsPartition(topic=tp.topic, partition=tp.partition, timestamp=-1)
-                        for tp in partitions]))
+        listed_offsets = self._list_offsets_at_leaders(
+            _isolation_level(isolation_level),
+            [broker_pb2.ListOffsetsPartition(topic=tp.topic, partition=tp.partition, timestamp=-1)
+             for tp in partitions])
         result: dict[TopicPartition, int | None] = dict.fromkeys(partitions)
-        for listed in response.partitions:
+        for listed in listed_offsets:
             if listed.error_code == ErrorCode.NONE:
                 result[TopicPartition(listed.topic, listed.partition)] = listed.offset
         return result
