@@ -1,7 +1,10 @@
 """The `eos` command line, after the habits of Kafka's tools.
 
-    eos broker start [--data-dir DIR] [--port N]
-    eos topics create|list|describe|delete ...
+    eos broker start [--data-dir DIR] [--port N] [--zookeeper HOST:PORT --broker-id N [--rack R]]
+    eos cluster start --brokers 3 --data-dir DIR    ZooKeeper and brokers on 127.0.0.1 (eos/cli_cluster.py)
+    eos topics create|list|describe|delete ...   [--replication-factor N] [--under-replicated-partitions]
+    eos leader-election --election-type preferred|unclean ...
+    eos partitions reassign --plan F --execute|--verify|--cancel
     eos produce TOPIC [--file F]            lines from stdin or a file, with a progress bar
     eos consume TOPIC [--from-beginning | --offset N] [--max-messages N]
     eos dump-log FILE...                     batches and index entries of segment files
@@ -37,8 +40,12 @@ def _parse_config_pairs(pairs: list[str] | None) -> dict[str, str]:
 
 def cmd_broker_start(args) -> int:
     from broker.server import run_broker
-    return run_broker(args.data_dir, host=args.host, port=args.port, node_id=args.node_id,
-                      config=_parse_config_pairs(args.config))
+    config = _parse_config_pairs(args.config)
+    if args.zookeeper:
+        config["zookeeper.connect"] = args.zookeeper
+    if args.rack:
+        config["broker.rack"] = args.rack
+    return run_broker(args.data_dir, host=args.host, port=args.port, node_id=args.node_id, config=config)
 
 
 # ---- topics ----------------------------------------------------------------------------
@@ -60,18 +67,33 @@ def cmd_topics(args) -> int:
         elif args.action == "describe":
             names = [args.topic] if args.topic else sorted(admin.list_topics())
             for name in names:
-                _print_topic(admin.describe_topic(name))
+                _print_topic(admin.describe_topic(name), under_replicated=args.under_replicated_partitions,
+                             unavailable=args.unavailable_partitions)
     return 0
 
 
-def _print_topic(description: dict) -> None:
+def _print_topic(description: dict, *, under_replicated: bool = False, unavailable: bool = False) -> None:
+    """kafka-topics --describe: a topic line, then a line per partition. With
+    --under-replicated-partitions (ISR smaller than the replicas) or --unavailable-partitions
+    (no leader), only the matching partition lines, and no topic line."""
     configs = ",".join(f"{k}={v}" for k, v in sorted(description.get("configs", {}).items()))
     partitions = description["partitions"]
-    print(f"Topic: {description['name']}\tPartitionCount: {len(partitions)}\t"
-          f"ReplicationFactor: {len(partitions[0]['replicas']) if partitions else 0}\tConfigs: {configs}")
+    filtered = under_replicated or unavailable
+    if filtered:
+        partitions = [p for p in partitions
+                      if (under_replicated and len(p["isr"]) < len(p["replicas"]))
+                      or (unavailable and p["leader"] < 0)]
+    else:
+        print(f"Topic: {description['name']}\tPartitionCount: {len(partitions)}\t"
+              f"ReplicationFactor: {len(partitions[0]['replicas']) if partitions else 0}\tConfigs: {configs}")
     for p in partitions:
-        print(f"\tTopic: {description['name']}\tPartition: {p['partition']}\tLeader: {p['leader']}\t"
-              f"Replicas: {','.join(map(str, p['replicas']))}\tIsr: {','.join(map(str, p['isr']))}")
+        leader = p["leader"] if p["leader"] >= 0 else "none"
+        line = (f"\tTopic: {description['name']}\tPartition: {p['partition']}\tLeader: {leader}\t"
+                f"Replicas: {','.join(map(str, p['replicas']))}\tIsr: {','.join(map(str, p['isr']))}")
+        offline = p.get("offline_replicas") or []
+        if offline:
+            line += f"\tOffline: {','.join(map(str, offline))}"
+        print(line)
 
 
 # ---- produce / consume -------------------------------------------------------------------
@@ -412,7 +434,10 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--data-dir", default="./eos-data")
     start.add_argument("--host", default="127.0.0.1")
     start.add_argument("--port", type=int, default=9092)
-    start.add_argument("--node-id", type=int, default=0)
+    start.add_argument("--node-id", "--broker-id", dest="node_id", type=int, default=0)
+    start.add_argument("--zookeeper", metavar="HOST:PORT[/CHROOT]",
+                       help="join the cluster coordinated by this ZooKeeper (zookeeper.connect)")
+    start.add_argument("--rack", help="broker.rack, for rack-aware replica assignment")
     start.add_argument("--config", action="append", metavar="NAME=VALUE", help="broker config override")
     start.set_defaults(handler=cmd_broker_start)
 
@@ -422,7 +447,14 @@ def build_parser() -> argparse.ArgumentParser:
     topics.add_argument("--partitions", type=int, default=1)
     topics.add_argument("--replication-factor", type=int, default=1)
     topics.add_argument("--config", action="append", metavar="NAME=VALUE", help="topic config")
+    topics.add_argument("--under-replicated-partitions", action="store_true",
+                        help="describe: only partitions whose ISR is smaller than their replicas")
+    topics.add_argument("--unavailable-partitions", action="store_true",
+                        help="describe: only partitions without a leader")
     topics.set_defaults(handler=cmd_topics)
+
+    from eos.cli_cluster import add_commands as add_cluster_commands
+    add_cluster_commands(commands, client_command, _parse_config_pairs)
 
     produce = client_command("produce", help="produce lines from stdin or a file")
     produce.add_argument("topic")

@@ -1,0 +1,182 @@
+"""The cluster commands of the `eos` command line, after Kafka's tools.
+
+    eos cluster start --brokers 3 --data-dir ./eos-cluster [--base-port 9092] [--zookeeper-port 2181]
+    eos leader-election --election-type preferred|unclean (--topic T [--partition P] | --all-topic-partitions)
+    eos partitions reassign --plan plan.json (--execute | --verify | --cancel)
+
+`topics describe` (in eos/cli.py) prints Leader, Replicas, Isr and Offline per partition
+and takes --under-replicated-partitions / --unavailable-partitions, like kafka-topics.
+The reassignment plan is kafka-reassign-partitions' JSON:
+{"version": 1, "partitions": [{"topic": "t", "partition": 0, "replicas": [1, 2]}]}.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+
+
+# ---- cluster start -------------------------------------------------------------------------
+
+def cmd_cluster_start(args) -> int:
+    from eos.local_cluster import LocalCluster
+    from eos.progress import ProgressBar
+
+    config = dict(args.config_pairs)
+    cluster = LocalCluster(args.data_dir, brokers=args.brokers, base_port=args.base_port,
+                           zookeeper_port=args.zookeeper_port, broker_config=config)
+    stop_requested = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop_requested.set()) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        bar = ProgressBar(args.brokers, "starting brokers", unit="brokers", stream=sys.stderr)
+        cluster.start(progress=lambda _broker_id: bar.advance(1))
+        bar.close()
+        print(f"ZooKeeper: {cluster.zookeeper_connect}", flush=True)
+        for broker_id, proc in sorted(cluster.processes.items()):
+            print(f"broker {broker_id}: {proc.address} (data dir {proc.data_dir}, log {proc.log_path})", flush=True)
+        print(f"bootstrap: {cluster.bootstrap}", flush=True)
+        while not stop_requested.wait(0.5):
+            for broker_id, proc in cluster.processes.items():
+                if not proc.running and proc.process is not None and proc.process.returncode not in (None, 0):
+                    print(f"broker {broker_id} exited with {proc.process.returncode}; see {proc.log_path}",
+                          file=sys.stderr, flush=True)
+                    proc.process = None
+        print("stopping the cluster", file=sys.stderr, flush=True)
+    finally:
+        cluster.stop()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return 0
+
+
+# ---- leader election ----------------------------------------------------------------------------
+
+def cmd_leader_election(args) -> int:
+    import eos
+    from eos.errors import ErrorCode
+
+    if args.all_topic_partitions == bool(args.topic):
+        raise SystemExit("error: give --topic (with an optional --partition) or --all-topic-partitions")
+    with eos.Admin(bootstrap=args.bootstrap_server) as admin:
+        partitions = None
+        if args.topic:
+            if args.partition is not None:
+                partitions = [(args.topic, args.partition)]
+            else:
+                partitions = [(args.topic, p["partition"]) for p in admin.describe_topic(args.topic)["partitions"]]
+        results = admin.elect_leaders(args.election_type, partitions)
+    elected = sorted(f"{tp.topic}-{tp.partition}" for tp, error in results.items() if error is None)
+    not_needed = sorted(f"{tp.topic}-{tp.partition}" for tp, error in results.items()
+                        if error is not None and error.code == ErrorCode.ELECTION_NOT_NEEDED)
+    failed = {tp: error for tp, error in results.items()
+              if error is not None and error.code != ErrorCode.ELECTION_NOT_NEEDED}
+    kind = args.election_type.upper()
+    if elected:
+        print(f"Successfully completed leader election ({kind}) for partitions {', '.join(elected)}")
+    if not_needed:
+        print(f"Valid replica already elected for partitions {', '.join(not_needed)}")
+    for tp, error in sorted(failed.items()):
+        print(f"Error completing leader election ({kind}) for partition {tp.topic}-{tp.partition}: {error}",
+              file=sys.stderr)
+    return 1 if failed else 0
+
+
+# ---- partition reassignment -------------------------------------------------------------------------
+
+def _read_plan(path: str) -> dict[tuple[str, int], list[int]]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            document = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"error: cannot read the plan {path}: {exc}")
+    entries = document.get("partitions") if isinstance(document, dict) else None
+    if not isinstance(entries, list) or not entries:
+        raise SystemExit(f"error: {path} has no \"partitions\" list")
+    plan: dict[tuple[str, int], list[int]] = {}
+    for entry in entries:
+        try:
+            tp = (str(entry["topic"]), int(entry["partition"]))
+            replicas = [int(r) for r in entry["replicas"]]
+        except (KeyError, TypeError, ValueError):
+            raise SystemExit(f"error: plan entry {entry!r} needs topic, partition and replicas")
+        if tp in plan:
+            raise SystemExit(f"error: the plan names {tp[0]}-{tp[1]} twice")
+        plan[tp] = replicas
+    return plan
+
+
+def cmd_partitions(args) -> int:
+    import eos
+
+    plan = _read_plan(args.plan)
+    modes = [m for m in ("execute", "verify", "cancel") if getattr(args, m)]
+    if len(modes) != 1:
+        raise SystemExit("error: give exactly one of --execute, --verify, --cancel")
+    with eos.Admin(bootstrap=args.bootstrap_server) as admin:
+        if args.execute:
+            results = admin.alter_partition_reassignments(plan)
+            failed = {tp: e for tp, e in results.items() if e is not None}
+            for tp, error in sorted(failed.items()):
+                print(f"Error reassigning {tp.topic}-{tp.partition}: {error}", file=sys.stderr)
+            started = sorted(f"{tp.topic}-{tp.partition}" for tp, e in results.items() if e is None)
+            if started:
+                print(f"Successfully started partition reassignments for {', '.join(started)}")
+            return 1 if failed else 0
+        if args.cancel:
+            results = admin.alter_partition_reassignments({tp: None for tp in plan})
+            failed = {tp: e for tp, e in results.items() if e is not None}
+            for tp, error in sorted(failed.items()):
+                print(f"Error cancelling the reassignment of {tp.topic}-{tp.partition}: {error}", file=sys.stderr)
+            cancelled = sorted(f"{tp.topic}-{tp.partition}" for tp, e in results.items() if e is None)
+            if cancelled:
+                print(f"Successfully cancelled partition reassignments for {', '.join(cancelled)}")
+            return 1 if failed else 0
+        ongoing = admin.list_partition_reassignments()
+        incomplete = 0
+        for (topic, partition), target in sorted(plan.items()):
+            if (topic, partition) in ongoing:
+                print(f"Reassignment of partition {topic}-{partition} is still in progress.")
+                incomplete += 1
+                continue
+            current = next(p for p in admin.describe_topic(topic)["partitions"] if p["partition"] == partition)
+            if current["replicas"] == target:
+                print(f"Reassignment of partition {topic}-{partition} is completed.")
+            else:
+                print(f"There is no active reassignment of partition {topic}-{partition}, but replicas are "
+                      f"{current['replicas']} rather than {target}.")
+                incomplete += 1
+        return 1 if incomplete else 0
+
+
+def add_commands(commands, client_command, parse_pairs) -> None:
+    """Register the cluster commands on the `eos` parser."""
+    cluster = commands.add_parser("cluster", help="a local cluster: ZooKeeper and brokers on 127.0.0.1")
+    cluster_actions = cluster.add_subparsers(dest="action", required=True)
+    start = cluster_actions.add_parser("start", help="start ZooKeeper and N brokers in the foreground")
+    start.add_argument("--brokers", type=int, default=3)
+    start.add_argument("--data-dir", default="./eos-cluster")
+    start.add_argument("--base-port", type=int, default=9092, help="broker i listens on base-port + i")
+    start.add_argument("--zookeeper-port", type=int, default=2181)
+    start.add_argument("--config", action="append", metavar="NAME=VALUE", help="broker config for every broker")
+    start.set_defaults(handler=lambda args: cmd_cluster_start(_with_pairs(args, parse_pairs)))
+
+    election = client_command("leader-election", help="elect preferred or unclean leaders (kafka-leader-election)")
+    election.add_argument("--election-type", choices=["preferred", "unclean"], required=True)
+    election.add_argument("--topic")
+    election.add_argument("--partition", type=int)
+    election.add_argument("--all-topic-partitions", action="store_true")
+    election.set_defaults(handler=cmd_leader_election)
+
+    partitions = client_command("partitions", help="partition reassignment (kafka-reassign-partitions)")
+    partitions.add_argument("action", choices=["reassign"])
+    partitions.add_argument("--plan", required=True, help="JSON: {\"partitions\": [{topic, partition, replicas}]}")
+    partitions.add_argument("--execute", action="store_true")
+    partitions.add_argument("--verify", action="store_true")
+    partitions.add_argument("--cancel", action="store_true")
+    partitions.set_defaults(handler=cmd_partitions)
+
+
+def _with_pairs(args, parse_pairs):
+    args.config_pairs = parse_pairs(args.config)
+    return args
