@@ -15,9 +15,8 @@ refused (STALE_CONTROLLER_EPOCH) and changes nothing. A `full` update replaces t
 partitions; a partial one merges them (the controller sends a partial update after a
 leader change, a full one when a broker joins or a controller takes over).
 
-A cluster of one (no ZooKeeper) has no controller pushing updates: the broker builds the
-same snapshot from its own topic registry (`single_node_snapshot`), so Metadata has one
-code path either way.
+A cluster of one (no ZooKeeper) has no controller and no cache: the Broker service answers
+Metadata from its topic registry, every partition led by itself at epoch 0.
 """
 from __future__ import annotations
 
@@ -116,15 +115,3 @@ class MetadataCache:
             self._snapshot = snapshot
             return snapshot
 
-
-def single_node_snapshot(node: BrokerEndpoint, topics: Iterable[tuple[str, int, Mapping[str, str]]]) -> ClusterSnapshot:
-    """The cluster of one: this node leads every partition at epoch 0."""
-    only = (node.broker_id,)
-    partitions = {}
-    configs = {}
-    for name, partition_count, overrides in topics:
-        configs[name] = dict(overrides)
-        for p in range(partition_count):
-            partitions[(name, p)] = PartitionInfo(name, p, node.broker_id, 0, only, only)
-    return ClusterSnapshot(brokers={node.broker_id: node}, controller_id=node.broker_id, controller_epoch=0,
-                           partitions=partitions, topic_configs=configs)
