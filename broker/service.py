@@ -70,6 +70,7 @@ batches of more than one producer, is refused as a whole.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import logging
 import threading
@@ -574,20 +575,22 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                            timeout_ms: int = PRODUCE_TIMEOUT_MS_DEFAULT) -> broker_pb2.PartitionProduceResult:
         replicas = self._replicas
         try:
-            leader_epoch = 0
-            if replicas is not None:
-                leader_epoch = replicas.leader_epoch_for_append(p.topic, p.partition)
-            partition_log = self._log_for(p.topic, p.partition, may_create=replicas is None)
-            min_isr = self._registry.get(p.topic).config.min_insync_replicas
-            if acks == -1:
-                if replicas is not None:
-                    replicas.check_min_isr(p.topic, p.partition, min_isr)
-                elif min_isr > 1:
-                    raise EosError(
-                        f"acks=all needs min.insync.replicas={min_isr} in-sync replicas; "
-                        f"{p.topic}-{p.partition} has 1 (single broker)",
-                        ErrorCode.NOT_ENOUGH_REPLICAS)
-            append = partition_log.append_as_leader(p.records, now_ms, headers=headers, leader_epoch=leader_epoch)
+            with (replicas.leader_append(p.topic, p.partition) if replicas is not None
+                  else contextlib.nullcontext(0)) as leader_epoch:
+                partition_log = self._log_for(p.topic, p.partition, may_create=replicas is None)
+                min_isr = self._registry.get(p.topic).config.min_insync_replicas
+                if acks == -1:
+                    if replicas is not None:
+                        replicas.check_min_isr(p.topic, p.partition, min_isr)
+                    elif min_isr > 1:
+                        raise EosError(
+                            f"acks=all needs min.insync.replicas={min_isr} in-sync replicas; "
+                            f"{p.topic}-{p.partition} has 1 (single broker)",
+                            ErrorCode.NOT_ENOUGH_REPLICAS)
+                append = partition_log.append_as_leader(p.records, now_ms, headers=headers,
+                                                        leader_epoch=leader_epoch)
+                if replicas is not None and not append.duplicate:
+                    replicas.on_leader_append(p.topic, p.partition, partition_log)
         except Exception as exc:
             code, message = _describe(exc)
             self._log_partition_error("Produce", p.topic, p.partition, exc)
@@ -596,8 +599,6 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             # wakes followers' long polls (they read to the log end) and, on one node, readers
             self._purgatory.notify(TopicPartition(p.topic, p.partition))
         if replicas is not None:
-            if not append.duplicate:
-                replicas.on_leader_append(p.topic, p.partition, partition_log)
             if acks == -1:
                 code, message = replicas.wait_for_high_watermark(
                     p.topic, p.partition, append.last_offset + 1, timeout_ms, min_isr)
@@ -1021,15 +1022,15 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             for marker in request.markers])
 
     def _write_marker(self, marker: broker_pb2.TxnMarker, tp, now_ms: int) -> broker_pb2.PartitionError:
+        replicas = self._replicas
         try:
-            leader_epoch = 0
-            if self._replicas is not None:
-                leader_epoch = self._replicas.leader_epoch_for_append(tp.topic, tp.partition)
-            partition_log = self._log_for(tp.topic, tp.partition)
-            partition_log.append_txn_marker(marker.producer_id, marker.producer_epoch, marker.coordinator_epoch,
-                                            marker.committed, now_ms, leader_epoch=leader_epoch)
-            if self._replicas is not None:
-                self._replicas.on_leader_append(tp.topic, tp.partition, partition_log)
+            with (replicas.leader_append(tp.topic, tp.partition) if replicas is not None
+                  else contextlib.nullcontext(0)) as leader_epoch:
+                partition_log = self._log_for(tp.topic, tp.partition)
+                partition_log.append_txn_marker(marker.producer_id, marker.producer_epoch, marker.coordinator_epoch,
+                                                marker.committed, now_ms, leader_epoch=leader_epoch)
+                if replicas is not None:
+                    replicas.on_leader_append(tp.topic, tp.partition, partition_log)
         except Exception as exc:
             code, message = _describe(exc)
             self._log_partition_error("WriteTxnMarkers", tp.topic, tp.partition, exc)

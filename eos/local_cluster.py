@@ -87,6 +87,8 @@ class LocalCluster:
                 self.zookeeper.start()
                 self.zookeeper.wait_ready()
                 self.zookeeper_connect = self.zookeeper.connect_string
+            if self.chroot:
+                _ensure_chroot(self.zookeeper_connect, self.chroot)
             for broker_id in range(self.brokers):
                 port = self.base_port + broker_id if self.base_port else free_port()
                 data_dir = self.data_dir / f"broker-{broker_id}"
@@ -243,6 +245,20 @@ class LocalCluster:
 
     def __exit__(self, *exc_info) -> None:
         self.stop()
+
+
+def _ensure_chroot(connect: str, chroot: str) -> None:
+    """A chroot's node must exist before clients rooted in it can create anything (Kafka's
+    brokers create it the same way)."""
+    from kazoo.client import KazooClient
+
+    zk = KazooClient(hosts=connect)
+    zk.start(timeout=30)
+    try:
+        zk.ensure_path(chroot)
+    finally:
+        zk.stop()
+        zk.close()
 
 
 def _tail(path: Path, lines: int = 30) -> str:

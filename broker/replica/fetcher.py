@@ -156,16 +156,26 @@ class ReplicaFetcher(threading.Thread):
             return False
         with self._lock:
             for result in response.partitions:
-                self._apply(result)
+                tp = (result.topic, result.partition)
+                followed = self._partitions.get(tp)
+                # removed, or removed and added again (a new leader epoch) while the fetch was out
+                if followed is None or followed is not fetchable.get(tp):
+                    continue
+                try:
+                    self._apply(result, followed)
+                except Exception as exc:
+                    log.warning("%s-%d: applying the leader's data failed (%s); truncating again before "
+                                "the next fetch", tp[0], tp[1], exc)
+                    followed.needs_truncation = True
+                    followed.backoff_until_s = time.monotonic() + REPLICA_FETCH_BACKOFF_MS / 1000.0
         return True
 
-    def _apply(self, result: broker_pb2.FetchedPartition) -> None:
+    def _apply(self, result: broker_pb2.FetchedPartition, followed: _FollowedPartition) -> None:
         """Apply one partition's answer; called with the lock held."""
         tp = (result.topic, result.partition)
-        followed = self._partitions.get(tp)
         partition_log = self._log_manager.get_log(*tp)
-        if followed is None or partition_log is None:
-            return   # removed while the fetch was out
+        if partition_log is None:
+            return
         code = result.error_code
         if code == ErrorCode.NONE:
             if result.records:

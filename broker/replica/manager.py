@@ -36,6 +36,7 @@ core has its own lock (`_Leader.lock`) held only for core calls.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -89,6 +90,9 @@ class _Leader:
         self.lock = threading.Lock()
         self.hw_changed = threading.Condition(self.lock)
         self.isr_write_in_flight = False
+        # Held across a client append (and taken by a change of role), so nothing is appended
+        # as leader after this broker stopped leading (Kafka's leaderIsrUpdateLock).
+        self.append_lock = threading.Lock()
 
 
 class _Follower:
@@ -188,8 +192,8 @@ class ReplicaManager:
                 if assignment.leader == self.broker_id:
                     self._become_leader(assignment, partition_log)
                 else:
+                    self._stop_leading(tp)
                     with self._lock:
-                        self._leaders.pop(tp, None)
                         self._followers[tp] = _Follower(assignment)
                     new_follows[tp] = assignment
                 results[tp] = (ErrorCode.NONE, "")
@@ -219,6 +223,7 @@ class ReplicaManager:
                            high_watermark=partition_log.high_watermark, now_ms=now_ms)
         partition_log.leader_epoch_cache.assign(assignment.leader_epoch, partition_log.log_end_offset)
         leader = _Leader(assignment, core)
+        self._stop_leading(assignment.tp)
         with self._lock:
             self._followers.pop(assignment.tp, None)
             self._leaders[assignment.tp] = leader
@@ -228,12 +233,26 @@ class ReplicaManager:
         log.info("%s-%d: leader at epoch %d, ISR %s", assignment.topic, assignment.partition,
                  assignment.leader_epoch, list(assignment.isr))
 
+    def _stop_leading(self, tp) -> None:
+        """Forget the leadership of `tp`, after any client append in flight (so none lands
+        after this returns), and wake its acks=all waiters (they answer NOT_LEADER)."""
+        leader = self._leaders.get(tp)
+        if leader is None:
+            return
+        with leader.append_lock:
+            with self._lock:
+                if self._leaders.get(tp) is leader:
+                    del self._leaders[tp]
+        with leader.lock:
+            leader.hw_changed.notify_all()
+
     def stop_replicas(self, controller_epoch: int, partitions: list[tuple[str, int]],
                       delete: bool) -> dict[tuple[str, int], tuple[int, str]]:
         self.check_controller_epoch(controller_epoch, "StopReplica")
+        for tp in partitions:
+            self._stop_leading(tp)
         with self._lock:
             for tp in partitions:
-                self._leaders.pop(tp, None)
                 self._followers.pop(tp, None)
         if self.fetchers is not None:
             self.fetchers.remove_partitions(partitions)
@@ -250,12 +269,15 @@ class ReplicaManager:
 
     # ---- the produce and fetch paths --------------------------------------------------------
 
-    def leader_epoch_for_append(self, topic: str, partition: int) -> int:
-        """The epoch to stamp on a produce; NOT_LEADER_OR_FOLLOWER if this broker does not lead."""
-        leader = self._leaders.get((topic, partition))
-        if leader is None:
-            raise NotLeaderOrFollowerError(f"broker {self.broker_id} is not the leader of {topic}-{partition}")
-        return leader.assignment.leader_epoch
+    @contextlib.contextmanager
+    def leader_append(self, topic: str, partition: int):
+        """Around a client append: yields the leader epoch to stamp; NOT_LEADER_OR_FOLLOWER
+        if this broker does not lead. Leadership cannot end while the block runs."""
+        leader = self._leader(topic, partition)
+        with leader.append_lock:
+            if self._leaders.get((topic, partition)) is not leader:
+                raise NotLeaderOrFollowerError(f"broker {self.broker_id} stopped leading {topic}-{partition}")
+            yield leader.assignment.leader_epoch
 
     def check_leader(self, topic: str, partition: int, current_leader_epoch: int | None = None) -> None:
         leader = self._leaders.get((topic, partition))
