@@ -302,9 +302,9 @@ class Controller:
 
     def _on_controlled_shutdown(self, payload) -> set:
         broker_id, broker_epoch = payload
-        remaining, effects = self._core.controlled_shutdown(broker_id, broker_epoch)
+        _, effects = self._core.controlled_shutdown(broker_id, broker_epoch)
         self._execute(effects)
-        return set(remaining)
+        return self._core.shutdown_remaining(broker_id)   # after the writes went through
 
     def _on_elect_leaders(self, payload) -> dict:
         election_type, tps = payload

@@ -64,6 +64,7 @@ import os
 import re
 import struct
 import threading
+import time
 from bisect import bisect_left, bisect_right
 from typing import NamedTuple, Sequence
 
@@ -91,6 +92,7 @@ from eos.records.header import (
     write_base_offset,
 )
 from broker.storage.index import IndexCorruptError
+from broker.storage.leader_epoch import LeaderEpochCache
 from broker.storage.producer_state import (
     CompletedTxn,
     DuplicateBatch,
@@ -106,7 +108,7 @@ log = logging.getLogger(__name__)
 DEFAULT_PRODUCER_ID_EXPIRATION_MS = 86_400_000
 _SEGMENT_FILE = re.compile(r"^(\d{20})\.(log|index|timeindex|txnindex)$")
 _SNAPSHOT_FILE = re.compile(r"^\d{20}\.snapshot(\.tmp)?$")
-_KNOWN_FILES = frozenset({"leader-epoch-checkpoint", "partition.metadata"})
+_KNOWN_FILES = frozenset({"leader-epoch-checkpoint", "leader-epoch-checkpoint.tmp", "partition.metadata"})
 _LEFTOVER_SUFFIXES = (DELETED_SUFFIX, ".cleaned", ".swap")
 _PARTITION_DIR = re.compile(r"^(.+)-(\d+)$")
 
@@ -141,6 +143,9 @@ class AppendOrigin(enum.Enum):
 
     CLIENT = "client"
     COORDINATOR = "coordinator"
+    # A follower copying its leader: batches as the leader wrote them, several producers'
+    # batches and markers in one append, no sequence rules (the leader applied them).
+    REPLICATION = "replication"
 
 
 class LogAppendInfo(NamedTuple):
@@ -216,9 +221,14 @@ class Log:
         self._last_flush_ms = now_ms
         self._pending_deletions: list[tuple[int, LogSegment]] = []   # (due ms, segment)
         self._closed = False
+        # Replicated (a partition of a cluster): the high watermark is set by the replica
+        # manager from the followers' positions instead of following the log end.
+        self._replicated = False
         self.producer_state = ProducerStateManager(directory, producer_id_expiration_ms=producer_id_expiration_ms)
         os.makedirs(directory, exist_ok=True)
+        self.leader_epoch_cache, epochs_ok = LeaderEpochCache.load(directory)
         self._load(recovery_point, log_start_offset, clean_shutdown, now_ms)
+        self._load_leader_epochs(epochs_ok)
 
     @classmethod
     def open(cls, directory: str, config: TopicConfig, *, recovery_point: int = 0, log_start_offset: int = 0,
@@ -411,6 +421,20 @@ class Log:
         log.info("%s: loaded %d segment(s), offsets [%d, %d)%s", self.name, len(kept), log_start_offset,
                  log_end_offset, "" if clean_shutdown else " after recovery")
 
+    def _load_leader_epochs(self, file_ok: bool) -> None:
+        """The epoch cache agrees with the recovered log: entries past its end go; a
+        missing or unreadable file is rebuilt from every batch's partitionLeaderEpoch (Kafka
+        assigns each batch's epoch as recovery reads it)."""
+        cache = self.leader_epoch_cache
+        if not file_ok:
+            for segment in self._segments:
+                for header in segment.iter_batches(0, segment.size_bytes):
+                    if header.partition_leader_epoch > cache.latest_epoch:
+                        cache.assign(header.partition_leader_epoch, header.base_offset, flush=False)
+            cache.flush()
+        cache.truncate_from_end(self._log_end_offset)
+        cache.truncate_from_start(self._log_start_offset)
+
     def _load_producer_state(self, now_ms: int, txn_rebuild_from: int | None) -> None:
         """Load the newest usable snapshot and replay the batches after it. With
         `txn_rebuild_from`, the snapshot is at most that offset, and the ABORT markers
@@ -502,6 +526,8 @@ class Log:
                 producer_append = outcome
             # -- write: nothing above changed any state
             first_offset = self._log_end_offset
+            if leader_epoch > self.leader_epoch_cache.latest_epoch:
+                self.leader_epoch_cache.assign(leader_epoch, first_offset)
             headers = _assign_offsets(buf, prepared.headers, first_offset, leader_epoch, log_append_time_ms, crcs)
             last_offset = headers[-1].last_offset
             active = self._segment_for_append_locked(prepared.size_bytes, max_timestamp_ms, first_offset,
@@ -559,6 +585,8 @@ class Log:
                                                         now_ms)
             # -- write: nothing above changed any state
             marker_offset = self._log_end_offset
+            if leader_epoch > self.leader_epoch_cache.latest_epoch:
+                self.leader_epoch_cache.assign(leader_epoch, marker_offset)
             aborted_txn = self._aborted_txn_of(marker, marker_offset)
             headers = _assign_offsets(buf, prepared.headers, marker_offset, leader_epoch, log_append_time_ms, crcs)
             active = self._segment_for_append_locked(prepared.size_bytes, max_timestamp_ms, marker_offset,
@@ -589,12 +617,156 @@ class Log:
         return AbortedTxn(marker.producer_id, marker.expected_txn_first_offset, marker_offset, last_stable_offset)
 
     def _advance_locked(self, log_end_offset: int, record_count: int) -> None:
-        """After a write: move the log end and the high watermark, publish."""
+        """After a write: move the log end (and, unreplicated, the high watermark), publish."""
         self._log_end_offset = log_end_offset
-        self._high_watermark = log_end_offset   # one node: everything written is committed
-        self.producer_state.on_high_watermark_updated(log_end_offset)
+        if not self._replicated:
+            self._high_watermark = log_end_offset   # one node: everything written is committed
+            self.producer_state.on_high_watermark_updated(log_end_offset)
         self._unflushed_records += record_count
         self._publish()
+
+    # ---- replication ----------------------------------------------------------------------
+
+    @property
+    def replicated(self) -> bool:
+        return self._replicated
+
+    def set_replicated(self, replicated: bool) -> None:
+        """A partition of a cluster: from now on the high watermark moves only through
+        `update_high_watermark` (the replica manager's, from the ISR's log ends)."""
+        with self._lock:
+            self._replicated = replicated
+            if not replicated and self._high_watermark != self._log_end_offset:
+                self._high_watermark = self._log_end_offset
+                self.producer_state.on_high_watermark_updated(self._log_end_offset)
+                self._publish()
+
+    def update_high_watermark(self, offset: int) -> int:
+        """Set the high watermark (clamped to [log start, log end]); returns it. A leader's
+        only moves up (its core guarantees it); a follower takes the leader's."""
+        with self._lock:
+            self._check_open()
+            offset = max(self._log_start_offset, min(offset, self._log_end_offset))
+            if offset != self._high_watermark:
+                self._high_watermark = offset
+                self.producer_state.on_high_watermark_updated(offset)
+                self._publish()
+            return offset
+
+    def append_as_follower(self, records, now_ms: int) -> LogAppendInfo:
+        """Append batches a follower fetched from its leader, byte for byte as the leader
+        wrote them (offsets and leader epochs included). The first batch must start at the
+        log end and the batches must follow each other; their headers and CRCs are checked
+        as for any append. Producer state, transaction indexes and the leader epoch cache
+        are rebuilt from the batches as recovery rebuilds them (no sequence rules: the
+        leader applied them). The high watermark does not move. Raises InvalidRecordError
+        (changing nothing) for a gap or an overlap."""
+        prepared = self._prepare_batches(records, AppendOrigin.REPLICATION)
+        view = memoryview(records)
+        with self._lock:
+            self._check_open()
+            expected = self._log_end_offset
+            for header in prepared.headers:
+                if header.base_offset != expected:
+                    raise InvalidRecordError(
+                        f"{self.name}: a follower append must continue at offset {expected}, but a batch "
+                        f"starts at {header.base_offset}")
+                expected = header.next_offset
+            first_offset = self._log_end_offset
+            for header in prepared.headers:
+                data = bytes(view[header.position:header.position + header.size_bytes])
+                local = header._replace(position=0)
+                completed = None
+                if header.is_control:
+                    marker = decode_control_record(data, local) if header.producer_id != NO_PRODUCER_ID else None
+                    if marker is not None:
+                        completed = self.producer_state.update_from_replay(header, control_marker=marker)
+                elif header.producer_id != NO_PRODUCER_ID:
+                    self.producer_state.update_from_replay(header)
+                aborted = completed.to_aborted_txn() if completed is not None and completed.is_aborted else None
+                if header.partition_leader_epoch > self.leader_epoch_cache.latest_epoch:
+                    self.leader_epoch_cache.assign(header.partition_leader_epoch, header.base_offset)
+                active = self._segment_for_append_locked(header.size_bytes, header.max_timestamp,
+                                                         header.base_offset, header.last_offset, now_ms)
+                active.append(data, [local], header.max_timestamp, aborted_txn=aborted)
+                self._advance_locked(header.next_offset, header.records_count)
+            flush_now = self._unflushed_records >= self.config.flush_messages
+        if flush_now:
+            self.flush()
+        return LogAppendInfo(first_offset, expected - 1, prepared.max_timestamp_ms, -1, prepared.record_count,
+                             len(prepared.headers))
+
+    def truncate_to(self, offset: int, now_ms: int | None = None) -> int:
+        """Remove every batch at or after `offset` (Kafka's truncateTo): a follower cutting
+        what its leader does not have. A batch that straddles `offset` goes whole, so the
+        new log end may be below it; returns the new log end. Producer state is rebuilt
+        from the newest snapshot below the cut, transaction-index entries and leader epochs
+        past it go, the high watermark and recovery point come down with it. Segments above
+        are renamed .deleted and removed after file.delete.delay.ms, like retention's, so a
+        read in flight is not broken; the segment holding the cut is cut in place."""
+        now_ms = _now_ms() if now_ms is None else now_ms
+        with self._lock:
+            self._check_open()
+            if offset >= self._log_end_offset:
+                return self._log_end_offset
+            if offset <= self._log_start_offset:
+                self._truncate_fully_locked(max(offset, 0) if offset < self._log_start_offset
+                                            else self._log_start_offset, now_ms)
+                return self._log_end_offset
+            index = max(0, bisect_right(self._base_offsets, offset) - 1)
+            doomed = self._segments[index + 1:]
+            for segment in doomed:
+                segment.mark_deleted()
+                self._pending_deletions.append((now_ms + self.config.file_delete_delay_ms, segment))
+            kept = self._segments[:index + 1]
+            segment = kept[-1]
+            cut_position = segment.size_bytes
+            for header in segment.iter_batches(0, segment.size_bytes):
+                if header.last_offset >= offset:
+                    cut_position = header.position
+                    break
+            segment.truncate_at(cut_position)
+            segment.txn_index.truncate_to(segment.next_offset)
+            for earlier in kept[:-1]:
+                earlier.txn_index.truncate_to(segment.next_offset)
+            self._segments = kept
+            self._base_offsets = tuple(s.base_offset for s in kept)
+            new_end = segment.next_offset
+            self._log_end_offset = new_end
+            self._high_watermark = min(self._high_watermark, new_end)
+            self.recovery_point = min(self.recovery_point, new_end)
+            self.producer_state.truncate_to(new_end)
+            self._load_producer_state(now_ms, None)
+            self.leader_epoch_cache.truncate_from_end(new_end)
+            self._publish()
+            log.info("%s: truncated to offset %d (asked %d)", self.name, new_end, offset)
+            return new_end
+
+    def truncate_fully_and_start_at(self, offset: int, now_ms: int | None = None) -> None:
+        """Empty the log and start it again at `offset` (a follower whose log end is below
+        its leader's log start)."""
+        now_ms = _now_ms() if now_ms is None else now_ms
+        with self._lock:
+            self._check_open()
+            self._truncate_fully_locked(offset, now_ms)
+
+    def _truncate_fully_locked(self, offset: int, now_ms: int) -> None:
+        for segment in self._segments:
+            segment.mark_deleted()
+            self._pending_deletions.append((now_ms + self.config.file_delete_delay_ms, segment))
+        fresh = self._new_segment(offset, now_ms)
+        self._segments = (fresh,)
+        self._base_offsets = (offset,)
+        self._log_start_offset = offset
+        self._log_end_offset = offset
+        self._high_watermark = offset
+        self.recovery_point = offset
+        self.producer_state.truncate_to(0)
+        self.producer_state.delete_snapshots_before(offset + 1)
+        self.producer_state.load(offset, offset, now_ms=now_ms)
+        self.leader_epoch_cache.clear()
+        self._publish()
+        log.info("%s: emptied and restarted at offset %d", self.name, offset)
 
     def _prepare_batches(self, records, origin: AppendOrigin,
                          parsed: Sequence[BatchHeader] | None = None) -> _PreparedBatches:
@@ -637,6 +809,8 @@ class Log:
             record_count += header.records_count
             if header.max_timestamp > max_timestamp_ms:
                 max_timestamp_ms = header.max_timestamp
+        if origin is AppendOrigin.REPLICATION:
+            return _PreparedBatches(headers, size_bytes, record_count, max_timestamp_ms, producer_header, marker)
         if producer_header is not None and len(headers) > 1:
             raise InvalidRecordError(
                 f"{self.name}: {len(headers)} batches in one request, but an idempotent or transactional "
@@ -970,6 +1144,10 @@ class Log:
 
 
 # ---- helpers ------------------------------------------------------------------------------
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
 
 def _remove(path: str) -> None:
     try:

@@ -462,6 +462,17 @@ class LogSegment:
             raise StorageError(f"{self.txn_index.path}: writing the aborted transaction {aborted_txn} failed: "
                                f"{e}") from e
 
+    def truncate_at(self, position: int) -> None:
+        """Cut the log file at `position` (a batch boundary) and rebuild both indexes from
+        what is left (a follower truncating to its leader). Index files reopen on the next
+        append, so a sealed segment may become the active one again."""
+        if self._closed:
+            raise InvariantError(f"{self.log_path}: truncate of a closed segment")
+        if not 0 <= position <= self.size_bytes:
+            raise InvariantError(f"{self.log_path}: cut at byte {position} outside 0..{self.size_bytes}")
+        os.ftruncate(self._fd, position)
+        self.recover(verify_crc=False)
+
     def reset_txn_index(self) -> None:
         """Forget every aborted transaction of this segment (before the log rebuilds them)."""
         self.txn_index.delete()
