@@ -123,6 +123,8 @@ class Admin:
                     request, timeout=max(0.001, min(self._request_timeout_ms / 1000, remaining_s)))
             except grpc.RpcError as exc:
                 error = net.error_from_rpc(exc, what)
+                if stub is None:
+                    self._metadata.next_bootstrap()
             else:
                 code = answer_code(response) if answer_code is not None else ErrorCode.NONE
                 if code == ErrorCode.NONE or reaction_for(code) is not Reaction.RETRY:

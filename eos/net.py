@@ -192,6 +192,11 @@ class ClusterMetadata:
     def bootstrap_stub(self) -> broker_pb2_grpc.BrokerStub:
         return self.broker_stub_at(self.bootstrap_address)
 
+    def next_bootstrap(self) -> None:
+        """The bootstrap broker did not answer: use the next address (a cluster's other
+        brokers answer for it)."""
+        self._bootstrap_index = (self._bootstrap_index + 1) % len(self.bootstrap_addresses)
+
     def txn_coordinator_stub(self) -> txn_pb2_grpc.TxnCoordinatorStub:
         """The TxnCoordinator service; each broker process serves it (embedded coordinator)."""
         return txn_pb2_grpc.TxnCoordinatorStub(self.channel(self.bootstrap_address))

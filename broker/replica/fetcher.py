@@ -222,7 +222,7 @@ class ReplicaFetcher(threading.Thread):
                 if answer.error_code != ErrorCode.NONE:
                     log.info("%s-%d: OffsetsForLeaderEpoch answered %s: %s", tp[0], tp[1],
                              ErrorCode(answer.error_code).name, answer.error_message)
-                                followed.backoff_until_s = time.monotonic() + REPLICA_FETCH_BACKOFF_MS / 1000.0
+                    followed.backoff_until_s = time.monotonic() + REPLICA_FETCH_BACKOFF_MS / 1000.0
                     continue
                 log_end = partition_log.log_end_offset
                 if latest.get(tp, -1) < 0 or answer.leader_epoch < 0:

@@ -1,0 +1,270 @@
+"""A 3-broker cluster on a real ZooKeeper: leader failover, controller failover and fencing,
+controlled shutdown, ZooKeeper restarts.
+
+Every test starts its own brokers (real processes on 127.0.0.1) under its own ZooKeeper
+chroot, on the module's one ZooKeeper server. Session timeouts are 6 s, as the issue
+allows for tests; every wait is bounded.
+"""
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pytest
+
+import eos
+from eos.errors import ErrorCode
+from eos.local_cluster import LocalCluster
+from eos.net import open_channel
+from eos.v1 import cluster_pb2, cluster_pb2_grpc
+from tests.waits import wait_for
+
+SESSION_TIMEOUT_MS = 6000
+CLUSTER_CONFIG = {
+    "zookeeper.session.timeout.ms": str(SESSION_TIMEOUT_MS),
+    "replica.lag.time.max.ms": "10000",
+    "controlled.shutdown.retry.backoff.ms": "500",
+    "leader.imbalance.check.interval.seconds": "3600",
+    "log.retention.check.interval.ms": "1000",
+}
+
+
+@pytest.fixture
+def cluster(zookeeper, tmp_path):
+    """Three brokers under a fresh chroot of the module's ZooKeeper."""
+    c = LocalCluster(tmp_path / "cluster", brokers=3, broker_config=dict(CLUSTER_CONFIG),
+                     zookeeper_connect=zookeeper.connect_string, chroot=f"/eos-{uuid.uuid4().hex[:8]}")
+    c.start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def describe(admin: eos.Admin, topic: str) -> list[dict]:
+    return admin.describe_topic(topic)["partitions"]
+
+
+def wait_for_leader(admin, topic, partition=0, *, other_than=None, timeout_s=30.0) -> dict:
+    def found():
+        try:
+            p = describe(admin, topic)[partition]
+        except Exception:
+            return None
+        if p["leader"] < 0 or (other_than is not None and p["leader"] == other_than):
+            return None
+        return p
+    return wait_for(found, f"a leader of {topic}-{partition} other than {other_than}", timeout_s)
+
+
+def read_all(bootstrap: str, topic: str, partitions: int, expected: int, timeout_s: float = 60.0) -> list:
+    consumer = eos.Consumer(bootstrap=bootstrap, group_id=None, isolation_level="read_committed")
+    try:
+        consumer.assign([eos.TopicPartition(topic, p) for p in range(partitions)])
+        for p in range(partitions):
+            consumer.seek(eos.TopicPartition(topic, p), 0)
+        records = []
+        deadline = time.monotonic() + timeout_s
+        while len(records) < expected and time.monotonic() < deadline:
+            records.extend(consumer.poll(timeout_ms=500))
+        return records
+    finally:
+        consumer.close()
+
+
+class SteadyProducer:
+    """An idempotent acks=all producer sending numbered records until stopped; keeps
+    what was acknowledged and every error the application saw."""
+
+    def __init__(self, bootstrap: str, topic: str):
+        self.producer = eos.Producer(bootstrap=bootstrap, enable_idempotence=True, acks="all",
+                                     linger_ms=1, delivery_timeout_ms=120_000, request_timeout_ms=10_000)
+        self.topic = topic
+        self.acked: list[int] = []
+        self.errors: list[BaseException] = []
+        self.sent = 0
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            n = self.sent
+            future = self.producer.send(self.topic, value=str(n).encode(), partition=0)
+            future.add_done_callback(lambda f, n=n: self._done(f, n))
+            self.sent += 1
+            time.sleep(0.002)
+
+    def _done(self, future, n):
+        with self._lock:
+            if future.exception() is None:
+                self.acked.append(n)
+            else:
+                self.errors.append(future.exception())
+
+    def acked_count(self) -> int:
+        with self._lock:
+            return len(self.acked)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join(10)
+        self.producer.flush(120)
+        self.producer.close()
+
+    def __exit__(self, *exc):
+        if not self._stop.is_set():
+            self.stop()
+
+
+def assert_exactly_once_in_order(records, acked: list[int]):
+    values = [int(r.value) for r in records]
+    assert len(values) == len(set(values)), "a record was written twice"
+    assert set(acked) <= set(values), f"acknowledged records missing: {sorted(set(acked) - set(values))[:10]}"
+    assert values == sorted(values), "records out of order"
+
+
+# ---- leader failover ------------------------------------------------------------------------------
+
+def test_kill_leader_elects_new_leader_from_isr_and_loses_nothing(cluster):
+    admin = eos.Admin(bootstrap=cluster.bootstrap)
+    admin.create_topic("orders", partitions=1, replication_factor=3, config={"min.insync.replicas": "2"})
+    before = wait_for(lambda: (lambda p: p if len(p["isr"]) == 3 else None)(describe(admin, "orders")[0]),
+                      "the full ISR")
+    with SteadyProducer(cluster.bootstrap, "orders") as producer:
+        wait_for(lambda: producer.acked_count() >= 200, "200 acknowledged records")
+        killed_at = time.monotonic()
+        cluster.kill(before["leader"])
+        after = wait_for_leader(admin, "orders", other_than=before["leader"])
+        elected_after_s = time.monotonic() - killed_at
+        acked_at_kill = producer.acked_count()
+        wait_for(lambda: producer.acked_count() >= acked_at_kill + 200, "200 more acknowledged records")
+        producer.stop()
+    assert after["leader"] in before["isr"]
+    assert after["leader_epoch"] > before["leader_epoch"]
+    assert before["leader"] not in after["isr"]
+    assert elected_after_s < SESSION_TIMEOUT_MS / 1000 + 1 + 5, elected_after_s   # + detection slack
+    assert producer.errors == []
+    records = read_all(cluster.bootstrap, "orders", 1, len(producer.acked))
+    assert_exactly_once_in_order(records, producer.acked)
+    admin.close()
+
+
+# ---- controller failover and fencing ------------------------------------------------------------------
+
+def test_controller_failover_bumps_epoch_and_fences_the_old_controller(cluster):
+    admin = eos.Admin(bootstrap=cluster.bootstrap)
+    first = admin.describe_cluster()["controller_id"]
+    old_epoch = _controller_epoch(cluster, first)
+    cluster.pause(first)            # SIGSTOP past its session: ZooKeeper expires it
+    try:
+        survivors = [b for b in cluster.processes if b != first]
+        new_controller = wait_for(lambda: _controller_seen_by(cluster, survivors[0], exclude=first),
+                                  "a new controller", timeout_s=SESSION_TIMEOUT_MS / 1000 + 20)
+        new_epoch = _controller_epoch(cluster, new_controller)
+        assert new_epoch == old_epoch + 1
+    finally:
+        cluster.resume(first)
+    # The old controller woke up, lost its session, re-registered; every broker, the old
+    # controller included, hears from the new one ...
+    for broker_id in cluster.processes:
+        wait_for(lambda: _controller_seen_by(cluster, broker_id) == new_controller,
+                 f"broker {broker_id} to learn of controller {new_controller}", timeout_s=30)
+    # ... and refuses a request carrying the old epoch.
+    for broker_id in cluster.processes:
+        response = _leader_and_isr(cluster, broker_id, controller_id=first, controller_epoch=old_epoch)
+        assert response.error_code == ErrorCode.STALE_CONTROLLER_EPOCH, broker_id
+    admin.close()
+
+
+def _controller_seen_by(cluster, broker_id, exclude=None):
+    admin = eos.Admin(bootstrap=cluster.processes[broker_id].address)
+    try:
+        controller = admin.describe_cluster()["controller_id"]
+    except Exception:
+        return None
+    finally:
+        admin.close()
+    if controller < 0 or controller == exclude:
+        return None
+    return controller
+
+
+def _controller_epoch(cluster, broker_id) -> int:
+    from kazoo.client import KazooClient
+    zk = KazooClient(hosts=cluster.connect_string)
+    zk.start(timeout=10)
+    try:
+        data, _ = zk.get("/controller_epoch")
+        return int(data)
+    finally:
+        zk.stop()
+        zk.close()
+
+
+def _leader_and_isr(cluster, broker_id, *, controller_id, controller_epoch):
+    channel = open_channel(cluster.processes[broker_id].address)
+    try:
+        return cluster_pb2_grpc.ClusterStub(channel).LeaderAndIsr(
+            cluster_pb2.LeaderAndIsrRequest(controller_id=controller_id, controller_epoch=controller_epoch),
+            timeout=10)
+    finally:
+        channel.close()
+
+
+# ---- controlled shutdown --------------------------------------------------------------------------
+
+def test_sigterm_moves_leaderships_away_before_exit(cluster):
+    admin = eos.Admin(bootstrap=cluster.bootstrap)
+    admin.create_topic("moves", partitions=6, replication_factor=3, config={"min.insync.replicas": "2"})
+    wait_for(lambda: all(len(p["isr"]) == 3 for p in describe(admin, "moves")), "full ISRs")
+    leaders = [p["leader"] for p in describe(admin, "moves")]
+    victim = max(set(leaders), key=leaders.count)
+    with SteadyProducer(cluster.bootstrap, "moves") as producer:
+        wait_for(lambda: producer.acked_count() >= 100, "100 acknowledged records")
+        assert cluster.terminate(victim) == 0
+        # Leaderships moved during the shutdown, not after a session expiry.
+        partitions = describe(admin, "moves")
+        assert all(p["leader"] not in (victim, -1) for p in partitions), partitions
+        at_exit = producer.acked_count()
+        wait_for(lambda: producer.acked_count() >= at_exit + 100, "100 more acknowledged records")
+        producer.stop()
+    assert producer.errors == []
+    records = read_all(cluster.bootstrap, "moves", 1, len(producer.acked))
+    assert_exactly_once_in_order(records, producer.acked)
+    admin.close()
+
+
+# ---- ZooKeeper restart ---------------------------------------------------------------------------------
+
+def test_zookeeper_restart_brokers_reregister_and_serve(zookeeper, tmp_path):
+    if not hasattr(zookeeper, "restart") and not hasattr(zookeeper, "kill"):
+        pytest.fail("the zookeeper fixture must be restartable")
+    c = LocalCluster(tmp_path / "cluster", brokers=3, broker_config=dict(CLUSTER_CONFIG),
+                     zookeeper_connect=zookeeper.connect_string, chroot=f"/eos-{uuid.uuid4().hex[:8]}")
+    c.start()
+    try:
+        admin = eos.Admin(bootstrap=c.bootstrap)
+        admin.create_topic("before", partitions=3, replication_factor=3)
+        zookeeper.stop()
+        zookeeper.start()
+        zookeeper.wait_ready()
+        c.wait_ready(timeout_s=60)
+        admin.create_topic("after", partitions=3, replication_factor=3)
+        wait_for(lambda: all(p["leader"] >= 0 and len(p["isr"]) == 3 for p in describe(admin, "after")),
+                 "the new topic online with full ISRs", timeout_s=60)
+        producer = eos.Producer(bootstrap=c.bootstrap, enable_idempotence=True, acks="all")
+        for i in range(50):
+            producer.send("before", value=str(i).encode(), partition=i % 3)
+        producer.flush(60)
+        producer.close()
+        records = read_all(c.bootstrap, "before", 3, 50)
+        assert sorted(int(r.value) for r in records) == list(range(50))
+        admin.close()
+    finally:
+        c.stop()
