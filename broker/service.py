@@ -921,6 +921,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                 if counts[new_topic.name] > 1:
                     raise InvalidRequestError(
                         f"topic {new_topic.name!r} appears {counts[new_topic.name]} times in one request")
+                strangers = sorted({b for a in new_topic.assignments for b in a.broker_ids} - {self._node.node_id})
+                if strangers:
+                    raise EosError(f"the assignment of topic {new_topic.name!r} names brokers {strangers}; this "
+                                   f"cluster is broker {self._node.node_id} alone", ErrorCode.INVALID_REPLICA_ASSIGNMENT)
                 with self._admin_lock:
                     # Logs first, registry second: a topic is visible only once its logs
                     # exist, and a crash in between leaves logs the start-up sweep removes.

@@ -66,10 +66,14 @@ def _topic_spec(item) -> tuple[str, int, int, dict]:
     if isinstance(item, str):
         return item, 1, 1, {}
     if isinstance(item, dict):
-        unknown = set(item) - {"name", "partitions", "replication_factor", "config"}
+        unknown = set(item) - {"name", "partitions", "replication_factor", "config", "assignments"}
         if unknown:
             raise ValueError(f"unknown topic spec keys {sorted(unknown)}: expected name, partitions, "
-                             f"replication_factor, config")
+                             f"replication_factor, config, assignments")
+        if item.get("assignments"):
+            # a manual assignment fixes both counts (kafka-topics --replica-assignment)
+            assignments = item["assignments"]
+            return item["name"], len(assignments), len(next(iter(assignments.values()))), item.get("config") or {}
         return (item["name"], item.get("partitions", 1), item.get("replication_factor", 1),
                 item.get("config") or {})
     if isinstance(item, (tuple, list)) and 1 <= len(item) <= 4:
@@ -159,11 +163,13 @@ class Admin:
 
     def create_topics(self, topics, *, validate_only: bool = False, timeout_ms: int | None = None) -> None:
         """Create several topics in one request: each a name, a dict (name, partitions,
-        replication_factor, config) or a tuple in that order. Raises the first failure's
-        error, naming every topic that failed; the others are created."""
+        replication_factor, config, assignments) or a tuple in that order; "assignments" is a
+        manual replica assignment {partition: [broker ids]}. Raises the first failure's error,
+        naming every topic that failed; the others are created."""
         new_topics = []
         for item in topics:
             name, partitions, replication_factor, config = _topic_spec(item)
+            assignments = item.get("assignments") if isinstance(item, dict) else None
             if not isinstance(name, str):
                 raise TypeError(f"topic name must be a str, got {name!r}")
             for label, number in (("partitions", partitions), ("replication_factor", replication_factor)):
@@ -174,9 +180,12 @@ class Admin:
                     code = ErrorCode.INVALID_PARTITIONS if label == "partitions" else ErrorCode.INVALID_REPLICATION_FACTOR
                     raise error_for(code, f"{label} of topic {name!r} must be at least 1 (or -1 for the "
                                           f"broker default), got {number}")
-            new_topics.append(broker_pb2.NewTopic(
+            new_topic = broker_pb2.NewTopic(
                 name=name, num_partitions=partitions, replication_factor=replication_factor,
-                configs=_config_strings(config)))
+                configs=_config_strings(config))
+            for partition, brokers in sorted((assignments or {}).items()):
+                new_topic.assignments.add(partition=int(partition), broker_ids=[int(b) for b in brokers])
+            new_topics.append(new_topic)
         if not new_topics:
             return
         timeout = timeout_ms if timeout_ms is not None else self._api_timeout_ms

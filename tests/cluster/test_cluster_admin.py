@@ -1,0 +1,152 @@
+"""Cluster administration on real brokers and a real ZooKeeper: replica assignment, preferred
+and unclean elections, partition reassignment under load, and bad input refused with a
+named error and nothing changed."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+import eos
+from eos.errors import ErrorCode, InvalidReplicaAssignmentError, InvalidReplicationFactorError
+from eos.local_cluster import LocalCluster
+from tests.cluster.test_cluster_failover import (CLUSTER_CONFIG, SteadyProducer, assert_exactly_once_in_order,
+                                                 describe, read_all, wait_for_leader)
+from tests.waits import wait_for
+
+
+@pytest.fixture
+def cluster(zookeeper, tmp_path):
+    c = LocalCluster(tmp_path / "cluster", brokers=3, broker_config=dict(CLUSTER_CONFIG),
+                     zookeeper_connect=zookeeper.connect_string, chroot=f"/eos-{uuid.uuid4().hex[:8]}")
+    c.start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def full_isr(admin, topic):
+    return wait_for(lambda: (lambda ps: ps if all(len(p["isr"]) == len(p["replicas"]) and p["leader"] >= 0
+                                                  for p in ps) else None)(describe(admin, topic)),
+                    f"every partition of {topic} with a leader and a full ISR")
+
+
+def test_assignment_spreads_leaders_and_refuses_too_many_replicas(cluster):
+    with eos.Admin(bootstrap=cluster.bootstrap) as admin:
+        admin.create_topic("spread", partitions=6, replication_factor=3)
+        partitions = full_isr(admin, "spread")
+        assert all(sorted(p["replicas"]) == [0, 1, 2] for p in partitions)
+        leaders = [p["leader"] for p in partitions]
+        assert sorted(leaders.count(b) for b in range(3)) == [2, 2, 2]
+        with pytest.raises(InvalidReplicationFactorError, match="larger than available brokers: 3"):
+            admin.create_topic("too-many", partitions=1, replication_factor=4)
+        assert "too-many" not in admin.list_topics()
+
+
+def test_preferred_election_puts_leaders_back_after_a_restart(cluster):
+    with eos.Admin(bootstrap=cluster.bootstrap) as admin:
+        admin.create_topic("pref", partitions=3, replication_factor=3)
+        before = full_isr(admin, "pref")
+        victim = before[0]["replicas"][0]
+        led = [p["partition"] for p in before if p["leader"] == victim]
+        cluster.kill(victim)
+        for partition in led:
+            wait_for_leader(admin, "pref", partition, other_than=victim)
+        # while the preferred replica is down, a preferred election is refused by name
+        results = admin.elect_leaders("preferred", [("pref", led[0])])
+        assert results[eos.TopicPartition("pref", led[0])].code == ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE
+        cluster.restart(victim)
+        full_isr(admin, "pref")
+        results = admin.elect_leaders("preferred", [("pref", p) for p in range(3)])
+        for p in range(3):
+            error = results[eos.TopicPartition("pref", p)]
+            assert error is None or error.code == ErrorCode.ELECTION_NOT_NEEDED, error
+        after = describe(admin, "pref")
+        assert [p["leader"] for p in after] == [p["replicas"][0] for p in after]
+        assert all(a["leader_epoch"] > b["leader_epoch"] for a, b in zip(after, before) if b["partition"] in led)
+
+
+def test_unclean_election_is_refused_unless_the_topic_allows_it(cluster):
+    with eos.Admin(bootstrap=cluster.bootstrap) as admin:
+        # both topics: leader 1, follower 2 (a manual assignment fixes the places)
+        admin.create_topics([{"name": "strict", "assignments": {0: [1, 2]}},
+                             {"name": "lenient", "assignments": {0: [1, 2]},
+                              "config": {"unclean.leader.election.enable": "true"}}])
+        for topic in ("strict", "lenient"):
+            assert full_isr(admin, topic)[0]["leader"] == 1
+        cluster.kill(2)          # the follower leaves the ISRs ...
+        for topic in ("strict", "lenient"):
+            wait_for(lambda: describe(admin, topic)[0]["isr"] == [1], f"{topic}'s ISR without broker 2")
+        cluster.kill(1)          # ... then the last in-sync replica dies: both offline
+        for topic in ("strict", "lenient"):
+            wait_for(lambda: describe(admin, topic)[0]["leader"] == -1, f"{topic} offline")
+        cluster.restart(2)       # an out-of-sync replica is back
+        lenient_now = wait_for(lambda: (lambda p: p if p["leader"] == 2 else None)(describe(admin, "lenient")[0]),
+                               "the lenient topic to elect its out-of-sync replica")
+        assert lenient_now["isr"] == [2]
+        strict_now = describe(admin, "strict")[0]
+        assert strict_now["leader"] == -1, strict_now
+        results = admin.elect_leaders("unclean", [("strict", 0)])
+        assert results[eos.TopicPartition("strict", 0)].code == ErrorCode.POLICY_VIOLATION
+        assert "unclean.leader.election.enable" in str(results[eos.TopicPartition("strict", 0)])
+        assert describe(admin, "strict")[0]["leader"] == -1
+
+
+def test_reassignment_under_load_loses_nothing(cluster, tmp_path):
+    with eos.Admin(bootstrap=cluster.bootstrap) as admin:
+        admin.create_topic("moving", partitions=1, replication_factor=2, config={"min.insync.replicas": "1"})
+        state = full_isr(admin, "moving")[0]
+        source = state["replicas"]
+        target = [b for b in (0, 1, 2) if b != source[0]][:1] + [b for b in (0, 1, 2) if b not in source]
+        target = sorted(set(target))
+        assert target != sorted(source)
+        plan = tmp_path / "plan.json"
+        plan.write_text(json.dumps({"version": 1, "partitions": [
+            {"topic": "moving", "partition": 0, "replicas": target}]}))
+        with SteadyProducer(cluster.bootstrap, "moving") as producer:
+            wait_for(lambda: producer.acked_count() >= 200, "200 acknowledged records")
+            cli = [sys.executable, "-m", "eos.cli", "partitions", "reassign", "--bootstrap-server",
+                   cluster.bootstrap, "--plan", str(plan)]
+            executed = subprocess.run(cli + ["--execute"], capture_output=True, text=True, timeout=60)
+            assert executed.returncode == 0, executed.stderr
+            wait_for(lambda: subprocess.run(cli + ["--verify"], capture_output=True, text=True,
+                                            timeout=60).returncode == 0, "the reassignment to complete", 60)
+            at_done = producer.acked_count()
+            wait_for(lambda: producer.acked_count() >= at_done + 200, "200 more acknowledged records")
+            producer.stop()
+        final = describe(admin, "moving")[0]
+        assert sorted(final["replicas"]) == target and final["leader"] in target
+        assert producer.errors == []
+        records = read_all(cluster.bootstrap, "moving", 1, len(producer.acked))
+        assert_exactly_once_in_order(records, producer.acked)
+
+
+def test_bad_plans_and_elections_are_refused_and_change_nothing(cluster):
+    with eos.Admin(bootstrap=cluster.bootstrap) as admin:
+        admin.create_topic("fixed", partitions=2, replication_factor=2)
+        before = full_isr(admin, "fixed")
+        bad = {
+            ("fixed", 0): [0, 0],          # duplicate replica
+            ("fixed", 1): [0, 7],          # unknown broker
+            ("ghost", 0): [0, 1],          # unknown topic
+            ("fixed", 9): [0, 1],          # unknown partition
+        }
+        results = admin.alter_partition_reassignments(bad)
+        assert results[eos.TopicPartition("fixed", 0)].code == ErrorCode.INVALID_REPLICA_ASSIGNMENT
+        assert "twice" in str(results[eos.TopicPartition("fixed", 0)])
+        assert results[eos.TopicPartition("fixed", 1)].code == ErrorCode.INVALID_REPLICA_ASSIGNMENT
+        assert "7" in str(results[eos.TopicPartition("fixed", 1)])
+        assert results[eos.TopicPartition("ghost", 0)].code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        assert results[eos.TopicPartition("fixed", 9)].code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        assert admin.list_partition_reassignments() == {}
+        cancel = admin.alter_partition_reassignments({("fixed", 0): None})
+        assert cancel[eos.TopicPartition("fixed", 0)].code == ErrorCode.NO_REASSIGNMENT_IN_PROGRESS
+        assert describe(admin, "fixed") == before
+        # a manual assignment naming an unknown broker is refused before anything is written
+        with pytest.raises(InvalidReplicaAssignmentError):
+            admin.create_topics([{"name": "manual", "assignments": {0: [0, 9]}}])
+        assert "manual" not in admin.list_topics()
