@@ -25,6 +25,9 @@ from eos.files import write_file_atomically
 CHECKPOINT_VERSION = 0
 RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
 LOG_START_OFFSET_CHECKPOINT = "log-start-offset-checkpoint"
+# Each partition's high watermark (Kafka's name and format), so a restarted replica does not
+# count records as committed that its ISR never confirmed.
+REPLICATION_OFFSET_CHECKPOINT = "replication-offset-checkpoint"
 
 
 class OffsetCheckpointFile:

@@ -201,7 +201,8 @@ class Log:
 
     def __init__(self, directory: str, config: TopicConfig, *, recovery_point: int = 0,
                  log_start_offset: int = 0, clean_shutdown: bool = False, now_ms: int,
-                 producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS):
+                 producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS,
+                 high_watermark: int | None = None):
         self.directory = directory
         self.name = os.path.basename(os.path.normpath(directory))
         parsed = parse_partition_dir_name(self.name)
@@ -224,6 +225,9 @@ class Log:
         # Replicated (a partition of a cluster): the high watermark is set by the replica
         # manager from the followers' positions instead of following the log end.
         self._replicated = False
+        # The high watermark last checkpointed (replication-offset-checkpoint): where a
+        # replica's HW starts when it becomes replicated again after a restart.
+        self._checkpointed_high_watermark = high_watermark
         self.producer_state = ProducerStateManager(directory, producer_id_expiration_ms=producer_id_expiration_ms)
         os.makedirs(directory, exist_ok=True)
         self.leader_epoch_cache, epochs_ok = LeaderEpochCache.load(directory)
@@ -233,11 +237,12 @@ class Log:
     @classmethod
     def open(cls, directory: str, config: TopicConfig, *, recovery_point: int = 0, log_start_offset: int = 0,
              clean_shutdown: bool = False, now_ms: int,
-             producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS) -> "Log":
+             producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS,
+             high_watermark: int | None = None) -> "Log":
         """Open (creating if needed) and recover the partition at `directory`."""
         return cls(directory, config, recovery_point=recovery_point, log_start_offset=log_start_offset,
                    clean_shutdown=clean_shutdown, now_ms=now_ms,
-                   producer_id_expiration_ms=producer_id_expiration_ms)
+                   producer_id_expiration_ms=producer_id_expiration_ms, high_watermark=high_watermark)
 
     # ---- public state ---------------------------------------------------------------
 
@@ -635,6 +640,12 @@ class Log:
         """A partition of a cluster: from now on the high watermark moves only through
         `update_high_watermark` (the replica manager's, from the ISR's log ends)."""
         with self._lock:
+            if replicated and not self._replicated and self._checkpointed_high_watermark is not None:
+                # back from a restart: only what the ISR had confirmed counts as committed
+                self._high_watermark = max(self._log_start_offset,
+                                           min(self._checkpointed_high_watermark, self._log_end_offset))
+                self._checkpointed_high_watermark = None
+                self._publish()
             self._replicated = replicated
             if not replicated and self._high_watermark != self._log_end_offset:
                 self._high_watermark = self._log_end_offset

@@ -44,6 +44,7 @@ from eos.files import fsync_directory
 from broker.storage.checkpoint import (
     LOG_START_OFFSET_CHECKPOINT,
     RECOVERY_POINT_CHECKPOINT,
+    REPLICATION_OFFSET_CHECKPOINT,
     OffsetCheckpointFile,
 )
 from broker.storage.log import (
@@ -84,7 +85,8 @@ class LogManager:
         self._lock = threading.Lock()   # guards _logs and the checkpoint files
         self._recovery_checkpoint = OffsetCheckpointFile(os.path.join(data_dir, RECOVERY_POINT_CHECKPOINT))
         self._start_checkpoint = OffsetCheckpointFile(os.path.join(data_dir, LOG_START_OFFSET_CHECKPOINT))
-        self._checkpointed: tuple[dict, dict] | None = None
+        self._hw_checkpoint = OffsetCheckpointFile(os.path.join(data_dir, REPLICATION_OFFSET_CHECKPOINT))
+        self._checkpointed: tuple[dict, dict, dict] | None = None
         self.had_clean_shutdown = False
         os.makedirs(data_dir, exist_ok=True)
 
@@ -98,6 +100,7 @@ class LogManager:
         self.had_clean_shutdown = clean
         recovery_points = self._read_checkpoint(self._recovery_checkpoint)
         start_offsets = self._read_checkpoint(self._start_checkpoint)
+        high_watermarks = self._read_checkpoint(self._hw_checkpoint)
         now_ms = self._now_ms()
         loaded = 0
         for name in sorted(os.listdir(self.data_dir)):
@@ -124,7 +127,8 @@ class LogManager:
             opened = Log.open(path, config, recovery_point=recovery_points.get((topic, partition), 0),
                               log_start_offset=start_offsets.get((topic, partition), 0),
                               clean_shutdown=clean, now_ms=now_ms,
-                              producer_id_expiration_ms=self.producer_id_expiration_ms)
+                              producer_id_expiration_ms=self.producer_id_expiration_ms,
+                              high_watermark=high_watermarks.get((topic, partition)))
             with self._lock:
                 self._logs[(topic, partition)] = opened
             loaded += 1
@@ -208,11 +212,13 @@ class LogManager:
             logs = list(self._logs.items())
             recovery_points = {key: log_.recovery_point for key, log_ in logs}
             start_offsets = {key: log_.log_start_offset for key, log_ in logs}
-            if not force and self._checkpointed == (recovery_points, start_offsets):
+            high_watermarks = {key: log_.high_watermark for key, log_ in logs}
+            if not force and self._checkpointed == (recovery_points, start_offsets, high_watermarks):
                 return
             self._recovery_checkpoint.write(recovery_points)
             self._start_checkpoint.write(start_offsets)
-            self._checkpointed = (recovery_points, start_offsets)
+            self._hw_checkpoint.write(high_watermarks)
+            self._checkpointed = (recovery_points, start_offsets, high_watermarks)
 
     def shutdown(self) -> None:
         """Clean shutdown: flush and close every log, write the checkpoints, then the marker."""

@@ -200,7 +200,7 @@ def test_load_finishes_interrupted_deletes_and_ignores_strange_dirs(tmp_path, ca
     with caplog.at_level(logging.WARNING, logger="broker.storage.log_manager"):
         manager.load({})
     assert sorted(os.listdir(tmp_path)) == ["__topics", "log-start-offset-checkpoint", "lost+found",
-                                            "recovery-point-offset-checkpoint"]
+                                            "recovery-point-offset-checkpoint", "replication-offset-checkpoint"]
     assert (tmp_path / "__topics" / "t.json").read_text() == "{}"
     assert manager.all_logs() == []
     warned = [r.getMessage() for r in caplog.records if "not a <topic>-<partition>" in r.getMessage()]

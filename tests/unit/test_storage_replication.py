@@ -187,3 +187,22 @@ def test_kip_101_scenario_2_logs_do_not_fork(tmp_path):
     _truncate_like_a_follower(a, b)
     assert log_bytes(a) == log_bytes(b)
     assert a.leader_epoch_cache.entries == b.leader_epoch_cache.entries == [(0, 0), (1, 1)]
+
+
+def test_high_watermark_survives_a_restart_in_the_replication_checkpoint(tmp_path):
+    from broker.storage.log_manager import LogManager
+
+    manager = LogManager(str(tmp_path), now_ms_fn=lambda: 1_000)
+    manager.load({})
+    log = manager.create_log("t", 0, CONFIG)
+    log.set_replicated(True)
+    log.append_as_leader(make_batch(6), 1_000, leader_epoch=1)
+    log.update_high_watermark(4)
+    manager.shutdown()
+    assert b"t 0 4" in (tmp_path / "replication-offset-checkpoint").read_bytes()
+    again = LogManager(str(tmp_path), now_ms_fn=lambda: 2_000)
+    again.load({"t": CONFIG})
+    reopened = again.get_log("t", 0)
+    reopened.set_replicated(True)
+    assert (reopened.log_end_offset, reopened.high_watermark) == (6, 4)
+    again.shutdown()
