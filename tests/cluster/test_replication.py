@@ -1,0 +1,156 @@
+"""Replication on 3 broker processes (RF 3, min.insync.replicas 2) and a real ZooKeeper: ISR
+shrink and expand, NOT_ENOUGH_REPLICAS, leaders killed over and over under acks=all, and
+replicas byte-identical up to the high watermark."""
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+import eos
+from eos.errors import ErrorCode, RequestTimedOutError
+from eos.local_cluster import LocalCluster
+from eos.v1 import broker_pb2
+from tests.cluster.test_cluster_failover import (CLUSTER_CONFIG, SteadyProducer, assert_exactly_once_in_order,
+                                                 describe, read_all, wait_for_leader)
+from tests.waits import wait_for
+
+LAG_MS = 3000
+REPLICATION_CONFIG = {**CLUSTER_CONFIG, "replica.lag.time.max.ms": str(LAG_MS), "min.insync.replicas": "2"}
+
+
+@pytest.fixture
+def cluster(zookeeper, tmp_path):
+    c = LocalCluster(tmp_path / "cluster", brokers=3, broker_config=dict(REPLICATION_CONFIG),
+                     zookeeper_connect=zookeeper.connect_string, chroot=f"/eos-{uuid.uuid4().hex[:8]}")
+    c.start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def full_isr(admin, topic):
+    return wait_for(lambda: (lambda ps: ps if all(len(p["isr"]) == 3 and p["leader"] >= 0 for p in ps) else None)(
+        describe(admin, topic)), f"{topic} with a full ISR", timeout_s=60)
+
+
+def test_a_paused_follower_leaves_the_isr_and_rejoins_after_catching_up(cluster):
+    with eos.Admin(bootstrap=cluster.bootstrap) as admin:
+        admin.create_topic("lag", partitions=1, replication_factor=3)
+        state = full_isr(admin, "lag")[0]
+        follower = next(r for r in state["replicas"] if r != state["leader"])
+        with SteadyProducer(cluster.bootstrap, "lag") as producer:
+            wait_for(lambda: producer.acked_count() >= 100, "100 acknowledged records")
+            cluster.pause(follower)
+            try:
+                wait_for(lambda: follower not in describe(admin, "lag")[0]["isr"],
+                         f"broker {follower} to leave the ISR", timeout_s=LAG_MS / 1000 + 30)
+                shrunk_at = producer.acked_count()
+                wait_for(lambda: producer.acked_count() >= shrunk_at + 100, "producing to go on without it")
+            finally:
+                cluster.resume(follower)
+            wait_for(lambda: follower in describe(admin, "lag")[0]["isr"], f"broker {follower} to rejoin", 60)
+            producer.stop()
+        assert producer.errors == []
+        records = read_all(cluster.bootstrap, "lag", 1, len(producer.acked))
+        assert_exactly_once_in_order(records, producer.acked)
+
+
+def test_two_paused_followers_refuse_acks_all_and_producing_resumes_when_they_return(cluster):
+    with eos.Admin(bootstrap=cluster.bootstrap) as admin:
+        admin.create_topic("quorum", partitions=1, replication_factor=3)
+        state = full_isr(admin, "quorum")[0]
+        followers = [r for r in state["replicas"] if r != state["leader"]]
+        leader_address = cluster.processes[state["leader"]].address
+        for f in followers:
+            cluster.pause(f)
+        try:
+            wait_for(lambda: describe(admin, "quorum")[0]["isr"] == [state["leader"]], "an ISR of the leader alone",
+                     timeout_s=LAG_MS / 1000 + 30)
+            # refused before any append: the log end does not move
+            end_before = admin.list_offsets({("quorum", 0): "latest"})[eos.TopicPartition("quorum", 0)]
+            response = _produce_once(leader_address, acks=-1)
+            assert response.error_code == ErrorCode.NOT_ENOUGH_REPLICAS, response
+            assert admin.list_offsets({("quorum", 0): "latest"})[eos.TopicPartition("quorum", 0)] == end_before
+            # an application's producer keeps retrying it; it succeeds once they are back
+            producer = eos.Producer(bootstrap=cluster.bootstrap, enable_idempotence=True, acks="all",
+                                    delivery_timeout_ms=120_000)
+            future = producer.send("quorum", value=b"late", partition=0)
+            time.sleep(1.0)
+            assert not future.done()
+        finally:
+            for f in followers:
+                cluster.resume(f)
+        metadata = future.result(timeout=90)
+        producer.close()
+        assert metadata.offset >= end_before
+        full_isr(admin, "quorum")
+        records = read_all(cluster.bootstrap, "quorum", 1, 1)
+        assert [r.value for r in records] == [b"late"]
+
+
+def _produce_once(address: str, acks: int):
+    from eos.net import open_channel
+    from eos.records.codec import encode_batch
+    from eos.v1 import broker_pb2_grpc
+
+    channel = open_channel(address)
+    try:
+        response = broker_pb2_grpc.BrokerStub(channel).Produce(broker_pb2.ProduceRequest(
+            acks=acks, timeout_ms=5000, partitions=[broker_pb2.PartitionRecords(
+                topic="quorum", partition=0, records=encode_batch([b"x"], timestamps_ms=[1]))]), timeout=20)
+        return response.partitions[0]
+    finally:
+        channel.close()
+
+
+def test_leaders_killed_over_and_over_lose_nothing_and_replicas_end_identical(cluster):
+    with eos.Admin(bootstrap=cluster.bootstrap) as admin:
+        admin.create_topic("churn", partitions=1, replication_factor=3)
+        full_isr(admin, "churn")
+        with SteadyProducer(cluster.bootstrap, "churn") as producer:
+            for round_ in range(3):
+                wait_for(lambda: producer.acked_count() >= 150 * (round_ + 1), "more acknowledged records")
+                leader = describe(admin, "churn")[0]["leader"]
+                cluster.kill(leader)
+                wait_for_leader(admin, "churn", other_than=leader)
+                cluster.restart(leader)
+                full_isr(admin, "churn")
+            producer.stop()
+        assert producer.errors == []
+        records = read_all(cluster.bootstrap, "churn", 1, len(producer.acked))
+        assert_exactly_once_in_order(records, producer.acked)
+        # every replica holds the same bytes up to the high watermark
+        high_watermark = admin.list_offsets({("churn", 0): "latest"})[eos.TopicPartition("churn", 0)]
+        wait_for(lambda: len({_replica_bytes(cluster, b, "churn", high_watermark) for b in range(3)}) == 1,
+                 "identical replicas", timeout_s=30)
+
+
+def _replica_bytes(cluster, broker_id: int, topic: str, end_offset: int) -> bytes:
+    """The batches of a replica's log below `end_offset`, read from its files."""
+    from eos.records.header import iter_headers
+
+    directory = cluster.processes[broker_id].data_dir / f"{topic}-0"
+    data = b"".join(p.read_bytes() for p in sorted(directory.glob("*.log")))
+    out = bytearray()
+    for header in iter_headers(data):
+        if header.next_offset > end_offset:
+            break
+        out += data[header.position:header.position + header.size_bytes]
+    return bytes(out)
+
+
+def test_too_few_in_sync_replicas_append_nothing_and_the_client_names_why(cluster):
+    with eos.Admin(bootstrap=cluster.bootstrap) as admin:
+        admin.create_topic("single", partitions=1, replication_factor=1, config={"min.insync.replicas": "2"})
+        wait_for(lambda: describe(admin, "single")[0]["leader"] >= 0, "a leader")
+        producer = eos.Producer(bootstrap=cluster.bootstrap, acks="all", enable_idempotence=True,
+                                delivery_timeout_ms=3000, request_timeout_ms=1000)
+        future = producer.send("single", value=b"x", partition=0)
+        # retriable, as in Kafka: the producer retries until delivery.timeout.ms, then names it
+        with pytest.raises(RequestTimedOutError, match="min.insync.replicas=2"):
+            future.result(timeout=30)
+        producer.close()
+        assert admin.list_offsets({("single", 0): "latest"})[eos.TopicPartition("single", 0)] == 0
