@@ -72,7 +72,9 @@ class ClusterNode:
                              session_timeout_ms=self.config.zookeeper_session_timeout_ms)
         self.store.start()
         self.store.ensure_paths()
-        cluster_id = self.store.get_or_create_cluster_id(data_dir_cluster_id or proposed_cluster_id)
+        # Kafka's rule: ZooKeeper's id wins (a fresh one if it has none), and a data dir that
+        # already belongs to a cluster must belong to that one.
+        cluster_id = self.store.get_or_create_cluster_id(proposed_cluster_id)
         if data_dir_cluster_id is not None and data_dir_cluster_id != cluster_id:
             self.store.close()
             raise InconsistentClusterIdError(

@@ -1,5 +1,6 @@
 """The cluster commands of the `eos` command line, after Kafka's tools.
 
+    eos zookeeper start --port 2181 --data-dir DIR   Apache ZooKeeper (jars fetched and cached)
     eos cluster start --brokers 3 --data-dir ./eos-cluster [--base-port 9092] [--zookeeper-port 2181]
     eos leader-election --election-type preferred|unclean (--topic T [--partition P] | --all-topic-partitions)
     eos partitions reassign --plan plan.json (--execute | --verify | --cancel)
@@ -149,8 +150,19 @@ def cmd_partitions(args) -> int:
         return 1 if incomplete else 0
 
 
+def cmd_zookeeper_start(args) -> int:
+    from eos.zookeeper import run_zookeeper
+    return run_zookeeper(args.data_dir, port=args.port)
+
+
 def add_commands(commands, client_command, parse_pairs) -> None:
     """Register the cluster commands on the `eos` parser."""
+    zookeeper = commands.add_parser("zookeeper", help="run Apache ZooKeeper for a cluster")
+    zookeeper_actions = zookeeper.add_subparsers(dest="action", required=True)
+    zk_start = zookeeper_actions.add_parser("start", help="start ZooKeeper on 127.0.0.1 in the foreground")
+    zk_start.add_argument("--port", type=int, default=2181)
+    zk_start.add_argument("--data-dir", default="./eos-zookeeper")
+    zk_start.set_defaults(handler=cmd_zookeeper_start)
     cluster = commands.add_parser("cluster", help="a local cluster: ZooKeeper and brokers on 127.0.0.1")
     cluster_actions = cluster.add_subparsers(dest="action", required=True)
     start = cluster_actions.add_parser("start", help="start ZooKeeper and N brokers in the foreground")
