@@ -290,9 +290,11 @@ class Admin:
         return self._partition_results(self._controller_call("ElectLeaders", "ElectLeaders", request),
                                        "leader election for")
 
-    def alter_partition_reassignments(self, plan: dict) -> dict[TopicPartition, EosError | None]:
-        """{(topic, partition): [broker ids] | None} -- None cancels an ongoing reassignment."""
-        request = cluster_pb2.AlterPartitionReassignmentsRequest()
+    def alter_partition_reassignments(self, plan: dict, *,
+                                      throttle_bytes_per_s: int = 0) -> dict[TopicPartition, EosError | None]:
+        """{(topic, partition): [broker ids] | None} -- None cancels an ongoing reassignment.
+        `throttle_bytes_per_s` bounds the replication to the new replicas while they catch up."""
+        request = cluster_pb2.AlterPartitionReassignmentsRequest(throttle_bytes_per_s=max(0, throttle_bytes_per_s))
         for (topic, partition), replicas in plan.items():
             request.reassignments.add(topic=topic, partition=partition, replicas=list(replicas or ()),
                                       cancel=replicas is None)

@@ -3,7 +3,7 @@
     eos zookeeper start --port 2181 --data-dir DIR   Apache ZooKeeper (jars fetched and cached)
     eos cluster start --brokers 3 --data-dir ./eos-cluster [--base-port 9092] [--zookeeper-port 2181]
     eos leader-election --election-type preferred|unclean (--topic T [--partition P] | --all-topic-partitions)
-    eos partitions reassign --plan plan.json (--execute | --verify | --cancel)
+    eos partitions reassign --plan plan.json (--execute [--throttle B] | --verify | --cancel)
 
 `topics describe` (in eos/cli.py) prints Leader, Replicas, Isr and Offline per partition
 and takes --under-replicated-partitions / --unavailable-partitions, like kafka-topics.
@@ -116,7 +116,7 @@ def cmd_partitions(args) -> int:
         raise SystemExit("error: give exactly one of --execute, --verify, --cancel")
     with eos.Admin(bootstrap=args.bootstrap_server) as admin:
         if args.execute:
-            results = admin.alter_partition_reassignments(plan)
+            results = admin.alter_partition_reassignments(plan, throttle_bytes_per_s=args.throttle)
             failed = {tp: e for tp, e in results.items() if e is not None}
             for tp, error in sorted(failed.items()):
                 print(f"Error reassigning {tp.topic}-{tp.partition}: {error}", file=sys.stderr)
@@ -186,6 +186,8 @@ def add_commands(commands, client_command, parse_pairs) -> None:
     partitions.add_argument("--execute", action="store_true")
     partitions.add_argument("--verify", action="store_true")
     partitions.add_argument("--cancel", action="store_true")
+    partitions.add_argument("--throttle", type=int, default=0,
+                            help="with --execute: bytes/s the leaders send the new replicas while they catch up")
     partitions.set_defaults(handler=cmd_partitions)
 
 

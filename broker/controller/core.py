@@ -98,6 +98,7 @@ class PartitionRequestState:
     removing: tuple[int, ...]
     is_new: bool
     zk_version: int
+    throttle_bytes_per_s: int = 0
 
 
 @dataclass(frozen=True)
@@ -145,6 +146,7 @@ class DeleteTopicZnodes:
 class _Reassignment:
     original: tuple[int, ...]
     target: tuple[int, ...]
+    throttle_bytes_per_s: int = 0
 
 
 class ControllerCore:
@@ -440,8 +442,11 @@ class ControllerCore:
 
     # ---- reassignment (KIP-455) ---------------------------------------------------------------------
 
-    def reassign(self, plan: Mapping[TP, tuple[int, ...] | None]) -> tuple[dict[TP, tuple[int, str]], list]:
-        """Start (or, with None, cancel) reassignments; per partition (code, message)."""
+    def reassign(self, plan: Mapping[TP, tuple[int, ...] | None], *,
+                 throttle_bytes_per_s: int = 0) -> tuple[dict[TP, tuple[int, str]], list]:
+        """Start (or, with None, cancel) reassignments; per partition (code, message).
+        `throttle_bytes_per_s` bounds what the leader sends the new replicas while they
+        catch up (kept by this controller only: a successor resumes without it)."""
         results: dict[TP, tuple[int, str]] = {}
         effects: list = []
         for tp, target in sorted(plan.items()):
@@ -475,7 +480,7 @@ class ControllerCore:
             adding = tuple(r for r in target if r not in original)
             removing = tuple(r for r in original if r not in target)
             full = original + adding
-            self.reassignments[tp] = _Reassignment(original, target)
+            self.reassignments[tp] = _Reassignment(original, target, max(0, throttle_bytes_per_s))
             self._set_assignment(tp, full, adding, removing)
             effects.append(self._write_assignment(tp[0]))
             for replica in adding:
@@ -674,8 +679,10 @@ class ControllerCore:
     def _request_state(self, tp: TP, *, is_new: bool = False) -> PartitionRequestState:
         state, version = self.states[tp]
         topic = self.topics[tp[0]]
+        ongoing = self.reassignments.get(tp)
         return PartitionRequestState(tp, state, self.replicas_of(tp), topic.adding.get(tp[1], ()),
-                                     topic.removing.get(tp[1], ()), is_new, version)
+                                     topic.removing.get(tp[1], ()), is_new, version,
+                                     0 if ongoing is None else ongoing.throttle_bytes_per_s)
 
     def _leader_and_isr(self, tps: Iterable[TP], *, to, new: set[TP] = frozenset()) -> list:
         by_broker: dict[int, list[PartitionRequestState]] = {}

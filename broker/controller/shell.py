@@ -129,7 +129,7 @@ class Controller:
         return self._call("elect_leaders", (election_type, tps))
 
     def reassign(self, plan, *, throttle_bytes_per_s: int = 0) -> dict[tuple[str, int], tuple[int, str]]:
-        return self._call("reassign", plan)
+        return self._call("reassign", (plan, throttle_bytes_per_s))
 
     def ongoing_reassignments(self) -> dict:
         return self._call("list_reassignments", None)
@@ -312,8 +312,9 @@ class Controller:
         self._execute(effects)
         return results
 
-    def _on_reassign(self, plan) -> dict:
-        results, effects = self._core.reassign(plan)
+    def _on_reassign(self, payload) -> dict:
+        plan, throttle_bytes_per_s = payload
+        results, effects = self._core.reassign(plan, throttle_bytes_per_s=throttle_bytes_per_s)
         self._execute(effects)
         return results
 
@@ -386,7 +387,8 @@ class Controller:
             topic=topic, partition=partition, controller_epoch=li.controller_epoch, leader=li.leader,
             leader_epoch=li.leader_epoch, isr=li.isr, zk_version=getattr(state, "zk_version", 0),
             replicas=state.replicas, adding_replicas=state.adding, removing_replicas=state.removing,
-            is_new=state.is_new, topic_configs=self._topic_configs.get(topic, {}))
+            is_new=state.is_new, topic_configs=self._topic_configs.get(topic, {}),
+            reassignment_throttle_bytes_per_s=state.throttle_bytes_per_s)
 
     def _leader_and_isr_request(self, effect) -> cluster_pb2.LeaderAndIsrRequest:
         return cluster_pb2.LeaderAndIsrRequest(

@@ -75,6 +75,7 @@ class PartitionAssignment:
     removing: tuple[int, ...] = ()
     is_new: bool = False
     topic_configs: dict = field(default_factory=dict)
+    throttle_bytes_per_s: int = 0      # what the adding replicas may be sent (a throttled reassignment)
 
     @property
     def tp(self) -> tuple[str, int]:
@@ -93,6 +94,8 @@ class _Leader:
         # Held across a client append (and taken by a change of role), so nothing is appended
         # as leader after this broker stopped leading (Kafka's leaderIsrUpdateLock).
         self.append_lock = threading.Lock()
+        self.throttle = (None if assignment.throttle_bytes_per_s <= 0 or not assignment.adding
+                         else ThrottleBucket(assignment.throttle_bytes_per_s))
 
 
 class _Follower:
@@ -345,6 +348,14 @@ class ReplicaManager:
         if update.expand_isr is not None:
             self._write_isr((topic, partition), leader, update.expand_isr)
 
+    def replica_fetch_allowance(self, replica_id: int, topic: str, partition: int, max_bytes: int) -> int:
+        """How many bytes a follower's fetch may carry: `max_bytes`, unless the follower is
+        being added by a throttled reassignment (then what the throttle allows now, maybe 0)."""
+        leader = self._leaders.get((topic, partition))
+        if leader is None or leader.throttle is None or replica_id not in leader.assignment.adding:
+            return max_bytes
+        return leader.throttle.take(max_bytes, time.monotonic())
+
     def _leader(self, topic: str, partition: int) -> _Leader:
         leader = self._leaders.get((topic, partition))
         if leader is None:
@@ -419,6 +430,26 @@ class ReplicaManager:
     def follower_assignment(self, tp) -> PartitionAssignment | None:
         follower = self._followers.get(tp)
         return None if follower is None else follower.assignment
+
+
+class ThrottleBucket:
+    """A token bucket of bytes: `rate_bytes_per_s` refill, at most one second's worth saved."""
+
+    def __init__(self, rate_bytes_per_s: int):
+        self.rate_bytes_per_s = rate_bytes_per_s
+        self._tokens = float(rate_bytes_per_s)
+        self._last_s: float | None = None
+        self._lock = threading.Lock()
+
+    def take(self, wanted_bytes: int, now_s: float) -> int:
+        with self._lock:
+            if self._last_s is not None:
+                self._tokens = min(float(self.rate_bytes_per_s),
+                                   self._tokens + (now_s - self._last_s) * self.rate_bytes_per_s)
+            self._last_s = now_s
+            granted = int(min(wanted_bytes, self._tokens))
+            self._tokens -= granted
+            return granted
 
 
 def _check_epoch(assignment: PartitionAssignment, current_leader_epoch: int | None) -> None:

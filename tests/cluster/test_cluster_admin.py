@@ -111,7 +111,9 @@ def test_reassignment_under_load_loses_nothing(cluster, tmp_path):
             wait_for(lambda: producer.acked_count() >= 200, "200 acknowledged records")
             cli = [sys.executable, "-m", "eos.cli", "partitions", "reassign", "--bootstrap-server",
                    cluster.bootstrap, "--plan", str(plan)]
-            executed = subprocess.run(cli + ["--execute"], capture_output=True, text=True, timeout=60)
+            # throttled: the new replica gets at most 1 MB/s while it catches up
+            executed = subprocess.run(cli + ["--execute", "--throttle", "1000000"], capture_output=True,
+                                      text=True, timeout=60)
             assert executed.returncode == 0, executed.stderr
             wait_for(lambda: subprocess.run(cli + ["--verify"], capture_output=True, text=True,
                                             timeout=60).returncode == 0, "the reassignment to complete", 60)
