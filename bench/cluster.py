@@ -1,0 +1,442 @@
+"""python -m bench.cluster [--quick] [--systems kafka,eos] [--out DIR]: 3-broker clusters side by side.
+
+Theory of operation
+-------------------
+One run starts Apache Kafka's 3-node KRaft cluster (`bench.kafka_cluster`), measures every
+figure, stops it, then does the same on eos's 3-broker cluster (`eos.local_cluster`:
+ZooKeeper and three broker processes); the two never share the machine. Both sides run at
+the same session timeout (6 s: eos's zookeeper.session.timeout.ms, Kafka's
+broker.session.timeout.ms with a 1 s heartbeat), RF 3, min.insync.replicas 2.
+
+Figures (median of 3 runs; 1 with --quick):
+- failover after kill -9: an idempotent acks=all producer sends a record every 2 ms to a
+  one-partition topic; the leader is killed with SIGKILL; the figure is the time from the
+  kill to the first acknowledgement after it (the first write the new leader took). Every
+  acknowledged record must read back exactly once, else the row says LOST.
+- failover after a controlled shutdown: the same with SIGTERM.
+- metadata propagation: from the CreateTopics call for 1,000 partitions (RF 3) until every
+  broker's Metadata answer shows them all with a leader.
+- produce acks=all (RF 3): records/s of the bulk path, 100-byte values.
+- broker start with N partitions (10,000; 1,000 with --quick; RF 1 over the 3 brokers): one
+  broker stopped cleanly and started again; the time until the cluster lists it live.
+
+Results: `bench/results/cluster-<UTC date>-<host>.{json,md}` and `cluster-latest.*` for a
+full run, `bench/results/tmp/` otherwise; a table is printed (ratio > 1 = eos better).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import signal
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RESULTS_DIR = REPO_ROOT / "bench" / "results"
+SESSION_TIMEOUT_MS = 6000
+SEND_INTERVAL_S = 0.002
+WAIT_S = 120.0
+
+
+class Lost(Exception):
+    pass
+
+
+def _wait(condition, what: str, timeout_s: float = WAIT_S):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.05)
+
+
+# ---- the two systems behind one small interface -------------------------------------------------
+
+class EosSide:
+    name = "eos"
+
+    def __init__(self, tmp_dir: str):
+        from eos.local_cluster import LocalCluster
+        self.cluster = LocalCluster(Path(tempfile.mkdtemp(prefix="eos-bench-cluster-", dir=tmp_dir)), brokers=3,
+                                    broker_config={"zookeeper.session.timeout.ms": str(SESSION_TIMEOUT_MS),
+                                                   "min.insync.replicas": "2",
+                                                   "controlled.shutdown.retry.backoff.ms": "500"})
+
+    def start(self):
+        self.cluster.start()
+        import eos
+        self.admin = eos.Admin(bootstrap=self.cluster.bootstrap)
+
+    def stop(self):
+        try:
+            self.admin.close()
+        finally:
+            self.cluster.stop()
+
+    @property
+    def bootstrap(self):
+        return self.cluster.bootstrap
+
+    def brokers(self):
+        return sorted(self.cluster.processes)
+
+    def create(self, topic, partitions, rf, config=None):
+        self.admin.create_topic(topic, partitions=partitions, replication_factor=rf, config=config or {})
+
+    def partitions(self, topic, broker=None):
+        from eos.errors import UnknownTopicOrPartitionError
+        try:
+            if broker is None:
+                return self.admin.describe_topic(topic)["partitions"]
+            import eos
+            with eos.Admin(bootstrap=self.cluster.processes[broker].address) as one:
+                return one.describe_topic(topic)["partitions"]
+        except UnknownTopicOrPartitionError:
+            return []     # not (yet) in that broker's metadata
+
+    def pid(self, broker):
+        return self.cluster.processes[broker].process.pid
+
+    def wait_exit(self, broker):
+        self.cluster.processes[broker].process.wait(120)
+
+    def restart(self, broker):
+        self.cluster.restart(broker)
+        self.cluster.wait_ready(brokers={broker})
+
+    def producer(self, on_ack):
+        import eos
+        producer = eos.Producer(bootstrap=self.bootstrap, acks="all", enable_idempotence=True, linger_ms=0,
+                                delivery_timeout_ms=120_000)
+
+        def send(topic, value):
+            future = producer.send(topic, value=value, partition=0)
+            future.add_done_callback(lambda f: on_ack(value, f.exception()))
+        return send, (lambda: None), (lambda: (producer.flush(120), producer.close()))
+
+    def read_values(self, topic, expected):
+        import eos
+        consumer = eos.Consumer(bootstrap=self.bootstrap, group_id=None, isolation_level="read_committed")
+        consumer.assign([eos.TopicPartition(topic, 0)])
+        consumer.seek(eos.TopicPartition(topic, 0), 0)
+        values = []
+        deadline = time.monotonic() + 60
+        while len(values) < expected and time.monotonic() < deadline:
+            values.extend(r.value for r in consumer.poll(timeout_ms=500))
+        consumer.close()
+        return values
+
+    def bulk_produce(self, topic, count, value):
+        import eos
+        producer = eos.Producer(bootstrap=self.bootstrap, acks="all", enable_idempotence=True, linger_ms=5)
+        started = time.perf_counter()
+        chunk = 10_000
+        for start in range(0, count, chunk):
+            producer.send_batch(topic, [value] * min(chunk, count - start), partition=0)
+        producer.flush(300)
+        elapsed = time.perf_counter() - started
+        producer.close()
+        return elapsed
+
+
+class KafkaSide:
+    name = "kafka"
+
+    def __init__(self, tmp_dir: str):
+        from bench.kafka import resolve_kafka
+        from bench.kafka_cluster import KafkaCluster
+        self.cluster = KafkaCluster(resolve_kafka(os.environ.get("EOS_BENCH_KAFKA_VERSION", "latest")), brokers=3,
+                                    base_dir=tmp_dir, session_timeout_ms=SESSION_TIMEOUT_MS)
+
+    def start(self):
+        from confluent_kafka.admin import AdminClient
+        self.cluster.start()
+        self.admin = AdminClient({"bootstrap.servers": self.cluster.bootstrap, "log_level": 0})
+
+    def stop(self):
+        self.cluster.stop()
+
+    @property
+    def bootstrap(self):
+        return self.cluster.bootstrap
+
+    def brokers(self):
+        return self.cluster.node_ids
+
+    def create(self, topic, partitions, rf, config=None):
+        from confluent_kafka.admin import NewTopic
+        futures = self.admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=rf,
+                                                     config=config or {})], operation_timeout=60)
+        futures[topic].result(timeout=120)
+
+    def partitions(self, topic, broker=None):
+        from confluent_kafka.admin import AdminClient
+        admin = self.admin if broker is None else AdminClient(
+            {"bootstrap.servers": self.cluster.address(broker), "log_level": 0})
+        meta = admin.list_topics(topic=topic, timeout=10).topics.get(topic)
+        if meta is None or meta.error is not None:
+            return []
+        return [{"partition": p.id, "leader": p.leader, "replicas": list(p.replicas), "isr": list(p.isrs)}
+                for p in sorted(meta.partitions.values(), key=lambda p: p.id)]
+
+    def pid(self, broker):
+        return self.cluster.pid(broker)
+
+    def wait_exit(self, broker):
+        self.cluster.procs[broker].wait(120)
+
+    def restart(self, broker):
+        self.cluster.restart(broker)
+
+    def producer(self, on_ack):
+        from confluent_kafka import Producer
+        producer = Producer({"bootstrap.servers": self.bootstrap, "acks": "all", "enable.idempotence": True,
+                             "linger.ms": 0, "delivery.timeout.ms": 120_000})
+
+        def send(topic, value):
+            producer.produce(topic, value=value, partition=0, on_delivery=lambda err, msg: on_ack(value, err))
+            producer.poll(0)
+        return send, (lambda: producer.poll(0)), (lambda: producer.flush(120))
+
+    def read_values(self, topic, expected):
+        from confluent_kafka import Consumer, TopicPartition
+        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"bench-{time.time_ns()}",
+                             "enable.auto.commit": False, "isolation.level": "read_committed"})
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        values = []
+        deadline = time.monotonic() + 60
+        while len(values) < expected and time.monotonic() < deadline:
+            for message in consumer.consume(1000, timeout=0.5):
+                if message.error() is None:
+                    values.append(message.value())
+        consumer.close()
+        return values
+
+    def bulk_produce(self, topic, count, value):
+        from confluent_kafka import Producer
+        producer = Producer({"bootstrap.servers": self.bootstrap, "acks": "all", "enable.idempotence": True,
+                             "linger.ms": 5, "queue.buffering.max.messages": 1_000_000})
+        started = time.perf_counter()
+        for _ in range(count):
+            while True:
+                try:
+                    producer.produce(topic, value=value, partition=0)
+                    break
+                except BufferError:
+                    producer.poll(0.01)
+        producer.flush(300)
+        return time.perf_counter() - started
+
+
+# ---- figures -------------------------------------------------------------------------------------------
+
+def _full_isr(side, topic):
+    return _wait(lambda: (lambda ps: ps if ps and all(len(p["isr"]) == len(p["replicas"]) and p["leader"] >= 0
+                                                      for p in ps) else None)(side.partitions(topic)),
+                 f"{topic} with full ISRs")
+
+
+def failover_ms(side, topic: str, sig: int) -> float:
+    side.create(topic, 1, 3, {"min.insync.replicas": "2"})
+    leader = _full_isr(side, topic)[0]["leader"]
+    acked: list[tuple[bytes, float]] = []
+    errors: list = []
+    lock = threading.Lock()
+
+    def on_ack(value, error):
+        with lock:
+            if error is None:
+                acked.append((value, time.monotonic()))
+            else:
+                errors.append(error)
+
+    send, pump, close = side.producer(on_ack)
+    stop = threading.Event()
+
+    def loop():
+        n = 0
+        while not stop.is_set():
+            send(topic, str(n).encode())
+            n += 1
+            pump()
+            time.sleep(SEND_INTERVAL_S)
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    _wait(lambda: len(acked) >= 200, "steady acknowledgements")
+    killed_at = time.monotonic()
+    os.killpg(side.pid(leader), sig)
+    first_after = _wait(lambda: next((t for _, t in list(acked) if t > killed_at), None), "an acknowledgement after the kill")
+    _wait(lambda: len(acked) >= len([1 for _, t in acked if t <= killed_at]) + 200, "more acknowledgements")
+    stop.set()
+    thread.join(10)
+    close()
+    if errors:
+        raise Lost(f"the producer saw errors: {errors[:3]}")
+    values = side.read_values(topic, len(acked))
+    if len(values) != len(set(values)) or not {v for v, _ in acked} <= set(values):
+        raise Lost(f"{len(acked)} acknowledged, {len(set(values))} read back, {len(values) - len(set(values))} duplicates")
+    side.wait_exit(leader)
+    side.restart(leader)
+    _full_isr(side, topic)
+    return (first_after - killed_at) * 1000
+
+
+def metadata_propagation_ms(side, topic: str, partitions: int) -> float:
+    started = time.monotonic()
+    thread = threading.Thread(target=lambda: side.create(topic, partitions, 3), daemon=True)
+    thread.start()
+    for broker in side.brokers():
+        _wait(lambda: (lambda ps: len(ps) == partitions and all(p["leader"] >= 0 for p in ps))(
+            side.partitions(topic, broker)), f"{partitions} partitions on broker {broker}", timeout_s=600)
+    elapsed = time.monotonic() - started
+    thread.join(600)
+    return elapsed * 1000
+
+
+def restart_s(side, partitions: int) -> float:
+    per_topic = 1000
+    for i in range(max(1, partitions // per_topic)):
+        side.create(f"many-{i}", min(per_topic, partitions), 1)
+    broker = side.brokers()[0]
+    os.killpg(side.pid(broker), signal.SIGTERM)
+    side.wait_exit(broker)
+    started = time.monotonic()
+    side.restart(broker)
+    return time.monotonic() - started
+
+
+def produce_records_per_s(side, topic: str, count: int) -> float:
+    side.create(topic, 1, 3, {"min.insync.replicas": "2"})
+    _full_isr(side, topic)
+    elapsed = side.bulk_produce(topic, count, b"x" * 100)
+    return count / elapsed
+
+
+FIGURES = [
+    ("failover_kill_ms", "failover after kill -9 (kill to first ack)", "ms", False),
+    ("failover_shutdown_ms", "failover after SIGTERM (controlled shutdown)", "ms", False),
+    ("metadata_1000_ms", "metadata of 1,000 new partitions on every broker", "ms", False),
+    ("produce_rf3_rps", "produce acks=all RF 3, bulk, 100 B", "records/s", True),
+    ("restart_s", "broker restart with N partitions (until listed live)", "s", False),
+]
+
+
+def run_side(side, quick: bool, progress) -> dict:
+    repeats = 1 if quick else 3
+    results: dict[str, dict] = {}
+    side.start()
+    try:
+        def measure(key, fn):
+            samples = []
+            try:
+                for run in range(repeats):
+                    samples.append(fn(run))
+                    progress(f"{side.name}: {key} run {run + 1}: {samples[-1]:,.1f}")
+                results[key] = {"status": "ok", "value": statistics.median(samples), "samples": samples}
+            except Lost as exc:
+                progress(f"{side.name}: {key}: LOST: {exc}")
+                results[key] = {"status": "lost", "detail": str(exc)}
+            except Exception as exc:
+                traceback.print_exc()
+                progress(f"{side.name}: {key}: error: {exc}")
+                results[key] = {"status": "error", "detail": f"{type(exc).__name__}: {exc}"}
+        measure("failover_kill_ms", lambda run: failover_ms(side, f"fk{run}", signal.SIGKILL))
+        measure("failover_shutdown_ms", lambda run: failover_ms(side, f"fs{run}", signal.SIGTERM))
+        measure("metadata_1000_ms", lambda run: metadata_propagation_ms(side, f"meta{run}", 1000))
+        count = 200_000 if quick else 1_000_000
+        measure("produce_rf3_rps", lambda run: produce_records_per_s(side, f"prod{run}", count))
+        partitions = 1000 if quick else 10_000
+        repeats_saved = repeats
+        repeats = 1      # topics accumulate: one restart run
+        measure("restart_s", lambda run: restart_s(side, partitions))
+        repeats = repeats_saved
+        results["restart_s"]["partitions"] = partitions
+    finally:
+        side.stop()
+    return results
+
+
+def table(run: dict) -> str:
+    lines = ["| figure | eos | Kafka | ratio (>1 = eos better) |", "| --- | ---: | ---: | ---: |"]
+    for key, label, unit, higher in FIGURES:
+        cells = []
+        values = {}
+        for system in ("eos", "kafka"):
+            outcome = run["systems"].get(system, {}).get(key)
+            if outcome is None:
+                cells.append("-")
+            elif outcome["status"] != "ok":
+                cells.append(outcome["status"].upper())
+            else:
+                values[system] = outcome["value"]
+                samples = outcome["samples"]
+                spread = f" ({min(samples):,.0f}-{max(samples):,.0f})" if len(samples) > 1 else ""
+                cells.append(f"{outcome['value']:,.1f} {unit}{spread}")
+        ratio = "-"
+        if len(values) == 2 and values["eos"] > 0 and values["kafka"] > 0:
+            r = values["eos"] / values["kafka"] if higher else values["kafka"] / values["eos"]
+            ratio = f"{r:.2f}"
+        lines.append(f"| {label} | {cells[0]} | {cells[1]} | {ratio} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.cluster", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--systems", default="kafka,eos")
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--tmp-dir", default=os.environ.get("EOS_BENCH_TMP", tempfile.gettempdir()))
+    args = parser.parse_args(argv)
+    started = dt.datetime.now(dt.timezone.utc)
+    t0 = time.monotonic()
+
+    def progress(message):
+        print(f"[{time.monotonic() - t0:6.1f}s] {message}", flush=True)
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    run = {"command": "python -m bench.cluster " + " ".join(argv if argv is not None else sys.argv[1:]),
+           "started_utc": started.isoformat(timespec="seconds"), "quick": args.quick,
+           "loadavg_at_start": os.getloadavg(), "systems": {}}
+    for system in systems:
+        progress(f"{system}: starting a 3-broker cluster")
+        try:
+            side = KafkaSide(args.tmp_dir) if system == "kafka" else EosSide(args.tmp_dir)
+            run["systems"][system] = run_side(side, args.quick, progress)
+        except Exception as exc:
+            traceback.print_exc()
+            run["systems"][system] = {key: {"status": "error", "detail": f"{type(exc).__name__}: {exc}"}
+                                      for key, *_ in FIGURES}
+    run["loadavg_at_end"] = os.getloadavg()
+    run["duration_s"] = round(time.monotonic() - t0, 1)
+    text = table(run)
+    print()
+    print(text)
+    partial = args.quick or systems != ["kafka", "eos"]
+    out = args.out or (RESULTS_DIR / "tmp" if partial else RESULTS_DIR)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"cluster-{started:%Y-%m-%d}-{socket.gethostname()}"
+    (out / f"{stem}.json").write_text(json.dumps(run, indent=2))
+    header = (f"# Cluster benchmark\n\n`{run['command']}` at {run['started_utc']} "
+              f"({run['duration_s']} s, load {run['loadavg_at_start'][0]:.1f} at start)\n\n")
+    (out / f"{stem}.md").write_text(header + text + "\n")
+    if not partial:
+        (out / "cluster-latest.json").write_text(json.dumps(run, indent=2))
+        (out / "cluster-latest.md").write_text(header + text + "\n")
+    print(f"\nwrote {out / stem}.json and .md")
+    failed = [(s, k) for s, figures in run["systems"].items() for k, o in figures.items()
+              if isinstance(o, dict) and o.get("status") in ("lost", "error")]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
