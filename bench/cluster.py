@@ -10,9 +10,10 @@ broker.session.timeout.ms with a 1 s heartbeat), RF 3, min.insync.replicas 2.
 
 Figures (median of 3 runs; 1 with --quick):
 - failover after kill -9: an idempotent acks=all producer sends a record every 2 ms to a
-  one-partition topic; the leader is killed with SIGKILL; the figure is the time from the
-  kill to the first acknowledgement after it (the first write the new leader took). Every
-  acknowledged record must read back exactly once, else the row says LOST.
+  one-partition topic; the leader is killed with SIGKILL; the figure is the longest pause
+  between two acknowledgements from the last one before the kill to the 200th after it: how
+  long writes could not complete while leadership moved. Every acknowledged record must read
+  back exactly once, else the row says LOST.
 - failover after a controlled shutdown: the same with SIGTERM.
 - metadata propagation: from the CreateTopics call for 1,000 partitions (RF 3) until every
   broker's Metadata answer shows them all with a leader.
@@ -276,8 +277,8 @@ def failover_ms(side, topic: str, sig: int) -> float:
     _wait(lambda: len(acked) >= 200, "steady acknowledgements")
     killed_at = time.monotonic()
     os.killpg(side.pid(leader), sig)
-    first_after = _wait(lambda: next((t for _, t in list(acked) if t > killed_at), None), "an acknowledgement after the kill")
-    _wait(lambda: len(acked) >= len([1 for _, t in acked if t <= killed_at]) + 200, "more acknowledgements")
+    before = len([1 for _, t in list(acked) if t <= killed_at])
+    _wait(lambda: len(acked) >= before + 200, "200 acknowledgements after the kill")
     stop.set()
     thread.join(10)
     close()
@@ -289,7 +290,14 @@ def failover_ms(side, topic: str, sig: int) -> float:
     side.wait_exit(leader)
     side.restart(leader)
     _full_isr(side, topic)
-    return (first_after - killed_at) * 1000
+    # The longest pause in acknowledgements from the last one before the kill on: how long
+    # writes could not complete while leadership moved (an old leader still serving during
+    # a controlled shutdown counts as serving, as it is).
+    times = sorted(t for _, t in acked)
+    window = [t for t in times if t > killed_at][:200]
+    last_before = max((t for t in times if t <= killed_at), default=killed_at)
+    points = [last_before, *window]
+    return max(b - a for a, b in zip(points, points[1:])) * 1000
 
 
 def metadata_propagation_ms(side, topic: str, partitions: int) -> float:
@@ -324,8 +332,8 @@ def produce_records_per_s(side, topic: str, count: int) -> float:
 
 
 FIGURES = [
-    ("failover_kill_ms", "failover after kill -9 (kill to first ack)", "ms", False),
-    ("failover_shutdown_ms", "failover after SIGTERM (controlled shutdown)", "ms", False),
+    ("failover_kill_ms", "failover after kill -9 (longest ack pause)", "ms", False),
+    ("failover_shutdown_ms", "failover after SIGTERM, controlled shutdown (longest ack pause)", "ms", False),
     ("metadata_1000_ms", "metadata of 1,000 new partitions on every broker", "ms", False),
     ("produce_rf3_rps", "produce acks=all RF 3, bulk, 100 B", "records/s", True),
     ("restart_s", "broker restart with N partitions (until listed live)", "s", False),

@@ -175,6 +175,18 @@ class ReplicaManager:
             self.fetchers.remove_partitions([a.tp for a in partitions])
         results: dict[tuple[str, int], tuple[int, str]] = {}
         new_follows: dict[tuple[str, int], PartitionAssignment] = {}
+        # the local registry learns each topic once (not once per partition: each is a file write)
+        topic_configs = {}
+        for assignment in partitions:
+            highest, configs = topic_configs.get(assignment.topic, (-1, {}))
+            topic_configs[assignment.topic] = (max(highest, assignment.partition),
+                                               assignment.topic_configs or configs)
+        configs_by_topic = {}
+        for topic, (highest, configs) in topic_configs.items():
+            try:
+                configs_by_topic[topic] = self._ensure_topic(topic, highest, configs)
+            except Exception:
+                log.exception("LeaderAndIsr: cannot record topic %s", topic)
         for assignment in partitions:
             tp = assignment.tp
             if self.broker_id not in assignment.replicas:
@@ -187,7 +199,9 @@ class ReplicaManager:
                                f"leader epoch {assignment.leader_epoch} is older than {current} applied here")
                 continue
             try:
-                config = self._ensure_topic(assignment.topic, assignment.partition, assignment.topic_configs)
+                config = configs_by_topic.get(assignment.topic)
+                if config is None:
+                    raise EosError(f"topic {assignment.topic} could not be recorded", ErrorCode.KAFKA_STORAGE_ERROR)
                 partition_log = self._log_manager.get_log(*tp)
                 if partition_log is None:
                     partition_log = self._log_manager.create_log(assignment.topic, assignment.partition, config)

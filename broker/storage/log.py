@@ -418,7 +418,8 @@ class Log:
         if txn_rebuild_from is not None:
             flush_from = min(flush_from, bisect_left(self._base_offsets, txn_rebuild_from))
         for segment in kept[flush_from:]:
-            segment.flush()
+            if not segment.is_empty:     # a new, empty log has nothing to make durable
+                segment.flush()
         for segment in kept[:-1]:
             segment.txn_index.close()   # a replay may have reopened a sealed segment's file
         self.recovery_point = log_end_offset
@@ -436,7 +437,8 @@ class Log:
                 for header in segment.iter_batches(0, segment.size_bytes):
                     if header.partition_leader_epoch > cache.latest_epoch:
                         cache.assign(header.partition_leader_epoch, header.base_offset, flush=False)
-            cache.flush()
+            if cache.entries:      # an empty log has nothing to record (a new partition: no write)
+                cache.flush()
         cache.truncate_from_end(self._log_end_offset)
         cache.truncate_from_start(self._log_start_offset)
 

@@ -10,6 +10,7 @@ import pytest
 
 import eos
 from eos.errors import ErrorCode, RequestTimedOutError
+from broker.replica.fetcher import REPLICA_FETCH_WAIT_MAX_MS
 from eos.local_cluster import LocalCluster
 from eos.v1 import broker_pb2
 from tests.cluster.test_cluster_failover import (CLUSTER_CONFIG, SteadyProducer, assert_exactly_once_in_order,
@@ -154,3 +155,101 @@ def test_too_few_in_sync_replicas_append_nothing_and_the_client_names_why(cluste
             future.result(timeout=30)
         producer.close()
         assert admin.list_offsets({("single", 0): "latest"})[eos.TopicPartition("single", 0)] == 0
+
+
+def test_a_million_records_while_leaders_are_killed_over_and_over(cluster):
+    """1,000,000 records with acks=all (idempotent, bulk) while a killer SIGKILLs the
+    partition's leader and restarts it, again and again: every acknowledged record is
+    present exactly once and in order, and the replicas end byte-identical to the HW."""
+    import struct
+
+    total, chunk, rounds = 1_000_000, 10_000, 4
+    per_round = total // rounds
+    with eos.Admin(bootstrap=cluster.bootstrap) as admin:
+        admin.create_topic("million", partitions=1, replication_factor=3)
+        full_isr(admin, "million")
+        producer = eos.Producer(bootstrap=cluster.bootstrap, acks="all", enable_idempotence=True, linger_ms=5,
+                                delivery_timeout_ms=300_000, request_timeout_ms=10_000)
+        kills = []
+        for round_ in range(rounds):
+            first = round_ * per_round
+            futures = [producer.send_batch("million", [struct.pack(">q", i) for i in range(s, s + chunk)],
+                                           partition=0)
+                       for s in range(first, first + per_round, chunk)]
+            # the leader dies while this round's batches are in flight
+            wait_for(lambda: any(f.done() for f in futures), "the first acknowledgements of the round")
+            leader = describe(admin, "million")[0]["leader"]
+            cluster.kill(leader)
+            kills.append((leader, sum(f.done() for f in futures)))
+            for future in futures:
+                future.result(timeout=300)
+            cluster.restart(leader)
+            full_isr(admin, "million")
+        producer.close()
+        # some batches of every round were still unacknowledged when its leader died
+        assert all(done < per_round // chunk for _, done in kills), kills
+        full_isr(admin, "million")
+        consumer = eos.Consumer(bootstrap=cluster.bootstrap, group_id=None, isolation_level="read_committed")
+        consumer.assign([eos.TopicPartition("million", 0)])
+        consumer.seek(eos.TopicPartition("million", 0), 0)
+        values = []
+        deadline = time.monotonic() + 120
+        while len(values) < total and time.monotonic() < deadline:
+            values.extend(struct.unpack(">q", r.value)[0] for r in consumer.poll(timeout_ms=500))
+        consumer.close()
+        assert values == list(range(total))
+        high_watermark = admin.list_offsets({("million", 0): "latest"})[eos.TopicPartition("million", 0)]
+        wait_for(lambda: len({_replica_bytes(cluster, b, "million", high_watermark) for b in range(3)}) == 1,
+                 "identical replicas", timeout_s=60)
+
+
+def test_kip_101_divergent_logs_converge_when_the_old_leader_returns(cluster):
+    """KIP-101's second scenario with real processes: the leader appends a record (acks=1)
+    that no follower copies (both paused), then dies; a follower becomes leader and writes
+    other records at the same offsets; the old leader comes back, truncates its divergent
+    record through OffsetsForLeaderEpoch and ends byte-identical to the new leader."""
+    with eos.Admin(bootstrap=cluster.bootstrap) as admin:
+        admin.create_topics([{"name": "fork", "assignments": {0: [0, 1, 2]},
+                              "config": {"min.insync.replicas": "1"}}])
+        full_isr(admin, "fork")
+        producer = eos.Producer(bootstrap=cluster.bootstrap, acks="all", enable_idempotence=False)
+        producer.send("fork", value=b"common", partition=0).result(timeout=60)
+        producer.close()
+        cluster.pause(1)
+        cluster.pause(2)
+        # A follower's long poll in flight at the pause would still carry the next record to
+        # it when it resumes; the leader answers every long poll within replica.fetch.wait.max.ms.
+        time.sleep(3 * REPLICA_FETCH_WAIT_MAX_MS / 1000)
+        lonely = _produce_to(cluster.processes[0].address, "fork", b"only-on-0", acks=1)
+        assert lonely.error_code == ErrorCode.NONE and lonely.base_offset == 1
+        cluster.kill(0)
+        cluster.resume(1)
+        cluster.resume(2)
+        new_leader = wait_for_leader(admin, "fork", other_than=0, timeout_s=60)
+        assert new_leader["leader"] in (1, 2)
+        producer = eos.Producer(bootstrap=cluster.bootstrap, acks="all", enable_idempotence=True)
+        producer.send("fork", value=b"after-failover", partition=0).result(timeout=60)
+        producer.close()
+        cluster.restart(0)
+        full_isr(admin, "fork")
+        high_watermark = admin.list_offsets({("fork", 0): "latest"})[eos.TopicPartition("fork", 0)]
+        assert high_watermark == 2
+        wait_for(lambda: len({_replica_bytes(cluster, b, "fork", high_watermark) for b in range(3)}) == 1,
+                 "identical replicas", timeout_s=60)
+        records = read_all(cluster.bootstrap, "fork", 1, 2)
+        assert [r.value for r in records] == [b"common", b"after-failover"]
+
+
+def _produce_to(address: str, topic: str, value: bytes, acks: int):
+    from eos.net import open_channel
+    from eos.records.codec import encode_batch
+    from eos.v1 import broker_pb2_grpc
+
+    channel = open_channel(address)
+    try:
+        response = broker_pb2_grpc.BrokerStub(channel).Produce(broker_pb2.ProduceRequest(
+            acks=acks, timeout_ms=5000, partitions=[broker_pb2.PartitionRecords(
+                topic=topic, partition=0, records=encode_batch([value], timestamps_ms=[1]))]), timeout=20)
+        return response.partitions[0]
+    finally:
+        channel.close()
