@@ -25,6 +25,7 @@ zookeeper.session.timeout.ms and the controller elects new leaders from the ISR.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from typing import Callable
@@ -39,6 +40,9 @@ from eos.v1 import cluster_pb2, cluster_pb2_grpc
 log = logging.getLogger("eos.broker.cluster")
 
 CONTROLLED_SHUTDOWN_RPC_TIMEOUT_S = 30.0
+TXN_STATE_TOPIC = "__transaction_state"
+TXN_STATE_PARTITIONS = 50
+COORDINATOR_LOAD_WAIT_S = 30.0
 
 
 class ClusterNode:
@@ -59,6 +63,10 @@ class ClusterNode:
         self._log_manager = None
         self._notify = None
         self._lock = threading.Lock()
+        self.txn_coordinator = None          # set by the server: the partitioned TransactionCoordinator
+        self._loads: queue.Queue = queue.Queue()
+        self._loader: threading.Thread | None = None
+        self._stopping = threading.Event()
 
     # ---- start ------------------------------------------------------------------------------
 
@@ -101,6 +109,7 @@ class ClusterNode:
         self.replicas = ReplicaManager(
             self.broker_id, log_manager, ensure_topic=self._ensure_topic, isr_writer=self._write_isr,
             notify=notify, now_ms_fn=self._now_ms, replica_lag_time_max_ms=config.replica_lag_time_max_ms)
+        self.replicas.on_role_change = self._role_changed
         self.replicas.fetchers = FetcherManager(
             self.broker_id, log_manager, address_of=self._address_of, on_appended=notify,
             broker_epoch_fn=lambda: self.broker_epoch)
@@ -123,6 +132,8 @@ class ClusterNode:
 
         self._port = port
         self.replicas.start()
+        self._loader = threading.Thread(target=self._load_loop, name="eos-coordinator-load", daemon=True)
+        self._loader.start()
         self.broker_epoch = self.store.register_broker(
             BrokerRegistration(self.broker_id, self.host, port, self.config.broker_rack or None))
         self.store.add_session_listener(self._session_changed)
@@ -179,6 +190,115 @@ class ClusterNode:
         self.store.write_isr_change_notification([(topic, partition)])
         return result
 
+    # ---- the coordinators follow leadership (Kafka's TransactionStateManager) -----------------
+
+    def _role_changed(self, tp: tuple[str, int], is_leader: bool, leader_epoch: int) -> None:
+        if tp[0] == TXN_STATE_TOPIC:
+            self._loads.put((tp[1], is_leader, leader_epoch))   # in order, off the request thread
+
+    def _load_loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                partition, is_leader, leader_epoch = self._loads.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            coordinator = self.txn_coordinator
+            if coordinator is None:
+                continue
+            try:
+                if not is_leader:
+                    coordinator.unload_partition(partition)
+                    continue
+                self._wait_committed(partition)
+                current = self.replicas.leader_epoch_of((TXN_STATE_TOPIC, partition))
+                if current != leader_epoch:
+                    log.info("%s-%d: not loading epoch %d, leadership is now %s", TXN_STATE_TOPIC, partition,
+                             leader_epoch, current)
+                    continue     # leadership moved on meanwhile; a later event says where
+                coordinator.load_partition(partition, leader_epoch)
+            except Exception:
+                log.exception("loading %s-%d for the transaction coordinator failed; retrying", TXN_STATE_TOPIC,
+                              partition)
+                if not self._stopping.wait(1.0):
+                    self._loads.put((partition, is_leader, leader_epoch))
+
+    def _wait_committed(self, partition: int) -> None:
+        """A new leader's high watermark reaches its log end once the followers confirm it;
+        the coordinator replays up to the HW, so it waits (bounded) for that first."""
+        deadline = time.monotonic() + COORDINATOR_LOAD_WAIT_S
+        while time.monotonic() < deadline and not self._stopping.is_set():
+            partition_log = self._log_manager.get_log(TXN_STATE_TOPIC, partition)
+            if partition_log is None or partition_log.high_watermark >= partition_log.log_end_offset:
+                return
+            time.sleep(0.05)
+
+    def find_coordinator(self, key_type: int, keys: list[str]):
+        """FindCoordinator on a cluster: a transactional id's coordinator is the leader of
+        its `__transaction_state` partition (created, RF min(3, brokers), on first need)."""
+        from broker.group.coordinator import CoordinatorAddress, CoordinatorType
+        from txn_coordinator import txn_log
+
+        answers = []
+        for key in keys:
+            if key_type == CoordinatorType.GROUP:
+                answers.append(CoordinatorAddress(key, -1, "", -1, ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                                                  "consumer groups are not served on a ZooKeeper cluster yet"))
+                continue
+            if key_type != CoordinatorType.TRANSACTION or not key:
+                answers.append(CoordinatorAddress(key, -1, "", -1, ErrorCode.INVALID_REQUEST,
+                                                  f"bad coordinator key type {key_type} or empty key"))
+                continue
+            info = self.metadata.partition(TXN_STATE_TOPIC, txn_log.partition_for(key, TXN_STATE_PARTITIONS))
+            if info is None:
+                self._ensure_txn_state_topic()
+            endpoint = None if info is None or info.leader < 0 else self.metadata.broker(info.leader)
+            if endpoint is None:
+                answers.append(CoordinatorAddress(key, -1, "", -1, ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                                                  f"{TXN_STATE_TOPIC} has no leader for this id yet"))
+            else:
+                answers.append(CoordinatorAddress(key, endpoint.broker_id, endpoint.host, endpoint.port))
+        return answers
+
+    def _ensure_txn_state_topic(self) -> None:
+        from eos.v1 import broker_pb2
+
+        if TXN_STATE_TOPIC in self.store.topics():
+            return
+        live = len(self.store.live_brokers())
+        factor = min(3, live)
+        self.topic_admin.create_topics(broker_pb2.CreateTopicsRequest(topics=[broker_pb2.NewTopic(
+            name=TXN_STATE_TOPIC, num_partitions=TXN_STATE_PARTITIONS, replication_factor=factor,
+            configs={"min.insync.replicas": str(min(2, factor))})], timeout_ms=1))
+
+    def verify_txn(self, transactional_id: str, producer_id: int, producer_epoch: int, partitions) -> dict:
+        """KIP-890 part 1 across brokers: ask the id's coordinator, wherever it is."""
+        from eos.v1 import common_pb2, txn_pb2, txn_pb2_grpc
+
+        coordinator = self.txn_coordinator
+        if coordinator is not None and coordinator.owns(transactional_id):
+            decision = coordinator.verify_partitions(transactional_id, producer_id, producer_epoch, partitions)
+            return {tp: (int(decision.partition_errors.get(tp, decision.error)), decision.message)
+                    for tp in partitions}
+        [found] = self.find_coordinator(1, [transactional_id])
+        if found.error != ErrorCode.NONE:
+            return {tp: (int(found.error), found.message) for tp in partitions}
+        channel = open_channel(f"{found.host}:{found.port}")
+        try:
+            response = txn_pb2_grpc.TxnCoordinatorStub(channel).AddPartitionsToTxn(
+                txn_pb2.AddPartitionsToTxnRequest(
+                    transactional_id=transactional_id, producer_id=producer_id, producer_epoch=producer_epoch,
+                    verify_only=True, partitions=[common_pb2.TopicPartition(topic=tp.topic, partition=tp.partition)
+                                                  for tp in partitions]), timeout=10)
+        except grpc.RpcError as exc:
+            return {tp: (int(ErrorCode.COORDINATOR_NOT_AVAILABLE), f"coordinator {found.node_id}: {exc.code()}")
+                    for tp in partitions}
+        finally:
+            channel.close()
+        if response.error_code != ErrorCode.NONE:
+            return {tp: (int(response.error_code), response.error_message) for tp in partitions}
+        answers = {(r.topic, r.partition): (int(r.error_code), r.error_message) for r in response.partitions}
+        return {tp: answers.get((tp.topic, tp.partition), (int(ErrorCode.NONE), "")) for tp in partitions}
+
     # ---- stop --------------------------------------------------------------------------------------
 
     def controlled_shutdown(self) -> bool:
@@ -212,6 +332,7 @@ class ClusterNode:
         return False
 
     def leave(self) -> None:
+        self._stopping.set()
         if self.controller is not None:
             self.controller.stop()
         if self.replicas is not None:

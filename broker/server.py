@@ -65,7 +65,7 @@ from eos.errors import EosError, ErrorCode, InvalidConfigError, StorageError
 from eos.types import TopicPartition
 from eos.v1 import broker_pb2_grpc, cluster_pb2_grpc, group_pb2_grpc, txn_pb2_grpc
 from txn_coordinator.producer_ids import PRODUCER_IDS_FILE_NAME, ProducerIdManager
-from txn_coordinator.coordinator import BrokerLink, TransactionCoordinator
+from txn_coordinator.coordinator import BrokerLink, RoutingBrokerLink, TransactionCoordinator
 from txn_coordinator.service import TxnCoordinatorServicer
 
 log = logging.getLogger("eos.broker")
@@ -490,14 +490,22 @@ class BrokerServer:
                 log_manager=self._log_manager, controller=lambda: cluster.controller,
                 on_metadata_updated=cluster.sync_registry), server)
         # The transaction coordinator reaches this broker only through the gRPC contract
-        # (DESIGN.md §1), here over loopback; it loads its log once the server is up.
-        self._txn_link = BrokerLink(_format_host_port(self.host, bound_port))
+        # (DESIGN.md §1), here over loopback; it loads its log once the server is up. On a
+        # cluster it is partitioned: it serves the ids of the __transaction_state partitions
+        # this broker leads, loading each as leadership arrives, and sends markers to each
+        # partition's leader.
+        own_address = _format_host_port(self.host, bound_port)
+        self._txn_link = BrokerLink(own_address) if cluster is None else RoutingBrokerLink(own_address)
         self._txn_coordinator = TransactionCoordinator(
             self._txn_link, producer_ids.next_id, now_ms_fn=self._now_ms,
             state_topic_partitions=self.config.transaction_state_log_num_partitions,
             expiry_interval_ms=self.config.transaction_abort_timed_out_transaction_cleanup_interval_ms,
             max_timeout_ms=self.config.transaction_max_timeout_ms,
-            transactional_id_expiration_ms=self.config.transactional_id_expiration_ms)
+            transactional_id_expiration_ms=self.config.transactional_id_expiration_ms,
+            partitioned=cluster is not None)
+        if cluster is not None:
+            cluster.txn_coordinator = self._txn_coordinator
+            self._group_coordinator.find_override = cluster.find_coordinator
         txn_pb2_grpc.add_TxnCoordinatorServicer_to_server(
             TxnCoordinatorServicer(producer_ids, self._txn_coordinator), server)
         group_pb2_grpc.add_GroupCoordinatorServicer_to_server(GroupCoordinatorServicer(self._group_coordinator), server)
@@ -505,6 +513,7 @@ class BrokerServer:
         if cluster is None:
             threading.Thread(target=self._start_txn_coordinator, name="eos-txn-load", daemon=True).start()
         else:
+            self._txn_coordinator.start()     # threads only: partitions load with leadership
             cluster.join(bound_port)
 
         self._housekeeping_thread = threading.Thread(
@@ -539,6 +548,8 @@ class BrokerServer:
         are these partitions in the producer's open transaction? Asked in-process of the embedded coordinator, which
         owns every transactional id on a single node; a broker in a cluster would call
         TxnCoordinator.AddPartitionsToTxn(verify_only=True) on the id's coordinator over gRPC."""
+        if self._cluster is not None:
+            return self._cluster.verify_txn(transactional_id, producer_id, producer_epoch, partitions)
         coordinator = self._txn_coordinator
         if coordinator is None or not coordinator.ready:
             # Its log is not replayed yet: not knowing the id proves nothing; retry later.

@@ -312,7 +312,11 @@ class Fetcher:
             if node in self._in_flight:
                 continue
             by_node.setdefault(node, []).append(state)
-        if missing_leader and now >= self._metadata_retry_at_ms:
+        # A leader that moved or died (NOT_LEADER_OR_FOLLOWER, a broken connection) marked its
+        # topic stale: refresh it too, not only when a leader is missing, or the fetches would
+        # go on to the old leader for good.
+        stale = bool(self._metadata.stale_topics())
+        if (missing_leader or stale) and now >= self._metadata_retry_at_ms:
             try:
                 self._metadata.refresh_topics(self._metadata.stale_topics())
                 self._metadata_attempts = 0

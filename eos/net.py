@@ -146,6 +146,53 @@ class _Snapshot(NamedTuple):
     cluster_id: str
 
 
+_COORDINATOR_MOVED = frozenset({ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE})
+
+
+class _CoordinatorStub:
+    """A TxnCoordinator stub that finds the coordinator of one transactional id at each
+    call (cached) and forgets it when it answers NOT_COORDINATOR / COORDINATOR_NOT_AVAILABLE
+    or cannot be reached, so the caller's retry goes to the new one."""
+
+    def __init__(self, metadata: "ClusterMetadata", transactional_id: str):
+        self._metadata = metadata
+        self._transactional_id = transactional_id
+
+    def __getattr__(self, method: str):
+        metadata, key = self._metadata, self._transactional_id
+
+        def call(request, timeout=None, **kwargs):
+            try:
+                address = metadata.coordinator_address(key, timeout)
+            except EosError as exc:
+                # the callers' retry loops handle gRPC errors: present it as one
+                raise _CoordinatorLookupFailed(exc) from None
+            stub = txn_pb2_grpc.TxnCoordinatorStub(metadata.channel(address))
+            try:
+                response = getattr(stub, method)(request, timeout=timeout, **kwargs)
+            except grpc.RpcError:
+                metadata.forget_coordinator(key)
+                raise
+            if getattr(response, "error_code", ErrorCode.NONE) in _COORDINATOR_MOVED:
+                metadata.forget_coordinator(key)
+            return response
+        return call
+
+
+class _CoordinatorLookupFailed(grpc.RpcError):
+    """FindCoordinator failed; looks like a transport error (UNAVAILABLE) to the caller."""
+
+    def __init__(self, error: EosError):
+        super().__init__(str(error))
+        self.error = error
+
+    def code(self):
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self):
+        return str(self.error)
+
+
 class ClusterMetadata:
     """Brokers, topics, partition counts and leaders, refreshed via the Metadata RPC."""
 
@@ -164,6 +211,7 @@ class ClusterMetadata:
         self._broker_stubs: dict[str, broker_pb2_grpc.BrokerStub] = {}
         self._bootstrap_index = 0       # the bootstrap address that answered last
         self._stale_topics: set[str] = set()
+        self._coordinators: dict[str, str] = {}      # transactional id -> coordinator address
         self._closed = False
 
     # ---- channels ----------------------------------------------------------------------
@@ -197,9 +245,43 @@ class ClusterMetadata:
         brokers answer for it)."""
         self._bootstrap_index = (self._bootstrap_index + 1) % len(self.bootstrap_addresses)
 
-    def txn_coordinator_stub(self) -> txn_pb2_grpc.TxnCoordinatorStub:
-        """The TxnCoordinator service; each broker process serves it (embedded coordinator)."""
-        return txn_pb2_grpc.TxnCoordinatorStub(self.channel(self.bootstrap_address))
+    def txn_coordinator_stub(self, transactional_id: str | None = None):
+        """The TxnCoordinator service for `transactional_id`: its coordinator, found with
+        FindCoordinator and remembered until it answers NOT_COORDINATOR (or cannot be
+        reached); without an id (an idempotent producer's InitProducerId), any broker."""
+        if not transactional_id:
+            return txn_pb2_grpc.TxnCoordinatorStub(self.channel(self.bootstrap_address))
+        return _CoordinatorStub(self, transactional_id)
+
+    def coordinator_address(self, transactional_id: str, timeout_s: float | None = None) -> str:
+        """host:port of the transaction coordinator of `transactional_id` (cached)."""
+        cached = self._coordinators.get(transactional_id)
+        if cached is not None:
+            return cached
+        from eos.v1 import group_pb2
+        stub = group_pb2_grpc.GroupCoordinatorStub(self.channel(self.bootstrap_address))
+        try:
+            response = stub.FindCoordinator(group_pb2.FindCoordinatorRequest(
+                key_type=group_pb2.TRANSACTION, keys=[transactional_id]),
+                timeout=timeout_s if timeout_s is not None else self.request_timeout_ms / 1000)
+        except grpc.RpcError as exc:
+            self.next_bootstrap()
+            raise error_from_rpc(exc, f"FindCoordinator for {transactional_id!r}") from None
+        found = response.coordinators[0] if response.coordinators else None
+        if found is None or found.error_code != ErrorCode.NONE:
+            code = found.error_code if found is not None else ErrorCode.COORDINATOR_NOT_AVAILABLE
+            raise error_for(code, f"FindCoordinator for {transactional_id!r}: "
+                                  f"{found.error_message if found is not None else 'no answer'}")
+        if len(self.bootstrap_addresses) == 1 and len(self._snapshot.brokers) <= 1:
+            # one broker behind one address: keep using it (a proxy or tunnel in between)
+            address = self.bootstrap_address
+        else:
+            address = f"{found.host}:{found.port}"
+        self._coordinators[transactional_id] = address
+        return address
+
+    def forget_coordinator(self, transactional_id: str) -> None:
+        self._coordinators.pop(transactional_id, None)
 
     def group_coordinator_stub(self) -> group_pb2_grpc.GroupCoordinatorStub:
         """The GroupCoordinator service; each broker process serves it (embedded coordinator)."""

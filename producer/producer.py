@@ -646,7 +646,7 @@ class Producer:
         with self._txn_lock:
             txn.begin_init()
         deadline_ms = self._deadline_ms(timeout)
-        stub = self._metadata.txn_coordinator_stub()
+        stub = self._metadata.txn_coordinator_stub(self._transactional_id)
         try:
             if self._participant_of is not None:
                 owner_id, owner_epoch = self._participant_of
@@ -699,7 +699,7 @@ class Producer:
         producer_id, producer_epoch = self._producer_id_and_epoch()
         try:
             self._coordinator.call(
-                f"AddOffsetsToTxn for group {group_id!r}", self._metadata.txn_coordinator_stub().AddOffsetsToTxn,
+                f"AddOffsetsToTxn for group {group_id!r}", self._metadata.txn_coordinator_stub(self._transactional_id).AddOffsetsToTxn,
                 txn_pb2.AddOffsetsToTxnRequest(transactional_id=self._transactional_id, producer_id=producer_id,
                                                producer_epoch=producer_epoch, group_id=group_id),
                 deadline_ms)
@@ -797,7 +797,7 @@ class Producer:
         producer_id, producer_epoch = self._producer_id_and_epoch()
         try:
             answer = self._coordinator.call(
-                "EndTxn(commit)" if committed else "EndTxn(abort)", self._metadata.txn_coordinator_stub().EndTxn,
+                "EndTxn(commit)" if committed else "EndTxn(abort)", self._metadata.txn_coordinator_stub(self._transactional_id).EndTxn,
                 txn_pb2.EndTxnRequest(transactional_id=self._transactional_id, producer_id=producer_id,
                                       producer_epoch=producer_epoch, committed=committed,
                                       accepted_participants=accepted_participants or ()),

@@ -312,7 +312,7 @@ class Sender(threading.Thread):
             producer_id=idem.producer_id if bump else -1,
             producer_epoch=idem.producer_epoch if bump else -1)
         try:
-            response = self._metadata.txn_coordinator_stub().InitProducerId(
+            response = self._metadata.txn_coordinator_stub(self._transactional_id).InitProducerId(
                 request, timeout=self._request_timeout_ms / 1000)
         except grpc.RpcError as exc:
             self._pid_attempts += 1
@@ -363,7 +363,7 @@ class Sender(threading.Thread):
                         for topic, partition in partitions])
         self._add_partitions_in_flight = True
         try:
-            stub = self._metadata.txn_coordinator_stub()
+            stub = self._metadata.txn_coordinator_stub(self._transactional_id)
         except Exception as exc:   # no coordinator channel
             self._acc.post(_AddPartitionsAnswer(_FailedCall(exc)))
             return

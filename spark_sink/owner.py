@@ -125,7 +125,7 @@ class TransactionOwner:
         self.producer_id = -1
         self.producer_epoch = -1
         self._metadata = net.ClusterMetadata(bootstrap)
-        self._txn = self._metadata.txn_coordinator_stub()
+        self._txn = self._metadata.txn_coordinator_stub(transactional_id)
         self._groups = group_pb2_grpc.GroupCoordinatorStub(self._metadata.channel(self._metadata.bootstrap_address))
 
     def identity(self) -> OwnerIdentity:

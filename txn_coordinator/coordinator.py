@@ -144,15 +144,80 @@ class BrokerLink:
         return results
 
 
+class RoutingBrokerLink(BrokerLink):
+    """On a cluster: the coordinator's own log still goes to its own broker (the leader of
+    its partitions), but markers go to each partition's current leader, found with
+    Metadata. A partition whose leader moved answers NOT_LEADER_OR_FOLLOWER; the marker loop
+    retries it after a metadata refresh."""
+
+    def __init__(self, own_address: str):
+        super().__init__(own_address)
+        from eos import net
+        self._metadata = net.ClusterMetadata(own_address)
+
+    def close(self) -> None:
+        super().close()
+        self._metadata.close()
+
+    def write_markers(self, group: MarkerRequest) -> dict[tuple[int, TopicPartition], tuple[int, str]]:
+        from eos import net
+        topics = sorted({tp.topic for entry in group.entries for tp in entry.partitions})
+        self._metadata.fetch(topics)
+        by_leader: dict[int, list[tuple[int, MarkerEntry]]] = {}
+        results: dict[tuple[int, TopicPartition], tuple[int, str]] = {}
+        for index, entry in enumerate(group.entries):
+            for tp in entry.partitions:
+                leader = self._metadata.leader(tp.topic, tp.partition)
+                if leader == net.NO_LEADER:
+                    results[(index, tp)] = (ErrorCode.LEADER_NOT_AVAILABLE, f"{tp} has no leader right now")
+                    continue
+                by_leader.setdefault(leader, []).append((index, dataclasses.replace(entry, partitions=frozenset({tp}))))
+        for leader, items in by_leader.items():
+            stub = self._metadata.broker_stub(leader)
+            if stub is None:
+                for index, entry in items:
+                    for tp in entry.partitions:
+                        results[(index, tp)] = (ErrorCode.BROKER_NOT_AVAILABLE, f"no address for broker {leader}")
+                continue
+            try:
+                response = stub.WriteTxnMarkers(broker_pb2.WriteTxnMarkersRequest(markers=[
+                    broker_pb2.TxnMarker(producer_id=entry.producer_id, producer_epoch=entry.producer_epoch,
+                                         committed=entry.committed, coordinator_epoch=group.coordinator_epoch,
+                                         partitions=[common_pb2.TopicPartition(topic=tp.topic, partition=tp.partition)
+                                                     for tp in entry.partitions])
+                    for _, entry in items]), timeout=RPC_TIMEOUT_S)
+            except grpc.RpcError as exc:
+                for index, entry in items:
+                    for tp in entry.partitions:
+                        results[(index, tp)] = (ErrorCode.NETWORK_EXCEPTION, f"broker {leader}: {exc.code()}")
+                continue
+            for (index, _), result in zip(items, response.markers):
+                for p in result.partitions:
+                    results[(index, TopicPartition(p.topic, p.partition))] = (p.error_code, p.error_message)
+        for (index, tp), (code, _) in results.items():
+            if code in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.LEADER_NOT_AVAILABLE,
+                        ErrorCode.NETWORK_EXCEPTION, ErrorCode.BROKER_NOT_AVAILABLE):
+                self._metadata.mark_stale(tp.topic)
+        return results
+
+
 class TransactionCoordinator:
-    """Owns the core and the threads that carry out its decisions."""
+    """Owns the core and the threads that carry out its decisions.
+
+    `partitioned=True` (a cluster): this coordinator answers only for the transactional ids
+    of the `__transaction_state` partitions its broker leads. `load_partition` replays one
+    partition when the broker becomes its leader (the coordinator epoch of its ids is then
+    the partition's leader epoch) and finishes the transactions it shows decided;
+    `unload_partition` forgets them when leadership moves away. Requests for other ids are
+    answered NOT_COORDINATOR, and COORDINATOR_LOAD_IN_PROGRESS while their partition loads."""
 
     def __init__(self, link: BrokerLink, new_producer_id: Callable[[], int], *,
                  now_ms_fn: Callable[[], int] = _now_ms, coordinator_epoch: int = 0,
                  state_topic_partitions: int = STATE_TOPIC_PARTITIONS,
                  expiry_interval_ms: int = EXPIRY_INTERVAL_MS,
                  max_timeout_ms: int = TRANSACTION_MAX_TIMEOUT_MS,
-                 transactional_id_expiration_ms: int = TRANSACTIONAL_ID_EXPIRATION_MS):
+                 transactional_id_expiration_ms: int = TRANSACTIONAL_ID_EXPIRATION_MS,
+                 partitioned: bool = False):
         self._link = link
         self._new_producer_id = new_producer_id
         self._now_ms = now_ms_fn
@@ -165,11 +230,22 @@ class TransactionCoordinator:
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self._ready = threading.Event()
+        self.partitioned = partitioned
+        self._owned: dict[int, int] = {}         # partition -> coordinator epoch (its leader epoch)
+        self._loading: set[int] = set()
+        if partitioned:
+            self._core.epoch_of = lambda tid: self._owned.get(
+                txn_log.partition_for(tid, self._partitions), self._core.coordinator_epoch)
 
     # ---- life cycle --------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Replay the log, re-queue unfinished decisions, start the worker threads."""
+        """Replay the log, re-queue unfinished decisions, start the worker threads. On a
+        cluster nothing is replayed here: partitions load as leadership arrives."""
+        if self.partitioned:
+            self._start_threads()
+            self._ready.set()
+            return
         self._partitions = self._link.ensure_topic(STATE_TOPIC, self._partitions)
         loaded = 0
         for partition in range(self._partitions):
@@ -182,11 +258,67 @@ class TransactionCoordinator:
             self._markers.put(marker)
         log.info("transaction coordinator loaded %d records, %d transactional ids, %d decided transactions "
                  "to finish", loaded, len(self._core.durable), len(unfinished))
+        self._start_threads()
+        self._ready.set()
+
+    def _start_threads(self) -> None:
         for target, name in ((self._marker_loop, "eos-txn-markers"), (self._expiry_loop, "eos-txn-expiry")):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
-        self._ready.set()
+
+    # ---- partitions of a cluster -----------------------------------------------------------------
+
+    def load_partition(self, partition: int, coordinator_epoch: int) -> None:
+        """This broker now leads `__transaction_state` partition `partition`: replay it,
+        take its ids at `coordinator_epoch`, finish what it shows decided."""
+        with self._lock:
+            self._loading.add(partition)
+            self._owned.pop(partition, None)
+        try:
+            records = list(self._link.read_all(STATE_TOPIC, partition))
+        except Exception:
+            with self._lock:
+                self._loading.discard(partition)
+            raise
+        with self._lock:
+            ids = {tid for tid in self._core.durable if txn_log.partition_for(tid, self._partitions) == partition}
+            self._core.unload(ids)
+            for key, value in records:
+                transactional_id = txn_log.decode_key(key)
+                self._core.replay(txn_log.decode_value(transactional_id, value), transactional_id)
+            self._owned[partition] = coordinator_epoch
+            self._loading.discard(partition)
+            unfinished = [m for m in self._core.unfinished_markers()
+                          if txn_log.partition_for(m.transactional_id, self._partitions) == partition]
+        for marker in unfinished:
+            self._markers.put(marker)
+        log.info("transaction coordinator took %s-%d at epoch %d: %d records, %d decided transactions to finish",
+                 STATE_TOPIC, partition, coordinator_epoch, len(records), len(unfinished))
+
+    def unload_partition(self, partition: int) -> None:
+        with self._lock:
+            self._owned.pop(partition, None)
+            self._loading.discard(partition)
+            ids = {tid for tid in set(self._core.durable) | set(self._core.pending)
+                   if txn_log.partition_for(tid, self._partitions) == partition}
+            self._core.unload(ids)
+
+    def owns(self, transactional_id: str) -> bool:
+        return not self.partitioned or txn_log.partition_for(transactional_id, self._partitions) in self._owned
+
+    def _not_owned(self, transactional_id: str) -> Decision | None:
+        """On a cluster: the refusal for an id whose partition this broker does not lead."""
+        if not self.partitioned:
+            return None
+        partition = txn_log.partition_for(transactional_id, self._partitions)
+        if partition in self._owned:
+            return None
+        if partition in self._loading:
+            return Decision(error=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+                            message=f"{STATE_TOPIC}-{partition} is loading")
+        return Decision(error=ErrorCode.NOT_COORDINATOR,
+                        message=f"this broker does not coordinate {transactional_id!r} ({STATE_TOPIC}-{partition})")
 
     def stop(self, timeout_s: float = 5.0) -> None:
         self._stopping.set()
@@ -230,6 +362,8 @@ class TransactionCoordinator:
                     group = self._markers.get(timeout=0.05)
                 except queue.Empty:
                     continue
+            if self.partitioned and group.transactional_id and not self.owns(group.transactional_id):
+                continue    # its partition moved: the new coordinator finishes it from the log
             remaining = self._send_markers(group) if group.entries else None
             if remaining is not None:
                 retry.append((time.monotonic() + MARKER_RETRY_BACKOFF_MS / 1000, remaining))
@@ -296,6 +430,9 @@ class TransactionCoordinator:
 
     def init_producer_id(self, transactional_id: str, timeout_ms: int, producer_id: int = -1,
                          producer_epoch: int = -1) -> Decision:
+        refused = self._not_owned(transactional_id)
+        if refused is not None:
+            return refused
         with self._lock:
             decision = self._core.init_producer_id(
                 transactional_id, timeout_ms, self._now_ms(), self._new_producer_id,
@@ -304,6 +441,9 @@ class TransactionCoordinator:
 
     def add_partitions(self, transactional_id: str, producer_id: int, producer_epoch: int,
                        partitions: list[TopicPartition]) -> Decision:
+        refused = self._not_owned(transactional_id)
+        if refused is not None:
+            return refused
         with self._lock:
             decision = self._core.add_partitions(transactional_id, producer_id, producer_epoch, partitions,
                                                  self._now_ms())
@@ -318,6 +458,9 @@ class TransactionCoordinator:
                          partitions: list[TopicPartition] = ()) -> Decision:
         """The owner (producer_id, producer_epoch) asks for a participant producer id; the
         Decision carries the participant's id and epoch."""
+        refused = self._not_owned(transactional_id)
+        if refused is not None:
+            return refused
         with self._lock:
             decision = self._core.init_participant(transactional_id, producer_id, producer_epoch, partitions,
                                                    self._now_ms(), self._new_producer_id)
@@ -325,11 +468,17 @@ class TransactionCoordinator:
 
     def verify_partitions(self, transactional_id: str, producer_id: int, producer_epoch: int,
                           partitions: list[TopicPartition]) -> Decision:
+        refused = self._not_owned(transactional_id)
+        if refused is not None:
+            return refused
         with self._lock:
             return self._core.verify_partitions(transactional_id, producer_id, producer_epoch, partitions)
 
     def end_transaction(self, transactional_id: str, producer_id: int, producer_epoch: int,
                         commit: bool, accepted_participants: list[int] = ()) -> Decision:
+        refused = self._not_owned(transactional_id)
+        if refused is not None:
+            return refused
         with self._lock:
             decision = self._core.end_transaction(transactional_id, producer_id, producer_epoch, commit,
                                                   self._now_ms(), self._new_producer_id,

@@ -235,6 +235,7 @@ class TxnCoordinatorCore:
         self.participants_per_txn_max = participants_per_txn_max
         self.max_timeout_ms = max_timeout_ms
         self.transactional_id_expiration_ms = transactional_id_expiration_ms
+        self.epoch_of: Callable[[str], int] | None = None   # per-partition coordinator epochs (a cluster)
         self.durable: dict[str, TxnMetadata] = {}   # as the log says
         self.pending: dict[str, TxnMetadata] = {}   # written, not yet acknowledged by the log
 
@@ -286,7 +287,19 @@ class TxnCoordinatorCore:
         for p in md.participants:
             if p.partitions:
                 entries.append(MarkerEntry(p.producer_id, p.marker_epoch, committed and p.accepted, p.partitions))
-        return MarkerRequest(md.transactional_id, self.coordinator_epoch, tuple(entries))
+        return MarkerRequest(md.transactional_id, self.epoch_for(md.transactional_id), tuple(entries))
+
+    def epoch_for(self, transactional_id: str) -> int:
+        """The coordinator epoch markers of this id carry: on a cluster, the leader epoch of
+        its `__transaction_state` partition (`epoch_of`); on one node, the core's epoch."""
+        return self.coordinator_epoch if self.epoch_of is None else self.epoch_of(transactional_id)
+
+    def unload(self, transactional_ids) -> None:
+        """Forget ids whose log partition this coordinator no longer leads (durable and
+        pending: a pending write's append will fail, as the partition moved)."""
+        for transactional_id in list(transactional_ids):
+            self.durable.pop(transactional_id, None)
+            self.pending.pop(transactional_id, None)
 
     def markers_written(self, transactional_id: str, now_ms: int) -> Decision:
         """Every partition has its marker: propose Complete*."""

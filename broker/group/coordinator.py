@@ -624,8 +624,14 @@ class GroupCoordinator:
                 answers.append(described)
         return answers
 
+    # On a cluster the broker answers FindCoordinator from the leadership of the internal
+    # topics' partitions (broker.cluster_node.ClusterNode.find_coordinator).
+    find_override: Callable[[int, list[str]], list[CoordinatorAddress]] | None = None
+
     def find_coordinator(self, key_type: int, keys: Iterable[str]) -> list[CoordinatorAddress]:
         """Single node: this broker coordinates every group and every transactional id."""
+        if self.find_override is not None:
+            return self.find_override(key_type, list(keys))
         answers = []
         for key in keys:
             if key_type not in (CoordinatorType.GROUP, CoordinatorType.TRANSACTION):

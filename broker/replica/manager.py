@@ -126,6 +126,9 @@ class ReplicaManager:
         self._now_ms = now_ms_fn
         self.replica_lag_time_max_ms = replica_lag_time_max_ms
         self.fetchers = None   # set by the server: broker.replica.fetcher.FetcherManager
+        # (tp, is_leader, leader_epoch) after each applied change of role: the coordinators
+        # follow the leadership of their internal topics' partitions
+        self.on_role_change: Callable[[tuple[str, int], bool, int], None] | None = None
         self._lock = threading.Lock()
         self._controller_epoch = 0
         self._leaders: dict[tuple[str, int], _Leader] = {}
@@ -220,6 +223,10 @@ class ReplicaManager:
                 results[tp] = (int(code), f"{type(exc).__name__}: {exc}")
         if self.fetchers is not None and new_follows:
             self.fetchers.add_partitions(new_follows)
+        if self.on_role_change is not None:
+            for assignment in partitions:
+                if results.get(assignment.tp, (ErrorCode.UNKNOWN_SERVER_ERROR,))[0] == ErrorCode.NONE:
+                    self.on_role_change(assignment.tp, assignment.leader == self.broker_id, assignment.leader_epoch)
         return results
 
     def _current_epoch(self, tp) -> int | None:
@@ -282,6 +289,8 @@ class ReplicaManager:
             except Exception as exc:
                 results[tp] = (ErrorCode.KAFKA_STORAGE_ERROR, f"{type(exc).__name__}: {exc}")
             self._notify(tp)
+            if self.on_role_change is not None:
+                self.on_role_change(tp, False, -1)
         return results
 
     # ---- the produce and fetch paths --------------------------------------------------------
@@ -432,6 +441,11 @@ class ReplicaManager:
                 self._write_isr(tp, leader, shrunk)
 
     # ---- views --------------------------------------------------------------------------------
+
+    def leader_epoch_of(self, tp) -> int | None:
+        """The leader epoch if this broker leads `tp` now, else None."""
+        leader = self._leaders.get(tp)
+        return None if leader is None else leader.assignment.leader_epoch
 
     def led_partitions(self) -> list[tuple[str, int]]:
         with self._lock:

@@ -205,3 +205,18 @@ def test_a_fetcher_dropped_without_close_stops_its_fetch_threads():
     gc.collect()
     thread.join(10)
     assert not thread.is_alive()
+
+
+def test_a_stale_topic_is_refreshed_even_while_metadata_still_names_its_old_leader():
+    """A leader that died is still in the metadata until the controller moves it; the fetcher
+    must ask again (not only when a leader is missing), or it fetches from the dead one forever."""
+    f = fetcher()
+    f.state(TP).seek(0)
+    refreshed = []
+    f._metadata = SimpleNamespace(
+        leader=lambda topic, partition: 7, address_of=lambda node: "127.0.0.1:1",
+        mark_stale=lambda topic: None, stale_topics=lambda: {"t"},
+        refresh_topics=lambda topics: refreshed.append(sorted(topics)),
+        broker_stub=lambda node: None)
+    f.send_fetches()
+    assert refreshed == [["t"]]
