@@ -34,7 +34,8 @@ def assignment_from_proto(p: cluster_pb2.PartitionLeaderState) -> PartitionAssig
         topic=p.topic, partition=p.partition, controller_epoch=p.controller_epoch, leader=p.leader,
         leader_epoch=p.leader_epoch, isr=tuple(p.isr), zk_version=p.zk_version, replicas=tuple(p.replicas),
         adding=tuple(p.adding_replicas), removing=tuple(p.removing_replicas), is_new=p.is_new,
-        topic_configs=dict(p.topic_configs), throttle_bytes_per_s=p.reassignment_throttle_bytes_per_s)
+        topic_configs=dict(p.topic_configs), throttle_bytes_per_s=p.reassignment_throttle_bytes_per_s,
+        unclean_election=p.unclean_election)
 
 
 def partition_info_from_proto(p: cluster_pb2.PartitionLeaderState) -> PartitionInfo:

@@ -99,6 +99,7 @@ class PartitionRequestState:
     is_new: bool
     zk_version: int
     throttle_bytes_per_s: int = 0
+    unclean_election: bool = False
 
 
 @dataclass(frozen=True)
@@ -165,6 +166,8 @@ class ControllerCore:
         self.replica_states = ReplicaStates()
         self._pending: dict[TP, str] = {}          # why a state write is in flight
         self._attempts: dict[TP, int] = {}
+        self._unclean: set[TP] = set()               # decided by an unclean election, not yet sent
+        self.unclean_elections: list[tuple[TP, int]] = []   # (partition, leader): for logs and tests
         self.errors: list[str] = []                 # decisions given up on (for logs and tests)
 
     # ---- model queries ------------------------------------------------------------------------
@@ -600,6 +603,10 @@ class ControllerCore:
                 return LeaderIsr(NO_LEADER, state.leader_epoch + 1, isr or state.isr, self.epoch)
         if result is None:
             return None
+        if result.unclean:
+            self._unclean.add(tp)
+        else:
+            self._unclean.discard(tp)
         return LeaderIsr(result.leader, state.leader_epoch + 1, result.isr, self.epoch)
 
     def _plan(self, tps: Iterable[TP]) -> list:
@@ -650,8 +657,12 @@ class ControllerCore:
                     self.replica_states.transition([(tp, replica)], ReplicaState.ONLINE)
             done.append(tp)
         effects: list = []
+        unclean = {tp for tp in done if tp in self._unclean}
+        self._unclean -= set(results)
+        for tp in sorted(unclean):
+            self.unclean_elections.append((tp, self.states[tp][0].leader))
         if done:
-            effects.extend(self._leader_and_isr(done, to=None, new=new_partitions))
+            effects.extend(self._leader_and_isr(done, to=None, new=new_partitions, unclean=unclean))
             effects.append(self._update_metadata(done, to=sorted(self.live)))
         retry = []
         for tp in conflicts:
@@ -676,20 +687,21 @@ class ControllerCore:
 
     # ---- requests to brokers -----------------------------------------------------------------------
 
-    def _request_state(self, tp: TP, *, is_new: bool = False) -> PartitionRequestState:
+    def _request_state(self, tp: TP, *, is_new: bool = False, unclean: bool = False) -> PartitionRequestState:
         state, version = self.states[tp]
         topic = self.topics[tp[0]]
         ongoing = self.reassignments.get(tp)
         return PartitionRequestState(tp, state, self.replicas_of(tp), topic.adding.get(tp[1], ()),
                                      topic.removing.get(tp[1], ()), is_new, version,
-                                     0 if ongoing is None else ongoing.throttle_bytes_per_s)
+                                     0 if ongoing is None else ongoing.throttle_bytes_per_s, unclean)
 
-    def _leader_and_isr(self, tps: Iterable[TP], *, to, new: set[TP] = frozenset()) -> list:
+    def _leader_and_isr(self, tps: Iterable[TP], *, to, new: set[TP] = frozenset(),
+                        unclean: set[TP] = frozenset()) -> list:
         by_broker: dict[int, list[PartitionRequestState]] = {}
         for tp in tps:
             if tp not in self.states:
                 continue
-            request_state = self._request_state(tp, is_new=tp in new)
+            request_state = self._request_state(tp, is_new=tp in new, unclean=tp in unclean)
             for replica in self.replicas_of(tp):
                 if replica in self.live and (to is None or replica in to):
                     by_broker.setdefault(replica, []).append(request_state)

@@ -347,7 +347,12 @@ class Controller:
                 for result in results.values():
                     if _is_controller_moved(result):
                         raise result
+                seen_unclean = len(self._core.unclean_elections)
                 pending[:0] = list(self._core.states_written(results) or ())
+                for (topic, partition), leader in self._core.unclean_elections[seen_unclean:]:
+                    log.warning("%s-%d: UNCLEAN leader election: broker %d leads without being in sync; "
+                                "acknowledged records may be lost (unclean.leader.election.enable)",
+                                topic, partition, leader)
             elif isinstance(effect, c.ReadStates):
                 found = self._store.partition_states(list(effect.partitions))
                 pending[:0] = list(self._core.states_read(found) or ())
@@ -388,7 +393,7 @@ class Controller:
             leader_epoch=li.leader_epoch, isr=li.isr, zk_version=getattr(state, "zk_version", 0),
             replicas=state.replicas, adding_replicas=state.adding, removing_replicas=state.removing,
             is_new=state.is_new, topic_configs=self._topic_configs.get(topic, {}),
-            reassignment_throttle_bytes_per_s=state.throttle_bytes_per_s)
+            reassignment_throttle_bytes_per_s=state.throttle_bytes_per_s, unclean_election=state.unclean_election)
 
     def _leader_and_isr_request(self, effect) -> cluster_pb2.LeaderAndIsrRequest:
         return cluster_pb2.LeaderAndIsrRequest(

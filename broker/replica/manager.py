@@ -76,6 +76,7 @@ class PartitionAssignment:
     is_new: bool = False
     topic_configs: dict = field(default_factory=dict)
     throttle_bytes_per_s: int = 0      # what the adding replicas may be sent (a throttled reassignment)
+    unclean_election: bool = False     # chosen with no in-sync replica alive
 
     @property
     def tp(self) -> tuple[str, int]:
@@ -256,6 +257,10 @@ class ReplicaManager:
                                    core.on_leader_append(partition_log.log_end_offset))
         log.info("%s-%d: leader at epoch %d, ISR %s", assignment.topic, assignment.partition,
                  assignment.leader_epoch, list(assignment.isr))
+        if assignment.unclean_election:
+            log.warning("%s-%d: leader at epoch %d through an UNCLEAN election: this replica was not in sync, "
+                        "records the previous in-sync replicas acknowledged past offset %d may be lost",
+                        assignment.topic, assignment.partition, assignment.leader_epoch, partition_log.log_end_offset)
 
     def _stop_leading(self, tp) -> None:
         """Forget the leadership of `tp`, after any client append in flight (so none lands

@@ -30,7 +30,7 @@ class ClusterBroker(_message.Message):
     def __init__(self, broker_id: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., rack: _Optional[str] = ..., broker_epoch: _Optional[int] = ...) -> None: ...
 
 class PartitionLeaderState(_message.Message):
-    __slots__ = ("topic", "partition", "controller_epoch", "leader", "leader_epoch", "isr", "zk_version", "replicas", "adding_replicas", "removing_replicas", "is_new", "offline_replicas", "topic_configs", "reassignment_throttle_bytes_per_s")
+    __slots__ = ("topic", "partition", "controller_epoch", "leader", "leader_epoch", "isr", "zk_version", "replicas", "adding_replicas", "removing_replicas", "is_new", "offline_replicas", "topic_configs", "reassignment_throttle_bytes_per_s", "unclean_election")
     class TopicConfigsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -52,6 +52,7 @@ class PartitionLeaderState(_message.Message):
     OFFLINE_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     TOPIC_CONFIGS_FIELD_NUMBER: _ClassVar[int]
     REASSIGNMENT_THROTTLE_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    UNCLEAN_ELECTION_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partition: int
     controller_epoch: int
@@ -66,7 +67,8 @@ class PartitionLeaderState(_message.Message):
     offline_replicas: _containers.RepeatedScalarFieldContainer[int]
     topic_configs: _containers.ScalarMap[str, str]
     reassignment_throttle_bytes_per_s: int
-    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., controller_epoch: _Optional[int] = ..., leader: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., isr: _Optional[_Iterable[int]] = ..., zk_version: _Optional[int] = ..., replicas: _Optional[_Iterable[int]] = ..., adding_replicas: _Optional[_Iterable[int]] = ..., removing_replicas: _Optional[_Iterable[int]] = ..., is_new: _Optional[bool] = ..., offline_replicas: _Optional[_Iterable[int]] = ..., topic_configs: _Optional[_Mapping[str, str]] = ..., reassignment_throttle_bytes_per_s: _Optional[int] = ...) -> None: ...
+    unclean_election: bool
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., controller_epoch: _Optional[int] = ..., leader: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., isr: _Optional[_Iterable[int]] = ..., zk_version: _Optional[int] = ..., replicas: _Optional[_Iterable[int]] = ..., adding_replicas: _Optional[_Iterable[int]] = ..., removing_replicas: _Optional[_Iterable[int]] = ..., is_new: _Optional[bool] = ..., offline_replicas: _Optional[_Iterable[int]] = ..., topic_configs: _Optional[_Mapping[str, str]] = ..., reassignment_throttle_bytes_per_s: _Optional[int] = ..., unclean_election: _Optional[bool] = ...) -> None: ...
 
 class LeaderAndIsrRequest(_message.Message):
     __slots__ = ("controller_id", "controller_epoch", "broker_epoch", "partitions", "live_leaders")

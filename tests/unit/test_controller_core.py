@@ -95,8 +95,12 @@ def test_no_live_isr_member_leaves_the_partition_offline_unless_unclean():
         core, zk, _ = started(replicas=(0, 1, 2), unclean=unclean)
         zk.run(core, core.brokers_changed(live(0, 2), now_ms=1))      # 1 leaves the ISR
         zk.run(core, core.brokers_changed(live(0), now_ms=2))         # 2 too: ISR (0,)
-        zk.run(core, core.brokers_changed(live(2), now_ms=3))         # 0 dies, 2 comes back (not in the ISR)
+        seen = zk.run(core, core.brokers_changed(live(2), now_ms=3))  # 0 dies, 2 comes back (not in the ISR)
         assert zk.states[T0][0].leader == expected_leader, unclean
+        # the new leader is told it was elected uncleanly (it says so in its log)
+        told = [s.unclean_election for e in seen if isinstance(e, SendLeaderAndIsr) for s in e.partitions]
+        assert any(told) == unclean
+        assert core.unclean_elections == ([(T0, 2)] if unclean else [])
 
 
 def test_a_conflicting_write_is_read_again_and_retried():
