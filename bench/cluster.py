@@ -17,7 +17,12 @@ Figures (median of 3 runs; 1 with --quick):
 - failover after a controlled shutdown: the same with SIGTERM.
 - metadata propagation: from the CreateTopics call for 1,000 partitions (RF 3) until every
   broker's Metadata answer shows them all with a leader.
-- produce acks=all (RF 3): records/s of the bulk path, 100-byte values.
+- produce acks=all (RF 3), 100-byte values: records/s of eos's bulk path (`send_batch`) and
+  of per-record `send()`; Kafka's figure for both is librdkafka's per-record `produce()`
+  loop (it has no bulk call). Replication MB/s restates the bulk figure as what the two
+  followers copied (values only: a lower bound), beside the raw disk speed of this machine.
+- produce latency p50/p99: send to acknowledgement at 5,000 records/s, acks=all RF 3.
+- consume read_committed: records/s reading the bulk figure's topic from the start.
 - broker start with N partitions (10,000; 1,000 with --quick; RF 1 over the 3 brokers): one
   broker stopped cleanly and started again; the time until the cluster lists it live.
 
@@ -138,6 +143,34 @@ class EosSide:
         consumer.close()
         return values
 
+    def per_record_produce(self, topic, count, value):
+        import eos
+        producer = eos.Producer(bootstrap=self.bootstrap, acks="all", enable_idempotence=True, linger_ms=5)
+        started = time.perf_counter()
+        for _ in range(count):
+            producer.send(topic, value=value, partition=0)
+        producer.flush(300)
+        elapsed = time.perf_counter() - started
+        producer.close()
+        return elapsed
+
+    def consume_count(self, topic, count):
+        import eos
+        consumer = eos.Consumer(bootstrap=self.bootstrap, group_id=None, isolation_level="read_committed")
+        consumer.assign([eos.TopicPartition(topic, 0)])
+        consumer.seek(eos.TopicPartition(topic, 0), 0)
+        seen = 0
+        started = time.perf_counter()
+        deadline = time.monotonic() + 300
+        while seen < count and time.monotonic() < deadline:
+            seen += len(consumer.poll(timeout_ms=500))
+        elapsed = time.perf_counter() - started
+        consumer.close()
+        return seen, elapsed
+
+    def latency_producer(self, on_ack):
+        return self.producer(on_ack)
+
     def bulk_produce(self, topic, count, value):
         import eos
         producer = eos.Producer(bootstrap=self.bootstrap, acks="all", enable_idempotence=True, linger_ms=5)
@@ -223,6 +256,23 @@ class KafkaSide:
                     values.append(message.value())
         consumer.close()
         return values
+
+    def per_record_produce(self, topic, count, value):
+        return self.bulk_produce(topic, count, value)    # librdkafka has no bulk call: the same loop
+
+    def consume_count(self, topic, count):
+        from confluent_kafka import Consumer, TopicPartition
+        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"bench-{time.time_ns()}",
+                             "enable.auto.commit": False, "isolation.level": "read_committed"})
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        seen = 0
+        started = time.perf_counter()
+        deadline = time.monotonic() + 300
+        while seen < count and time.monotonic() < deadline:
+            seen += sum(1 for m in consumer.consume(10_000, timeout=0.5) if m.error() is None)
+        elapsed = time.perf_counter() - started
+        consumer.close()
+        return seen, elapsed
 
     def bulk_produce(self, topic, count, value):
         from confluent_kafka import Producer
@@ -324,14 +374,59 @@ def restart_s(side, partitions: int) -> float:
     return time.monotonic() - started
 
 
-def produce_records_per_s(side, topic: str, count: int) -> float:
+def produce_records_per_s(side, topic: str, count: int, *, bulk: bool = True) -> float:
     side.create(topic, 1, 3, {"min.insync.replicas": "2"})
     _full_isr(side, topic)
-    elapsed = side.bulk_produce(topic, count, b"x" * 100)
+    run = side.bulk_produce if bulk else side.per_record_produce
+    elapsed = run(topic, count, b"x" * 100)
     return count / elapsed
 
 
+def consume_records_per_s(side, topic: str, count: int) -> float:
+    """read_committed from the start of a topic an earlier figure filled."""
+    seen, elapsed = side.consume_count(topic, count)
+    if seen < count:
+        raise Lost(f"read {seen} of {count} records")
+    return seen / elapsed
+
+
+def latency_percentiles_ms(side, topic: str, rate_per_s: int = 5000, duration_s: float = 5.0) -> tuple[float, float]:
+    """acks=all RF 3: send call to acknowledgement at a fixed rate; (p50, p99)."""
+    side.create(topic, 1, 3, {"min.insync.replicas": "2"})
+    _full_isr(side, topic)
+    sent_at: dict[bytes, float] = {}
+    latencies: list[float] = []
+    lock = threading.Lock()
+
+    def on_ack(value, error):
+        now = time.perf_counter()
+        with lock:
+            if error is None and value in sent_at:
+                latencies.append(now - sent_at[value])
+    send, pump, close = side.producer(on_ack)
+    total = int(rate_per_s * duration_s)
+    started = time.perf_counter()
+    for i in range(total):
+        due = started + i / rate_per_s
+        while time.perf_counter() < due:
+            pump()
+            time.sleep(0.0005)
+        value = str(i).encode()
+        sent_at[value] = time.perf_counter()
+        send(topic, value)
+    close()
+    if len(latencies) < total:
+        raise Lost(f"{total - len(latencies)} of {total} records not acknowledged")
+    latencies.sort()
+    return latencies[len(latencies) // 2] * 1000, latencies[int(len(latencies) * 0.99)] * 1000
+
+
 FIGURES = [
+    ("produce_rf3_per_record_rps", "produce acks=all RF 3, per record (send/produce), 100 B", "records/s", True),
+    ("latency_p50_ms", "produce latency p50, acks=all RF 3, 5k rec/s", "ms", False),
+    ("latency_p99_ms", "produce latency p99, acks=all RF 3, 5k rec/s", "ms", False),
+    ("consume_rf3_rps", "consume read_committed from a RF 3 topic", "records/s", True),
+    ("replication_mb_s", "replication to the 2 followers during the bulk produce (disk: see notes)", "MB/s", True),
     ("failover_kill_ms", "failover after kill -9 (longest ack pause)", "ms", False),
     ("failover_shutdown_ms", "failover after SIGTERM, controlled shutdown (longest ack pause)", "ms", False),
     ("metadata_1000_ms", "metadata of 1,000 new partitions on every broker", "ms", False),
@@ -364,6 +459,24 @@ def run_side(side, quick: bool, progress) -> dict:
         measure("metadata_1000_ms", lambda run: metadata_propagation_ms(side, f"meta{run}", 1000))
         count = 200_000 if quick else 1_000_000
         measure("produce_rf3_rps", lambda run: produce_records_per_s(side, f"prod{run}", count))
+        ok = results.get("produce_rf3_rps", {})
+        if ok.get("status") == "ok":
+            # every record is written twice more, by the two followers (value + ~70 B of batch
+            # and record overhead counted as the value's 100 B only: a lower bound)
+            results["replication_mb_s"] = {"status": "ok", "value": ok["value"] * 200 / 1e6,
+                                           "samples": [s * 200 / 1e6 for s in ok["samples"]]}
+        measure("consume_rf3_rps", lambda run: consume_records_per_s(side, f"prod{run}", count))
+        measure("produce_rf3_per_record_rps",
+                lambda run: produce_records_per_s(side, f"rec{run}", count // 4, bulk=False))
+        latencies = []
+
+        def one_latency_run(run):
+            p50, p99 = latency_percentiles_ms(side, f"lat{run}")
+            latencies.append(p99)
+            return p50
+        measure("latency_p50_ms", one_latency_run)
+        if latencies:
+            results["latency_p99_ms"] = {"status": "ok", "value": statistics.median(latencies), "samples": latencies}
         partitions = 1000 if quick else 10_000
         repeats_saved = repeats
         repeats = 1      # topics accumulate: one restart run
@@ -424,6 +537,10 @@ def main(argv=None) -> int:
             traceback.print_exc()
             run["systems"][system] = {key: {"status": "error", "detail": f"{type(exc).__name__}: {exc}"}
                                       for key, *_ in FIGURES}
+    from bench import disk
+    speed = disk.measure(args.tmp_dir, 256)
+    run["disk_buffered_mb_s"] = speed.buffered_mb_s
+    run["disk_fsync_mb_s"] = speed.fsync_mb_s
     run["loadavg_at_end"] = os.getloadavg()
     run["duration_s"] = round(time.monotonic() - t0, 1)
     text = table(run)
@@ -435,7 +552,8 @@ def main(argv=None) -> int:
     stem = f"cluster-{started:%Y-%m-%d}-{socket.gethostname()}"
     (out / f"{stem}.json").write_text(json.dumps(run, indent=2))
     header = (f"# Cluster benchmark\n\n`{run['command']}` at {run['started_utc']} "
-              f"({run['duration_s']} s, load {run['loadavg_at_start'][0]:.1f} at start)\n\n")
+              f"({run['duration_s']} s, load {run['loadavg_at_start'][0]:.1f} at start); raw disk here "
+              f"{run['disk_buffered_mb_s']:,.0f} MB/s buffered, {run['disk_fsync_mb_s']:,.0f} MB/s with fsync\n\n")
     (out / f"{stem}.md").write_text(header + text + "\n")
     if not partial:
         (out / "cluster-latest.json").write_text(json.dumps(run, indent=2))
