@@ -23,6 +23,8 @@ Figures (median of 3 runs; 1 with --quick):
   followers copied (values only: a lower bound), beside the raw disk speed of this machine.
 - produce latency p50/p99: send to acknowledgement at 5,000 records/s, acks=all RF 3.
 - consume read_committed: records/s reading the bulk figure's topic from the start.
+- end to end p50/p99: idempotent acks=all producer at 1,000 records/s, a read_committed
+  reader on the same machine; send call to arrival at the reader.
 - broker start with N partitions (10,000; 1,000 with --quick; RF 1 over the 3 brokers): one
   broker stopped cleanly and started again; the time until the cluster lists it live.
 
@@ -168,8 +170,21 @@ class EosSide:
         consumer.close()
         return seen, elapsed
 
-    def latency_producer(self, on_ack):
-        return self.producer(on_ack)
+    def tail(self, topic, count, stop):
+        import eos
+        consumer = eos.Consumer(bootstrap=self.bootstrap, group_id=None, isolation_level="read_committed",
+                                fetch_max_wait_ms=100)
+        consumer.assign([eos.TopicPartition(topic, 0)])
+        consumer.seek(eos.TopicPartition(topic, 0), 0)
+        seen = 0
+        deadline = time.monotonic() + 120
+        while seen < count and not stop.is_set() and time.monotonic() < deadline:
+            records = consumer.poll(timeout_ms=100)
+            now = time.perf_counter()
+            for r in records:
+                seen += 1
+                yield r.value, now
+        consumer.close()
 
     def bulk_produce(self, topic, count, value):
         import eos
@@ -259,6 +274,23 @@ class KafkaSide:
 
     def per_record_produce(self, topic, count, value):
         return self.bulk_produce(topic, count, value)    # librdkafka has no bulk call: the same loop
+
+    def tail(self, topic, count, stop):
+        from confluent_kafka import Consumer, TopicPartition
+        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"bench-{time.time_ns()}",
+                             "enable.auto.commit": False, "isolation.level": "read_committed",
+                             "fetch.wait.max.ms": 100})
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        seen = 0
+        deadline = time.monotonic() + 120
+        while seen < count and not stop.is_set() and time.monotonic() < deadline:
+            messages = consumer.consume(1000, timeout=0.1)
+            now = time.perf_counter()
+            for m in messages:
+                if m.error() is None:
+                    seen += 1
+                    yield m.value(), now
+        consumer.close()
 
     def consume_count(self, topic, count):
         from confluent_kafka import Consumer, TopicPartition
@@ -390,6 +422,51 @@ def consume_records_per_s(side, topic: str, count: int) -> float:
     return seen / elapsed
 
 
+def end_to_end_ms(side, topic: str, rate_per_s: int = 1000, duration_s: float = 5.0) -> tuple[float, float]:
+    """Idempotent acks=all RF 3 producer at a fixed rate, a read_committed reader on the same
+    machine: send call to the record's arrival at the reader; (p50, p99)."""
+    side.create(topic, 1, 3, {"min.insync.replicas": "2"})
+    _full_isr(side, topic)
+    sent_at: dict[bytes, float] = {}
+    arrived: list[float] = []
+    total = int(rate_per_s * duration_s)
+    stop = threading.Event()
+
+    def reader():
+        for value, now in side.tail(topic, total, stop):
+            if value in sent_at:
+                arrived.append(now - sent_at[value])
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
+    time.sleep(1.0)      # the reader is positioned at the log end before the first send
+    _send_paced(side, topic, total, rate_per_s, sent_at, lambda value, error: None)
+    thread.join(60)
+    stop.set()
+    if len(arrived) < total:
+        raise Lost(f"the reader saw {len(arrived)} of {total} records")
+    return _p50_p99_ms(arrived)
+
+
+def _send_paced(side, topic: str, total: int, rate_per_s: int, sent_at: dict, on_ack) -> None:
+    """Send `total` numbered records at `rate_per_s`, noting each one's send time."""
+    send, pump, close = side.producer(on_ack)
+    started = time.perf_counter()
+    for i in range(total):
+        due = started + i / rate_per_s
+        while time.perf_counter() < due:
+            pump()
+            time.sleep(0.0005)
+        value = str(i).encode()
+        sent_at[value] = time.perf_counter()
+        send(topic, value)
+    close()
+
+
+def _p50_p99_ms(seconds: list[float]) -> tuple[float, float]:
+    ordered = sorted(seconds)
+    return ordered[len(ordered) // 2] * 1000, ordered[int(len(ordered) * 0.99)] * 1000
+
+
 def latency_percentiles_ms(side, topic: str, rate_per_s: int = 5000, duration_s: float = 5.0) -> tuple[float, float]:
     """acks=all RF 3: send call to acknowledgement at a fixed rate; (p50, p99)."""
     side.create(topic, 1, 3, {"min.insync.replicas": "2"})
@@ -403,22 +480,11 @@ def latency_percentiles_ms(side, topic: str, rate_per_s: int = 5000, duration_s:
         with lock:
             if error is None and value in sent_at:
                 latencies.append(now - sent_at[value])
-    send, pump, close = side.producer(on_ack)
     total = int(rate_per_s * duration_s)
-    started = time.perf_counter()
-    for i in range(total):
-        due = started + i / rate_per_s
-        while time.perf_counter() < due:
-            pump()
-            time.sleep(0.0005)
-        value = str(i).encode()
-        sent_at[value] = time.perf_counter()
-        send(topic, value)
-    close()
+    _send_paced(side, topic, total, rate_per_s, sent_at, on_ack)
     if len(latencies) < total:
         raise Lost(f"{total - len(latencies)} of {total} records not acknowledged")
-    latencies.sort()
-    return latencies[len(latencies) // 2] * 1000, latencies[int(len(latencies) * 0.99)] * 1000
+    return _p50_p99_ms(latencies)
 
 
 FIGURES = [
@@ -426,6 +492,8 @@ FIGURES = [
     ("latency_p50_ms", "produce latency p50, acks=all RF 3, 5k rec/s", "ms", False),
     ("latency_p99_ms", "produce latency p99, acks=all RF 3, 5k rec/s", "ms", False),
     ("consume_rf3_rps", "consume read_committed from a RF 3 topic", "records/s", True),
+    ("e2e_p50_ms", "end to end p50, idempotent acks=all RF 3, 1k rec/s, read_committed", "ms", False),
+    ("e2e_p99_ms", "end to end p99, idempotent acks=all RF 3, 1k rec/s, read_committed", "ms", False),
     ("replication_mb_s", "replication to the 2 followers during the bulk produce (disk: see notes)", "MB/s", True),
     ("failover_kill_ms", "failover after kill -9 (longest ack pause)", "ms", False),
     ("failover_shutdown_ms", "failover after SIGTERM, controlled shutdown (longest ack pause)", "ms", False),
@@ -477,6 +545,15 @@ def run_side(side, quick: bool, progress) -> dict:
         measure("latency_p50_ms", one_latency_run)
         if latencies:
             results["latency_p99_ms"] = {"status": "ok", "value": statistics.median(latencies), "samples": latencies}
+        e2e_p99 = []
+
+        def one_e2e_run(run):
+            p50, p99 = end_to_end_ms(side, f"e2e{run}")
+            e2e_p99.append(p99)
+            return p50
+        measure("e2e_p50_ms", one_e2e_run)
+        if e2e_p99:
+            results["e2e_p99_ms"] = {"status": "ok", "value": statistics.median(e2e_p99), "samples": e2e_p99}
         partitions = 1000 if quick else 10_000
         repeats_saved = repeats
         repeats = 1      # topics accumulate: one restart run

@@ -373,8 +373,18 @@ class Admin:
                 if stub is None:
                     retry.extend(group)
                     continue
-                response = self._call("ListOffsets", lambda s: s.ListOffsets, broker_pb2.ListOffsetsRequest(
-                    isolation_level=level, partitions=group), stub=lambda stub=stub: stub)
+                try:
+                    # one attempt per round: a dead leader is not retried, the metadata is
+                    response = self._call("ListOffsets", lambda s: s.ListOffsets, broker_pb2.ListOffsetsRequest(
+                        isolation_level=level, partitions=group), timeout_ms=self._request_timeout_ms,
+                        stub=lambda stub=stub: stub)
+                except EosError as exc:
+                    if not exc.retriable or time.monotonic() >= deadline:
+                        raise
+                    for p in group:
+                        self._metadata.mark_stale(p.topic)
+                    retry.extend(group)
+                    continue
                 for listed in response.partitions:
                     if (listed.error_code != ErrorCode.NONE and reaction_for(listed.error_code) is Reaction.RETRY
                             and time.monotonic() < deadline):

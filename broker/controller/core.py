@@ -37,28 +37,13 @@ from typing import Iterable, Mapping
 
 from broker.controller import election
 from broker.controller.states import PartitionState, PartitionStates, ReplicaState, ReplicaStates
+from broker.metadata.types import BrokerInfo as LiveBroker
+from broker.metadata.types import LeaderIsr
 from eos.errors import EosError, ErrorCode
 
 TP = tuple[str, int]
 NO_LEADER = -1
 DECISION_ATTEMPTS_MAX = 5
-
-
-@dataclass(frozen=True)
-class LiveBroker:
-    broker_id: int
-    host: str
-    port: int
-    rack: str | None = None
-    epoch: int = -1
-
-
-@dataclass(frozen=True)
-class LeaderIsr:
-    leader: int
-    leader_epoch: int
-    isr: tuple[int, ...]
-    controller_epoch: int
 
 
 @dataclass(frozen=True)

@@ -24,18 +24,10 @@ import threading
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
+from broker.metadata.types import BrokerInfo as BrokerEndpoint
 from eos.errors import StaleControllerEpochError
 
 NO_LEADER = -1
-
-
-@dataclass(frozen=True)
-class BrokerEndpoint:
-    broker_id: int
-    host: str
-    port: int
-    rack: str | None = None
-    epoch: int = -1
 
 
 @dataclass(frozen=True)

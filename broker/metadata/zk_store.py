@@ -38,6 +38,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
+from broker.metadata.types import BrokerInfo as BrokerRegistration
+from broker.metadata.types import LeaderIsr
 from eos.errors import EosError, ErrorCode, TopicAlreadyExistsError
 
 log = logging.getLogger("eos.zookeeper")
@@ -76,23 +78,6 @@ class StateVersionConflict(EosError):
 
 class BrokerIdInUse(EosError):
     code = ErrorCode.INVALID_CONFIG
-
-
-@dataclass(frozen=True)
-class BrokerRegistration:
-    broker_id: int
-    host: str
-    port: int
-    rack: str | None = None
-    epoch: int = -1          # the czxid of its znode, filled on read
-
-
-@dataclass(frozen=True)
-class LeaderIsr:
-    leader: int
-    leader_epoch: int
-    isr: tuple[int, ...]
-    controller_epoch: int
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,8 @@
 """Fixtures of the cluster tests: one real Apache ZooKeeper per test module.
 
+`cluster_factory(broker_config, brokers=3)` -> eos.local_cluster.LocalCluster
+    Started brokers under a fresh chroot of the module's ZooKeeper; stopped at teardown.
+
 `zookeeper` (module scope) -> eos.zookeeper.ZooKeeperServer
     A standalone ZooKeeper on a free 127.0.0.1 port with a temp data dir (jars fetched from
     Maven Central and cached on first use), stopped at the end of the module. Tests keep
@@ -10,9 +13,11 @@
 """
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
-from eos.local_cluster import free_port
+from eos.local_cluster import LocalCluster, free_port
 from eos.zookeeper import ZooKeeperServer
 
 
@@ -33,3 +38,20 @@ def zookeeper(zookeeper_server):
         zookeeper_server.start()
         zookeeper_server.wait_ready()
     yield zookeeper_server
+
+
+@pytest.fixture
+def cluster_factory(zookeeper, tmp_path):
+    started = []
+
+    def start(broker_config: dict, brokers: int = 3) -> LocalCluster:
+        cluster = LocalCluster(tmp_path / f"cluster-{len(started)}", brokers=brokers, broker_config=dict(broker_config),
+                               zookeeper_connect=zookeeper.connect_string, chroot=f"/eos-{uuid.uuid4().hex[:8]}")
+        started.append(cluster)
+        cluster.start()
+        return cluster
+    try:
+        yield start
+    finally:
+        for cluster in started:
+            cluster.stop()

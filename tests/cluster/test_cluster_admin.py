@@ -6,27 +6,19 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import uuid
 
 import pytest
 
 import eos
 from eos.errors import ErrorCode, InvalidReplicaAssignmentError, InvalidReplicationFactorError
-from eos.local_cluster import LocalCluster
 from tests.cluster.test_cluster_failover import (CLUSTER_CONFIG, SteadyProducer, assert_exactly_once_in_order,
                                                  describe, read_all, wait_for_leader)
 from tests.waits import wait_for
 
 
 @pytest.fixture
-def cluster(zookeeper, tmp_path):
-    c = LocalCluster(tmp_path / "cluster", brokers=3, broker_config=dict(CLUSTER_CONFIG),
-                     zookeeper_connect=zookeeper.connect_string, chroot=f"/eos-{uuid.uuid4().hex[:8]}")
-    c.start()
-    try:
-        yield c
-    finally:
-        c.stop()
+def cluster(cluster_factory):
+    return cluster_factory(CLUSTER_CONFIG)
 
 
 def full_isr(admin, topic):
@@ -65,8 +57,9 @@ def test_preferred_election_puts_leaders_back_after_a_restart(cluster):
         for p in range(3):
             error = results[eos.TopicPartition("pref", p)]
             assert error is None or error.code == ErrorCode.ELECTION_NOT_NEEDED, error
-        after = describe(admin, "pref")
-        assert [p["leader"] for p in after] == [p["replicas"][0] for p in after]
+        # the election is done; its metadata reaches the brokers right after
+        after = wait_for(lambda: (lambda ps: ps if [p["leader"] for p in ps] == [p["replicas"][0] for p in ps]
+                                  else None)(describe(admin, "pref")), "the preferred leaders in the metadata")
         assert all(a["leader_epoch"] > b["leader_epoch"] for a, b in zip(after, before) if b["partition"] in led)
 
 

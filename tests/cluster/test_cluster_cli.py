@@ -11,7 +11,7 @@ import sys
 import uuid
 
 import eos
-from eos.local_cluster import LocalCluster, free_port
+from eos.local_cluster import free_port
 from tests.cluster.test_cluster_failover import CLUSTER_CONFIG, describe
 from tests.waits import wait_for
 
@@ -91,38 +91,33 @@ def _in_use(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def test_describe_filters_and_leader_election_cli(zookeeper, tmp_path):
-    cluster = LocalCluster(tmp_path / "cluster", brokers=3, broker_config=dict(CLUSTER_CONFIG),
-                           zookeeper_connect=zookeeper.connect_string, chroot=f"/eos-{uuid.uuid4().hex[:8]}")
-    cluster.start()
-    try:
-        with eos.Admin(bootstrap=cluster.bootstrap) as admin:
-            admin.create_topics([{"name": "few", "assignments": {0: [0, 1], 1: [1, 2]}}])
-            wait_for(lambda: all(len(p["isr"]) == 2 for p in describe(admin, "few")), "full ISRs")
-            cluster.kill(2)
-            wait_for(lambda: describe(admin, "few")[1]["isr"] == [1], "partition 1 under-replicated")
+def test_describe_filters_and_leader_election_cli(cluster_factory):
+    cluster = cluster_factory(CLUSTER_CONFIG)
+    with eos.Admin(bootstrap=cluster.bootstrap) as admin:
+        admin.create_topics([{"name": "few", "assignments": {0: [0, 1], 1: [1, 2]}}])
+        wait_for(lambda: all(len(p["isr"]) == 2 for p in describe(admin, "few")), "full ISRs")
+        cluster.kill(2)
+        wait_for(lambda: describe(admin, "few")[1]["isr"] == [1], "partition 1 under-replicated")
 
-            def describe_cli(*flags):
-                out = subprocess.run(EOS + ["topics", "describe", "few", "--bootstrap-server", cluster.bootstrap,
-                                            *flags], capture_output=True, text=True, timeout=60)
-                assert out.returncode == 0, out.stderr
-                return out.stdout
-            under = describe_cli("--under-replicated-partitions")
-            assert "Partition: 1" in under and "Partition: 0" not in under and "Offline: 2" in under
-            assert describe_cli("--unavailable-partitions").strip() == ""
-            cluster.kill(1)
-            wait_for(lambda: describe(admin, "few")[1]["leader"] == -1, "partition 1 offline")
-            assert "Partition: 1\tLeader: none" in describe_cli("--unavailable-partitions")
-            cluster.restart(1)
-            cluster.restart(2)
-            wait_for(lambda: all(len(p["isr"]) == 2 for p in describe(admin, "few")), "full ISRs again", 60)
-            election = subprocess.run(EOS + ["leader-election", "--election-type", "preferred",
-                                             "--all-topic-partitions", "--bootstrap-server", cluster.bootstrap],
-                                      capture_output=True, text=True, timeout=60)
-            assert election.returncode == 0, election.stderr
-            assert [p["leader"] for p in describe(admin, "few")] == [0, 1]
-    finally:
-        cluster.stop()
+        def describe_cli(*flags):
+            out = subprocess.run(EOS + ["topics", "describe", "few", "--bootstrap-server", cluster.bootstrap,
+                                        *flags], capture_output=True, text=True, timeout=60)
+            assert out.returncode == 0, out.stderr
+            return out.stdout
+        under = describe_cli("--under-replicated-partitions")
+        assert "Partition: 1" in under and "Partition: 0" not in under and "Offline: 2" in under
+        assert describe_cli("--unavailable-partitions").strip() == ""
+        cluster.kill(1)
+        wait_for(lambda: describe(admin, "few")[1]["leader"] == -1, "partition 1 offline")
+        assert "Partition: 1\tLeader: none" in describe_cli("--unavailable-partitions")
+        cluster.restart(1)
+        cluster.restart(2)
+        wait_for(lambda: all(len(p["isr"]) == 2 for p in describe(admin, "few")), "full ISRs again", 60)
+        election = subprocess.run(EOS + ["leader-election", "--election-type", "preferred",
+                                         "--all-topic-partitions", "--bootstrap-server", cluster.bootstrap],
+                                  capture_output=True, text=True, timeout=60)
+        assert election.returncode == 0, election.stderr
+        assert [p["leader"] for p in describe(admin, "few")] == [0, 1]
 
 
 def test_a_data_dir_of_another_cluster_refuses_to_start(zookeeper, tmp_path):

@@ -3,12 +3,10 @@ coordinator is the leader of the id's __transaction_state partition; markers rea
 partition's leader; a transaction open while a leader dies commits or aborts as a whole."""
 from __future__ import annotations
 
-import uuid
 
 import pytest
 
 import eos
-from eos.local_cluster import LocalCluster
 from tests.cluster.test_cluster_failover import CLUSTER_CONFIG, describe, read_all, wait_for_leader
 from tests.waits import wait_for
 
@@ -16,14 +14,8 @@ TXN_CONFIG = {**CLUSTER_CONFIG, "min.insync.replicas": "2", "transaction.abort.t
 
 
 @pytest.fixture
-def cluster(zookeeper, tmp_path):
-    c = LocalCluster(tmp_path / "cluster", brokers=3, broker_config=dict(TXN_CONFIG),
-                     zookeeper_connect=zookeeper.connect_string, chroot=f"/eos-{uuid.uuid4().hex[:8]}")
-    c.start()
-    try:
-        yield c
-    finally:
-        c.stop()
+def cluster(cluster_factory):
+    return cluster_factory(TXN_CONFIG)
 
 
 def full_isr(admin, topic):

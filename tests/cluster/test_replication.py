@@ -4,14 +4,12 @@ replicas byte-identical up to the high watermark."""
 from __future__ import annotations
 
 import time
-import uuid
 
 import pytest
 
 import eos
 from eos.errors import ErrorCode, RequestTimedOutError
 from broker.replica.fetcher import REPLICA_FETCH_WAIT_MAX_MS
-from eos.local_cluster import LocalCluster
 from eos.v1 import broker_pb2
 from tests.cluster.test_cluster_failover import (CLUSTER_CONFIG, SteadyProducer, assert_exactly_once_in_order,
                                                  describe, read_all, wait_for_leader)
@@ -22,14 +20,8 @@ REPLICATION_CONFIG = {**CLUSTER_CONFIG, "replica.lag.time.max.ms": str(LAG_MS), 
 
 
 @pytest.fixture
-def cluster(zookeeper, tmp_path):
-    c = LocalCluster(tmp_path / "cluster", brokers=3, broker_config=dict(REPLICATION_CONFIG),
-                     zookeeper_connect=zookeeper.connect_string, chroot=f"/eos-{uuid.uuid4().hex[:8]}")
-    c.start()
-    try:
-        yield c
-    finally:
-        c.stop()
+def cluster(cluster_factory):
+    return cluster_factory(REPLICATION_CONFIG)
 
 
 def full_isr(admin, topic):
@@ -253,3 +245,24 @@ def _produce_to(address: str, topic: str, value: bytes, acks: int):
         return response.partitions[0]
     finally:
         channel.close()
+
+
+def test_kip_101_first_scenario_a_restarted_follower_keeps_acknowledged_records(cluster):
+    """KIP-101's first scenario with real processes: both replicas have m0 and m1 (acks=all),
+    the follower restarts before it learned the new high watermark, then the leader dies.
+    Truncating to the HW on restart would drop m1 and lose it when the follower takes over;
+    with leader epochs the follower keeps it."""
+    with eos.Admin(bootstrap=cluster.bootstrap) as admin:
+        admin.create_topics([{"name": "keep", "assignments": {0: [0, 1]}, "config": {"min.insync.replicas": "2"}}])
+        wait_for(lambda: describe(admin, "keep")[0]["isr"] == [0, 1], "ISR [0, 1]", timeout_s=60)
+        producer = eos.Producer(bootstrap=cluster.bootstrap, acks="all", enable_idempotence=True)
+        producer.send("keep", value=b"m0", partition=0).result(timeout=60)
+        producer.send("keep", value=b"m1", partition=0).result(timeout=60)
+        producer.close()
+        cluster.kill(1)                 # the follower, right after m1 was acknowledged
+        cluster.restart(1)
+        wait_for(lambda: describe(admin, "keep")[0]["isr"] == [0, 1], "the follower back in the ISR", timeout_s=60)
+        cluster.kill(0)                 # now the leader
+        wait_for_leader(admin, "keep", other_than=0, timeout_s=60)
+        records = read_all(cluster.bootstrap, "keep", 1, 2)
+        assert [r.value for r in records] == [b"m0", b"m1"]
