@@ -105,6 +105,11 @@ FETCH_MAX_WAIT_CAP_MS = 30000                 # a long poll never holds a worker
 PRODUCE_STREAMS_MAX = 32
 # Requests of one stream read ahead of the one being handled (a client pipelines 5).
 STREAM_REQUESTS_RECEIVED_MAX = 16
+# acks=all requests of one produce stream appended but not yet answered (waiting for the
+# in-sync replicas): the handler appends the next requests meanwhile and answers in order,
+# so one replication round trip covers several requests (Kafka's max.in.flight is 5).
+STREAM_REPLICATION_PIPELINE_MAX = 5
+_NOTHING_YET = object()
 # Trailing metadata of a ProduceStream refused at open: "resource_exhausted" (too many
 # streams: fall back to unary Produce) or "unavailable" (the broker is stopping), so a
 # client can tell the refusal from gRPC's own RESOURCE_EXHAUSTED (a message too large).
@@ -243,9 +248,10 @@ class _ProduceStreamSession:
             self._client_closed = True
             self._condition.notify_all()
 
-    def next_request(self) -> broker_pb2.ProduceRequest | None:
+    def next_request(self, wait: bool = True):
         """The next request in arrival order; None when the stream is to end (the client
-        closed it and every request was taken, or the call is over, or the broker stops)."""
+        closed it and every request was taken, or the call is over, or the broker stops);
+        with wait=False, _NOTHING_YET when no request has arrived yet."""
         with self._condition:
             while True:
                 if self._broken or self.stopping:
@@ -256,7 +262,15 @@ class _ProduceStreamSession:
                     return request
                 if self._client_closed:
                     return None
+                if not wait:
+                    return _NOTHING_YET
                 self._condition.wait()
+
+    def push_back(self, request) -> None:
+        """Return a request taken too early; it is the next one again."""
+        with self._condition:
+            self._received.appendleft(request)
+            self._condition.notify_all()
 
     def rpc_done(self) -> None:
         """The call ended (a gRPC callback, or the reader saw it fail): stop at once."""
@@ -471,26 +485,43 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             if not context.add_callback(on_rpc_done):
                 on_rpc_done()   # the call is over already
             session.start_reading()
+            # (response, its acks=all waits) appended, in arrival order, not yet answered
+            answering: collections.deque = collections.deque()
             while True:
-                request = session.next_request()
-                if request is None or not self._gate.enter():
+                request = session.next_request(wait=not answering)
+                if request is _NOTHING_YET or request is None or len(answering) >= STREAM_REPLICATION_PIPELINE_MAX:
+                    if request is not _NOTHING_YET and request is not None:
+                        session.push_back(request)
+                    if not answering:
+                        break
+                    response, waits = answering.popleft()
+                    self._finish_replication(response, waits)
+                    yield response   # returns once gRPC took the message
+                    continue
+                if not self._gate.enter():
                     break
                 try:
-                    response = self._produce(request)
+                    waits: list = []
+                    response = self._produce(request, waits)
                 finally:
                     self._gate.exit()
-                yield response   # returns once gRPC took the message: the next request waits
+                answering.append((response, waits))
+            for response, waits in answering:   # the stream ends: what was appended is still answered
+                self._finish_replication(response, waits)
+                yield response
             if session.stopping or self._gate.closed:
                 context.abort(grpc.StatusCode.UNAVAILABLE, "the broker is shutting down")
         finally:
             session.finish()
             self._streams.unregister(session)
 
-    def _produce(self, request: broker_pb2.ProduceRequest) -> broker_pb2.ProduceResponse:
+    def _produce(self, request: broker_pb2.ProduceRequest, waits: list | None = None) -> broker_pb2.ProduceResponse:
         """One produce request, unary or from a stream: per-partition results, the
-        request's correlation_id echoed. Never raises (a stream goes on after a bad request)."""
+        request's correlation_id echoed. Never raises (a stream goes on after a bad request).
+        With `waits` (a stream), acks=all partitions are appended but their wait for the
+        in-sync replicas is left in `waits` for `_finish_replication`."""
         try:
-            response = self._produce_partitions(request)
+            response = self._produce_partitions(request, waits)
         except Exception as exc:   # a bug below: this request fails, the broker goes on
             log.exception("Produce failed unexpectedly")
             response = _refuse_produce(request, ErrorCode.UNKNOWN_SERVER_ERROR,
@@ -498,7 +529,19 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         response.correlation_id = request.correlation_id
         return response
 
-    def _produce_partitions(self, request: broker_pb2.ProduceRequest) -> broker_pb2.ProduceResponse:
+    def _finish_replication(self, response: broker_pb2.ProduceResponse, waits: list) -> None:
+        """Wait (bounded) for the in-sync replicas of each deferred acks=all partition and
+        turn its result into the error if they did not copy it in time."""
+        for index, wait in waits:
+            code, message = wait()
+            if code != ErrorCode.NONE:
+                result = response.partitions[index]
+                result.error_code = code
+                result.error_message = message
+                result.base_offset = -1
+
+    def _produce_partitions(self, request: broker_pb2.ProduceRequest,
+                            waits: list | None = None) -> broker_pb2.ProduceResponse:
         acks = request.acks
         if acks not in (0, 1, -1):
             return _refuse_produce(request, ErrorCode.INVALID_REQUIRED_ACKS,
@@ -510,8 +553,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             return _refuse_produce(request, refused.code, str(refused))
         now_ms = self._now_ms()
         timeout_ms = request.timeout_ms if request.timeout_ms > 0 else PRODUCE_TIMEOUT_MS_DEFAULT
-        results = [self._produce_partition(p, acks, now_ms, headers[i], timeout_ms) if i not in refusals
-                   else _produce_error(p, *refusals[i])
+        results = [self._produce_partition(p, acks, now_ms, headers[i], timeout_ms,
+                                           None if waits is None else (lambda w, i=i: waits.append((i, w))))
+                   if i not in refusals else _produce_error(p, *refusals[i])
                    for i, p in enumerate(request.partitions)]
         return broker_pb2.ProduceResponse(partitions=results)
 
@@ -572,7 +616,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
 
     def _produce_partition(self, p: broker_pb2.PartitionRecords, acks: int, now_ms: int,
                            headers: list[BatchHeader] | None = None,
-                           timeout_ms: int = PRODUCE_TIMEOUT_MS_DEFAULT) -> broker_pb2.PartitionProduceResult:
+                           timeout_ms: int = PRODUCE_TIMEOUT_MS_DEFAULT,
+                           defer=None) -> broker_pb2.PartitionProduceResult:
         replicas = self._replicas
         try:
             with (replicas.leader_append(p.topic, p.partition) if replicas is not None
@@ -600,10 +645,14 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             self._purgatory.notify(TopicPartition(p.topic, p.partition))
         if replicas is not None:
             if acks == -1:
-                code, message = replicas.wait_for_high_watermark(
-                    p.topic, p.partition, append.last_offset + 1, timeout_ms, min_isr)
-                if code != ErrorCode.NONE:
-                    return _produce_error(p, code, message)
+                wait = functools.partial(replicas.wait_for_high_watermark, p.topic, p.partition,
+                                         append.last_offset + 1, timeout_ms, min_isr)
+                if defer is not None:
+                    defer(wait)        # answered in order once the in-sync replicas have it
+                else:
+                    code, message = wait()
+                    if code != ErrorCode.NONE:
+                        return _produce_error(p, code, message)
         return broker_pb2.PartitionProduceResult(
             topic=p.topic, partition=p.partition, error_code=ErrorCode.NONE,
             base_offset=append.first_offset, log_append_time_ms=append.log_append_time_ms,

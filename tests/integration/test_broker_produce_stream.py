@@ -212,11 +212,11 @@ def test_broker_stop_answers_the_request_in_flight_then_ends_the_streams(inproce
     entered, release = threading.Event(), threading.Event()
     real_produce_partitions = servicer._produce_partitions
 
-    def held_produce_partitions(produce_request):
+    def held_produce_partitions(produce_request, waits=None):
         if produce_request.correlation_id == 100:
             entered.set()
             release.wait(WAIT_S)
-        return real_produce_partitions(produce_request)
+        return real_produce_partitions(produce_request, waits)
 
     servicer._produce_partitions = held_produce_partitions
 
