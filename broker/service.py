@@ -38,6 +38,10 @@ UNAVAILABLE. A client that closes its side gets every request it sent answered, 
 end of the stream. A stream holds a worker thread for its lifetime, so at most
 `max_produce_streams` are open at once; one more is refused at open with
 RESOURCE_EXHAUSTED and trailing metadata `eos-produce-stream-refused: resource_exhausted`.
+On a cluster an acks=all request waits for the in-sync replicas after its append; a stream
+appends up to STREAM_REPLICATION_PIPELINE_MAX further requests meanwhile (in order, so
+sequences stay in order) and answers each once the replicas have it, in arrival order, so one
+replication round trip serves several requests.
 
 Fetch reads each partition up to min(partition_max_bytes, what is left of max_bytes). The
 first batch of the response is returned whole even when it is larger (as Kafka does since
