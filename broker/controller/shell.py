@@ -25,7 +25,6 @@ import concurrent.futures
 import logging
 import queue
 import threading
-import time
 from dataclasses import dataclass
 from typing import Callable
 
