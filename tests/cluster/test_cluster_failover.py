@@ -176,7 +176,9 @@ def test_controller_failover_bumps_epoch_and_fences_the_old_controller(cluster):
 
 
 def _controller_seen_by(cluster, broker_id, exclude=None):
-    admin = eos.Admin(bootstrap=cluster.processes[broker_id].address)
+    # a probe: short timeouts, so one slow answer does not use up the caller's whole wait
+    admin = eos.Admin(bootstrap=cluster.processes[broker_id].address, request_timeout_ms=2000,
+                      default_api_timeout_ms=2000)
     try:
         controller = admin.describe_cluster()["controller_id"]
     except Exception:
