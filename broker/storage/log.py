@@ -66,7 +66,7 @@ import struct
 import threading
 import time
 from bisect import bisect_left, bisect_right
-from typing import Callable, NamedTuple, Sequence
+from typing import NamedTuple, Sequence
 
 from eos.config import TopicConfig
 from eos.errors import (
@@ -79,8 +79,7 @@ from eos.errors import (
     RecordListTooLargeError,
     StorageError,
 )
-from eos.files import fsync_directory
-from eos.records.codec import CONTROL_TYPE_ABORT, CONTROL_TYPE_COMMIT, decode_control_record, encode_control_batch
+from eos.records.codec import CONTROL_TYPE_COMMIT, decode_control_record, encode_control_batch
 from eos.records.header import (
     BATCH_LENGTH_STRUCT,
     NO_PRODUCER_ID,
@@ -93,7 +92,7 @@ from eos.records.header import (
     write_base_offset,
 )
 from broker.storage.index import IndexCorruptError
-from broker.storage.leader_epoch import LeaderEpochFileCache
+from broker.storage.leader_epoch import LeaderEpochCache
 from broker.storage.producer_state import (
     CompletedTxn,
     DuplicateBatch,
@@ -122,9 +121,6 @@ _LAST_OFFSET_DELTA_STRUCT = struct.Struct(">i")   # lastOffsetDelta at byte 23
 _BATCH_LENGTH_AT = 8
 _PRODUCER_EPOCH_MAX = 0x7FFF
 _COORDINATOR_EPOCH_MAX = 0x7FFFFFFF
-# A read that raced with a truncation starts again from the new view; truncations are rare
-# (a change of leader), so a read that keeps losing the race means something is wrong.
-_READ_ATTEMPTS_MAX = 8
 
 
 def partition_dir_name(topic: str, partition: int) -> str:
@@ -187,9 +183,6 @@ class _LogView(NamedTuple):
     log_end_offset: int
     high_watermark: int
     last_stable_offset: int
-    # How many in-place truncations the log had when this view was published: a read that
-    # finds the log's count moved on since its view may have read cut or rewritten bytes.
-    truncations: int = 0
 
 
 class _PreparedBatches(NamedTuple):
@@ -209,7 +202,7 @@ class Log:
     def __init__(self, directory: str, config: TopicConfig, *, recovery_point: int = 0,
                  log_start_offset: int = 0, clean_shutdown: bool = False, now_ms: int,
                  producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS,
-                 high_watermark: int | None = None, on_truncated: Callable[["Log"], None] | None = None):
+                 high_watermark: int | None = None):
         self.directory = directory
         self.name = os.path.basename(os.path.normpath(directory))
         parsed = parse_partition_dir_name(self.name)
@@ -235,32 +228,21 @@ class Log:
         # The high watermark last checkpointed (replication-offset-checkpoint): where a
         # replica's HW starts when it becomes replicated again after a restart.
         self._checkpointed_high_watermark = high_watermark
-        # In-place truncations so far (see `read`); changed under the lock only.
-        self._truncations = 0
-        # Called, outside the lock, after a truncation lowered the recovery point: the log
-        # manager rewrites its checkpoints at once, so that a crash cannot trust unflushed
-        # bytes appended after the cut (Kafka's LogManager.truncateTo does the same).
-        self._on_truncated = on_truncated
         self.producer_state = ProducerStateManager(directory, producer_id_expiration_ms=producer_id_expiration_ms)
         os.makedirs(directory, exist_ok=True)
-        self.leader_epoch_cache, epochs_ok = LeaderEpochFileCache.load(directory)
+        self.leader_epoch_cache, epochs_ok = LeaderEpochCache.load(directory)
         self._load(recovery_point, log_start_offset, clean_shutdown, now_ms)
-        self._load_leader_epochs(epochs_ok, None if clean_shutdown else recovery_point)
+        self._load_leader_epochs(epochs_ok)
 
     @classmethod
     def open(cls, directory: str, config: TopicConfig, *, recovery_point: int = 0, log_start_offset: int = 0,
              clean_shutdown: bool = False, now_ms: int,
              producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS,
-             high_watermark: int | None = None, on_truncated: Callable[["Log"], None] | None = None) -> "Log":
-        """Open (creating if needed) and recover the partition at `directory`.
-
-        `high_watermark`: the one replication-offset-checkpoint holds; it becomes the high
-        watermark when the log turns replicated (`set_replicated`). `on_truncated(log)`: see
-        `truncate_to`."""
+             high_watermark: int | None = None) -> "Log":
+        """Open (creating if needed) and recover the partition at `directory`."""
         return cls(directory, config, recovery_point=recovery_point, log_start_offset=log_start_offset,
                    clean_shutdown=clean_shutdown, now_ms=now_ms,
-                   producer_id_expiration_ms=producer_id_expiration_ms, high_watermark=high_watermark,
-                   on_truncated=on_truncated)
+                   producer_id_expiration_ms=producer_id_expiration_ms, high_watermark=high_watermark)
 
     # ---- public state ---------------------------------------------------------------
 
@@ -445,24 +427,19 @@ class Log:
         log.info("%s: loaded %d segment(s), offsets [%d, %d)%s", self.name, len(kept), log_start_offset,
                  log_end_offset, "" if clean_shutdown else " after recovery")
 
-    def _load_leader_epochs(self, file_ok: bool, checked_from_offset: int | None) -> None:
-        """Make the epoch cache agree with the recovered log. Entries past its end go. As
-        Kafka's recovery does, every batch recovery checked (from `checked_from_offset`,
-        None after a clean shutdown) assigns its partitionLeaderEpoch when it is newer than
-        the latest; a missing or unreadable file is rebuilt that way from every batch."""
+    def _load_leader_epochs(self, file_ok: bool) -> None:
+        """The epoch cache agrees with the recovered log: entries past its end go; a
+        missing or unreadable file is rebuilt from every batch's partitionLeaderEpoch (Kafka
+        assigns each batch's epoch as recovery reads it)."""
         cache = self.leader_epoch_cache
-        cache.truncate_from_end(self._log_end_offset)
-        scan_from = 0 if not file_ok else checked_from_offset
-        if scan_from is not None:
-            changed = False
-            first = max(0, bisect_right(self._base_offsets, scan_from) - 1)
-            for i, segment in enumerate(self._segments[first:]):
-                _, start = segment.offset_index.lookup(scan_from) if i == 0 else (0, 0)
-                for header in segment.iter_batches(start, segment.size_bytes):
+        if not file_ok:
+            for segment in self._segments:
+                for header in segment.iter_batches(0, segment.size_bytes):
                     if header.partition_leader_epoch > cache.latest_epoch:
-                        changed |= cache.assign(header.partition_leader_epoch, header.base_offset, flush=False)
-            if changed or (not file_ok and cache.entries):   # a new, empty log: no file to write
+                        cache.assign(header.partition_leader_epoch, header.base_offset, flush=False)
+            if cache.entries:      # an empty log has nothing to record (a new partition: no write)
                 cache.flush()
+        cache.truncate_from_end(self._log_end_offset)
         cache.truncate_from_start(self._log_start_offset)
 
     def _load_producer_state(self, now_ms: int, txn_rebuild_from: int | None) -> None:
@@ -470,17 +447,10 @@ class Log:
         `txn_rebuild_from`, the snapshot is at most that offset, and the ABORT markers
         replayed from there on refill the (emptied) transaction indexes of their segments:
         the replay gives each completed transaction exactly the first offset and last stable
-        offset the original append gave it.
-
-        Transactions whose marker is at or past the high watermark stay unstable (the
-        replay starts at a snapshot no later than the high watermark, since snapshots do
-        not keep completed transactions): equal to the log end on one node, lower on a
-        replica after a restart or a truncation."""
+        offset the original append gave it."""
         state = self.producer_state
-        high_watermark = self._high_watermark
-        snapshot_at_most = high_watermark if txn_rebuild_from is None else min(txn_rebuild_from, high_watermark)
         replay_from = state.load(self._log_start_offset, self._log_end_offset, now_ms=now_ms,
-                                 snapshot_at_most=snapshot_at_most)
+                                 snapshot_at_most=txn_rebuild_from)
         replayed = rebuilt = 0
         segments = self._segments
         first = max(0, bisect_right(self._base_offsets, replay_from) - 1)
@@ -500,12 +470,12 @@ class Log:
                     continue
                 completed = state.update_from_replay(header, control_marker=marker)
                 if completed is not None:
-                    # forget what is stable as the replay goes (keeps the list short)
-                    state.on_high_watermark_updated(min(header.next_offset, high_watermark))
+                    # one node: the marker is below the high watermark once it is in the log
+                    state.on_high_watermark_updated(header.next_offset)
                     if completed.is_aborted and rebuilding:
                         segment.txn_index.append(completed.to_aborted_txn())
                         rebuilt += 1
-        state.on_high_watermark_updated(high_watermark)
+        state.on_high_watermark_updated(self._high_watermark)
         if replayed:
             log.info("%s: producer state replayed %d batch(es) from offset %d%s", self.name, replayed, replay_from,
                      "" if txn_rebuild_from is None else
@@ -653,16 +623,14 @@ class Log:
                                    if producer_id != marker.producer_id), marker_offset + 1)
         return AbortedTxn(marker.producer_id, marker.expected_txn_first_offset, marker_offset, last_stable_offset)
 
-    def _advance_locked(self, log_end_offset: int, record_count: int, *, publish: bool = True) -> None:
-        """After a write: move the log end (and, unreplicated, the high watermark), publish
-        (unless the caller publishes once after several batches)."""
+    def _advance_locked(self, log_end_offset: int, record_count: int) -> None:
+        """After a write: move the log end (and, unreplicated, the high watermark), publish."""
         self._log_end_offset = log_end_offset
         if not self._replicated:
             self._high_watermark = log_end_offset   # one node: everything written is committed
             self.producer_state.on_high_watermark_updated(log_end_offset)
         self._unflushed_records += record_count
-        if publish:
-            self._publish()
+        self._publish()
 
     # ---- replication ----------------------------------------------------------------------
 
@@ -670,22 +638,15 @@ class Log:
     def replicated(self) -> bool:
         return self._replicated
 
-    def set_replicated(self, replicated: bool, *, now_ms: int | None = None) -> None:
+    def set_replicated(self, replicated: bool) -> None:
         """A partition of a cluster: from now on the high watermark moves only through
-        `update_high_watermark` / `maybe_increment_high_watermark` (the replica manager's,
-        from the ISR's log ends). The first time after a restart, the high watermark comes
-        back from replication-offset-checkpoint (clamped to the log's range), and
-        transactions whose marker lies at or past it count as unstable again. Turning it
-        off puts the high watermark back at the log end (one node)."""
+        `update_high_watermark` (the replica manager's, from the ISR's log ends)."""
         with self._lock:
             if replicated and not self._replicated and self._checkpointed_high_watermark is not None:
                 # back from a restart: only what the ISR had confirmed counts as committed
-                restored = max(self._log_start_offset, min(self._checkpointed_high_watermark, self._log_end_offset))
+                self._high_watermark = max(self._log_start_offset,
+                                           min(self._checkpointed_high_watermark, self._log_end_offset))
                 self._checkpointed_high_watermark = None
-                if restored < self._high_watermark:
-                    self._high_watermark = restored
-                    self.producer_state.truncate_to(self._log_end_offset)   # drops the state, keeps snapshots
-                    self._load_producer_state(_now_ms() if now_ms is None else now_ms, None)
                 self._publish()
             self._replicated = replicated
             if not replicated and self._high_watermark != self._log_end_offset:
@@ -694,252 +655,131 @@ class Log:
                 self._publish()
 
     def update_high_watermark(self, offset: int) -> int:
-        """Set the high watermark to `offset` clamped to [log start, log end] and return
-        it (Kafka's updateHighWatermark). A follower takes its leader's this way, which
-        may be lower than its own after a change of leader."""
+        """Set the high watermark (clamped to [log start, log end]); returns it. A leader's
+        only moves up (its core guarantees it); a follower takes the leader's."""
         with self._lock:
             self._check_open()
-            return self._set_high_watermark_locked(max(self._log_start_offset, min(offset, self._log_end_offset)))
+            offset = max(self._log_start_offset, min(offset, self._log_end_offset))
+            if offset != self._high_watermark:
+                self._high_watermark = offset
+                self.producer_state.on_high_watermark_updated(offset)
+                self._publish()
+            return offset
 
-    def maybe_increment_high_watermark(self, offset: int) -> int | None:
-        """A leader's high watermark: moves to `offset` (capped at the log end) only if
-        that is higher; returns the new high watermark, or None when it did not move.
-        Safe against two threads applying the leader core's answers out of order."""
+    def append_as_follower(self, records, now_ms: int) -> LogAppendInfo:
+        """Append batches a follower fetched from its leader, byte for byte as the leader
+        wrote them (offsets and leader epochs included). The first batch must start at the
+        log end and the batches must follow each other; their headers and CRCs are checked
+        as for any append. Producer state, transaction indexes and the leader epoch cache
+        are rebuilt from the batches as recovery rebuilds them (no sequence rules: the
+        leader applied them). The high watermark does not move. Raises InvalidRecordError
+        (changing nothing) for a gap or an overlap."""
+        prepared = self._prepare_batches(records, AppendOrigin.REPLICATION)
+        view = memoryview(records)
         with self._lock:
             self._check_open()
-            offset = min(offset, self._log_end_offset)
-            if offset <= self._high_watermark:
-                return None
-            return self._set_high_watermark_locked(offset)
-
-    def _set_high_watermark_locked(self, offset: int) -> int:
-        if offset != self._high_watermark:
-            self._high_watermark = offset
-            self.producer_state.on_high_watermark_updated(offset)
-            self._publish()
-        return offset
-
-    def append_as_follower(self, records, now_ms: int, *,
-                           headers: Sequence[BatchHeader] | None = None) -> LogAppendInfo:
-        """Append batches a follower fetched from its leader, kept byte for byte as the
-        leader wrote them (base offsets and partition leader epochs are the leader's).
-
-        Checked first, changing nothing when they fail: headers, sizes and CRCs as for any
-        append (InvalidRecordError, CorruptRecordError; `headers` as in `append_as_leader`),
-        control batches must be transaction markers, and the first batch must start at the
-        log end with each next batch following the previous one (InvalidRecordError, "out
-        of order offsets"). max.message.bytes is not applied: the leader accepted the
-        batches (Kafka's followers skip it too, or a lowered limit would stall replication).
-        One exception to "start at the log end", Kafka's: an empty log whose start falls
-        inside the first batch (the leader's log start moved there by DeleteRecords) is
-        restarted at that batch's base offset.
-
-        Each batch then goes through the same three steps as a leader's (prepare, write,
-        apply) with replication's producer rules: no sequence checks (the leader applied
-        them), but the producer state, open transactions and completed ones are rebuilt
-        from the batches, so this replica, once leader, rejects the same duplicates and
-        knows the same open transactions. An ABORT marker writes the same transaction-index
-        entry the leader wrote (same first offset, same last stable offset). Each batch's
-        leader epoch is assigned in the epoch cache. The high watermark does not move (the
-        fetcher sets it from the leader's). A disk error part way leaves the batches before
-        the failing one appended (StorageError).
-        """
-        prepared = self._prepare_batches(records, AppendOrigin.REPLICATION, headers)
-        batches = prepared.headers
-        data = memoryview(records)
-        flush_now = False
-        with self._lock:
-            self._check_open()
-            first = batches[0]
-            if (self._log_end_offset == self._log_start_offset
-                    and first.base_offset < self._log_end_offset <= first.last_offset):
-                log.info("%s: the leader's first batch [%d, %d] holds the log start %d; restarting the log at %d",
-                         self.name, first.base_offset, first.last_offset, self._log_start_offset, first.base_offset)
-                self._check_follower_offsets(batches, first.base_offset)
-                self._truncate_fully_locked(first.base_offset, now_ms)
-                restarted = True
-            else:
-                self._check_follower_offsets(batches, self._log_end_offset)
-                restarted = False
+            expected = self._log_end_offset
+            for header in prepared.headers:
+                if header.base_offset != expected:
+                    raise InvalidRecordError(
+                        f"{self.name}: a follower append must continue at offset {expected}, but a batch "
+                        f"starts at {header.base_offset}")
+                expected = header.next_offset
             first_offset = self._log_end_offset
-            appended = 0
-            try:
-                for header in batches:
-                    self._append_replicated_batch_locked(data, header, now_ms)
-                    appended += 1
-            except BaseException:
-                # The failing batch's epoch may be in the cache already; nothing else of it is.
-                self.leader_epoch_cache.truncate_from_end(self._log_end_offset)
-                raise
-            finally:
-                if appended:
-                    self._publish()
+            for header in prepared.headers:
+                data = bytes(view[header.position:header.position + header.size_bytes])
+                local = header._replace(position=0)
+                completed = None
+                if header.is_control:
+                    marker = decode_control_record(data, local) if header.producer_id != NO_PRODUCER_ID else None
+                    if marker is not None:
+                        completed = self.producer_state.update_from_replay(header, control_marker=marker)
+                elif header.producer_id != NO_PRODUCER_ID:
+                    self.producer_state.update_from_replay(header)
+                aborted = completed.to_aborted_txn() if completed is not None and completed.is_aborted else None
+                if header.partition_leader_epoch > self.leader_epoch_cache.latest_epoch:
+                    self.leader_epoch_cache.assign(header.partition_leader_epoch, header.base_offset)
+                active = self._segment_for_append_locked(header.size_bytes, header.max_timestamp,
+                                                         header.base_offset, header.last_offset, now_ms)
+                active.append(data, [local], header.max_timestamp, aborted_txn=aborted)
+                self._advance_locked(header.next_offset, header.records_count)
             flush_now = self._unflushed_records >= self.config.flush_messages
-        if restarted:
-            self._notify_truncated()
         if flush_now:
             self.flush()
-        return LogAppendInfo(first_offset, batches[-1].last_offset, prepared.max_timestamp_ms, -1,
-                             prepared.record_count, len(batches))
-
-    def _check_follower_offsets(self, batches: Sequence[BatchHeader], expected: int) -> None:
-        for header in batches:
-            if header.base_offset != expected:
-                raise InvalidRecordError(
-                    f"{self.name}: out of order offsets in a follower append: the log continues at offset "
-                    f"{expected}, but a batch starts at {header.base_offset}")
-            expected = header.next_offset
-
-    def _append_replicated_batch_locked(self, records: memoryview, header: BatchHeader, now_ms: int) -> None:
-        """One batch of a follower append: prepare (the transaction-index entry an ABORT
-        marker makes), write, apply (producer state, log end)."""
-        batch = records[header.position:header.position + header.size_bytes]
-        local = header._replace(position=0)
-        marker = None
-        aborted_txn = None
-        if header.is_control:
-            marker = decode_control_record(batch, local)
-            aborted_txn = self._replicated_aborted_txn(header, marker[0])
-        if header.partition_leader_epoch >= 0:
-            # before the write, as on the leader: the cache never misses an epoch of the log
-            self.leader_epoch_cache.assign(header.partition_leader_epoch, header.base_offset)
-        active = self._segment_for_append_locked(header.size_bytes, header.max_timestamp, header.base_offset,
-                                                 header.last_offset, now_ms)
-        active.append(batch, [local], header.max_timestamp, aborted_txn=aborted_txn)
-        completed = self.producer_state.update_from_replay(header, control_marker=marker)
-        indexed = completed.to_aborted_txn() if completed is not None and completed.is_aborted else None
-        if indexed != aborted_txn:
-            raise InvariantError(f"{self.name}: replicated marker at offset {header.base_offset} completed "
-                                 f"{completed}, but the transaction index got {aborted_txn}")
-        self._advance_locked(header.next_offset, header.records_count, publish=False)
-
-    def _replicated_aborted_txn(self, header: BatchHeader, marker_type: int) -> AbortedTxn | None:
-        """The transaction-index entry of a replicated marker, known before it is written:
-        what `_aborted_txn_of` gives the leader's marker, from the same producer state."""
-        if marker_type != CONTROL_TYPE_ABORT:
-            return None
-        entry = self.producer_state.last_entry(header.producer_id)
-        if entry is None or not entry.has_open_transaction:
-            return None
-        last_stable_offset = next((first_offset for producer_id, first_offset in self.producer_state.open_transactions()
-                                   if producer_id != header.producer_id), header.base_offset + 1)
-        return AbortedTxn(header.producer_id, entry.current_txn_first_offset, header.base_offset, last_stable_offset)
+        return LogAppendInfo(first_offset, expected - 1, prepared.max_timestamp_ms, -1, prepared.record_count,
+                             len(prepared.headers))
 
     def truncate_to(self, offset: int, now_ms: int | None = None) -> int:
-        """Remove every batch at or after `offset` (Kafka's Log.truncateTo): a follower
-        cutting what its leader does not have. Returns the new log end.
-
-        A batch that straddles `offset` goes whole, so the new end may be below `offset`.
-        `offset` at or past the log end changes nothing; at or below the log start it
-        empties the log, which then starts at `offset` (the log start, when the straddling
-        batch began below it). Segments wholly above go (renamed .deleted, removed after
-        file.delete.delay.ms, like retention's); the one holding the cut is cut in place
-        with its offset, time and transaction indexes. The producer state is rebuilt from
-        the newest snapshot at or below the cut (and the high watermark) by replay, and
-        snapshots above are deleted; epochs starting at or after the new end leave the
-        cache; the high watermark and the recovery point come down to the new end if above.
-        The cut file and the directory are fsynced, and `on_truncated` runs (the log
-        manager checkpoints the lowered recovery point) before this returns.
-
-        Readers in flight: bytes below a published end are rewritten only here. The log
-        counts in-place truncations, and each published view carries the count; a read
-        checks the count after reading and, if a truncation started meanwhile, reads again
-        from the new view (and finds the offset gone, or the new bytes). So a read never
-        returns bytes past the new end from a view published after the cut, nor bytes that
-        a later append wrote over cut ones. A negative `offset` is OffsetOutOfRangeError.
-        """
-        if offset < 0:
-            raise OffsetOutOfRangeError(f"{self.name}: cannot truncate to the negative offset {offset}")
+        """Remove every batch at or after `offset` (Kafka's truncateTo): a follower cutting
+        what its leader does not have. A batch that straddles `offset` goes whole, so the
+        new log end may be below it; returns the new log end. Producer state is rebuilt
+        from the newest snapshot below the cut, transaction-index entries and leader epochs
+        past it go, the high watermark and recovery point come down with it. Segments above
+        are renamed .deleted and removed after file.delete.delay.ms, like retention's, so a
+        read in flight is not broken; the segment holding the cut is cut in place."""
         now_ms = _now_ms() if now_ms is None else now_ms
         with self._lock:
             self._check_open()
             if offset >= self._log_end_offset:
                 return self._log_end_offset
             if offset <= self._log_start_offset:
-                self._truncate_fully_locked(offset, now_ms)
-            else:
-                self._truncate_in_place_locked(offset, now_ms)
-            new_end = self._log_end_offset
-        self._notify_truncated()
-        return new_end
-
-    def _truncate_in_place_locked(self, offset: int, now_ms: int) -> None:
-        index = max(0, bisect_right(self._base_offsets, offset) - 1)
-        segment = self._segments[index]
-        cut_position = segment.size_bytes
-        cut_offset = segment.next_offset
-        for header in segment.iter_batches(0, segment.size_bytes):
-            if header.last_offset >= offset:
-                cut_position, cut_offset = header.position, header.base_offset
-                break
-        if cut_offset <= self._log_start_offset:
-            # the batch holding `offset` began below the log start: nothing readable stays
-            self._truncate_fully_locked(self._log_start_offset, now_ms)
-            return
-        self._truncations += 1          # before any byte changes: readers of older views retry
-        doomed = self._segments[index + 1:]
-        due_ms = now_ms + self.config.file_delete_delay_ms
-        for later in doomed:
-            later.mark_deleted()
-            self._pending_deletions.append((due_ms, later))
-        segment.truncate_at(cut_position)
-        segment.txn_index.truncate_to(segment.next_offset)
-        # A crash must not bring cut bytes or renamed segments back: they could pass
-        # recovery's checks and resurrect records the leader does not have.
-        segment.flush()
-        if doomed:
-            fsync_directory(self.directory)
-        kept = self._segments[:index + 1]
-        self._segments = kept
-        self._base_offsets = tuple(s.base_offset for s in kept)
-        new_end = segment.next_offset
-        self._log_end_offset = new_end
-        self._high_watermark = min(self._high_watermark, new_end)
-        self.recovery_point = min(self.recovery_point, new_end)
-        self.producer_state.truncate_to(new_end)
-        self._load_producer_state(now_ms, None)
-        self.leader_epoch_cache.truncate_from_end(new_end)
-        self._publish()
-        log.info("%s: truncated to offset %d (asked %d); %d later segment(s) deleted", self.name, new_end, offset,
-                 len(doomed))
+                self._truncate_fully_locked(max(offset, 0) if offset < self._log_start_offset
+                                            else self._log_start_offset, now_ms)
+                return self._log_end_offset
+            index = max(0, bisect_right(self._base_offsets, offset) - 1)
+            doomed = self._segments[index + 1:]
+            for segment in doomed:
+                segment.mark_deleted()
+                self._pending_deletions.append((now_ms + self.config.file_delete_delay_ms, segment))
+            kept = self._segments[:index + 1]
+            segment = kept[-1]
+            cut_position = segment.size_bytes
+            for header in segment.iter_batches(0, segment.size_bytes):
+                if header.last_offset >= offset:
+                    cut_position = header.position
+                    break
+            segment.truncate_at(cut_position)
+            segment.txn_index.truncate_to(segment.next_offset)
+            for earlier in kept[:-1]:
+                earlier.txn_index.truncate_to(segment.next_offset)
+            self._segments = kept
+            self._base_offsets = tuple(s.base_offset for s in kept)
+            new_end = segment.next_offset
+            self._log_end_offset = new_end
+            self._high_watermark = min(self._high_watermark, new_end)
+            self.recovery_point = min(self.recovery_point, new_end)
+            self.producer_state.truncate_to(new_end)
+            self._load_producer_state(now_ms, None)
+            self.leader_epoch_cache.truncate_from_end(new_end)
+            self._publish()
+            log.info("%s: truncated to offset %d (asked %d)", self.name, new_end, offset)
+            return new_end
 
     def truncate_fully_and_start_at(self, offset: int, now_ms: int | None = None) -> None:
-        """Empty the log and start it again at `offset` (Kafka's truncateFullyAndStartAt:
-        a follower whose log end is below its leader's log start). Every segment goes
-        (renamed .deleted, removed later), the producer state and its snapshots, the epoch
-        cache; log start = log end = high watermark = recovery point = `offset`."""
-        if offset < 0:
-            raise OffsetOutOfRangeError(f"{self.name}: cannot start the log at the negative offset {offset}")
+        """Empty the log and start it again at `offset` (a follower whose log end is below
+        its leader's log start)."""
         now_ms = _now_ms() if now_ms is None else now_ms
         with self._lock:
             self._check_open()
             self._truncate_fully_locked(offset, now_ms)
-        self._notify_truncated()
 
     def _truncate_fully_locked(self, offset: int, now_ms: int) -> None:
-        # Old segments are renamed, never cut, so readers of older views keep reading the
-        # old files: no truncation count is needed here.
-        due_ms = now_ms + self.config.file_delete_delay_ms
         for segment in self._segments:
             segment.mark_deleted()
-            self._pending_deletions.append((due_ms, segment))
+            self._pending_deletions.append((now_ms + self.config.file_delete_delay_ms, segment))
         fresh = self._new_segment(offset, now_ms)
-        fsync_directory(self.directory)
         self._segments = (fresh,)
         self._base_offsets = (offset,)
         self._log_start_offset = offset
         self._log_end_offset = offset
         self._high_watermark = offset
         self.recovery_point = offset
-        self.producer_state.truncate_to(-1)   # every snapshot goes
+        self.producer_state.truncate_to(0)
+        self.producer_state.delete_snapshots_before(offset + 1)
         self.producer_state.load(offset, offset, now_ms=now_ms)
         self.leader_epoch_cache.clear()
         self._publish()
         log.info("%s: emptied and restarted at offset %d", self.name, offset)
-
-    def _notify_truncated(self) -> None:
-        if self._on_truncated is not None:
-            self._on_truncated(self)
 
     def _prepare_batches(self, records, origin: AppendOrigin,
                          parsed: Sequence[BatchHeader] | None = None) -> _PreparedBatches:
@@ -962,7 +802,7 @@ class Log:
         marker = None
         for header in iter_headers(view) if parsed is None else parsed:
             where = f"{self.name}: batch {len(headers)} (byte {header.position})"
-            if header.size_bytes > max_message_bytes and origin is not AppendOrigin.REPLICATION:
+            if header.size_bytes > max_message_bytes:
                 raise MessageTooLargeError(
                     f"{where} is {header.size_bytes} bytes, larger than max.message.bytes {max_message_bytes}")
             if header.records_count != header.last_offset_delta + 1:
@@ -1079,8 +919,7 @@ class Log:
             # back below the start (Kafka's rule as well)
             last_stable_offset = min(high_watermark, max(first_unstable_offset, self._log_start_offset))
         self._view = _LogView(self._segments, self._base_offsets, self._segments[-1].size_bytes,
-                              self._log_start_offset, self._log_end_offset, high_watermark, last_stable_offset,
-                              self._truncations)
+                              self._log_start_offset, self._log_end_offset, high_watermark, last_stable_offset)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -1104,29 +943,9 @@ class Log:
 
         Raises OffsetOutOfRangeError outside [log_start_offset, log_end_offset]; at
         log_end_offset (or at/past the last stable offset under read_committed) the answer
-        is empty. A read that raced with a truncation is done again (see `truncate_to`).
+        is empty.
         """
-        return self._retrying_truncations(self._read_in_view, fetch_offset, max_bytes, max_offset_exclusive,
-                                          min_one_batch, isolation_committed)
-
-    def _retrying_truncations(self, read_in_view, *args):
-        """`read_in_view(view, *args)` on the current view, again on a newer one when a
-        truncation started meanwhile (whose cut may have changed the bytes it read, or
-        made them unreadable)."""
-        for _ in range(_READ_ATTEMPTS_MAX):
-            view = self._view
-            try:
-                result = read_in_view(view, *args)
-            except (CorruptRecordError, StorageError, InvariantError, OSError, struct.error):
-                if self._truncations == view.truncations:
-                    raise
-                continue
-            if self._truncations == view.truncations:
-                return result
-        raise StorageError(f"{self.name}: {_READ_ATTEMPTS_MAX} truncations raced with one read")
-
-    def _read_in_view(self, view: _LogView, fetch_offset: int, max_bytes: int, max_offset_exclusive: int | None,
-                      min_one_batch: bool, isolation_committed: bool) -> FetchData:
+        view = self._view
         if fetch_offset < view.log_start_offset or fetch_offset > view.log_end_offset:
             raise OffsetOutOfRangeError(
                 f"{self.name}: fetch offset {fetch_offset} is outside the log's range "
@@ -1159,11 +978,7 @@ class Log:
         """(offset, timestamp) of the earliest record whose timestamp is >= `timestamp_ms`,
         or None when there is none (below `max_offset_exclusive`, default the high watermark,
         and below the last stable offset for a read_committed reader)."""
-        return self._retrying_truncations(self._offset_for_timestamp_in_view, timestamp_ms, max_offset_exclusive,
-                                          isolation_committed)
-
-    def _offset_for_timestamp_in_view(self, view: _LogView, timestamp_ms: int, max_offset_exclusive: int | None,
-                                      isolation_committed: bool) -> tuple[int, int] | None:
+        view = self._view
         limit = view.high_watermark if max_offset_exclusive is None else min(max_offset_exclusive,
                                                                              view.log_end_offset)
         if isolation_committed and view.last_stable_offset < limit:
@@ -1234,7 +1049,6 @@ class Log:
                     count += 1
                 if count:
                     self._delete_segments_locked(count, now_ms, "delete records")
-                self.leader_epoch_cache.truncate_from_start(offset)
                 self._publish()
             start = self._log_start_offset
         self._destroy_due(now_ms)
@@ -1245,7 +1059,6 @@ class Log:
         self._base_offsets = self._base_offsets[count:]
         self._log_start_offset = max(self._log_start_offset, self._segments[0].base_offset)
         self.recovery_point = max(self.recovery_point, self._segments[0].base_offset)
-        self.leader_epoch_cache.truncate_from_start(self._log_start_offset)
         self._publish()
         due_ms = now_ms + self.config.file_delete_delay_ms
         for segment in doomed:

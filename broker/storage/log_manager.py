@@ -7,8 +7,6 @@ files of its own, all as Kafka lays them out:
 
     recovery-point-offset-checkpoint   per partition, the offset below which data is fsynced
     log-start-offset-checkpoint        per partition, the first offset still readable
-    replication-offset-checkpoint      per partition, the high watermark (a replicated log
-                                       takes it back when it turns replicated after a restart)
     .kafka_cleanshutdown               present only while the broker is cleanly stopped
 
 `load` reads the checkpoints and the marker, opens every partition directory (checking the
@@ -19,11 +17,7 @@ and only then writes the marker.
 
 `run_housekeeping(now_ms)`, called by the broker every few seconds, applies retention,
 flushes by flush.ms / flush.messages (and fsyncs segments that rolled), expires idle
-producers and rewrites the checkpoints when an offset in them moved. A truncation (a
-follower cutting its log to match its leader's) lowers a log's recovery point; the log
-calls back and the checkpoints are rewritten before the truncation returns, as Kafka's
-LogManager.truncateTo does: otherwise a crash could leave a recovery point above bytes
-appended after the cut and never fsynced, which recovery would then trust unchecked.
+producers and rewrites the checkpoints when an offset in them moved.
 
 Other directories are left alone: those named `__<something>` without a partition number
 belong to the broker (its topic registry keeps `__topics/`); anything else gets a warning.
@@ -134,8 +128,7 @@ class LogManager:
                               log_start_offset=start_offsets.get((topic, partition), 0),
                               clean_shutdown=clean, now_ms=now_ms,
                               producer_id_expiration_ms=self.producer_id_expiration_ms,
-                              high_watermark=high_watermarks.get((topic, partition)),
-                              on_truncated=self._log_truncated)
+                              high_watermark=high_watermarks.get((topic, partition)))
             with self._lock:
                 self._logs[(topic, partition)] = opened
             loaded += 1
@@ -173,8 +166,7 @@ class LogManager:
                 return existing
             path = os.path.join(self.data_dir, partition_dir_name(topic, partition))
             created = Log.open(path, config, now_ms=self._now_ms(),
-                               producer_id_expiration_ms=self.producer_id_expiration_ms,
-                               on_truncated=self._log_truncated)
+                               producer_id_expiration_ms=self.producer_id_expiration_ms)
             self._logs[(topic, partition)] = created
         fsync_directory(self.data_dir)
         return created
@@ -214,13 +206,8 @@ class LogManager:
                 log.warning("housekeeping of %s failed: %s", log_.name, e)
         self.checkpoint()
 
-    def _log_truncated(self, truncated: Log) -> None:
-        """A log was truncated (its recovery point may have gone down): checkpoint now."""
-        if self._logs.get((truncated.topic, truncated.partition)) is truncated:
-            self.checkpoint()
-
     def checkpoint(self, *, force: bool = False) -> None:
-        """Write the checkpoint files if an offset in them moved (or when forced)."""
+        """Write both checkpoint files if an offset in them moved (or when forced)."""
         with self._lock:
             logs = list(self._logs.items())
             recovery_points = {key: log_.recovery_point for key, log_ in logs}
