@@ -9,7 +9,15 @@ services and coordinators a single broker runs (DESIGN.md §10):
 - the `MetadataCache` that UpdateMetadata fills and Metadata answers from;
 - the `ReplicaManager` and its `FetcherManager` (leaders, followers, ISR, HW);
 - the `Controller` candidate (active on at most one broker);
-- topic administration through ZooKeeper and producer ids from ZooKeeper blocks.
+- topic administration through ZooKeeper and producer ids from ZooKeeper blocks;
+- the coordinators' loading: the transaction coordinator serves the transactional ids of
+  the `__transaction_state` partitions this broker leads, the group coordinator the groups
+  of the `__consumer_offsets` partitions it leads (Kafka's TransactionStateManager and
+  GroupMetadataManager). A partition becoming led here is loaded on one background thread,
+  in the order the leadership changes arrived, once the followers have confirmed its log
+  (HW = log end); a partition led elsewhere now is unloaded at once. FindCoordinator answers
+  with the leader of the key's partition; the internal topics are created (RF min(3, live
+  brokers), min.insync.replicas min(2, RF)) on the first FindCoordinator that needs them.
 
 Start order (`connect`, then `join` once the gRPC server serves): connect to ZooKeeper and
 check the cluster id against the data dir (a data dir written by another cluster refuses to
@@ -32,6 +40,7 @@ from typing import Callable
 
 import grpc
 
+from broker.group.records import OFFSETS_TOPIC, partition_for_group
 from broker.metadata.cache import MetadataCache
 from eos.errors import ErrorCode, InconsistentClusterIdError
 from eos.net import open_channel
@@ -41,8 +50,10 @@ log = logging.getLogger("eos.broker.cluster")
 
 CONTROLLED_SHUTDOWN_RPC_TIMEOUT_S = 30.0
 TXN_STATE_TOPIC = "__transaction_state"
-TXN_STATE_PARTITIONS = 50
 COORDINATOR_LOAD_WAIT_S = 30.0
+INTERNAL_TOPIC_REPLICATION_FACTOR = 3     # offsets.topic / transaction.state.log .replication.factor
+INTERNAL_TOPIC_MIN_ISR = 2                # transaction.state.log.min.isr
+REPLICATED_APPEND_TIMEOUT_MS = 30_000     # a coordinator's append waits this long for the ISR
 
 
 class ClusterNode:
@@ -64,6 +75,7 @@ class ClusterNode:
         self._notify = None
         self._lock = threading.Lock()
         self.txn_coordinator = None          # set by the server: the partitioned TransactionCoordinator
+        self.group_coordinator = None        # set by the server: the partitioned GroupCoordinator
         self._loads: queue.Queue = queue.Queue()
         self._loader: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -193,85 +205,109 @@ class ClusterNode:
     # ---- the coordinators follow leadership (Kafka's TransactionStateManager) -----------------
 
     def _role_changed(self, tp: tuple[str, int], is_leader: bool, leader_epoch: int) -> None:
-        if tp[0] == TXN_STATE_TOPIC:
-            self._loads.put((tp[1], is_leader, leader_epoch))   # in order, off the request thread
+        if tp[0] in (TXN_STATE_TOPIC, OFFSETS_TOPIC):
+            self._loads.put((tp, is_leader, leader_epoch))   # in order, off the request thread
 
     def _load_loop(self) -> None:
         while not self._stopping.is_set():
             try:
-                partition, is_leader, leader_epoch = self._loads.get(timeout=0.5)
+                tp, is_leader, leader_epoch = self._loads.get(timeout=0.5)
             except queue.Empty:
                 continue
-            coordinator = self.txn_coordinator
+            coordinator = self.txn_coordinator if tp[0] == TXN_STATE_TOPIC else self.group_coordinator
             if coordinator is None:
                 continue
             try:
                 if not is_leader:
-                    coordinator.unload_partition(partition)
+                    coordinator.unload_partition(tp[1])
                     continue
-                self._wait_committed(partition)
-                current = self.replicas.leader_epoch_of((TXN_STATE_TOPIC, partition))
+                self._wait_committed(tp)
+                current = self.replicas.leader_epoch_of(tp)
                 if current != leader_epoch:
-                    log.info("%s-%d: not loading epoch %d, leadership is now %s", TXN_STATE_TOPIC, partition,
-                             leader_epoch, current)
+                    log.info("%s-%d: not loading epoch %d, leadership is now %s", tp[0], tp[1], leader_epoch, current)
                     continue     # leadership moved on meanwhile; a later event says where
-                coordinator.load_partition(partition, leader_epoch)
+                if tp[0] == TXN_STATE_TOPIC:
+                    coordinator.load_partition(tp[1], leader_epoch)
+                else:
+                    coordinator.load_partition(tp[1], leader_epoch, self._log_manager.get_log(*tp))
             except Exception:
-                log.exception("loading %s-%d for the transaction coordinator failed; retrying", TXN_STATE_TOPIC,
-                              partition)
+                log.exception("loading %s-%d for its coordinator failed; retrying", tp[0], tp[1])
                 if not self._stopping.wait(1.0):
-                    self._loads.put((partition, is_leader, leader_epoch))
+                    self._loads.put((tp, is_leader, leader_epoch))
 
-    def _wait_committed(self, partition: int) -> None:
+    def _wait_committed(self, tp: tuple[str, int]) -> None:
         """A new leader's high watermark reaches its log end once the followers confirm it;
-        the coordinator replays up to the HW, so it waits (bounded) for that first."""
+        a coordinator replays up to the HW, so it waits (bounded) for that first."""
         deadline = time.monotonic() + COORDINATOR_LOAD_WAIT_S
         while time.monotonic() < deadline and not self._stopping.is_set():
-            partition_log = self._log_manager.get_log(TXN_STATE_TOPIC, partition)
+            partition_log = self._log_manager.get_log(*tp)
             if partition_log is None or partition_log.high_watermark >= partition_log.log_end_offset:
                 return
             time.sleep(0.05)
 
     def find_coordinator(self, key_type: int, keys: list[str]):
-        """FindCoordinator on a cluster: a transactional id's coordinator is the leader of
-        its `__transaction_state` partition (created, RF min(3, brokers), on first need)."""
+        """FindCoordinator on a cluster: the coordinator of a transactional id (of a group) is
+        the leader of its `__transaction_state` (`__consumer_offsets`) partition."""
         from broker.group.coordinator import CoordinatorAddress, CoordinatorType
         from txn_coordinator import txn_log
 
         answers = []
         for key in keys:
-            if key_type == CoordinatorType.GROUP:
-                answers.append(CoordinatorAddress(key, -1, "", -1, ErrorCode.COORDINATOR_NOT_AVAILABLE,
-                                                  "consumer groups are not served on a ZooKeeper cluster yet"))
-                continue
-            if key_type != CoordinatorType.TRANSACTION or not key:
+            if key_type not in (CoordinatorType.GROUP, CoordinatorType.TRANSACTION) or not key:
                 answers.append(CoordinatorAddress(key, -1, "", -1, ErrorCode.INVALID_REQUEST,
                                                   f"bad coordinator key type {key_type} or empty key"))
                 continue
-            info = self.metadata.partition(TXN_STATE_TOPIC, txn_log.partition_for(key, TXN_STATE_PARTITIONS))
+            if key_type == CoordinatorType.GROUP:
+                topic, partitions = OFFSETS_TOPIC, self.config.offsets_topic_num_partitions
+                partition = partition_for_group(key, partitions)
+            else:
+                topic, partitions = TXN_STATE_TOPIC, self.config.transaction_state_log_num_partitions
+                partition = txn_log.partition_for(key, partitions)
+            info = self.metadata.partition(topic, partition)
             if info is None:
-                self._ensure_txn_state_topic()
+                self._ensure_internal_topic(topic, partitions)
             endpoint = None if info is None or info.leader < 0 else self.metadata.broker(info.leader)
             if endpoint is None:
                 answers.append(CoordinatorAddress(key, -1, "", -1, ErrorCode.COORDINATOR_NOT_AVAILABLE,
-                                                  f"{TXN_STATE_TOPIC} has no leader for this id yet"))
+                                                  f"{topic}-{partition} has no leader yet"))
             else:
                 answers.append(CoordinatorAddress(key, endpoint.broker_id, endpoint.host, endpoint.port))
         return answers
 
-    def _ensure_txn_state_topic(self) -> None:
+    def _ensure_internal_topic(self, topic: str, partitions: int) -> None:
+        from broker.group.coordinator import OFFSETS_TOPIC_CONFIG
         from eos.v1 import broker_pb2
 
-        if TXN_STATE_TOPIC in self.store.topics():
+        if topic in self.store.topics():
             return
-        live = len(self.store.live_brokers())
-        factor = min(3, live)
+        factor = min(INTERNAL_TOPIC_REPLICATION_FACTOR, len(self.store.live_brokers()))
+        configs = {"min.insync.replicas": str(min(INTERNAL_TOPIC_MIN_ISR, factor))}
+        if topic == OFFSETS_TOPIC:
+            configs.update(OFFSETS_TOPIC_CONFIG)
         self.topic_admin.create_topics(broker_pb2.CreateTopicsRequest(topics=[broker_pb2.NewTopic(
-            name=TXN_STATE_TOPIC, num_partitions=TXN_STATE_PARTITIONS, replication_factor=factor,
-            configs={"min.insync.replicas": str(min(2, factor))})], timeout_ms=1))
+            name=topic, num_partitions=partitions, replication_factor=factor, configs=configs)], timeout_ms=1))
+
+    def append_offsets(self, partition: int, batch: bytes, now_ms: int):
+        """The group coordinator's append to `__consumer_offsets`-`partition`, as its leader
+        (refused if this broker does not lead it or the ISR is below min.insync.replicas).
+        Returns (first offset, wait): wait() blocks until the in-sync replicas have it."""
+        from broker.storage.log import AppendOrigin
+
+        with self.replicas.leader_append(OFFSETS_TOPIC, partition) as leader_epoch:
+            partition_log = self._log_manager.get_log(OFFSETS_TOPIC, partition)
+            min_isr = self._registry.get(OFFSETS_TOPIC).config.min_insync_replicas
+            self.replicas.check_min_isr(OFFSETS_TOPIC, partition, min_isr)
+            append = partition_log.append_as_leader(batch, now_ms, origin=AppendOrigin.COORDINATOR,
+                                                    leader_epoch=leader_epoch)
+            self.replicas.on_leader_append(OFFSETS_TOPIC, partition, partition_log)
+        self._notify((OFFSETS_TOPIC, partition))      # followers' long polls
+        end_offset = append.last_offset + 1
+        return append.first_offset, lambda: self.replicas.wait_for_high_watermark(
+            OFFSETS_TOPIC, partition, end_offset, REPLICATED_APPEND_TIMEOUT_MS, min_isr)
 
     def verify_txn(self, transactional_id: str, producer_id: int, producer_epoch: int, partitions) -> dict:
         """KIP-890 part 1 across brokers: ask the id's coordinator, wherever it is."""
+        from broker.group.coordinator import CoordinatorType
         from eos.v1 import common_pb2, txn_pb2, txn_pb2_grpc
 
         coordinator = self.txn_coordinator
@@ -279,7 +315,7 @@ class ClusterNode:
             decision = coordinator.verify_partitions(transactional_id, producer_id, producer_epoch, partitions)
             return {tp: (int(decision.partition_errors.get(tp, decision.error)), decision.message)
                     for tp in partitions}
-        [found] = self.find_coordinator(1, [transactional_id])
+        [found] = self.find_coordinator(CoordinatorType.TRANSACTION, [transactional_id])
         if found.error != ErrorCode.NONE:
             return {tp: (int(found.error), found.message) for tp in partitions}
         channel = open_channel(f"{found.host}:{found.port}")

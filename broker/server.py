@@ -467,11 +467,13 @@ class BrokerServer:
             min_session_timeout_ms=config.group_min_session_timeout_ms,
             max_session_timeout_ms=config.group_max_session_timeout_ms, max_group_size=config.group_max_size,
             offset_metadata_max_bytes=config.offset_metadata_max_bytes, verify_txn=self._verify_txn_partitions,
-            offsets_partitions=config.offsets_topic_num_partitions, max_parked_requests=GROUP_PARKED_REQUESTS_MAX)
-        if cluster is None:
-            # On a cluster the coordinators follow the leadership of their internal topics'
-            # partitions (issue 13); until then they answer COORDINATOR_LOAD_IN_PROGRESS there.
-            self._group_coordinator.start()
+            offsets_partitions=config.offsets_topic_num_partitions, max_parked_requests=GROUP_PARKED_REQUESTS_MAX,
+            replicated_append=None if cluster is None else cluster.append_offsets)
+        # On a cluster the coordinator is partitioned: start() starts its timer, and each
+        # __consumer_offsets partition loads when this broker becomes its leader.
+        self._group_coordinator.start()
+        if cluster is not None:
+            cluster.group_coordinator = self._group_coordinator
 
         self._servicer = BrokerServicer(
             registry=self._registry, log_manager=self._log_manager, purgatory=purgatory,

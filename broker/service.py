@@ -1073,13 +1073,19 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     @_gated
     def WriteTxnMarkers(self, request: broker_pb2.WriteTxnMarkersRequest,
                         context) -> broker_pb2.WriteTxnMarkersResponse:
+        """Append every marker, then (on a cluster) wait until the in-sync replicas have them
+        all: Kafka writes markers with acks=-1, because a marker lost with its leader would
+        leave the transaction open on that partition after the coordinator moved on."""
         now_ms = self._now_ms()
+        answers = [[self._write_marker(marker, tp, now_ms) for tp in marker.partitions] for marker in request.markers]
+        results = [[wait() if callable(wait) else wait for wait in waits] for waits in answers]
         return broker_pb2.WriteTxnMarkersResponse(markers=[
-            broker_pb2.TxnMarkerResult(producer_id=marker.producer_id, partitions=[
-                self._write_marker(marker, tp, now_ms) for tp in marker.partitions])
-            for marker in request.markers])
+            broker_pb2.TxnMarkerResult(producer_id=marker.producer_id, partitions=partitions)
+            for marker, partitions in zip(request.markers, results)])
 
-    def _write_marker(self, marker: broker_pb2.TxnMarker, tp, now_ms: int) -> broker_pb2.PartitionError:
+    def _write_marker(self, marker: broker_pb2.TxnMarker, tp, now_ms: int):
+        """The partition's answer, or on a cluster a callable that waits for replication and
+        returns it."""
         replicas = self._replicas
         try:
             with (replicas.leader_append(tp.topic, tp.partition) if replicas is not None
@@ -1087,6 +1093,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                 partition_log = self._log_for(tp.topic, tp.partition)
                 partition_log.append_txn_marker(marker.producer_id, marker.producer_epoch, marker.coordinator_epoch,
                                                 marker.committed, now_ms, leader_epoch=leader_epoch)
+                end_offset = partition_log.log_end_offset
                 if replicas is not None:
                     replicas.on_leader_append(tp.topic, tp.partition, partition_log)
         except Exception as exc:
@@ -1109,7 +1116,19 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                     topic=tp.topic, partition=tp.partition, error_code=ErrorCode.UNKNOWN_SERVER_ERROR,
                     error_message=f"the marker is written, but the group coordinator could not complete the "
                                   f"offset commits of producer {marker.producer_id}: {type(exc).__name__}: {exc}")
-        return broker_pb2.PartitionError(topic=tp.topic, partition=tp.partition, error_code=ErrorCode.NONE)
+        done = broker_pb2.PartitionError(topic=tp.topic, partition=tp.partition, error_code=ErrorCode.NONE)
+        if replicas is None:
+            return done
+        min_isr = self._registry.get(tp.topic).config.min_insync_replicas
+
+        def replicated() -> broker_pb2.PartitionError:
+            code, message = replicas.wait_for_high_watermark(tp.topic, tp.partition, end_offset,
+                                                             PRODUCE_TIMEOUT_MS_DEFAULT, min_isr)
+            if code == ErrorCode.NONE:
+                return done
+            return broker_pb2.PartitionError(topic=tp.topic, partition=tp.partition, error_code=code,
+                                             error_message=f"marker written, not yet replicated: {message}")
+        return replicated
 
     @_gated
     def DescribeProducers(self, request: broker_pb2.DescribeProducersRequest,

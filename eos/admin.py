@@ -423,20 +423,13 @@ class Admin:
     # ---- consumer groups -----------------------------------------------------------------
 
     def _group_coordinator(self, group_id: str):
-        """A callable giving the stub of the group's coordinator (FindCoordinator once)."""
+        """A callable giving the stub of the group's coordinator: found with FindCoordinator,
+        found again when it answers NOT_COORDINATOR (on a cluster it follows the leadership
+        of the group's __consumer_offsets partition)."""
         if not isinstance(group_id, str) or not group_id:
             raise ValueError(f"a group id is a non-empty string, got {group_id!r}")
-        response = self._call("FindCoordinator", lambda s: s.FindCoordinator,
-                              group_pb2.FindCoordinatorRequest(key_type=group_pb2.GROUP, keys=[group_id]),
-                              stub=self._bootstrap_group_stub,
-                              answer_code=lambda r: r.coordinators[0].error_code if r.coordinators else 0)
-        found = [c for c in response.coordinators if c.key == group_id]
-        if not found:
-            raise EosError(f"FindCoordinator did not answer for group {group_id!r}", ErrorCode.COORDINATOR_NOT_AVAILABLE)
-        if found[0].error_code != ErrorCode.NONE:
-            raise error_for(found[0].error_code, f"no coordinator for group {group_id!r}: {found[0].error_message}")
-        address = self._address_of(found[0].host, found[0].port)
-        return lambda: group_pb2_grpc.GroupCoordinatorStub(self._metadata.channel(address))
+        stub = self._metadata.group_coordinator_stub(group_id)
+        return lambda: stub
 
     def _bootstrap_group_stub(self) -> group_pb2_grpc.GroupCoordinatorStub:
         return group_pb2_grpc.GroupCoordinatorStub(self._metadata.channel(self._metadata.bootstrap_address))

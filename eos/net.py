@@ -43,7 +43,7 @@ from eos.errors import (
     reaction_for,
     Reaction,
 )
-from eos.v1 import broker_pb2, broker_pb2_grpc, group_pb2_grpc, txn_pb2_grpc
+from eos.v1 import broker_pb2, broker_pb2_grpc, group_pb2, group_pb2_grpc, txn_pb2_grpc
 
 MESSAGE_BYTES_MAX = 100 * 1024 * 1024
 # 6 minutes: above gRPC servers' default minimum ping interval without data (5 minutes),
@@ -149,32 +149,44 @@ class _Snapshot(NamedTuple):
 _COORDINATOR_MOVED = frozenset({ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE})
 
 
-class _CoordinatorStub:
-    """A TxnCoordinator stub that finds the coordinator of one transactional id at each
-    call (cached) and forgets it when it answers NOT_COORDINATOR / COORDINATOR_NOT_AVAILABLE
-    or cannot be reached, so the caller's retry goes to the new one."""
+def _coordinator_moved(response) -> bool:
+    """Does the answer say the coordinator is elsewhere (at the top or for a partition)?"""
+    if getattr(response, "error_code", ErrorCode.NONE) in _COORDINATOR_MOVED:
+        return True
+    return any(getattr(p, "error_code", ErrorCode.NONE) in _COORDINATOR_MOVED
+               for p in getattr(response, "partitions", ()))
 
-    def __init__(self, metadata: "ClusterMetadata", transactional_id: str):
+
+class _CoordinatorStub:
+    """A TxnCoordinator (key_type TRANSACTION) or GroupCoordinator (GROUP) stub that finds
+    the coordinator of one key at each call (cached) and forgets it when it answers
+    NOT_COORDINATOR / COORDINATOR_NOT_AVAILABLE or cannot be reached, so the caller's retry
+    goes to the new one."""
+
+    def __init__(self, metadata: "ClusterMetadata", key: str, key_type: int):
         self._metadata = metadata
-        self._transactional_id = transactional_id
+        self._key = key
+        self._key_type = key_type
 
     def __getattr__(self, method: str):
-        metadata, key = self._metadata, self._transactional_id
+        metadata, key, key_type = self._metadata, self._key, self._key_type
+        stub_class = (txn_pb2_grpc.TxnCoordinatorStub if key_type == group_pb2.TRANSACTION
+                      else group_pb2_grpc.GroupCoordinatorStub)
 
         def call(request, timeout=None, **kwargs):
             try:
-                address = metadata.coordinator_address(key, timeout)
+                address = metadata.coordinator_address(key, timeout, key_type=key_type)
             except EosError as exc:
                 # the callers' retry loops handle gRPC errors: present it as one
                 raise _CoordinatorLookupFailed(exc) from None
-            stub = txn_pb2_grpc.TxnCoordinatorStub(metadata.channel(address))
+            stub = stub_class(metadata.channel(address))
             try:
                 response = getattr(stub, method)(request, timeout=timeout, **kwargs)
             except grpc.RpcError:
-                metadata.forget_coordinator(key)
+                metadata.forget_coordinator(key, key_type=key_type)
                 raise
-            if getattr(response, "error_code", ErrorCode.NONE) in _COORDINATOR_MOVED:
-                metadata.forget_coordinator(key)
+            if _coordinator_moved(response):
+                metadata.forget_coordinator(key, key_type=key_type)
             return response
         return call
 
@@ -211,7 +223,7 @@ class ClusterMetadata:
         self._broker_stubs: dict[str, broker_pb2_grpc.BrokerStub] = {}
         self._bootstrap_index = 0       # the bootstrap address that answered last
         self._stale_topics: set[str] = set()
-        self._coordinators: dict[str, str] = {}      # transactional id -> coordinator address
+        self._coordinators: dict[tuple[int, str], str] = {}   # (key type, id) -> coordinator address
         self._closed = False
 
     # ---- channels ----------------------------------------------------------------------
@@ -251,41 +263,45 @@ class ClusterMetadata:
         reached); without an id (an idempotent producer's InitProducerId), any broker."""
         if not transactional_id:
             return txn_pb2_grpc.TxnCoordinatorStub(self.channel(self.bootstrap_address))
-        return _CoordinatorStub(self, transactional_id)
+        return _CoordinatorStub(self, transactional_id, group_pb2.TRANSACTION)
 
-    def coordinator_address(self, transactional_id: str, timeout_s: float | None = None) -> str:
-        """host:port of the transaction coordinator of `transactional_id` (cached)."""
-        cached = self._coordinators.get(transactional_id)
+    def coordinator_address(self, key: str, timeout_s: float | None = None, *,
+                            key_type: int = group_pb2.TRANSACTION) -> str:
+        """host:port of the coordinator of a transactional id (key_type TRANSACTION) or a
+        group (GROUP), found with FindCoordinator and cached."""
+        cached = self._coordinators.get((key_type, key))
         if cached is not None:
             return cached
-        from eos.v1 import group_pb2
         stub = group_pb2_grpc.GroupCoordinatorStub(self.channel(self.bootstrap_address))
         try:
-            response = stub.FindCoordinator(group_pb2.FindCoordinatorRequest(
-                key_type=group_pb2.TRANSACTION, keys=[transactional_id]),
-                timeout=timeout_s if timeout_s is not None else self.request_timeout_ms / 1000)
+            response = stub.FindCoordinator(group_pb2.FindCoordinatorRequest(key_type=key_type, keys=[key]),
+                                            timeout=timeout_s if timeout_s is not None else self.request_timeout_ms / 1000)
         except grpc.RpcError as exc:
             self.next_bootstrap()
-            raise error_from_rpc(exc, f"FindCoordinator for {transactional_id!r}") from None
+            raise error_from_rpc(exc, f"FindCoordinator for {key!r}") from None
         found = response.coordinators[0] if response.coordinators else None
         if found is None or found.error_code != ErrorCode.NONE:
             code = found.error_code if found is not None else ErrorCode.COORDINATOR_NOT_AVAILABLE
-            raise error_for(code, f"FindCoordinator for {transactional_id!r}: "
+            raise error_for(code, f"FindCoordinator for {key!r}: "
                                   f"{found.error_message if found is not None else 'no answer'}")
         if len(self.bootstrap_addresses) == 1 and len(self._snapshot.brokers) <= 1:
             # one broker behind one address: keep using it (a proxy or tunnel in between)
             address = self.bootstrap_address
         else:
             address = f"{found.host}:{found.port}"
-        self._coordinators[transactional_id] = address
+        self._coordinators[(key_type, key)] = address
         return address
 
-    def forget_coordinator(self, transactional_id: str) -> None:
-        self._coordinators.pop(transactional_id, None)
+    def forget_coordinator(self, key: str, *, key_type: int = group_pb2.TRANSACTION) -> None:
+        self._coordinators.pop((key_type, key), None)
 
-    def group_coordinator_stub(self) -> group_pb2_grpc.GroupCoordinatorStub:
-        """The GroupCoordinator service; each broker process serves it (embedded coordinator)."""
-        return group_pb2_grpc.GroupCoordinatorStub(self.channel(self.bootstrap_address))
+    def group_coordinator_stub(self, group_id: str | None = None):
+        """The GroupCoordinator service: the coordinator of `group_id` (found with
+        FindCoordinator and remembered until it moves), or without a group the bootstrap
+        broker (FindCoordinator itself, ListGroups)."""
+        if not group_id:
+            return group_pb2_grpc.GroupCoordinatorStub(self.channel(self.bootstrap_address))
+        return _CoordinatorStub(self, group_id, group_pb2.GROUP)
 
     def address_of(self, node_id: int) -> str | None:
         snapshot = self._snapshot

@@ -707,7 +707,7 @@ class Producer:
                 txn.offsets_confirmed()
             if to_commit:
                 self._coordinator.call(
-                    f"TxnOffsetCommit for group {group_id!r}", self._metadata.group_coordinator_stub().TxnOffsetCommit,
+                    f"TxnOffsetCommit for group {group_id!r}", self._metadata.group_coordinator_stub(group_id).TxnOffsetCommit,
                     group_pb2.TxnOffsetCommitRequest(
                         transactional_id=self._transactional_id, group_id=group_id, producer_id=producer_id,
                         producer_epoch=producer_epoch, generation_id=generation_id, member_id=member_id,

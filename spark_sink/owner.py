@@ -103,7 +103,7 @@ def group_offsets(bootstrap: str, group_id: str, partitions: list[TopicPartition
     """The group's committed offsets of `partitions` (those it has), by a short-lived client."""
     metadata = net.ClusterMetadata(bootstrap)
     try:
-        stub = group_pb2_grpc.GroupCoordinatorStub(metadata.channel(metadata.bootstrap_address))
+        stub = metadata.group_coordinator_stub(group_id)
         return {tp: offset for tp, (offset, _) in
                 fetch_committed(stub, group_id, partitions, require_stable=require_stable).items()}
     finally:
@@ -126,7 +126,6 @@ class TransactionOwner:
         self.producer_epoch = -1
         self._metadata = net.ClusterMetadata(bootstrap)
         self._txn = self._metadata.txn_coordinator_stub(transactional_id)
-        self._groups = group_pb2_grpc.GroupCoordinatorStub(self._metadata.channel(self._metadata.bootstrap_address))
 
     def identity(self) -> OwnerIdentity:
         if self.producer_id < 0:
@@ -152,7 +151,8 @@ class TransactionOwner:
     def committed(self, group_id: str, partitions: list[TopicPartition]) -> dict[TopicPartition, tuple[int, str]]:
         """{partition: (offset, metadata)} the group has committed (stable: pending
         transactional commits are waited for); partitions without a commit are left out."""
-        return fetch_committed(self._groups, group_id, partitions, timeout_ms=self.request_timeout_ms)
+        return fetch_committed(self._metadata.group_coordinator_stub(group_id), group_id, partitions,
+                               timeout_ms=self.request_timeout_ms)
 
     def commit_offsets(self, group_id: str, offsets: dict[TopicPartition, int], metadata: str) -> None:
         """The input offsets join the open transaction (visible when it commits)."""
@@ -166,7 +166,8 @@ class TransactionOwner:
             offsets=[group_pb2.OffsetToCommit(topic=tp.topic, partition=tp.partition, offset=offset,
                                               leader_epoch=-1, metadata=metadata)
                      for tp, offset in sorted(offsets.items())])
-        self._retry(lambda: self._groups.TxnOffsetCommit(commit, timeout=RPC_TIMEOUT_S),
+        groups = self._metadata.group_coordinator_stub(group_id)
+        self._retry(lambda: groups.TxnOffsetCommit(commit, timeout=RPC_TIMEOUT_S),
                     f"TxnOffsetCommit for group {group_id!r}",
                     error_of=first_partition_error)
 

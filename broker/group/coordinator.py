@@ -48,10 +48,23 @@ key wins in log order, as compaction would keep it), only slower than Kafka's.
 
 Single node: this broker coordinates every group and every transactional id, so
 FindCoordinator answers the advertised address given to the constructor.
+
+On a cluster (`replicated_append` given; Kafka's GroupMetadataManager) the coordinator is
+partitioned: the group of a `__consumer_offsets` partition is served by that partition's
+leader. `start()` only starts the timer; the broker calls `load_partition(p, epoch)` once it
+leads p and the followers have confirmed its log (replay, then serve), and
+`unload_partition(p)` when it stops leading (parked requests answered NOT_COORDINATOR, the
+groups forgotten). A request for a group of a partition this broker does not own is
+answered NOT_COORDINATOR (COORDINATOR_LOAD_IN_PROGRESS while it loads), and the client finds
+the coordinator again. Every append goes through the replica manager as the partition's
+leader, and the caller's answer waits, after the lock is released, until the in-sync
+replicas have it (acks=all): a TxnOffsetCommit acknowledged but lost with its leader would
+let the transaction commit without its offsets.
 """
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import enum
 import logging
 import threading
@@ -96,6 +109,11 @@ _APPEND_ERROR_TO_COMMIT_ERROR = {
     ErrorCode.INVALID_FETCH_SIZE: ErrorCode.INVALID_COMMIT_OFFSET_SIZE,
 }
 
+
+# replicated_append(partition, batch, now_ms) -> (first offset, wait): on a cluster, append one
+# batch to __consumer_offsets-`partition` as its leader; wait() blocks until the in-sync
+# replicas have it and returns (error code, message).
+ReplicatedAppend = Callable[[int, bytes, int], tuple[int, Callable[[], tuple[ErrorCode, str]]]]
 
 # verify_txn(transactional_id, producer_id, producer_epoch, partitions) -> {partition: (code, message)}:
 # the Broker service's KIP-890 hook, asked whether partitions are in the producer's transaction.
@@ -169,7 +187,8 @@ class GroupCoordinator:
                  request_wait_margin_ms: int = REQUEST_WAIT_MARGIN_MS,
                  max_parked_requests: int = MAX_PARKED_REQUESTS,
                  run_timer_thread: bool = True,
-                 verify_txn: VerifyTxn | None = None):
+                 verify_txn: VerifyTxn | None = None,
+                 replicated_append: ReplicatedAppend | None = None):
         if offsets_partitions < 1:
             raise ValueError(f"offsets.topic.num.partitions {offsets_partitions} must be at least 1")
         if tick_interval_ms < 1 or request_wait_margin_ms < 0 or max_parked_requests < 1:
@@ -195,6 +214,8 @@ class GroupCoordinator:
         self._max_parked_requests = max_parked_requests
         self._run_timer_thread = run_timer_thread
         self._verify_txn = verify_txn
+        self._replicated_append = replicated_append
+        self.partitioned = replicated_append is not None
 
         self._lock = threading.Lock()
         self._phase = _Phase.NEW
@@ -203,6 +224,9 @@ class GroupCoordinator:
         self.offsets: OffsetStore | None = None
         self._futures: dict[int, concurrent.futures.Future] = {}   # core token -> the parked caller
         self._logs: list[Log] = []                                  # __consumer_offsets-<i> at index i
+        self._owned: dict[int, int] = {}        # partitioned: partition -> coordinator epoch (its leader epoch)
+        self._loading: set[int] = set()
+        self._replication_waits: list[Callable[[], tuple[ErrorCode, str]]] = []   # appended under this hold
         self._stopping = threading.Event()
         self._timer_thread: threading.Thread | None = None
 
@@ -211,26 +235,85 @@ class GroupCoordinator:
     def start(self) -> None:
         """Create `__consumer_offsets` if missing, load it, start the timer thread. Call it
         before the gRPC server starts serving (the topic is created without the broker's
-        admin lock, which is safe only while nothing else can create topics)."""
+        admin lock, which is safe only while nothing else can create topics). Partitioned
+        (a cluster): only the timer starts; partitions load with their leadership."""
         with self._lock:
             if self._phase is not _Phase.NEW:
                 raise EosError(f"GroupCoordinator.start() called in phase {self._phase.value}")
-            self._phase = _Phase.LOADING
-            started_ms = time.monotonic()
-            info = self._ensure_offsets_topic()
-            self.offsets_partitions = info.partition_count
-            self.groups = GroupCoordinatorCore(offsets_partitions=self.offsets_partitions, **self._core_settings)
-            self.offsets = OffsetStore(offsets_partitions=self.offsets_partitions,
-                                       metadata_max_bytes=self._offset_metadata_max_bytes)
-            self._logs = [self._log_manager.get_log(OFFSETS_TOPIC, p) for p in range(self.offsets_partitions)]
-            records = sum(self._load_partition(p, partition_log) for p, partition_log in enumerate(self._logs))
-            self._phase = _Phase.RUNNING
-            log.info("group coordinator loaded %d record(s) of %s (%d partitions) in %.0f ms: %d group(s), "
-                     "%d with offsets", records, OFFSETS_TOPIC, self.offsets_partitions,
-                     (time.monotonic() - started_ms) * 1000, len(self.groups.groups), len(self.offsets.groups()))
+            if self.partitioned:
+                # partitions load as this broker becomes their leader (load_partition)
+                self.groups = GroupCoordinatorCore(offsets_partitions=self.offsets_partitions, **self._core_settings)
+                self.offsets = OffsetStore(offsets_partitions=self.offsets_partitions,
+                                           metadata_max_bytes=self._offset_metadata_max_bytes)
+                self._phase = _Phase.RUNNING
+            else:
+                self._load_everything()
         if self._run_timer_thread:
             self._timer_thread = threading.Thread(target=self._timer_loop, name="eos-group-timer", daemon=True)
             self._timer_thread.start()
+
+    def _load_everything(self) -> None:
+        """Single node: this broker owns every partition of the offsets topic (lock held)."""
+        self._phase = _Phase.LOADING
+        started_ms = time.monotonic()
+        info = self._ensure_offsets_topic()
+        self.offsets_partitions = info.partition_count
+        self.groups = GroupCoordinatorCore(offsets_partitions=self.offsets_partitions, **self._core_settings)
+        self.offsets = OffsetStore(offsets_partitions=self.offsets_partitions,
+                                   metadata_max_bytes=self._offset_metadata_max_bytes)
+        self._logs = [self._log_manager.get_log(OFFSETS_TOPIC, p) for p in range(self.offsets_partitions)]
+        records = sum(self._load_partition(p, partition_log) for p, partition_log in enumerate(self._logs))
+        self._phase = _Phase.RUNNING
+        log.info("group coordinator loaded %d record(s) of %s (%d partitions) in %.0f ms: %d group(s), "
+                 "%d with offsets", records, OFFSETS_TOPIC, self.offsets_partitions,
+                 (time.monotonic() - started_ms) * 1000, len(self.groups.groups), len(self.offsets.groups()))
+
+    # ---- partitions of a cluster -------------------------------------------------------------
+
+    def load_partition(self, partition: int, coordinator_epoch: int, partition_log: Log) -> None:
+        """This broker leads `__consumer_offsets`-`partition` and its log is confirmed by the
+        followers: replay it and serve its groups. Already owned (the same broker elected
+        again): the memory is at least as new as the log, so only the epoch changes."""
+        with self._lock:
+            if self._phase is not _Phase.RUNNING:
+                return
+            if partition in self._owned:
+                self._owned[partition] = coordinator_epoch
+                return
+            self._loading.add(partition)
+            started_ms = time.monotonic()
+            try:
+                records = self._load_partition(partition, partition_log)
+            except BaseException:
+                # a half-replayed partition must not stay: forget it, the caller retries
+                self._forget_partition(partition)
+                raise
+            finally:
+                self._loading.discard(partition)
+            self._owned[partition] = coordinator_epoch
+        log.info("group coordinator took %s-%d at epoch %d: %d record(s) in %.0f ms", OFFSETS_TOPIC, partition,
+                 coordinator_epoch, records, (time.monotonic() - started_ms) * 1000)
+
+    def unload_partition(self, partition: int) -> None:
+        """This broker no longer leads `__consumer_offsets`-`partition`: answer its parked
+        requests NOT_COORDINATOR and forget its groups and offsets."""
+        with self._lock:
+            if self._phase is not _Phase.RUNNING or partition not in self._owned:
+                return
+            del self._owned[partition]
+            self._forget_partition(partition)
+        log.info("group coordinator gave up %s-%d", OFFSETS_TOPIC, partition)
+
+    def _forget_partition(self, partition: int) -> None:
+        outcome = self.groups.unload_partition(partition, self._now_ms())
+        if outcome.writes:
+            raise InvariantError("unloading a partition asked for writes")
+        self._resolve(outcome)
+        self.offsets.unload_partition(partition)
+
+    def owned_partitions(self) -> dict[int, int]:
+        with self._lock:
+            return dict(self._owned)
 
     def stop(self) -> None:
         """Answer every parked request NOT_COORDINATOR, stop the timer thread, refuse what
@@ -335,8 +418,41 @@ class GroupCoordinator:
 
     # ---- carrying out outcomes (lock held) ----------------------------------------------------
 
-    def _refusal(self) -> tuple[ErrorCode, str] | None:
-        return _PHASE_ERRORS.get(self._phase)
+    def _refusal(self, group_id: str | None = None) -> tuple[ErrorCode, str] | None:
+        """Why this coordinator cannot serve `group_id` now (None: it can)."""
+        refusal = _PHASE_ERRORS.get(self._phase)
+        if refusal is not None or not self.partitioned or group_id is None:
+            return refusal
+        partition = partition_for_group(group_id, self.offsets_partitions)
+        if partition in self._owned:
+            return None
+        if partition in self._loading:
+            return (ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, f"{OFFSETS_TOPIC}-{partition} is loading")
+        return (ErrorCode.NOT_COORDINATOR,
+                f"this broker does not coordinate group {group_id!r} ({OFFSETS_TOPIC}-{partition})")
+
+    def _take_replication_waits(self) -> list[Callable[[], tuple[ErrorCode, str]]]:
+        """The waits of the appends made under this hold of the lock (lock held)."""
+        waits, self._replication_waits = self._replication_waits, []
+        return waits
+
+    @staticmethod
+    def _replicated(waits) -> tuple[ErrorCode, str]:
+        """Wait (lock NOT held) for the in-sync replicas to have every append; the first error."""
+        for wait in waits:
+            error, message = wait()
+            if error != ErrorCode.NONE:
+                error = ErrorCode(error)
+                return _APPEND_ERROR_TO_COMMIT_ERROR.get(error, error), message
+        return ErrorCode.NONE, ""
+
+    def _answer_when_replicated(self, waits, response):
+        """`response`, or the same with the replication error once the appends behind it
+        failed to reach the in-sync replicas (the client retries or finds the coordinator)."""
+        error, message = self._replicated(waits)
+        if error == ErrorCode.NONE or response is None or response.error != ErrorCode.NONE:
+            return response
+        return dataclasses.replace(response, error=error, message=message)
 
     def _register(self, outcome: Outcome) -> concurrent.futures.Future | None:
         if outcome.token is None:
@@ -370,6 +486,10 @@ class GroupCoordinator:
         transactional = producer_id != NO_PRODUCER_ID
         batch = encode_batch(list(values), keys=list(keys), timestamps_ms=now_ms, producer_id=producer_id,
                              producer_epoch=producer_epoch, base_sequence=NO_SEQUENCE, transactional=transactional)
+        if self._replicated_append is not None:
+            first_offset, wait = self._replicated_append(partition, batch, now_ms)
+            self._replication_waits.append(wait)
+            return first_offset
         return self._logs[partition].append_as_leader(batch, now_ms, origin=AppendOrigin.COORDINATOR).first_offset
 
     def _append_group_write(self, write: GroupWrite) -> ErrorCode:
@@ -417,7 +537,7 @@ class GroupCoordinator:
              client_id: str = "", client_host: str = "") -> JoinResponse:
         """JoinGroup; blocks until the join phase completes (or the wait bound passes)."""
         with self._lock:
-            refusal = self._refusal() or self._parking_refusal()
+            refusal = self._refusal(group_id) or self._parking_refusal()
             if refusal is not None:
                 return JoinResponse(error=refusal[0], message=refusal[1], member_id=member_id)
             outcome = self.groups.join(group_id, member_id, group_instance_id, protocol_type, protocols,
@@ -426,7 +546,9 @@ class GroupCoordinator:
             future = self._register(outcome)
             self._carry_out(outcome)
             bound_ms = self._wait_bound_ms(group_id, rebalance_timeout_ms)
-        return self._wait(future, outcome.response, bound_ms, JoinResponse(
+            waits = self._take_replication_waits()
+        immediate = self._answer_when_replicated(waits, outcome.response)
+        return self._wait(future, immediate, bound_ms, JoinResponse(
             error=ErrorCode.REQUEST_TIMED_OUT, member_id=member_id,
             message=f"the join phase did not complete within {bound_ms} ms; rejoin"))
 
@@ -434,7 +556,7 @@ class GroupCoordinator:
              assignments: Mapping[str, bytes]) -> SyncResponse:
         """SyncGroup; a follower blocks until the leader's assignment is written."""
         with self._lock:
-            refusal = self._refusal() or self._parking_refusal()
+            refusal = self._refusal(group_id) or self._parking_refusal()
             if refusal is not None:
                 return SyncResponse(error=refusal[0], message=refusal[1])
             outcome = self.groups.sync(group_id, generation_id, member_id, group_instance_id, assignments,
@@ -442,7 +564,9 @@ class GroupCoordinator:
             future = self._register(outcome)
             self._carry_out(outcome)
             bound_ms = self._wait_bound_ms(group_id)
-        return self._wait(future, outcome.response, bound_ms, SyncResponse(
+            waits = self._take_replication_waits()
+        immediate = self._answer_when_replicated(waits, outcome.response)
+        return self._wait(future, immediate, bound_ms, SyncResponse(
             error=ErrorCode.REQUEST_TIMED_OUT,
             message=f"the group's assignment did not arrive within {bound_ms} ms; rejoin"))
 
@@ -453,22 +577,24 @@ class GroupCoordinator:
         return None
 
     def heartbeat(self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None) -> Reply:
-        return self._reply_call(lambda now_ms: self.groups.heartbeat(group_id, generation_id, member_id,
-                                                                     group_instance_id, now_ms))
+        return self._reply_call(group_id, lambda now_ms: self.groups.heartbeat(group_id, generation_id, member_id,
+                                                                               group_instance_id, now_ms))
 
     def leave(self, group_id: str, member_id: str, group_instance_id: str | None) -> Reply:
-        return self._reply_call(lambda now_ms: self.groups.leave(group_id, member_id, group_instance_id, now_ms))
+        return self._reply_call(group_id,
+                                lambda now_ms: self.groups.leave(group_id, member_id, group_instance_id, now_ms))
 
-    def _reply_call(self, call: Callable[[int], Outcome]) -> Reply:
+    def _reply_call(self, group_id: str, call: Callable[[int], Outcome]) -> Reply:
         with self._lock:
-            refusal = self._refusal()
+            refusal = self._refusal(group_id)
             if refusal is not None:
                 return Reply(*refusal)
             outcome = call(self._now_ms())
             if outcome.token is not None:
                 raise InvariantError("Heartbeat/LeaveGroup was parked")
             self._carry_out(outcome)
-            return outcome.response
+            waits = self._take_replication_waits()
+        return self._answer_when_replicated(waits, outcome.response)
 
     # ---- timers ------------------------------------------------------------------------------
 
@@ -478,6 +604,9 @@ class GroupCoordinator:
             if self._phase is not _Phase.RUNNING:
                 return
             self._carry_out(self.groups.tick(self._now_ms()))
+            # nobody answers from a timer's writes: a write lost with its leader is replayed
+            # away on the next coordinator, whose members rejoin
+            self._take_replication_waits()
 
     def _timer_loop(self) -> None:
         while not self._stopping.is_set():
@@ -543,7 +672,7 @@ class GroupCoordinator:
         if not group_id:
             return everyone(ErrorCode.INVALID_GROUP_ID, "the group id is empty")
         with self._lock:
-            refusal = self._refusal()
+            refusal = self._refusal(group_id)
             if refusal is not None:
                 return everyone(*refusal)
             reply = self.groups.validate_offset_commit(group_id, generation_id, member_id, group_instance_id,
@@ -567,6 +696,12 @@ class GroupCoordinator:
                     if error is not ErrorCode.NONE:
                         for tp, _ in decision.write.entries:
                             errors[tp] = (error, message)
+            written = [tp for tp in wanted if tp not in errors]
+            waits = self._take_replication_waits()
+        error, message = self._replicated(waits)
+        if error != ErrorCode.NONE:
+            for tp in written:
+                errors[tp] = (error, message)
         return [PartitionResult(tp.topic, tp.partition, *errors.get(tp, (ErrorCode.NONE, ""))) for tp in offsets]
 
     def on_txn_marker(self, partition: int, producer_id: int, committed: bool) -> None:
@@ -574,8 +709,8 @@ class GroupCoordinator:
         `__consumer_offsets`-`partition`: make its pending offsets there visible, or drop them.
         Before start() this does nothing (the load will replay the marker from the log)."""
         with self._lock:
-            if self._phase is not _Phase.RUNNING:
-                return
+            if self._phase is not _Phase.RUNNING or (self.partitioned and partition not in self._owned):
+                return     # a partition loaded later replays the marker from its log
             settled = self.offsets.complete_txn(producer_id, committed, partition)
         if settled:
             log.debug("%s marker of producer %d settled the offsets of %s", "commit" if committed else "abort",
@@ -588,7 +723,7 @@ class GroupCoordinator:
         if not group_id:
             return OffsetFetchResult(ErrorCode.INVALID_GROUP_ID, "the group id is empty", [])
         with self._lock:
-            refusal = self._refusal()
+            refusal = self._refusal(group_id)
             if refusal is not None:
                 return OffsetFetchResult(refusal[0], refusal[1], [])
             wanted = [TopicPartition(tp.topic, tp.partition) for tp in (partitions or ())]
@@ -613,8 +748,8 @@ class GroupCoordinator:
     def describe_groups(self, group_ids: Iterable[str]) -> list[GroupDescription]:
         answers = []
         with self._lock:
-            refusal = self._refusal()
             for group_id in group_ids:
+                refusal = self._refusal(group_id)
                 if refusal is not None:
                     answers.append(GroupDescription(group_id, refusal[0], GroupState.DEAD.value, "", "", -1, ()))
                     continue
