@@ -27,6 +27,18 @@ Figures (median of 3 runs; 1 with --quick):
   reader on the same machine; send call to arrival at the reader.
 - broker start with N partitions (10,000; 1,000 with --quick; RF 1 over the 3 brokers): one
   broker stopped cleanly and started again; the time until the cluster lists it live.
+- transactions on the cluster (issue 13), every topic RF 3 with min.insync.replicas 2 and
+  the internal topics too:
+  - transactional copier: 200,000 records of 100 B (50,000 with --quick) read
+    read_committed from one partition and written to another, each transaction up to 100 ms
+    or 5,000 records with its input offsets (send_offsets_to_transaction); records/s, and
+    the output's count and the group's offset are checked.
+  - commit_transaction p50/p99: 300 short transactions back to back (one 100 B record
+    each); the time of the commit call alone.
+  - coordinator failover: short transactions back to back; the broker that coordinates
+    the transactional id is killed with SIGKILL; the time from the kill to the end of the
+    first transaction that began after it and committed. Every committed record must read
+    back exactly once.
 
 Results: `bench/results/cluster-<UTC date>-<host>.{json,md}` and `cluster-latest.*` for a
 full run, `bench/results/tmp/` otherwise; a table is printed (ratio > 1 = eos better).
@@ -186,6 +198,15 @@ class EosSide:
                 yield r.value, now
         consumer.close()
 
+    def txn(self, transactional_id):
+        return EosTxn(self.bootstrap, transactional_id)
+
+    def txn_coordinator(self, transactional_id):
+        return eos_txn_coordinator(self, transactional_id)
+
+    def copy(self, source, sink, group, count):
+        return eos_copy(self, source, sink, group, count)
+
     def bulk_produce(self, topic, count, value):
         import eos
         producer = eos.Producer(bootstrap=self.bootstrap, acks="all", enable_idempotence=True, linger_ms=5)
@@ -306,6 +327,15 @@ class KafkaSide:
         consumer.close()
         return seen, elapsed
 
+    def txn(self, transactional_id):
+        return KafkaTxn(self.bootstrap, transactional_id)
+
+    def txn_coordinator(self, transactional_id):
+        return kafka_txn_coordinator(self, transactional_id)
+
+    def copy(self, source, sink, group, count):
+        return kafka_copy(self, source, sink, group, count)
+
     def bulk_produce(self, topic, count, value):
         from confluent_kafka import Producer
         producer = Producer({"bootstrap.servers": self.bootstrap, "acks": "all", "enable.idempotence": True,
@@ -320,6 +350,257 @@ class KafkaSide:
                     producer.poll(0.01)
         producer.flush(300)
         return time.perf_counter() - started
+
+
+# ---- transactional clients of the two systems ---------------------------------------------------
+
+class EosTxn:
+    """One transactional producer of eos behind the interface the transaction figures use."""
+
+    def __init__(self, bootstrap: str, transactional_id: str):
+        import eos
+        self.producer = eos.Producer(bootstrap=bootstrap, transactional_id=transactional_id, linger_ms=5,
+                                     delivery_timeout_ms=120_000)
+        self.producer.init_transactions(timeout=120)
+
+    def one_record(self, topic: str, value: bytes) -> float:
+        """A transaction of one record; returns the commit call's seconds (raises on failure)."""
+        self.producer.begin_transaction()
+        try:
+            self.producer.send(topic, value=value, partition=0)
+            started = time.perf_counter()
+            self.producer.commit_transaction(timeout=120)
+            return time.perf_counter() - started
+        except Exception:
+            self._abort()
+            raise
+
+    def _abort(self):
+        try:
+            self.producer.abort_transaction(timeout=120)
+        except Exception:
+            pass
+
+    def close(self):
+        self.producer.close()
+
+
+class KafkaTxn:
+    """The same with librdkafka's transactional producer."""
+
+    def __init__(self, bootstrap: str, transactional_id: str):
+        from confluent_kafka import Producer
+        self.producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": transactional_id,
+                                  "linger.ms": 5, "transaction.timeout.ms": 60_000, "log_level": 0})
+        self.producer.init_transactions(120)
+
+    def one_record(self, topic: str, value: bytes) -> float:
+        from confluent_kafka import KafkaException
+        self.producer.begin_transaction()
+        self.producer.produce(topic, value=value, partition=0)
+        started = time.perf_counter()
+        while True:
+            try:
+                self.producer.commit_transaction(120)
+                return time.perf_counter() - started
+            except KafkaException as exc:
+                error = exc.args[0]
+                if error.retriable():
+                    continue
+                if error.txn_requires_abort():
+                    self.producer.abort_transaction(120)
+                raise
+
+    def close(self):
+        self.producer.flush(10)
+
+
+def _java_string_hash(text: str) -> int:
+    """Java's String.hashCode (over UTF-16 code units), as an unsigned 32-bit value."""
+    data = text.encode("utf-16-be")
+    value = 0
+    for i in range(0, len(data), 2):
+        value = (31 * value + (data[i] << 8 | data[i + 1])) & 0xFFFFFFFF
+    return value
+
+
+def eos_txn_coordinator(side, transactional_id: str) -> int:
+    from eos.net import ClusterMetadata
+    metadata = ClusterMetadata(side.bootstrap)
+    try:
+        address = metadata.coordinator_address(transactional_id, 30.0)
+    finally:
+        metadata.close()
+    return next(b for b, p in side.cluster.processes.items() if p.address == address)
+
+
+def kafka_txn_coordinator(side, transactional_id: str) -> int:
+    """Kafka's rule: Utils.abs(transactionalId.hashCode) % 50, and that partition's leader."""
+    partition = (_java_string_hash(transactional_id) & 0x7FFFFFFF) % 50
+    return side.partitions("__transaction_state")[partition]["leader"]
+
+
+def commit_latency_ms(side, topic: str, transactions: int = 300) -> tuple[float, float]:
+    side.create(topic, 1, 3, {"min.insync.replicas": "2"})
+    _full_isr(side, topic)
+    txn = side.txn(f"bench-commit-{topic}")
+    try:
+        seconds = [txn.one_record(topic, str(i).encode()) for i in range(transactions)]
+    finally:
+        txn.close()
+    return _p50_p99_ms(seconds)
+
+
+def coordinator_failover_ms(side, topic: str) -> float:
+    """kill -9 of the transaction coordinator: the time to the next transaction that began
+    after the kill and committed (see the module doc)."""
+    side.create(topic, 1, 3, {"min.insync.replicas": "2"})
+    _full_isr(side, topic)
+    transactional_id = f"bench-failover-{topic}"
+    txn = side.txn(transactional_id)
+    commits: list[tuple[float, float, bytes]] = []     # (began, committed, value)
+    failures: list[str] = []
+    stop = threading.Event()
+
+    def loop():
+        n = 0
+        while not stop.is_set():
+            value = str(n).encode()
+            n += 1
+            began = time.monotonic()
+            try:
+                txn.one_record(topic, value)
+                commits.append((began, time.monotonic(), value))
+            except Exception as exc:       # retried with the next transaction
+                failures.append(f"{type(exc).__name__}: {exc}")
+                time.sleep(0.05)
+    thread = threading.Thread(target=loop, daemon=True)
+    try:
+        thread.start()
+        _wait(lambda: len(commits) >= 20, "steady transactions")
+        coordinator = side.txn_coordinator(transactional_id)
+        killed_at = time.monotonic()
+        os.killpg(side.pid(coordinator), signal.SIGKILL)
+        after = _wait(lambda: next((c for c in commits if c[0] >= killed_at), None),
+                      "a transaction begun after the kill to commit", timeout_s=180)
+        _wait(lambda: len([c for c in commits if c[0] >= killed_at]) >= 5, "more transactions")
+    finally:
+        stop.set()
+        thread.join(150)
+        txn.close()
+    values = side.read_values(topic, len(commits))
+    committed = {v for *_, v in commits}
+    if len(values) != len(set(values)) or not committed <= set(values):
+        raise Lost(f"{len(commits)} transactions committed, {len(set(values))} records read back, "
+                   f"{len(values) - len(set(values))} duplicates")
+    side.wait_exit(coordinator)
+    side.restart(coordinator)
+    _full_isr(side, topic)
+    return (after[1] - killed_at) * 1000
+
+
+def copier_records_per_s(side, source: str, sink: str, count: int) -> float:
+    side.create(source, 1, 3, {"min.insync.replicas": "2"})
+    side.create(sink, 1, 3, {"min.insync.replicas": "2"})
+    _full_isr(side, source)
+    _full_isr(side, sink)
+    side.bulk_produce(source, count, b"c" * 100)
+    elapsed_s, group_offset = side.copy(source, sink, f"group-{source}", count)
+    if group_offset != count:
+        raise Lost(f"the copier's group offset is {group_offset}, the input has {count}")
+    copied, _ = side.consume_count(sink, count)
+    if copied != count:
+        raise Lost(f"the output holds {copied} committed records, the input {count}")
+    return count / elapsed_s
+
+
+COPIER_TXN_RECORDS = 5000
+COPIER_TXN_S = 0.1
+
+
+def _copy_loop(count: int, poll, commit) -> float:
+    """The copier's loop: transactions of up to COPIER_TXN_RECORDS records or COPIER_TXN_S."""
+    copied = 0
+    started = time.perf_counter()
+    deadline = time.monotonic() + 600
+    while copied < count and time.monotonic() < deadline:
+        in_txn, offset = 0, None
+        txn_end = time.perf_counter() + COPIER_TXN_S
+        while time.perf_counter() < txn_end and in_txn < COPIER_TXN_RECORDS and copied + in_txn < count:
+            got, next_offset = poll()
+            if got:
+                in_txn += got
+                offset = next_offset
+        if offset is not None:
+            commit(offset)
+            copied += in_txn
+    return time.perf_counter() - started
+
+
+def eos_copy(side, source: str, sink: str, group: str, count: int) -> tuple[float, int]:
+    import eos
+    consumer = eos.Consumer(bootstrap=side.bootstrap, group_id=group, isolation_level="read_committed",
+                            auto_offset_reset="earliest")
+    tp = eos.TopicPartition(source, 0)
+    consumer.assign([tp])
+    producer = eos.Producer(bootstrap=side.bootstrap, transactional_id=f"copier-{source}", linger_ms=5)
+    producer.init_transactions(timeout=120)
+    in_txn = [False]
+
+    def poll():
+        batch = consumer.poll(timeout_ms=100, max_records=1000)
+        if not batch:
+            return 0, None
+        if not in_txn[0]:
+            producer.begin_transaction()
+            in_txn[0] = True
+        producer.send_batch(sink, [r.value for r in batch], partition=0)
+        return len(batch), batch[-1].offset + 1
+
+    def commit(offset):
+        producer.send_offsets_to_transaction({tp: offset}, consumer.group_metadata(), 120)
+        producer.commit_transaction(timeout=120)
+        in_txn[0] = False
+    try:
+        elapsed = _copy_loop(count, poll, commit)
+        return elapsed, consumer.committed([tp])[tp]
+    finally:
+        producer.close()
+        consumer.close()
+
+
+def kafka_copy(side, source: str, sink: str, group: str, count: int) -> tuple[float, int]:
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+    consumer = Consumer({"bootstrap.servers": side.bootstrap, "group.id": group, "enable.auto.commit": False,
+                         "isolation.level": "read_committed", "auto.offset.reset": "earliest"})
+    consumer.assign([TopicPartition(source, 0, OFFSET_BEGINNING)])
+    producer = Producer({"bootstrap.servers": side.bootstrap, "transactional.id": f"copier-{source}",
+                         "linger.ms": 5, "log_level": 0})
+    producer.init_transactions(120)
+    in_txn = [False]
+
+    def poll():
+        batch = [m for m in consumer.consume(num_messages=1000, timeout=0.1) if m.error() is None]
+        if not batch:
+            return 0, None
+        if not in_txn[0]:
+            producer.begin_transaction()
+            in_txn[0] = True
+        producer.produce_batch(sink, [{"value": m.value(), "partition": 0} for m in batch])
+        producer.poll(0)
+        return len(batch), batch[-1].offset() + 1
+
+    def commit(offset):
+        producer.send_offsets_to_transaction([TopicPartition(source, 0, offset)],
+                                             consumer.consumer_group_metadata(), 120)
+        producer.commit_transaction(120)
+        in_txn[0] = False
+    try:
+        elapsed = _copy_loop(count, poll, commit)
+        return elapsed, consumer.committed([TopicPartition(source, 0)], timeout=30)[0].offset
+    finally:
+        producer.flush(30)
+        consumer.close()
 
 
 # ---- figures -------------------------------------------------------------------------------------------
@@ -500,6 +781,10 @@ FIGURES = [
     ("metadata_1000_ms", "metadata of 1,000 new partitions on every broker", "ms", False),
     ("produce_rf3_rps", "produce acks=all RF 3, bulk, 100 B", "records/s", True),
     ("restart_s", "broker restart with N partitions (until listed live)", "s", False),
+    ("copier_rps", "transactional copier, RF 3, offsets in the transaction", "records/s", True),
+    ("commit_p50_ms", "commit_transaction p50, 1-record transactions, RF 3", "ms", False),
+    ("commit_p99_ms", "commit_transaction p99, 1-record transactions, RF 3", "ms", False),
+    ("coordinator_failover_ms", "transaction coordinator kill -9 to the next committed transaction", "ms", False),
 ]
 
 
@@ -554,6 +839,18 @@ def run_side(side, quick: bool, progress) -> dict:
         measure("e2e_p50_ms", one_e2e_run)
         if e2e_p99:
             results["e2e_p99_ms"] = {"status": "ok", "value": statistics.median(e2e_p99), "samples": e2e_p99}
+        measure("copier_rps", lambda run: copier_records_per_s(side, f"cin{run}", f"cout{run}",
+                                                               50_000 if quick else 200_000))
+        commit_p99 = []
+
+        def one_commit_run(run):
+            p50, p99 = commit_latency_ms(side, f"commit{run}")
+            commit_p99.append(p99)
+            return p50
+        measure("commit_p50_ms", one_commit_run)
+        if commit_p99:
+            results["commit_p99_ms"] = {"status": "ok", "value": statistics.median(commit_p99), "samples": commit_p99}
+        measure("coordinator_failover_ms", lambda run: coordinator_failover_ms(side, f"cf{run}"))
         partitions = 1000 if quick else 10_000
         repeats_saved = repeats
         repeats = 1      # topics accumulate: one restart run

@@ -414,7 +414,7 @@ def _txn_abort(admin, args) -> int:
 
 def cmd_demo(args) -> int:
     from eos.demo import run_demo
-    return run_demo(records=args.records, keep_data=args.keep_data)
+    return run_demo(records=args.records, keep_data=args.keep_data, brokers=args.brokers)
 
 
 # ---- parser ---------------------------------------------------------------------------------
@@ -524,6 +524,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="run the end-to-end demo on an embedded broker")
     demo.add_argument("--records", type=int, default=200_000)
     demo.add_argument("--keep-data", action="store_true")
+    demo.add_argument("--brokers", type=int, default=1,
+                      help="1: an embedded broker (default); 3: a local 3-broker cluster with ZooKeeper, and one of "
+                           "its brokers killed with SIGKILL mid-transaction too")
     demo.set_defaults(handler=cmd_demo)
     return parser
 

@@ -19,6 +19,12 @@ Theory of operation
 
 The progress bar counts committed output records of both stages. `python -m eos.demo
 pipeline ...` is the child's entry point (also used by the crash tests).
+
+With `--brokers 3` step 1 starts a local cluster instead (its own ZooKeeper, three broker
+processes; topics with replication factor 3 and min.insync.replicas 2), and step 4 first
+kills, with SIGKILL and in the middle of an open transaction of stage 1, the broker that
+leads most of stage 1's output partitions, then restarts it; the pipeline is killed later,
+in another open transaction, as on one broker. The report is the same.
 """
 from __future__ import annotations
 
@@ -42,6 +48,7 @@ CUSTOMERS = 97
 REGIONS = ("north", "south", "east", "west", "central")
 TAX_PERCENT = {"north": 8, "south": 6, "east": 10, "west": 7, "central": 5}
 BROKER_READY_TIMEOUT_S = 60
+CLUSTER_SESSION_TIMEOUT_MS = 6000     # a killed broker's leaderships move after this
 PIPELINE_TIMEOUT_S = 900
 _LISTENING = re.compile(r"eos broker listening on (\S+):(\d+)")
 
@@ -259,7 +266,31 @@ def _ends(admin, topic: str) -> tuple[int, int]:
 
 # ---- the demo -----------------------------------------------------------------------------------
 
-def run_demo(records: int = 200_000, keep_data: bool = False, *, out=None) -> int:
+class ClusterBrokers:
+    """`--brokers N`: a local cluster (eos.local_cluster) with its own ZooKeeper."""
+
+    def __init__(self, work: Path, brokers: int, out):
+        from eos.local_cluster import LocalCluster
+
+        self.replication_factor = min(3, brokers)
+        self.cluster = LocalCluster(work / "cluster", brokers=brokers, broker_config={
+            "zookeeper.session.timeout.ms": str(CLUSTER_SESSION_TIMEOUT_MS)})
+        print(f"  starting ZooKeeper and {brokers} brokers ...", file=out, flush=True)
+        self.cluster.start(progress=lambda b: print(f"  broker {b} up", file=out, flush=True))
+        self.address = self.cluster.bootstrap
+
+    def topic_config(self) -> dict[str, str]:
+        return {"min.insync.replicas": str(min(2, self.replication_factor))}
+
+    def busiest_leader(self, admin, topic: str) -> int:
+        leaders = [p["leader"] for p in admin.describe_topic(topic)["partitions"] if p["leader"] >= 0]
+        return max(sorted(set(leaders)), key=leaders.count)
+
+    def stop(self) -> None:
+        self.cluster.stop()
+
+
+def run_demo(records: int = 200_000, keep_data: bool = False, *, out=None, brokers: int = 1) -> int:
     """The whole demo (see the module doc). Returns the exit code: 0 when the output is exact."""
     from eos.admin import Admin
     from eos.progress import ProgressBar
@@ -269,18 +300,30 @@ def run_demo(records: int = 200_000, keep_data: bool = False, *, out=None) -> in
     if records < 1000:
         print("eos demo: --records must be at least 1000", file=sys.stderr)
         return 2
+    if brokers < 1:
+        print("eos demo: --brokers must be at least 1", file=sys.stderr)
+        return 2
     work = Path(tempfile.mkdtemp(prefix="eos-demo-"))
     started = time.monotonic()
     broker = pipeline = None
     per_trigger = max(500, records // 8)
     try:
-        print(f"eos demo: {records:,} orders through a two-stage exactly-once Spark pipeline "
+        where = "an embedded broker" if brokers == 1 else f"a {brokers}-broker cluster"
+        print(f"eos demo: {records:,} orders through a two-stage exactly-once Spark pipeline on {where} "
               f"(work dir {work})", file=out, flush=True)
-        broker = BrokerProcess(work / "data", work / "broker.log")
-        print(f"  broker up at {broker.address}", file=out, flush=True)
+        if brokers == 1:
+            broker = BrokerProcess(work / "data", work / "broker.log")
+            cluster = None
+        else:
+            broker = cluster = ClusterBrokers(work, brokers, out)
+        print(f"  {'broker' if cluster is None else 'cluster'} up at {broker.address}", file=out, flush=True)
         with Admin(broker.address) as admin:
             for topic in (ORDERS, ENRICHED, PRICED):
-                admin.create_topic(topic, partitions=PARTITIONS)
+                if cluster is None:
+                    admin.create_topic(topic, partitions=PARTITIONS)
+                else:
+                    admin.create_topic(topic, partitions=PARTITIONS, replication_factor=cluster.replication_factor,
+                                       config=cluster.topic_config())
         with Producer(broker.address, linger_ms=20) as producer, ProgressBar(records, "  seed orders") as bar:
             chunk = 20_000
             for first in range(0, records, chunk):
@@ -291,6 +334,7 @@ def run_demo(records: int = 200_000, keep_data: bool = False, *, out=None) -> in
         checkpoints = work / "checkpoints"
         pipeline_log = work / "pipeline.log"
         kill_note = "the pipeline finished before it could be killed"
+        broker_note = None if cluster is None else "the pipeline finished before a broker could be killed"
         with Admin(broker.address) as admin, ProgressBar(2 * records, "  pipeline (records through both stages)") as bar:
             def progress() -> tuple[int, int]:
                 """(stage-1 records committed, records written in stage 1's open transaction)."""
@@ -304,10 +348,25 @@ def run_demo(records: int = 200_000, keep_data: bool = False, *, out=None) -> in
 
             pipeline = start_pipeline(broker.address, checkpoints, pipeline_log, max_records_per_trigger=per_trigger)
             deadline = time.monotonic() + PIPELINE_TIMEOUT_S
+            broker_killed_at = None
             while pipeline.poll() is None:
                 if time.monotonic() > deadline:
                     raise TimeoutError("the first pipeline run did not reach the kill point in time")
                 stage1, open_records = progress()
+                if cluster is not None and broker_killed_at is None and (
+                        (stage1 >= records // 8 and open_records > 0) or stage1 >= records // 4):
+                    victim = cluster.busiest_leader(admin, ENRICHED)
+                    cluster.cluster.kill(victim)
+                    broker_killed_at = stage1
+                    broker_note = (f"killed broker {victim} (leader of {ENRICHED} partitions) with SIGKILL with "
+                                   f"{stage1:,} orders through stage 1 and {open_records:,} records written in "
+                                   f"its open transaction; restarted it")
+                    print(f"\n  {broker_note}", file=out, flush=True)
+                    cluster.cluster.restart(victim)
+                    continue
+                if cluster is not None and (broker_killed_at is None or stage1 <= broker_killed_at):
+                    time.sleep(0.05)
+                    continue     # on a cluster the pipeline dies after the broker, at a later point
                 if (stage1 >= records // 4 and open_records > 0) or stage1 >= records // 2:
                     kill_hard(pipeline)
                     kill_note = (f"killed the pipeline with SIGKILL (driver, JVM and workers) with "
@@ -341,6 +400,8 @@ def run_demo(records: int = 200_000, keep_data: bool = False, *, out=None) -> in
             print(f"  total {region + ':':20}{check.totals[region]:,} cents "
                   f"(expected {expected_totals(records)[region]:,})", file=out)
         print(f"  crash:                    {kill_note}", file=out)
+        if broker_note is not None:
+            print(f"  broker crash:             {broker_note}", file=out)
         print(f"  time:                     {elapsed_s:.1f} s", file=out)
         if check.ok:
             print("  result: EXACTLY ONCE -- every order once, totals exact", file=out)
@@ -370,8 +431,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m eos.demo")
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--keep-data", action="store_true")
+    parser.add_argument("--brokers", type=int, default=1,
+                        help="1: an embedded broker (default); 3: a local cluster with ZooKeeper")
     args = parser.parse_args(argv)
-    return run_demo(records=args.records, keep_data=args.keep_data)
+    return run_demo(records=args.records, keep_data=args.keep_data, brokers=args.brokers)
 
 
 if __name__ == "__main__":

@@ -73,12 +73,13 @@ def parse_value(value: bytes) -> tuple[int, int] | None:
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
-def seed_input(bootstrap: str, records_per_partition: int, rng: random.Random) -> dict[tuple[int, int], bytes]:
+def seed_input(bootstrap: str, records_per_partition: int, rng: random.Random, *,
+               replication_factor: int = 1) -> dict[tuple[int, int], bytes]:
     """Create the topics and write the input: per partition, the first half plain, one
     aborted transaction, the second half plain. Returns (partition, index) -> key."""
     with eos.Admin(bootstrap=bootstrap) as admin:
-        admin.create_topic(INPUT, partitions=INPUT_PARTITIONS)
-        admin.create_topic(OUTPUT, partitions=OUTPUT_PARTITIONS)
+        admin.create_topic(INPUT, partitions=INPUT_PARTITIONS, replication_factor=replication_factor)
+        admin.create_topic(OUTPUT, partitions=OUTPUT_PARTITIONS, replication_factor=replication_factor)
     keys = {(p, i): b"key-%04d" % rng.randrange(KEY_COUNT)
             for p in range(INPUT_PARTITIONS) for i in range(records_per_partition)}
     half = records_per_partition // 2
@@ -447,12 +448,13 @@ def diagnostics(supervisor: Supervisor, broker, read_along: ReadAlong | None, se
 
 def run_chaos_copy(broker, tmp_path: Path, *, records_per_partition: int, kills_per_copier: tuple[int, int],
                    copier_args: dict[int, list[str]], timeout_s: float, seed: int, on_tick=None,
-                   expect_clean_exits: bool = True) -> Supervisor:
+                   expect_clean_exits: bool = True, replication_factor: int = 1) -> Supervisor:
     """Seed the input, run the copiers under the supervisor (each killed a number of times
     drawn from `kills_per_copier`; `on_tick(supervisor)` after every supervisor pass), and
-    check the output. Raises AssertionError with the diagnostics on any problem."""
+    check the output. Raises AssertionError with the diagnostics on any problem. `broker`
+    is anything with `.address` (a bootstrap list will do) and `.log_tail()`."""
     rng = random.Random(seed)
-    keys = seed_input(broker.address, records_per_partition, rng)
+    keys = seed_input(broker.address, records_per_partition, rng, replication_factor=replication_factor)
     wakeup = threading.Event()
     copiers = [CopierProcess(broker.address, p, tmp_path, wakeup, copier_args[p]) for p in range(INPUT_PARTITIONS)]
     plans = {p: kill_plan(rng, records_per_partition, rng.randint(*kills_per_copier)) for p in range(INPUT_PARTITIONS)}
