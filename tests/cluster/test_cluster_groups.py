@@ -90,6 +90,44 @@ def test_the_group_coordinator_is_its_offsets_partition_leader_and_survives_its_
         assert sorted(r.value for r in rest) == sorted(f"c{i}".encode() for i in range(30))
 
 
+def test_a_static_member_keeps_its_generation_and_assignment_across_a_coordinator_move(cluster):
+    """Kafka loads a group Stable on the new coordinator; its members heartbeat on with the
+    same generation, so nothing rebalances and every assignment stays where it was."""
+    group = "static-survivors"
+    with eos.Admin(bootstrap=cluster.bootstrap) as admin:
+        admin.create_topic("static-in", partitions=4, replication_factor=3)
+        full_isr(admin, "static-in")
+        members = [eos.Consumer(bootstrap=cluster.bootstrap, group_id=group, group_instance_id=f"worker-{i}", **MEMBER)
+                   for i in range(2)]
+        for member in members:
+            member.subscribe(["static-in"])
+
+        def stable_description():
+            for member in members:
+                member.poll(timeout_ms=20)
+            try:
+                described = admin.describe_group(group)
+            except EosError:
+                return None
+            assigned = sum(len(m["assignment"]) for m in described["members"])
+            return described if described["state"] == "Stable" and assigned == 4 else None
+        before = wait_for(stable_description, "a stable group of two static members")
+        coordinator = group_coordinator_of(cluster, group)
+        cluster.kill(coordinator)
+        wait_for_leader(admin, OFFSETS_TOPIC, partition_for_group(group, 50), other_than=coordinator, timeout_s=60)
+        produce(cluster, "static-in", [f"s{i}".encode() for i in range(40)], 4)
+        seen = []
+        wait_for(lambda: seen.extend(r for m in members for r in m.poll(timeout_ms=20)) or len(seen) >= 40,
+                 "the records after the move")
+        after = wait_for(stable_description, "the group stable on the new coordinator")
+        for member in members:
+            member.close()
+        assert group_coordinator_of(cluster, group) != coordinator
+        assert after["generation"] == before["generation"]
+        assignment = {m["group_instance_id"]: m["assignment"] for m in before["members"]}
+        assert {m["group_instance_id"]: m["assignment"] for m in after["members"]} == assignment
+
+
 def _committed_ok(consumer) -> bool:
     try:
         consumer.commit(timeout_ms=5000)
