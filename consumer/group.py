@@ -663,8 +663,8 @@ class ConsumerCoordinator:
     # ---- coordinator lookup --------------------------------------------------------------------
 
     def _find_coordinator(self, deadline_ms: int) -> bool:
-        """FindCoordinator through the bootstrap broker, retried until `deadline_ms` (at least
-        one attempt). True when the coordinator is known."""
+        """FindCoordinator through a bootstrap broker (the next one after a failed call),
+        retried until `deadline_ms` (at least one attempt). True when the coordinator is known."""
         attempt = 0
         while True:
             address = self._lookup_once(deadline_ms)
@@ -683,6 +683,8 @@ class ConsumerCoordinator:
             response = self._stub_for(bootstrap).FindCoordinator(request, timeout=self._rpc_timeout_s(deadline_ms))
         except grpc.RpcError as exc:
             log.info("%s", net.error_from_rpc(exc, f"FindCoordinator for group {self.group_id}"))
+            # that bootstrap broker may be down for good: the next attempt asks another one
+            self._metadata.next_bootstrap()
             return None
         for found in response.coordinators:
             if found.key != self.group_id:

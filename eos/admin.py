@@ -431,9 +431,6 @@ class Admin:
         stub = self._metadata.group_coordinator_stub(group_id)
         return lambda: stub
 
-    def _bootstrap_group_stub(self) -> group_pb2_grpc.GroupCoordinatorStub:
-        return group_pb2_grpc.GroupCoordinatorStub(self._metadata.channel(self._metadata.bootstrap_address))
-
     def _address_of(self, host: str, port: int) -> str:
         # As net.ClusterMetadata: one bootstrap address and one broker means the bootstrap
         # channel, whatever the broker advertises.

@@ -191,6 +191,28 @@ class _CoordinatorStub:
         return call
 
 
+class _BootstrapStub:
+    """A stub of `stub_class` on the current bootstrap broker, resolved at each call; a call
+    that fails on the network moves to the next bootstrap address, so the caller's retry
+    does not ask a dead broker forever."""
+
+    def __init__(self, metadata: "ClusterMetadata", stub_class):
+        self._metadata = metadata
+        self._stub_class = stub_class
+
+    def __getattr__(self, method: str):
+        metadata, stub_class = self._metadata, self._stub_class
+
+        def call(request, timeout=None, **kwargs):
+            stub = stub_class(metadata.channel(metadata.bootstrap_address))
+            try:
+                return getattr(stub, method)(request, timeout=timeout, **kwargs)
+            except grpc.RpcError:
+                metadata.next_bootstrap()
+                raise
+        return call
+
+
 class _CoordinatorLookupFailed(grpc.RpcError):
     """FindCoordinator failed; looks like a transport error (UNAVAILABLE) to the caller."""
 
@@ -262,7 +284,7 @@ class ClusterMetadata:
         FindCoordinator and remembered until it answers NOT_COORDINATOR (or cannot be
         reached); without an id (an idempotent producer's InitProducerId), any broker."""
         if not transactional_id:
-            return txn_pb2_grpc.TxnCoordinatorStub(self.channel(self.bootstrap_address))
+            return _BootstrapStub(self, txn_pb2_grpc.TxnCoordinatorStub)
         return _CoordinatorStub(self, transactional_id, group_pb2.TRANSACTION)
 
     def coordinator_address(self, key: str, timeout_s: float | None = None, *,
@@ -300,7 +322,7 @@ class ClusterMetadata:
         FindCoordinator and remembered until it moves), or without a group the bootstrap
         broker (FindCoordinator itself, ListGroups)."""
         if not group_id:
-            return group_pb2_grpc.GroupCoordinatorStub(self.channel(self.bootstrap_address))
+            return _BootstrapStub(self, group_pb2_grpc.GroupCoordinatorStub)
         return _CoordinatorStub(self, group_id, group_pb2.GROUP)
 
     def address_of(self, node_id: int) -> str | None:

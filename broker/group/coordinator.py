@@ -54,9 +54,9 @@ partitioned: the group of a `__consumer_offsets` partition is served by that par
 leader. `start()` only starts the timer; the broker calls `load_partition(p, epoch)` once it
 leads p and the followers have confirmed its log (replay, then serve), and
 `unload_partition(p)` when it stops leading (parked requests answered NOT_COORDINATOR, the
-groups forgotten). A request for a group of a partition this broker does not own is
-answered NOT_COORDINATOR (COORDINATOR_LOAD_IN_PROGRESS while it loads), and the client finds
-the coordinator again. Every append goes through the replica manager as the partition's
+groups forgotten). A request for a group of a partition this broker does not own (yet) is
+answered NOT_COORDINATOR and the client finds the coordinator again, with backoff; one that
+arrives during the replay waits for the lock the replay holds. Every append goes through the replica manager as the partition's
 leader, and the caller's answer waits, after the lock is released, until the in-sync
 replicas have it (acks=all): a TxnOffsetCommit acknowledged but lost with its leader would
 let the transaction commit without its offsets.
@@ -225,7 +225,6 @@ class GroupCoordinator:
         self._futures: dict[int, concurrent.futures.Future] = {}   # core token -> the parked caller
         self._logs: list[Log] = []                                  # __consumer_offsets-<i> at index i
         self._owned: dict[int, int] = {}        # partitioned: partition -> coordinator epoch (its leader epoch)
-        self._loading: set[int] = set()
         self._replication_waits: list[Callable[[], tuple[ErrorCode, str]]] = []   # appended under this hold
         self._stopping = threading.Event()
         self._timer_thread: threading.Thread | None = None
@@ -280,7 +279,6 @@ class GroupCoordinator:
             if partition in self._owned:
                 self._owned[partition] = coordinator_epoch
                 return
-            self._loading.add(partition)
             started_ms = time.monotonic()
             try:
                 records = self._load_partition(partition, partition_log)
@@ -288,8 +286,6 @@ class GroupCoordinator:
                 # a half-replayed partition must not stay: forget it, the caller retries
                 self._forget_partition(partition)
                 raise
-            finally:
-                self._loading.discard(partition)
             self._owned[partition] = coordinator_epoch
         log.info("group coordinator took %s-%d at epoch %d: %d record(s) in %.0f ms", OFFSETS_TOPIC, partition,
                  coordinator_epoch, records, (time.monotonic() - started_ms) * 1000)
@@ -426,8 +422,6 @@ class GroupCoordinator:
         partition = partition_for_group(group_id, self.offsets_partitions)
         if partition in self._owned:
             return None
-        if partition in self._loading:
-            return (ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, f"{OFFSETS_TOPIC}-{partition} is loading")
         return (ErrorCode.NOT_COORDINATOR,
                 f"this broker does not coordinate group {group_id!r} ({OFFSETS_TOPIC}-{partition})")
 

@@ -270,7 +270,7 @@ class ZkStore:
         return epoch
 
     def _create_registration(self, reg: BrokerRegistration) -> int:
-        from kazoo.exceptions import NodeExistsError
+        from kazoo.exceptions import NodeExistsError, NoNodeError
 
         path = f"{BROKER_IDS_PATH}/{reg.broker_id}"
         data = encode_broker(reg, int(time.time() * 1000))
@@ -281,7 +281,10 @@ class ZkStore:
                 _, stat = self.client.get(path)
                 return stat.czxid
             except NodeExistsError:
-                _, stat = self.client.get(path)
+                try:
+                    _, stat = self.client.get(path)
+                except NoNodeError:
+                    continue      # the old session expired just now: create it again at once
                 if stat.ephemeralOwner == self.client.client_id[0]:
                     return stat.czxid     # ours already (a retried create)
                 # An old session of this broker may still hold it until it expires
