@@ -103,6 +103,10 @@ _TOPIC_DEFAULT_NAMES = {
     "log.message.timestamp.type": "message.timestamp.type",
     "compression.type": "compression.type",
     "log.cleanup.policy": "cleanup.policy",
+    "log.cleaner.delete.retention.ms": "delete.retention.ms",
+    "log.cleaner.min.cleanable.ratio": "min.cleanable.dirty.ratio",
+    "log.cleaner.min.compaction.lag.ms": "min.compaction.lag.ms",
+    "log.cleaner.max.compaction.lag.ms": "max.compaction.lag.ms",
     "min.insync.replicas": "min.insync.replicas",
     "log.segment.delete.delay.ms": "file.delete.delay.ms",
     "unclean.leader.election.enable": "unclean.leader.election.enable",
@@ -147,6 +151,12 @@ class BrokerConfig:
     # its count (the group coordinator uses and logs the count it finds, as Kafka does).
     offsets_topic_num_partitions: int = OFFSETS_TOPIC_PARTITIONS
     topic_defaults: TopicConfig = TopicConfig()
+    # ---- log compaction (Kafka's LogCleaner settings and defaults) ----
+    log_cleaner_enable: bool = True
+    log_cleaner_threads: int = 1
+    log_cleaner_dedupe_buffer_size: int = 134217728   # bytes for all threads' key maps
+    log_cleaner_io_buffer_load_factor: float = 0.9    # how full a key map may get
+    log_cleaner_backoff_ms: int = 15000               # sleep when no log needs cleaning
     # ---- the cluster (ZooKeeper mode); none of these matter on a cluster of one ----
     zookeeper_connect: str = ""                 # empty: a cluster of one, no ZooKeeper
     zookeeper_session_timeout_ms: int = 18000
@@ -195,6 +205,17 @@ class BrokerConfig:
             elif name in _CLUSTER_INT_NAMES:
                 attribute, minimum = _CLUSTER_INT_NAMES[name]
                 values[attribute] = _parse_int(name, raw, minimum=minimum)
+            elif name in _CLEANER_INT_NAMES:
+                attribute, minimum = _CLEANER_INT_NAMES[name]
+                values[attribute] = _parse_int(name, raw, minimum=minimum)
+            elif name == "log.cleaner.io.buffer.load.factor":
+                try:
+                    factor = float(raw)
+                except ValueError:
+                    raise InvalidConfigError(f"invalid value {raw!r} for {name}") from None
+                if not 0.0 < factor <= 1.0:
+                    raise InvalidConfigError(f"invalid value {raw!r} for {name}: must be in (0, 1]")
+                values["log_cleaner_io_buffer_load_factor"] = factor
             elif name in _CLUSTER_BOOL_NAMES:
                 if raw.lower() not in ("true", "false"):
                     raise InvalidConfigError(f"invalid value {raw!r} for {name}: must be true or false")
@@ -226,7 +247,13 @@ _CLUSTER_INT_NAMES = {
     "controlled.shutdown.max.retries": ("controlled_shutdown_max_retries", 0),
     "controlled.shutdown.retry.backoff.ms": ("controlled_shutdown_retry_backoff_ms", 0),
 }
+_CLEANER_INT_NAMES = {
+    "log.cleaner.threads": ("log_cleaner_threads", 0),
+    "log.cleaner.dedupe.buffer.size": ("log_cleaner_dedupe_buffer_size", 1024),
+    "log.cleaner.backoff.ms": ("log_cleaner_backoff_ms", 1),
+}
 _CLUSTER_BOOL_NAMES = {
+    "log.cleaner.enable": "log_cleaner_enable",
     "auto.leader.rebalance.enable": "auto_leader_rebalance_enable",
     "controlled.shutdown.enable": "controlled_shutdown_enable",
 }
@@ -351,6 +378,7 @@ class BrokerServer:
         self._now_ms = now_ms_fn
         self._lock = _DataDirLock(self.data_dir)
         self._log_manager = None
+        self._log_cleaner = None
         self._registry: TopicRegistry | None = None
         self._producer_ids: ProducerIdManager | None = None
         self._grpc_server: grpc.Server | None = None
@@ -374,6 +402,10 @@ class BrokerServer:
     @property
     def registry(self) -> TopicRegistry | None:
         return self._registry
+
+    @property
+    def log_cleaner(self):
+        return self._log_cleaner
 
     @property
     def log_manager(self):
@@ -425,6 +457,16 @@ class BrokerServer:
         self._log_manager = LogManager(str(self.data_dir), now_ms_fn=self._now_ms,
                                        producer_id_expiration_ms=self.config.producer_id_expiration_ms)
         self._log_manager.load({info.name: info.config for info in topics})
+        from broker.storage.cleaner import CleanerConfig, LogCleaner
+        config = self.config
+        self._log_cleaner = LogCleaner(
+            str(self.data_dir), self._log_manager.all_logs,
+            CleanerConfig(enable=config.log_cleaner_enable, threads=config.log_cleaner_threads,
+                          dedupe_buffer_size=config.log_cleaner_dedupe_buffer_size,
+                          io_buffer_load_factor=config.log_cleaner_io_buffer_load_factor,
+                          backoff_ms=config.log_cleaner_backoff_ms),
+            now_ms_fn=self._now_ms)
+        self._log_cleaner.start()
         if cluster is None:
             # On a cluster the controller decides which replicas live here (StopReplica
             # deletes), and the registry holds only what this broker learned.
@@ -456,7 +498,6 @@ class BrokerServer:
 
         # Loaded before the server serves: it creates __consumer_offsets without the Broker
         # service's admin lock, which is safe only while no RPC can create topics.
-        config = self.config
         purgatory = FetchPurgatory(max_waiters=FETCH_WAITERS_MAX)
         if cluster is not None:
             cluster.build(registry=self._registry, log_manager=self._log_manager,
@@ -583,6 +624,8 @@ class BrokerServer:
             self._group_coordinator.stop()
         if self._grpc_server is not None:
             self._grpc_server.stop(0)
+        if self._log_cleaner is not None:
+            self._log_cleaner.stop()
         if self._log_manager is not None:
             try:
                 self._log_manager.shutdown()
@@ -629,6 +672,7 @@ class BrokerServer:
                 self._cluster.leave()
             if self._txn_link is not None:
                 self._txn_link.close()
+            self._log_cleaner.stop()
             try:
                 self._log_manager.shutdown()
             finally:

@@ -57,6 +57,7 @@ TOPIC_FILE_SUFFIX = ".json"
 TOPIC_FILE_VERSION = 1
 TOPIC_NAME_MAX_CHARS = 249
 INTERNAL_TOPIC_PREFIX = "__"
+INTERNAL_TOPIC_CONFIG = {"cleanup.policy": "compact"}
 # A bound on what one CreateTopics/CreatePartitions may ask for: every partition is a
 # directory with open files, and a typo of 1000000 should be an error, not a full disk.
 PARTITIONS_PER_TOPIC_MAX = 10000
@@ -146,6 +147,14 @@ class TopicRegistry:
     def __len__(self) -> int:
         return len(self._topics)
 
+    def _config_of(self, name: str, overrides: Mapping[str, str]) -> TopicConfig:
+        """The broker defaults with `overrides`; the internal topics are always compacted
+        (as Kafka's are): their state is the last record of each key, and a broker start
+        replays what compaction leaves, not every change ever made."""
+        if is_internal_topic(name):
+            overrides = {**overrides, **INTERNAL_TOPIC_CONFIG}
+        return TopicConfig.from_overrides(overrides, base=self._default_config)
+
     # ---- start -----------------------------------------------------------------------------
 
     def load(self) -> list[TopicInfo]:
@@ -182,7 +191,7 @@ class TopicRegistry:
         if path.name != name + TOPIC_FILE_SUFFIX or partition_count < 1:
             raise EosError(f"topic registry file {path} is inconsistent: name {name!r}, "
                            f"{partition_count} partitions")
-        config = TopicConfig.from_overrides(overrides, base=self._default_config)
+        config = self._config_of(name, overrides)
         return TopicInfo(name, topic_id, partition_count, overrides, config)
 
     # ---- staged changes: prepare (validate, change nothing), then commit -----------------
@@ -211,7 +220,7 @@ class TopicRegistry:
                 f"replication factor {replication_factor} is not possible: this cluster has "
                 f"1 broker (use 1, or -1 for the default)", ErrorCode.INVALID_REPLICATION_FACTOR)
         overrides = {str(k): str(v) for k, v in (config_overrides or {}).items()}
-        config = TopicConfig.from_overrides(overrides, base=self._default_config)
+        config = self._config_of(name, overrides)
         snapshot = self._topics
         if name in snapshot:
             raise TopicAlreadyExistsError(f"topic {name!r} already exists")
@@ -252,7 +261,7 @@ class TopicRegistry:
         if (current is not None and current.partition_count >= partition_count
                 and dict(current.config_overrides) == overrides):
             return current
-        config = TopicConfig.from_overrides(overrides, base=self._default_config)
+        config = self._config_of(name, overrides)
         if current is None:
             info = TopicInfo(name, str(uuid.uuid4()), partition_count, overrides, config)
         else:

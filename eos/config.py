@@ -34,7 +34,11 @@ class TopicConfig:
     max_message_bytes: int = 1048588          # largest batch accepted (1 MiB + log overhead)
     message_timestamp_type: str = "CreateTime"
     compression_type: str = "producer"
-    cleanup_policy: str = "delete"
+    cleanup_policy: str = "delete"            # delete, compact, or compact,delete
+    delete_retention_ms: int = 86400000       # a tombstone / marker outlives cleaning this long
+    min_cleanable_dirty_ratio: float = 0.5    # clean once this share of the log is dirty
+    min_compaction_lag_ms: int = 0            # a record stays uncompacted at least this long
+    max_compaction_lag_ms: int = LONG_MAX     # ... and dirty at most this long
     min_insync_replicas: int = 1
     file_delete_delay_ms: int = 60000
     # Kafka's default: a partition whose in-sync replicas are all down stays offline rather
@@ -61,6 +65,16 @@ class TopicConfig:
             values[attribute] = value
         return dataclasses.replace(base, **values)
 
+    @property
+    def compact(self) -> bool:
+        """The cleaner keeps the last record of each key (cleanup.policy has compact)."""
+        return "compact" in self.cleanup_policy.split(",")
+
+    @property
+    def delete(self) -> bool:
+        """Retention deletes old segments (cleanup.policy has delete)."""
+        return "delete" in self.cleanup_policy.split(",")
+
     def to_kafka_names(self) -> dict[str, str]:
         return {name: _kafka_text(getattr(self, attr)) for name, (attr, _, _) in _TOPIC_SPECS.items()}
 
@@ -84,6 +98,16 @@ def _one_of(*choices: str):
     return lambda v: None if v in choices else f"must be one of {', '.join(choices)}"
 
 
+def _cleanup_policy(raw: str) -> str:
+    """Kafka's list of policies, in a canonical order ("delete,compact" = "compact,delete")."""
+    policies = sorted({part.strip() for part in raw.split(",") if part.strip()})
+    return ",".join(policies)
+
+
+def _ratio(v: float):
+    return None if 0.0 <= v <= 1.0 else "must be between 0 and 1"
+
+
 def _retention(v: int):
     return None if v >= -1 else "must be -1 (unlimited) or >= 0"
 
@@ -100,7 +124,11 @@ _TOPIC_SPECS = {
     "max.message.bytes": ("max_message_bytes", int, _at_least(0)),
     "message.timestamp.type": ("message_timestamp_type", str, _one_of("CreateTime", "LogAppendTime")),
     "compression.type": ("compression_type", str, _one_of(*COMPRESSION_TYPES)),
-    "cleanup.policy": ("cleanup_policy", str, _one_of("delete")),
+    "cleanup.policy": ("cleanup_policy", _cleanup_policy, _one_of("delete", "compact", "compact,delete")),
+    "delete.retention.ms": ("delete_retention_ms", int, _at_least(0)),
+    "min.cleanable.dirty.ratio": ("min_cleanable_dirty_ratio", float, _ratio),
+    "min.compaction.lag.ms": ("min_compaction_lag_ms", int, _at_least(0)),
+    "max.compaction.lag.ms": ("max_compaction_lag_ms", int, _at_least(1)),
     "min.insync.replicas": ("min_insync_replicas", int, _at_least(1)),
     "file.delete.delay.ms": ("file_delete_delay_ms", int, _at_least(0)),
     "unclean.leader.election.enable": ("unclean_leader_election_enable", _parse_bool, lambda v: None),

@@ -69,6 +69,7 @@ from bisect import bisect_left, bisect_right
 from typing import NamedTuple, Sequence
 
 from eos.config import TopicConfig
+from eos.files import fsync_directory
 from eos.errors import (
     CorruptRecordError,
     InvalidRecordError,
@@ -80,6 +81,7 @@ from eos.errors import (
     StorageError,
 )
 from eos.records.codec import CONTROL_TYPE_COMMIT, decode_control_record, encode_control_batch
+from eos.records.raw import first_keyless_record
 from eos.records.header import (
     BATCH_LENGTH_STRUCT,
     NO_PRODUCER_ID,
@@ -100,7 +102,7 @@ from broker.storage.producer_state import (
     ProducerStateEntry,
     ProducerStateManager,
 )
-from broker.storage.segment import DELETED_SUFFIX, LogSegment
+from broker.storage.segment import DELETED_SUFFIX, LOG_SUFFIX, LogSegment, segment_file_name
 from broker.storage.txn_index import AbortedTxn, collect_aborted_transactions
 
 log = logging.getLogger(__name__)
@@ -109,7 +111,10 @@ DEFAULT_PRODUCER_ID_EXPIRATION_MS = 86_400_000
 _SEGMENT_FILE = re.compile(r"^(\d{20})\.(log|index|timeindex|txnindex)$")
 _SNAPSHOT_FILE = re.compile(r"^\d{20}\.snapshot(\.tmp)?$")
 _KNOWN_FILES = frozenset({"leader-epoch-checkpoint", "leader-epoch-checkpoint.tmp", "partition.metadata"})
-_LEFTOVER_SUFFIXES = (DELETED_SUFFIX, ".cleaned", ".swap")
+CLEANED_SUFFIX = ".cleaned"   # a cleaner's output being written (not committed)
+SWAP_SUFFIX = ".swap"         # a cleaned segment whose pass committed, not yet live
+_LEFTOVER_SUFFIXES = (DELETED_SUFFIX, CLEANED_SUFFIX, SWAP_SUFFIX)
+_SWAP_FILE = re.compile(r"^(\d{20})\.log\.swap$")
 _PARTITION_DIR = re.compile(r"^(.+)-(\d+)$")
 
 _LEADER_EPOCH_STRUCT = struct.Struct(">i")   # partitionLeaderEpoch at byte 12, outside the CRC
@@ -316,6 +321,7 @@ class Log:
 
     def _scan_directory(self) -> list[int]:
         """Clean leftovers, warn about strays; the base offsets of the `.log` files, sorted."""
+        self._complete_swaps()
         logs: set[int] = set()
         indexes: list[tuple[int, str]] = []
         for name in sorted(os.listdir(self.directory)):
@@ -340,6 +346,39 @@ class Log:
                 log.info("%s: removing index %s, which has no .log", self.name, os.path.basename(path))
                 _remove(path)
         return sorted(logs)
+
+    def _complete_swaps(self) -> None:
+        """Finish a cleaner's swap that a crash cut short (see `swap_in_cleaned`): a
+        `<base>.log.swap` is a cleaned segment whose swap had begun; the live segments it
+        replaces -- those whose base offset lies in [base, the swap's end) -- are deleted
+        and it takes the live name. (The `.cleaned` output of a pass that never reached its
+        swap is removed with the other leftovers.)"""
+        names = sorted(os.listdir(self.directory))
+        for name in names:
+            match = _SWAP_FILE.match(name)
+            if match is None:
+                continue
+            base_offset = int(match.group(1))
+            swap_path = os.path.join(self.directory, name)
+            try:
+                with open(swap_path, "rb") as swap_file:
+                    end_offset = base_offset
+                    for header in iter_headers(swap_file.read()):
+                        end_offset = header.next_offset
+            except CorruptRecordError as e:
+                # fsynced before it was renamed to .swap, so this is damage, not a torn write:
+                # keep the segments it would replace, which are whole
+                log.warning("%s: dropping unreadable cleaned segment %s: %s", self.name, name, e)
+                _remove(swap_path)
+                continue
+            for other in names:
+                live = _SEGMENT_FILE.match(other)
+                if live and (int(live.group(1)) == base_offset or base_offset <= int(live.group(1)) < end_offset):
+                    _remove(os.path.join(self.directory, other))
+            os.rename(swap_path, os.path.join(self.directory, segment_file_name(base_offset, LOG_SUFFIX)))
+            fsync_directory(self.directory)
+            log.info("%s: finished swapping in the cleaned segment %d (offsets up to %d)", self.name, base_offset,
+                     end_offset)
 
     def _load(self, recovery_point: int, log_start_offset: int, clean_shutdown: bool, now_ms: int) -> None:
         base_offsets = self._scan_directory()
@@ -673,14 +712,17 @@ class Log:
         as for any append. Producer state, transaction indexes and the leader epoch cache
         are rebuilt from the batches as recovery rebuilds them (no sequence rules: the
         leader applied them). The high watermark does not move. Raises InvalidRecordError
-        (changing nothing) for a gap or an overlap."""
+        (changing nothing) for an overlap, and for a gap unless the topic is compacted (the
+        leader's cleaner removed those offsets)."""
         prepared = self._prepare_batches(records, AppendOrigin.REPLICATION)
         view = memoryview(records)
         with self._lock:
             self._check_open()
             expected = self._log_end_offset
+            # the leader's cleaner leaves gaps in a compacted log; anywhere else a gap is a bug
+            gaps_allowed = self.config.compact
             for header in prepared.headers:
-                if header.base_offset != expected:
+                if header.base_offset != expected and not (gaps_allowed and header.base_offset > expected):
                     raise InvalidRecordError(
                         f"{self.name}: a follower append must continue at offset {expected}, but a batch "
                         f"starts at {header.base_offset}")
@@ -805,13 +847,16 @@ class Log:
             if header.size_bytes > max_message_bytes:
                 raise MessageTooLargeError(
                     f"{where} is {header.size_bytes} bytes, larger than max.message.bytes {max_message_bytes}")
-            if header.records_count != header.last_offset_delta + 1:
+            if header.records_count != header.last_offset_delta + 1 and origin is not AppendOrigin.REPLICATION:
+                # (a follower copies what its leader's cleaner left: fewer records, same offsets)
                 raise InvalidRecordError(
                     f"{where}: recordsCount {header.records_count} does not match lastOffsetDelta "
                     f"{header.last_offset_delta} (expected {header.last_offset_delta + 1} records)")
             verify_crc(view, header)
             if header.is_control:
                 marker = self._check_marker_batch(view, header, origin, where)
+            elif self.config.compact and origin is not AppendOrigin.REPLICATION:
+                self._check_keys(view, header, where)
             if header.producer_id != NO_PRODUCER_ID:
                 if not header.is_control:
                     producer_header = header
@@ -836,6 +881,19 @@ class Log:
             raise RecordListTooLargeError(
                 f"{self.name}: {size_bytes} bytes of batches exceed segment.bytes {self.config.segment_bytes}")
         return _PreparedBatches(headers, size_bytes, record_count, max_timestamp_ms, producer_header, marker)
+
+    def _check_keys(self, view, header: BatchHeader, where: str) -> None:
+        """A compacted topic keeps the last record of each key, so every record needs one
+        (Kafka's LogValidator refuses the batch as INVALID_RECORD)."""
+        try:
+            keyless = first_keyless_record(view, header)
+        except CorruptRecordError as e:
+            raise InvalidRecordError(f"{where}: {e}") from None
+        if keyless is not None:
+            raise InvalidRecordError(
+                f"{where}: record at offset delta {keyless - header.base_offset} has no key; "
+                f"{self.topic} is a compacted topic (cleanup.policy={self.config.cleanup_policy}) and every "
+                f"record in it needs a key")
 
     def _check_tiling(self, parsed: Sequence[BatchHeader], size_bytes: int) -> None:
         """Headers handed in by the caller describe `size_bytes` of batches back to back
@@ -1013,11 +1071,12 @@ class Log:
             segments = self._segments
             deletable = len(segments) - 1   # never the active segment
             by_time = 0
-            if config.retention_ms >= 0:
+            # a compact-only topic keeps every segment the cleaner leaves (Kafka's rule)
+            if config.retention_ms >= 0 and config.delete:
                 while by_time < deletable and now_ms - segments[by_time].largest_timestamp_ms > config.retention_ms:
                     by_time += 1
             by_size = 0
-            if config.retention_bytes >= 0:
+            if config.retention_bytes >= 0 and config.delete:
                 excess = sum(s.size_bytes for s in segments) - config.retention_bytes
                 while by_size < deletable and excess - segments[by_size].size_bytes >= 0:
                     excess -= segments[by_size].size_bytes
@@ -1076,6 +1135,74 @@ class Log:
                                        if not (now_ms is None or t <= now_ms)]
         for segment in due:
             segment.destroy()
+
+    # ---- compaction (the log's side; the cleaner is broker/storage/cleaner.py) ---------
+
+    def snapshot(self) -> _LogView:
+        """What a reader sees now (segments, offsets); immutable."""
+        return self._view
+
+    def producer_last_offsets(self) -> dict[int, int]:
+        """producer id -> the last offset of its last data batch here. The cleaner keeps
+        that batch, emptied if need be, so the producer's sequence survives cleaning."""
+        with self._lock:
+            return {entry.producer_id: entry.last_offset for entry in self.producer_state.active_producers()}
+
+    def swap_in_cleaned(self, replaced: Sequence[LogSegment], cleaned_path: str, aborted: Sequence[AbortedTxn],
+                        now_ms: int, step=None) -> bool:
+        """Replace the consecutive, sealed segments `replaced` by the cleaned segment at
+        `cleaned_path` (a fsynced `<base>.log.cleaned`, base = the first replaced one's):
+
+        1. rename it `<base>.log.swap` (fsync the directory): from here recovery finishes
+           the swap (`_complete_swaps`);
+        2. rename the replaced segments' files `.deleted` (their descriptors stay open for
+           readers of the previous view until file.delete.delay.ms);
+        3. rename the swap file `<base>.log`, rebuild its indexes, write the aborted
+           transactions it still holds markers of into its `.txnindex`, publish.
+
+        All under the log's lock, after checking that `replaced` are still this log's
+        segments (retention or a truncation may have changed them since the cleaner read
+        them): False, and the cleaned file removed, when they are not. `step(name)` is
+        called after each step (tests kill the process there)."""
+        base_offset = replaced[0].base_offset
+        directory = self.directory
+        swap_path = os.path.join(directory, segment_file_name(base_offset, LOG_SUFFIX + SWAP_SUFFIX))
+        with self._lock:
+            segments = self._segments
+            first = next((i for i, s in enumerate(segments) if s is replaced[0]), None)
+            if (self._closed or first is None or first + len(replaced) >= len(segments)
+                    or any(segments[first + i] is not s for i, s in enumerate(replaced))):
+                _remove(cleaned_path)
+                return False
+            os.rename(cleaned_path, swap_path)
+            fsync_directory(directory)
+            if step:
+                step("swap")
+            for segment in replaced:
+                segment.mark_deleted()
+            fsync_directory(directory)
+            if step:
+                step("deleted")
+            os.rename(swap_path, os.path.join(directory, segment_file_name(base_offset, LOG_SUFFIX)))
+            cleaned = LogSegment.open_existing(directory, base_offset,
+                                               index_interval_bytes=self.config.index_interval_bytes,
+                                               max_index_bytes=self.config.segment_index_bytes, now_ms=now_ms)
+            cleaned.recover(verify_crc=False)
+            cleaned.reset_txn_index()
+            for entry in aborted:
+                cleaned.txn_index.append(entry)
+            cleaned.flush()
+            cleaned.seal()
+            fsync_directory(directory)
+            if step:
+                step("live")
+            last = first + len(replaced)
+            self._segments = segments[:first] + (cleaned,) + segments[last:]
+            self._base_offsets = tuple(s.base_offset for s in self._segments)
+            self._publish()
+            due_ms = now_ms + self.config.file_delete_delay_ms
+            self._pending_deletions.extend((due_ms, segment) for segment in replaced)
+        return True
 
     # ---- flush ------------------------------------------------------------------------
 

@@ -144,7 +144,7 @@ def test_start_creates_the_offsets_topic_with_its_configs(broker):
     assert info.partition_count == 50 and info.is_internal
     assert dict(info.config_overrides) == OFFSETS_TOPIC_CONFIG
     assert info.config.segment_bytes == 100 * 1024 * 1024 and info.config.retention_ms == -1
-    assert info.config.cleanup_policy == "delete"
+    assert info.config.cleanup_policy == "compact"
     assert all(broker.log_manager.get_log(OFFSETS_TOPIC, p) is not None for p in range(50))
 
 
