@@ -275,7 +275,7 @@ class ClusterNode:
         return answers
 
     def _ensure_internal_topic(self, topic: str, partitions: int) -> None:
-        from broker.group.coordinator import OFFSETS_TOPIC_CONFIG
+        from broker.group.coordinator import offsets_topic_config
         from eos.v1 import broker_pb2
 
         if topic in self.store.topics():
@@ -283,7 +283,7 @@ class ClusterNode:
         factor = min(INTERNAL_TOPIC_REPLICATION_FACTOR, len(self.store.live_brokers()))
         configs = {"min.insync.replicas": str(min(INTERNAL_TOPIC_MIN_ISR, factor))}
         if topic == OFFSETS_TOPIC:
-            configs.update(OFFSETS_TOPIC_CONFIG)
+            configs.update(offsets_topic_config(self.config.offsets_topic_segment_bytes))
         self.topic_admin.create_topics(broker_pb2.CreateTopicsRequest(topics=[broker_pb2.NewTopic(
             name=topic, num_partitions=partitions, replication_factor=factor, configs=configs)], timeout_ms=1))
 

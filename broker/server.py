@@ -150,6 +150,7 @@ class BrokerConfig:
     # Partitions of __consumer_offsets when the broker creates it; a topic that exists keeps
     # its count (the group coordinator uses and logs the count it finds, as Kafka does).
     offsets_topic_num_partitions: int = OFFSETS_TOPIC_PARTITIONS
+    offsets_topic_segment_bytes: int = 100 * 1024 * 1024   # Kafka's offsets.topic.segment.bytes
     topic_defaults: TopicConfig = TopicConfig()
     # ---- log compaction (Kafka's LogCleaner settings and defaults) ----
     log_cleaner_enable: bool = True
@@ -191,6 +192,8 @@ class BrokerConfig:
                                                                 maximum=GRPC_MESSAGE_BYTES_MAX * 20)
             elif name == "producer.id.expiration.ms":
                 values["producer_id_expiration_ms"] = _parse_int(name, raw, minimum=1)
+            elif name == "offsets.topic.segment.bytes":
+                values["offsets_topic_segment_bytes"] = _parse_int(name, raw, minimum=1024)
             elif name == "offsets.topic.num.partitions":
                 values["offsets_topic_num_partitions"] = _parse_int(name, raw, minimum=1)
             elif name == "transaction.state.log.num.partitions":
@@ -507,7 +510,8 @@ class BrokerServer:
             port=bound_port, initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
             min_session_timeout_ms=config.group_min_session_timeout_ms,
             max_session_timeout_ms=config.group_max_session_timeout_ms, max_group_size=config.group_max_size,
-            offset_metadata_max_bytes=config.offset_metadata_max_bytes, verify_txn=self._verify_txn_partitions,
+            offset_metadata_max_bytes=config.offset_metadata_max_bytes,
+            offsets_topic_segment_bytes=config.offsets_topic_segment_bytes, verify_txn=self._verify_txn_partitions,
             offsets_partitions=config.offsets_topic_num_partitions, max_parked_requests=GROUP_PARKED_REQUESTS_MAX,
             replicated_append=None if cluster is None else cluster.append_offsets)
         # On a cluster the coordinator is partitioned: start() starts its timer, and each

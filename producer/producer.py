@@ -494,15 +494,17 @@ class Producer:
     def _bulk_batch_bytes(self, topic: str) -> int:
         """The size of the batches send_batch() builds: max(batch.size, BULK_BATCH_BYTES
         bounded by max.request.size, the topic's max.message.bytes when it overrides the
-        broker's, and an eighth of buffer.memory)."""
+        broker's, the topic's segment.bytes likewise (a batch must fit a segment), and an
+        eighth of buffer.memory)."""
         limit = min(BULK_BATCH_BYTES, self._max_request_size, self._buffer_memory // 8)
         info = self._metadata.topic(topic)
-        topic_max = info.configs.get("max.message.bytes") if info is not None else None
-        if topic_max:
-            try:
-                limit = min(limit, int(topic_max))
-            except ValueError:
-                pass   # the broker validated it; an unreadable value leaves the other bounds
+        for name in ("max.message.bytes", "segment.bytes"):
+            topic_max = info.configs.get(name) if info is not None else None
+            if topic_max:
+                try:
+                    limit = min(limit, int(topic_max))
+                except ValueError:
+                    pass   # the broker validated it; an unreadable value leaves the other bounds
         return max(self._batch_size, limit)
 
     @staticmethod

@@ -89,8 +89,13 @@ __all__ = ["GroupCoordinator", "CoordinatorType", "CoordinatorAddress", "Partiti
            "OFFSETS_TOPIC_CONFIG", "REQUEST_WAIT_MARGIN_MS", "MAX_PARKED_REQUESTS", "TICK_INTERVAL_MS"]
 
 MIB = 1024 * 1024
-# Kafka compacts this topic; we keep everything (see the module docstring).
-OFFSETS_TOPIC_CONFIG = {"cleanup.policy": "compact", "retention.ms": "-1", "segment.bytes": str(100 * MIB)}
+OFFSETS_TOPIC_SEGMENT_BYTES = 100 * MIB   # Kafka's offsets.topic.segment.bytes default
+OFFSETS_TOPIC_CONFIG = {"cleanup.policy": "compact", "retention.ms": "-1", "segment.bytes": str(OFFSETS_TOPIC_SEGMENT_BYTES)}
+
+
+def offsets_topic_config(segment_bytes: int = OFFSETS_TOPIC_SEGMENT_BYTES) -> dict[str, str]:
+    """The configs `__consumer_offsets` is created with (offsets.topic.segment.bytes given)."""
+    return {**OFFSETS_TOPIC_CONFIG, "segment.bytes": str(segment_bytes)}
 TICK_INTERVAL_MS = 100              # the timer thread looks at the clock at least this often
 REQUEST_WAIT_MARGIN_MS = 5_000      # a parked request waits its rebalance timeout plus this
 MAX_PARKED_REQUESTS = 32            # gRPC threads parked in JoinGroup/SyncGroup at once
@@ -183,6 +188,7 @@ class GroupCoordinator:
                  max_group_size: int = GROUP_MAX_SIZE,
                  offsets_partitions: int = OFFSETS_TOPIC_PARTITIONS,
                  offset_metadata_max_bytes: int = OFFSET_METADATA_MAX_BYTES,
+                 offsets_topic_segment_bytes: int = OFFSETS_TOPIC_SEGMENT_BYTES,
                  tick_interval_ms: int = TICK_INTERVAL_MS,
                  request_wait_margin_ms: int = REQUEST_WAIT_MARGIN_MS,
                  max_parked_requests: int = MAX_PARKED_REQUESTS,
@@ -209,6 +215,8 @@ class GroupCoordinator:
                                    max_session_timeout_ms=max_session_timeout_ms, max_group_size=max_group_size)
         self._wanted_partitions = offsets_partitions
         self._offset_metadata_max_bytes = offset_metadata_max_bytes
+        self._offsets_topic_segment_bytes = offsets_topic_segment_bytes
+        self.loaded_records = 0    # records the last load replayed (a restart's cost)
         self._tick_interval_ms = tick_interval_ms
         self._request_wait_margin_ms = request_wait_margin_ms
         self._max_parked_requests = max_parked_requests
@@ -262,6 +270,7 @@ class GroupCoordinator:
                                    metadata_max_bytes=self._offset_metadata_max_bytes)
         self._logs = [self._log_manager.get_log(OFFSETS_TOPIC, p) for p in range(self.offsets_partitions)]
         records = sum(self._load_partition(p, partition_log) for p, partition_log in enumerate(self._logs))
+        self.loaded_records = records
         self._phase = _Phase.RUNNING
         log.info("group coordinator loaded %d record(s) of %s (%d partitions) in %.0f ms: %d group(s), "
                  "%d with offsets", records, OFFSETS_TOPIC, self.offsets_partitions,
@@ -352,7 +361,8 @@ class GroupCoordinator:
     def _ensure_offsets_topic(self):
         info = self._registry.get(OFFSETS_TOPIC)
         if info is None:
-            info = self._registry.prepare_create(OFFSETS_TOPIC, self._wanted_partitions, 1, OFFSETS_TOPIC_CONFIG)
+            info = self._registry.prepare_create(OFFSETS_TOPIC, self._wanted_partitions, 1,
+                                                 offsets_topic_config(self._offsets_topic_segment_bytes))
             # Logs first, registry second, as the broker does: a crash in between leaves logs
             # that the broker's start-up sweep removes, and the next start creates the topic.
             for partition in range(info.partition_count):

@@ -65,7 +65,7 @@ from typing import Callable, Iterable, NamedTuple
 from eos.errors import CorruptRecordError, StorageError
 from eos.records.codec import CONTROL_TYPE_COMMIT, decode_control_record
 from eos.records.header import NO_PRODUCER_ID, BatchHeader
-from eos.records.raw import iter_raw_records, rebuild_batch, records_section
+from eos.records.raw import iter_raw_records, keys_and_offsets, rebuild_batch, records_section
 from broker.storage.checkpoint import OffsetCheckpointFile
 from broker.storage.log import CLEANED_SUFFIX, Log
 from broker.storage.segment import LOG_SUFFIX, RELATIVE_OFFSET_LIMIT, LogSegment, segment_file_name
@@ -243,10 +243,9 @@ class Cleaner:
                     continue
                 if header.is_transactional and tracker.is_aborted_batch(header):
                     continue
-                data, start, end = records_section(batch, header)
-                for record in iter_raw_records(data, start, end, header):
-                    if record.key is not None:
-                        segment_map[record.key] = record.offset
+                for key, offset in keys_and_offsets(batch, header):
+                    if key is not None:
+                        segment_map[key] = offset
             new_keys = sum(1 for key in segment_map if key not in key_map)
             if key_map and len(key_map) + new_keys > entries_max:
                 break   # the next pass goes on from here

@@ -576,9 +576,12 @@ class Log:
                 self.leader_epoch_cache.assign(leader_epoch, first_offset)
             headers = _assign_offsets(buf, prepared.headers, first_offset, leader_epoch, log_append_time_ms, crcs)
             last_offset = headers[-1].last_offset
-            active = self._segment_for_append_locked(prepared.size_bytes, max_timestamp_ms, first_offset,
-                                                     last_offset, now_ms)
-            active.append(buf, headers, max_timestamp_ms)
+            if prepared.size_bytes <= config.segment_bytes:
+                active = self._segment_for_append_locked(prepared.size_bytes, max_timestamp_ms, first_offset,
+                                                         last_offset, now_ms)
+                active.append(buf, headers, max_timestamp_ms)
+            else:
+                self._append_across_segments_locked(buf, headers, now_ms)
             # -- apply
             if producer_append is not None:
                 self.producer_state.apply(producer_append, first_offset, last_offset)
@@ -588,6 +591,31 @@ class Log:
             self.flush()
         return LogAppendInfo(first_offset, last_offset, max_timestamp_ms,
                              now_ms if log_append_time else -1, prepared.record_count, len(headers))
+
+    def _append_across_segments_locked(self, buf: bytearray, headers: list[BatchHeader], now_ms: int) -> None:
+        """A plain producer's request whose batches together exceed segment.bytes (each fits
+        one): written a segment's worth at a time, rolling in between, so no segment grows
+        past segment.bytes. (Kafka refuses such a list, but its producer never sends one: it
+        sends one batch per partition per request, where eos's plain producer sends several.)
+        A failed write leaves the chunks before it in the log, as separate appends would."""
+        view = memoryview(buf)
+        chunk: list[BatchHeader] = []
+        chunk_bytes = 0
+        for index, header in enumerate(headers):
+            chunk.append(header)
+            chunk_bytes += header.size_bytes
+            following = headers[index + 1] if index + 1 < len(headers) else None
+            if following is not None and chunk_bytes + following.size_bytes <= self.config.segment_bytes:
+                continue
+            start = chunk[0].position
+            rebased = [h._replace(position=h.position - start) for h in chunk]
+            chunk_max_timestamp_ms = max(h.max_timestamp for h in chunk)
+            active = self._segment_for_append_locked(chunk_bytes, chunk_max_timestamp_ms, chunk[0].base_offset,
+                                                     chunk[-1].last_offset, now_ms)
+            active.append(view[start:start + chunk_bytes], rebased, chunk_max_timestamp_ms)
+            if following is not None:
+                self._advance_locked(following.base_offset, sum(h.records_count for h in chunk))
+            chunk, chunk_bytes = [], 0
 
     def append_txn_marker(self, producer_id: int, producer_epoch: int, coordinator_epoch: int, committed: bool,
                           now_ms: int, *, leader_epoch: int = 0) -> LogAppendInfo:
@@ -847,6 +875,9 @@ class Log:
             if header.size_bytes > max_message_bytes:
                 raise MessageTooLargeError(
                     f"{where} is {header.size_bytes} bytes, larger than max.message.bytes {max_message_bytes}")
+            if header.size_bytes > self.config.segment_bytes and origin is not AppendOrigin.REPLICATION:
+                raise RecordListTooLargeError(
+                    f"{where} is {header.size_bytes} bytes, larger than segment.bytes {self.config.segment_bytes}")
             if header.records_count != header.last_offset_delta + 1 and origin is not AppendOrigin.REPLICATION:
                 # (a follower copies what its leader's cleaner left: fewer records, same offsets)
                 raise InvalidRecordError(
@@ -877,9 +908,6 @@ class Log:
             raise InvalidRecordError(
                 f"{self.name}: {len(headers)} batches in one request with a transaction marker; a marker "
                 f"is appended alone")
-        if size_bytes > self.config.segment_bytes:
-            raise RecordListTooLargeError(
-                f"{self.name}: {size_bytes} bytes of batches exceed segment.bytes {self.config.segment_bytes}")
         return _PreparedBatches(headers, size_bytes, record_count, max_timestamp_ms, producer_header, marker)
 
     def _check_keys(self, view, header: BatchHeader, where: str) -> None:

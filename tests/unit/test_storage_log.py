@@ -218,7 +218,6 @@ BAD_INPUTS = [
     ("trailing partial batch", lambda: make_batch(1) + make_batch(1)[:30], CorruptRecordError, "truncated batch"),
     ("no batches", lambda: b"", InvalidRecordError, "no record batches"),
     ("too large", lambda: make_batch(1, value_bytes=600), MessageTooLargeError, r"\d+ bytes, larger than max.message.bytes 500"),
-    ("larger than a segment", lambda: make_batch(4, value_bytes=80) * 4, RecordListTooLargeError, "segment.bytes"),
     ("control batch from a client",
      lambda: encode_control_batch(committed=True, producer_id=1, producer_epoch=0, coordinator_epoch=0, timestamp_ms=1),
      InvalidRecordError, "control batch"),
@@ -250,6 +249,45 @@ def test_a_failing_prepare_changes_nothing(tmp_path, label, build, error, messag
     assert dir_state(log.directory) == before_files
     # and the log still takes good input at the next offset
     assert log.append_as_leader(make_batch(1), now_ms=0).first_offset == before[1]
+
+
+def test_a_batch_larger_than_a_segment_is_refused_and_changes_nothing(tmp_path):
+    log = open_log(tmp_path, max_message_bytes=5000, segment_bytes=1000)
+    log.append_as_leader(make_batch(2), now_ms=0)
+    before = (log.log_end_offset, log.size_bytes, dir_state(log.directory))
+    with pytest.raises(RecordListTooLargeError, match=r"\d+ bytes, larger than segment.bytes 1000"):
+        log.append_as_leader(make_batch(4, value_bytes=400), now_ms=0)
+    assert (log.log_end_offset, log.size_bytes, dir_state(log.directory)) == before
+
+
+def test_a_plain_request_larger_than_a_segment_is_spread_over_segments(tmp_path):
+    """A plain producer sends a partition's queued batches in one request; together they may
+    exceed segment.bytes though each fits: every segment still stays within segment.bytes."""
+    log = open_log(tmp_path, max_message_bytes=5000, segment_bytes=1000)
+    log.append_as_leader(make_batch(1), now_ms=0)
+    batches = [make_batch(3, value_bytes=100, tag=n) for n in range(7)]
+    info = log.append_as_leader(b"".join(batches), now_ms=0)
+    assert (info.first_offset, info.last_offset) == (1, 21)
+    assert log.log_end_offset == 22
+    assert len(log.segments) >= 3
+    assert all(segment.size_bytes <= 1000 for segment in log.segments)
+    written = batch_bytes_from(log, 1)
+    # the part of each batch its CRC covers (from the attributes on) is the producer's
+    assert [batch[21:] for batch in written] == [batch[21:] for batch in batches]
+    log.close()
+    reopened = open_log(tmp_path, max_message_bytes=5000, segment_bytes=1000)
+    assert reopened.log_end_offset == 22 and batch_bytes_from(reopened, 1) == written
+
+
+def batch_bytes_from(log: Log, offset: int) -> list[bytes]:
+    """Every batch from `offset` to the log end, each as its bytes (reads cross segments)."""
+    batches = []
+    while offset < log.log_end_offset:
+        data = log.read(offset, 1 << 20).records
+        for header in whole_batches(data):
+            batches.append(bytes(data[header.position:header.position + header.size_bytes]))
+            offset = header.next_offset
+    return batches
 
 
 def test_a_coordinator_may_write_control_batches(tmp_path):
