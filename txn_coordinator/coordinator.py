@@ -362,19 +362,38 @@ class TransactionCoordinator:
                     group = self._markers.get(timeout=0.05)
                 except queue.Empty:
                     continue
-            if self.partitioned and group.transactional_id and not self.owns(group.transactional_id):
-                continue    # its partition moved: the new coordinator finishes it from the log
-            remaining = self._send_markers(group) if group.entries else None
-            if remaining is not None:
-                retry.append((time.monotonic() + MARKER_RETRY_BACKOFF_MS / 1000, remaining))
-                continue
-            with self._lock:
-                decision = self._core.markers_written(group.transactional_id, self._now_ms())
-            if not self._carry_out(decision).ok:
-                # Complete* not written: the transaction stays decided. Its markers are all
-                # in; only the Complete* write is retried (an empty group goes straight to it).
-                retry.append((time.monotonic() + MARKER_RETRY_BACKOFF_MS / 1000,
-                              MarkerRequest(group.transactional_id, group.coordinator_epoch, ())))
+            try:
+                again = self._work_on(group)
+            except Exception:
+                # This thread finishes every decided transaction: it must outlive any one
+                # group (the group is retried; a coordinator move would drop it anyway).
+                log.exception("marker group of %r failed; retrying it", group.transactional_id)
+                again = group
+            if again is not None:
+                retry.append((time.monotonic() + MARKER_RETRY_BACKOFF_MS / 1000, again))
+
+    def _work_on(self, group: MarkerRequest) -> MarkerRequest | None:
+        """Send a group's markers and write Complete*; returns what to retry, or None."""
+        if self.partitioned and group.transactional_id and not self.owns(group.transactional_id):
+            return None     # its partition moved: the new coordinator finishes it from the log
+        with self._lock:
+            current = self._core.awaits_markers(group)
+        if not current:
+            log.info("dropping a stale marker group of %r (coordinator epoch %d)", group.transactional_id,
+                     group.coordinator_epoch)
+            return None
+        remaining = self._send_markers(group) if group.entries else None
+        if remaining is not None:
+            return remaining
+        with self._lock:
+            if not self._core.awaits_markers(group):
+                return None
+            decision = self._core.markers_written(group.transactional_id, self._now_ms())
+        if not self._carry_out(decision).ok:
+            # Complete* not written: the transaction stays decided. Its markers are all
+            # in; only the Complete* write is retried (an empty group goes straight to it).
+            return MarkerRequest(group.transactional_id, group.coordinator_epoch, ())
+        return None
 
     def _send_markers(self, group: MarkerRequest) -> MarkerRequest | None:
         """Send the group; return the part that still needs sending (None: all written)."""

@@ -301,6 +301,17 @@ class TxnCoordinatorCore:
             self.durable.pop(transactional_id, None)
             self.pending.pop(transactional_id, None)
 
+    def awaits_markers(self, group: MarkerRequest) -> bool:
+        """Whether `group` is still the work of this coordinator: its transaction is decided,
+        no write of it is pending, and the group was made at the id's current coordinator
+        epoch. A group from before the id's partition moved away and back (a retry the old
+        ownership queued) is stale: the load that took the partition back queued its own,
+        and completing the transaction twice, or a newer one with an older one's markers,
+        would be wrong."""
+        md = self.durable.get(group.transactional_id)
+        return (md is not None and md.state in DECIDED_STATES and group.transactional_id not in self.pending
+                and group.coordinator_epoch == self.epoch_for(group.transactional_id))
+
     def markers_written(self, transactional_id: str, now_ms: int) -> Decision:
         """Every partition has its marker: propose Complete*."""
         md = self.durable.get(transactional_id)

@@ -65,9 +65,10 @@ from typing import Callable, Iterable, NamedTuple
 from eos.errors import CorruptRecordError, StorageError
 from eos.records.codec import CONTROL_TYPE_COMMIT, decode_control_record
 from eos.records.header import NO_PRODUCER_ID, BatchHeader
-from eos.records.raw import iter_raw_records, keys_and_offsets, rebuild_batch, records_section
+from eos.records.raw import raw_records, rebuild_batch, records_section
 from broker.storage.checkpoint import OffsetCheckpointFile
 from broker.storage.log import CLEANED_SUFFIX, Log
+from broker.storage.producer_state import NO_OFFSET
 from broker.storage.segment import LOG_SUFFIX, RELATIVE_OFFSET_LIMIT, LogSegment, segment_file_name
 from broker.storage.txn_index import AbortedTxn, collect_aborted_transactions
 
@@ -243,7 +244,8 @@ class Cleaner:
                     continue
                 if header.is_transactional and tracker.is_aborted_batch(header):
                     continue
-                for key, offset in keys_and_offsets(batch, header):
+                data, start, end = records_section(batch, header)
+                for _, _, offset, key, _ in raw_records(data, start, end, header):
                     if key is not None:
                         segment_map[key] = offset
             new_keys = sum(1 for key in segment_map if key not in key_map)
@@ -271,7 +273,7 @@ class Cleaner:
         aborted = collect_aborted_transactions((s.txn_index for s in view.segments), view.log_start_offset,
                                                plan.first_uncleanable_offset)
         key_map, end_offset = self.build_key_map(log_, dirty, aborted)
-        last_data_offsets = set(log_.producer_last_offsets().values())
+        producers_last = log_.producer_last_offsets()
         horizon_ms = now_ms - config.delete_retention_ms
         tracker = _TxnTracker(aborted, view.log_start_offset)
         stats = dict(bytes_read=0, bytes_written=0, records_read=0, records_kept=0, replaced=0, written=0)
@@ -287,7 +289,7 @@ class Cleaner:
                     for header, batch in _iter_segment_batches(segment):
                         stats["bytes_read"] += header.size_bytes
                         kept = self._filter_batch(header, batch, key_map, end_offset, tracker, horizon_ms,
-                                                  last_data_offsets, stats, earliest_kept_horizon,
+                                                  producers_last, stats, earliest_kept_horizon,
                                                   config.delete_retention_ms)
                         if kept is not None:
                             pending.append(kept)
@@ -318,14 +320,19 @@ class Cleaner:
         return result, (min(earliest_kept_horizon) if earliest_kept_horizon else None)
 
     def _filter_batch(self, header: BatchHeader, batch: bytes, key_map: dict, end_offset: int,
-                      tracker: _TxnTracker, horizon_ms: int, last_data_offsets: set, stats: dict,
+                      tracker: _TxnTracker, horizon_ms: int, producers_last: dict, stats: dict,
                       kept_horizons: list, delete_retention_ms: int) -> bytes | None:
         """The batch as it stays in the cleaned log: unchanged, rebuilt with fewer records,
         emptied, or None (removed)."""
+        last_offset, last_epoch = producers_last.get(header.producer_id, (NO_OFFSET, None))
         if header.is_control:
             if header.records_count == 0:
                 return None     # emptied by an earlier pass
             may_go = tracker.marker_may_go(header, _marker_committed(batch, header))
+            if last_offset == NO_OFFSET and header.producer_epoch == last_epoch:
+                # the producer's state holds no data batch (its epoch was bumped by a
+                # marker): its current epoch's markers are what recovery rebuilds it from
+                return batch
             if may_go and header.max_timestamp <= horizon_ms:
                 return None
             if may_go:
@@ -336,24 +343,25 @@ class Cleaner:
         has_producer = header.producer_id != NO_PRODUCER_ID
         aborted = header.is_transactional and tracker.is_aborted_batch(header)
         data, start, end = records_section(batch, header)
-        records = list(iter_raw_records(data, start, end, header))
+        records = raw_records(data, start, end, header)
         stats["records_read"] += len(records)
-        if aborted:
-            kept = []
-        else:
-            kept = []
+        kept = []
+        if not aborted:
+            get = key_map.get
+            tombstones_expired = header.max_timestamp <= horizon_ms
             for record in records:
-                if record.key is not None and record.offset < end_offset and key_map.get(record.key, -1) > record.offset:
+                _, _, offset, key, value_is_null = record
+                if key is not None and offset < end_offset and get(key, -1) > offset:
                     continue    # a later record of this key is in the log
-                if record.value_is_null:
-                    if header.max_timestamp <= horizon_ms:
+                if value_is_null:
+                    if tombstones_expired:
                         continue   # a tombstone whose delete.retention.ms ran out
                     kept_horizons.append(header.max_timestamp + delete_retention_ms)
                 kept.append(record)
         stats["records_kept"] += len(kept)
         if len(kept) == len(records):
             return batch
-        if not kept and not (has_producer and header.last_offset in last_data_offsets):
+        if not kept and not (has_producer and header.last_offset == last_offset):
             return None
         return rebuild_batch(batch, header, data, kept)
 

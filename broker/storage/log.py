@@ -43,8 +43,14 @@ overlap what they return, from the transaction indexes of the segment holding th
 returned batch onwards (Kafka's collectAbortedTransactions). read_uncommitted reads do no
 transaction work at all.
 
-Recovery (`Log.open`): leftover `.deleted`/`.cleaned`/`.swap` files are removed, files that
-are not ours are left alone with a warning. Segments below the recovery point are trusted
+Compaction (`cleaner.py` writes the cleaned segments; `swap_in_cleaned` puts them in):
+the cleaned group goes `.cleaned` -> `.swap`, the segments it replaces `.log` -> `.deleted`,
+then `.swap` -> `.log`, and one new view is published, so a reader sees the old segments or
+the new. Offsets never change; a cleaned batch may hold fewer records than its offset range.
+
+Recovery (`Log.open`): a `.swap` left by a crash is finished (the segments it covers go, it
+becomes the `.log`), then leftover `.deleted`/`.cleaned` files are removed; files that are
+not ours are left alone with a warning. Segments below the recovery point are trusted
 (their indexes are rebuilt only if missing or inconsistent); after an unclean shutdown every
 batch from the recovery point's segment on is checked (header, CRC, offsets) and the log is
 cut after the last valid batch, later segments deleted. The producer state is loaded from
@@ -1170,11 +1176,15 @@ class Log:
         """What a reader sees now (segments, offsets); immutable."""
         return self._view
 
-    def producer_last_offsets(self) -> dict[int, int]:
-        """producer id -> the last offset of its last data batch here. The cleaner keeps
-        that batch, emptied if need be, so the producer's sequence survives cleaning."""
+    def producer_last_offsets(self) -> dict[int, tuple[int, int]]:
+        """producer id -> (the last offset of its last data batch here, or -1 when its state
+        holds none, e.g. after a transactions-v2 marker bumped its epoch; its epoch). The
+        cleaner keeps that batch, emptied if need be, or else the markers of that epoch, so
+        the producer's sequence and epoch survive cleaning (Kafka's
+        lastRecordsOfActiveProducers)."""
         with self._lock:
-            return {entry.producer_id: entry.last_offset for entry in self.producer_state.active_producers()}
+            return {entry.producer_id: (entry.last_offset, entry.producer_epoch)
+                    for entry in self.producer_state.active_producers()}
 
     def swap_in_cleaned(self, replaced: Sequence[LogSegment], cleaned_path: str, aborted: Sequence[AbortedTxn],
                         now_ms: int, step=None) -> bool:

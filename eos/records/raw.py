@@ -5,7 +5,7 @@ Theory of operation
 The broker never decodes records on its hot paths; two places must look inside a batch
 without building `Record` objects: the log cleaner (which records to keep: it needs each
 record's offset, key and whether the value is null) and the compacted-topic check on
-append (every record has a key). `iter_raw_records` walks the (decompressed) records
+append (every record has a key). `raw_records` walks the (decompressed) records
 section and yields each record's byte range with those three facts; `rebuild_batch` writes
 a batch holding only some of them.
 
@@ -28,9 +28,9 @@ from crc32c import crc32c
 
 from eos.errors import CorruptRecordError
 from eos.records import compression as _compression
-from eos.records.codec import _records_section, decode_records
+from eos.records.codec import _records_section
 from eos.records.header import COMPRESSION_CODEC_MASK, CRC_START, HEADER_SIZE, LOG_OVERHEAD, BatchHeader
-from eos.records.varint import ZIGZAG_DECODE_1, decode_varint
+from eos.records.varint import ZIGZAG_DECODE_1, decode_varint, decode_varlong
 
 _BATCH_LENGTH_AT = 8
 _CRC_AT = 17
@@ -56,31 +56,71 @@ def records_section(buf, header: BatchHeader) -> tuple[bytes, int, int]:
     return _records_section(buf, header)
 
 
-def iter_raw_records(data, start: int, end: int, header: BatchHeader) -> Iterator[RawRecord]:
-    """Every record of the section `data[start:end]` of `header`'s batch; raises
-    CorruptRecordError unless it holds exactly recordsCount whole records.
+def raw_records(data: bytes, start: int, end: int, header: BatchHeader) -> list[RawRecord]:
+    """Every record of the section `data[start:end]` (as `records_section` returns it) of
+    `header`'s batch; raises CorruptRecordError unless it holds exactly recordsCount whole
+    records.
 
-    The fields come from `decode_records` (the optimised decoder every reader uses); the
-    byte ranges from a walk over the records' length prefixes alone."""
-    section = data[start:end] if (start or end != len(data)) else data
-    if not isinstance(section, bytes):
-        section = bytes(section)
-    # the section is decompressed already: decode it as an uncompressed batch
-    local = header._replace(position=0, attributes=header.attributes & ~COMPRESSION_CODEC_MASK,
-                            batch_length=HEADER_SIZE - LOG_OVERHEAD + len(section))
-    # (prefixed by a header's worth of zeros: the decoder reads records from HEADER_SIZE on)
-    decoded = decode_records(bytes(HEADER_SIZE) + section, local, "", 0)
-    position = 0
-    for record in decoded:
-        byte = section[position]
-        if byte < 0x80:
-            length = ZIGZAG_DECODE_1[byte]
-            body = position + 1
-        else:
-            length, body = decode_varint(section, position)
-        record_end = body + length
-        yield RawRecord(start + position, start + record_end, record.offset, record.key, record.value is None)
-        position = record_end
+    Reads only what the cleaner needs -- each record's length, offset delta, key and the
+    sign of its value length -- and skips timestamps, values and headers: the cleaner's
+    cost is this loop, once per record."""
+    count = header.records_count
+    base_offset = header.base_offset
+    records: list[RawRecord] = []
+    append = records.append
+    new_record = tuple.__new__
+    zigzag1 = ZIGZAG_DECODE_1
+    position = start
+    try:
+        for _ in range(count):
+            record_start = position
+            byte = data[position]
+            if byte < 0x80:
+                length = zigzag1[byte]
+                position += 1
+            else:
+                length, position = decode_varint(data, position)
+            record_end = position + length
+            if length <= 0 or record_end > end:
+                raise CorruptRecordError(f"batch at offset {base_offset}: record {len(records)} of {count} has "
+                                         f"length {length}, past the end of the records section")
+            # attributes (one byte), then timestampDelta (varlong, skipped)
+            if data[position + 1] < 0x80:
+                position += 2
+            else:
+                _, position = decode_varlong(data, position + 1)
+            byte = data[position]
+            if byte < 0x80:
+                offset_delta = zigzag1[byte]
+                position += 1
+            else:
+                offset_delta, position = decode_varint(data, position)
+            byte = data[position]
+            if byte < 0x80:
+                key_length = zigzag1[byte]
+                position += 1
+            else:
+                key_length, position = decode_varint(data, position)
+            if key_length < 0:
+                key = None
+            else:
+                key = data[position:position + key_length]
+                position += key_length
+            byte = data[position]
+            value_length = zigzag1[byte] if byte < 0x80 else decode_varint(data, position)[0]
+            if position >= record_end or key_length < -1 or value_length < -1:
+                raise CorruptRecordError(f"batch at offset {base_offset}: record {len(records)} of {count} "
+                                         f"does not fit its length {length}")
+            append(new_record(RawRecord, (record_start, record_end, base_offset + offset_delta, key,
+                                          value_length < 0)))
+            position = record_end
+    except IndexError:
+        raise CorruptRecordError(f"batch at offset {base_offset}: the records section ends inside record "
+                                 f"{len(records)} of {count}") from None
+    if position != end:
+        raise CorruptRecordError(f"batch at offset {base_offset}: {end - position} byte(s) after its {count} "
+                                 f"record(s)")
+    return records
 
 
 def rebuild_batch(batch: bytes, header: BatchHeader, data, kept: list[RawRecord]) -> bytes:
@@ -105,14 +145,10 @@ def rebuild_batch(batch: bytes, header: BatchHeader, data, kept: list[RawRecord]
     return bytes(out)
 
 
-def keys_and_offsets(buf, header: BatchHeader) -> list[tuple[bytes | None, int]]:
-    """(key, offset) of every record of the batch `header` describes in `buf`."""
-    return [(record.key, record.offset) for record in decode_records(buf, header, "", 0)]
-
-
 def first_keyless_record(buf, header: BatchHeader) -> int | None:
     """The offset of the first record without a key in the batch, or None."""
-    for key, offset in keys_and_offsets(buf, header):
-        if key is None:
-            return offset
+    data, start, end = _records_section(buf, header)
+    for record in raw_records(data, start, end, header):
+        if record[3] is None:
+            return record[2]
     return None

@@ -14,6 +14,7 @@ import pytest
 from broker.storage import AppendOrigin, Log
 from broker.storage.cleaner import (CLEANER_CHECKPOINT, Cleaner, CleanerConfig, LogCleaner, plan_cleaning,
                                     wants_cleaning)
+from eos import cli as eos_cli
 from eos.config import TopicConfig
 from eos.errors import InvalidRecordError
 from eos.records import compression
@@ -155,7 +156,7 @@ def test_a_reader_during_cleaning_never_sees_an_older_value_after_a_newer_one(tm
     log.close()
 
 
-def test_aborted_records_go_committed_ones_stay_and_read_committed_sees_the_same(tmp_path):
+def test_aborted_records_go_committed_ones_stay_and_read_committed_sees_the_same(tmp_path, capsys):
     clock = Clock()
     log = Log.open(str(tmp_path / "t-0"), compacted(**{"segment.bytes": "4096"}), now_ms=clock.now_ms)
     epoch = {7: 0, 8: 0}
@@ -185,12 +186,24 @@ def test_aborted_records_go_committed_ones_stay_and_read_committed_sees_the_same
     markers = [h for s in log.segments for h in s.iter_batches(0, s.size_bytes) if h.is_control]
     assert len(markers) == 60       # the first pass keeps every marker: their batches were in it
     # a second pass drops the markers whose records are gone (once delete.retention.ms passed):
-    # left are the COMMIT markers of the five transactions that still hold a key's last value
+    # left are the COMMIT markers of the five transactions that still hold a key's last value,
+    # and producer 8's last ABORT: its epoch, which recovery rebuilds its state from (Kafka
+    # keeps a producer's last batch, or with none in its state, its current epoch's markers)
     clock.now_ms += RETENTION_MS + 1
     clean(log, clock)
     markers = [h for s in log.segments for h in s.iter_batches(0, s.size_bytes) if h.is_control]
-    assert [(h.producer_id, h.producer_epoch) for h in markers] == [(7, epoch) for epoch in range(26, 31)]
+    assert [(h.producer_id, h.producer_epoch) for h in markers] == [(7, e) for e in range(26, 31)] + [(8, 30)]
     assert committed_view(log) == after
+    # `eos dump-log` reads the cleaned segments: every batch valid (emptied ones included),
+    # the same records and markers a reader sees
+    capsys.readouterr()
+    segment_files = sorted(os.path.join(log.directory, n) for n in os.listdir(log.directory) if n.endswith(".log"))
+    assert eos_cli.main(["dump-log", "--print-data-log", *segment_files]) == 0
+    dumped = capsys.readouterr().out
+    assert "isvalid: true" in dumped and "isvalid: false" not in dumped and "invalid bytes" not in dumped
+    dumped_offsets = [int(line.split()[2]) for line in dumped.splitlines() if line.startswith("| offset:")]
+    assert dumped_offsets == [r.offset for r in read_everything(log)]     # (markers included)
+    assert dumped.count("endTxnMarker") == len(markers)
     # the producers' sequences survive cleaning and a restart: the next batch is in sequence
     log.close()
     reopened = Log.open(str(tmp_path / "t-0"), compacted(**{"segment.bytes": "4096"}), now_ms=clock.now_ms)

@@ -152,6 +152,27 @@ def test_end_transaction_decides_bumps_epoch_then_completes(commit):
     assert core.add_partitions("app", 1000, 1, [TP0], 13).write.state is S.ONGOING
 
 
+def test_a_marker_group_is_current_only_while_its_transaction_awaits_it_at_its_epoch():
+    """The marker thread asks before it sends and before it completes: a group queued
+    before the id's partition moved away and back, or for a transaction already completed,
+    is stale (completing twice killed the marker thread in a chaos run)."""
+    core, ids = ongoing()
+    epochs = {"app": 3}
+    core.epoch_of = lambda tid: epochs[tid]
+    group = settle(core, core.end_transaction("app", 1000, 0, True, 10, ids))
+    assert group.coordinator_epoch == 3 and core.awaits_markers(group)
+    epochs["app"] = 4                   # the partition went away and came back: a new load
+    assert not core.awaits_markers(group)
+    reloaded = core.unfinished_markers()[0]
+    assert reloaded.coordinator_epoch == 4 and core.awaits_markers(reloaded)
+    done = core.markers_written("app", 12)
+    assert not core.awaits_markers(reloaded)       # the Complete* write is pending
+    settle(core, done)
+    assert not core.awaits_markers(reloaded)       # and now it is complete
+    with pytest.raises(InvariantError, match="in state CompleteCommit"):
+        core.markers_written("app", 13)
+
+
 def test_end_transaction_retry_with_the_old_epoch():
     core, ids = ongoing()
     settle(core, core.end_transaction("app", 1000, 0, True, 10, ids))
