@@ -30,6 +30,7 @@ from pathlib import Path
 from eos.errors import EosError, ErrorCode
 
 BROKER_START_TIMEOUT_S = 60.0
+PORT_ATTEMPTS = 3               # a broker whose free port was taken before it bound starts on another
 BROKER_STOP_TIMEOUT_S = 60.0
 READY_LINE = "eos broker listening on"
 
@@ -97,7 +98,7 @@ class LocalCluster:
             for broker_id in self.processes:
                 self._spawn(broker_id)
             for broker_id in self.processes:
-                self.wait_broker_started(broker_id)
+                self._wait_started_moving_port(broker_id)
                 if progress is not None:
                     progress(broker_id)
             self.wait_ready()
@@ -125,6 +126,22 @@ class LocalCluster:
         finally:
             log.close()
         proc.paused = False
+
+    def _wait_started_moving_port(self, broker_id: int) -> None:
+        """A free port found before the broker binds it can be taken meanwhile by another
+        process: a broker that could not listen starts again on another free port (unless
+        the ports were given)."""
+        for attempt in range(PORT_ATTEMPTS):
+            try:
+                self.wait_broker_started(broker_id)
+                return
+            except EosError as exc:
+                proc = self.processes[broker_id]
+                if self.base_port or "cannot listen on" not in str(exc) or attempt == PORT_ATTEMPTS - 1:
+                    raise
+                proc.port = free_port()
+                proc._log_offset = proc.log_path.stat().st_size
+                self._spawn(broker_id)
 
     def wait_broker_started(self, broker_id: int, timeout_s: float = BROKER_START_TIMEOUT_S) -> None:
         proc = self.processes[broker_id]

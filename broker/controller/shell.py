@@ -36,6 +36,7 @@ log = logging.getLogger("eos.controller")
 EVENT_QUEUE_MAX = 10_000
 LEADER_IMBALANCE_CHECK_INTERVAL_MS = 300_000   # leader.imbalance.check.interval.seconds = 300
 CALL_TIMEOUT_S = 30.0
+ELECT_RETRY_S = 0.5          # after an election that failed (ZooKeeper unreachable, session expired)
 STATE_WRITE_ROUNDS_MAX = 10
 
 
@@ -152,8 +153,17 @@ class Controller:
                 if event.future is not None:
                     event.future.set_exception(exc)
                 if _is_controller_moved(exc):
+                    # Another controller took over, or a partition state moved under this
+                    # one (its versions are stale): resign -- giving up /controller if it
+                    # is still ours, else nobody would ever be elected -- and run again; a
+                    # controller elected afresh reads every state anew.
                     log.warning("controller %d fenced (%s); resigning", self.broker_id, exc)
-                    self._resign()
+                    self._resign(delete_znode=True)
+                    self._put("elect")
+                elif event.kind == "elect":
+                    # (e.g. the session expired meanwhile) an election must not be lost
+                    log.warning("controller election failed (%s); trying again", exc)
+                    self._stopping.wait(ELECT_RETRY_S)
                     self._put("elect")
                 elif event.future is None:
                     log.exception("controller event %s failed", event.kind)
@@ -176,6 +186,12 @@ class Controller:
 
     def _elect(self) -> None:
         current = self._store.controller_id(watch=lambda *_: self._put("elect"))
+        if current == self.broker_id and not self.is_active:
+            # our /controller outlived our term (a resignation that could not delete it):
+            # give it up, which wakes every broker's watch, this one's included
+            log.info("broker %d holds /controller but is not active; giving it up", self.broker_id)
+            self._store.resign_controller(self.broker_id)
+            return
         if current is not None:
             if current != self.broker_id and self.is_active:
                 log.info("broker %d is the controller now; %d resigns", current, self.broker_id)

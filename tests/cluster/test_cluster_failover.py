@@ -177,6 +177,43 @@ def test_controller_failover_bumps_epoch_and_fences_the_old_controller(cluster):
     admin.close()
 
 
+def test_a_controller_whose_partition_states_moved_under_it_hands_over_and_the_cluster_goes_on(cluster):
+    """A partition state written behind the controller's back (its znode version moves, as
+    when a leader's own ISR change races the controller's write) fences the controller's
+    next write of it: the controller resigns, gives /controller up and a controller elected
+    afresh (it may be the same broker) reads every state anew. (It once kept /controller
+    while resigning, and the cluster had no controller ever after: a chaos run found it.)"""
+    from kazoo.client import KazooClient
+    admin = eos.Admin(bootstrap=cluster.bootstrap)
+    admin.create_topic("moved", partitions=3, replication_factor=3)
+    wait_for(lambda: all(len(p["isr"]) == 3 for p in describe(admin, "moved")), "full ISRs")
+    controller = admin.describe_cluster()["controller_id"]
+    old_epoch = _controller_epoch(cluster, controller)
+    victim = next(p["leader"] for p in describe(admin, "moved") if p["leader"] != controller)
+    zk = KazooClient(hosts=cluster.connect_string)
+    zk.start(timeout=10)
+    try:
+        for partition in range(3):
+            path = f"/brokers/topics/moved/partitions/{partition}/state"
+            data, _ = zk.get(path)
+            zk.set(path, data)          # same content, a newer version
+    finally:
+        zk.stop()
+        zk.close()
+    # the controlled shutdown makes the controller move the victim's leaderships: its writes
+    # conflict, it resigns, and the shutdown finishes with the next controller
+    assert cluster.terminate(victim) == 0
+    survivor = next(b for b in cluster.processes if b != victim)
+    wait_for(lambda: _controller_seen_by(cluster, survivor) is not None, "a controller", timeout_s=60)
+    assert _controller_epoch(cluster, survivor) > old_epoch
+    wait_for(lambda: all(p["leader"] not in (victim, -1) for p in describe(admin, "moved")),
+             "every leadership off the stopped broker", timeout_s=60)
+    cluster.restart(victim)
+    wait_for(lambda: all(len(p["isr"]) == 3 for p in describe(admin, "moved")),
+             "the restarted broker back in every ISR", timeout_s=60)
+    admin.close()
+
+
 def _controller_seen_by(cluster, broker_id, exclude=None):
     # a probe: short timeouts, so one slow answer does not use up the caller's whole wait
     admin = eos.Admin(bootstrap=cluster.processes[broker_id].address, request_timeout_ms=2000,
