@@ -600,14 +600,21 @@ def kafka_dump_log_segments(partition_dir: Path) -> dict:
     """Apache Kafka's own DumpLogSegments (--deep-iteration) over every segment file of a
     partition eos cleaned: "ok" when it reads them all, each record and its index entries,
     with no complaint; the records it counted. "unavailable" when Kafka's jars are not."""
-    from bench.kafka import KafkaUnavailable, resolve_kafka
+    from bench.kafka import KAFKA_GROUP, KafkaUnavailable, cache_dir, copy_dependencies, maven_pom, resolve_kafka
     try:
         dist = resolve_kafka(os.environ.get("EOS_BENCH_KAFKA_VERSION", "latest"))
+        # Kafka 4 moved the tool to org.apache.kafka:kafka-tools, which the broker does not need
+        tools = copy_dependencies(cache_dir() / f"kafka-tools-{dist.version}",
+                                  maven_pom("kafka-tools-runtime", [(KAFKA_GROUP, "kafka-tools", dist.version)]),
+                                  "kafka-tools-*.jar")
     except KafkaUnavailable as exc:
         return {"status": "unavailable", "detail": str(exc)}
+    if tools is None:
+        return {"status": "unavailable", "detail": f"Maven could not resolve kafka-tools {dist.version}"}
     files = sorted(str(p) for p in partition_dir.iterdir()
                    if p.suffix in (".log", ".index", ".timeindex", ".txnindex"))
-    done = subprocess.run(["java", "-Xmx512m", "-cp", dist.classpath, "kafka.tools.DumpLogSegments",
+    classpath = os.pathsep.join([str(tools / "*"), dist.classpath])
+    done = subprocess.run(["java", "-Xmx512m", "-cp", classpath, "org.apache.kafka.tools.DumpLogSegments",
                            "--deep-iteration", "--files", ",".join(files)],
                           capture_output=True, text=True, timeout=600)
     out = done.stdout
@@ -616,7 +623,7 @@ def kafka_dump_log_segments(partition_dir: Path) -> dict:
     records = len(re.findall(r"^\| offset: ", out, re.M))
     result = {"status": "ok", "files": len(files), "records": records, "kafka": dist.version}
     if done.returncode != 0 or complaints:
-        return {"status": "wrong", "detail": f"exit {done.returncode}: " + " / ".join(complaints[:5]), **result}
+        return {**result, "status": "wrong", "detail": f"exit {done.returncode}: " + " / ".join(complaints[:5])}
     return result
 
 
