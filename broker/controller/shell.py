@@ -153,10 +153,8 @@ class Controller:
                 if event.future is not None:
                     event.future.set_exception(exc)
                 if _is_controller_moved(exc):
-                    # Another controller took over, or a partition state moved under this
-                    # one (its versions are stale): resign -- giving up /controller if it
-                    # is still ours, else nobody would ever be elected -- and run again; a
-                    # controller elected afresh reads every state anew.
+                    # Another controller took over: resign -- giving up /controller should
+                    # it still be ours, else nobody would ever be elected -- and run again.
                     log.warning("controller %d fenced (%s); resigning", self.broker_id, exc)
                     self._resign(delete_znode=True)
                     self._put("elect")
@@ -443,4 +441,10 @@ def _is_true(raw: str | None, default: bool) -> bool:
 
 
 def _is_controller_moved(exc) -> bool:
-    return isinstance(exc, EosError) and exc.code == ErrorCode.NOT_CONTROLLER
+    """Another controller took over (or this one is no longer active). A partition state
+    whose version moved under a write (StateVersionConflict: a leader's own ISR change
+    raced it) is not that: the core re-reads it and decides again, as Kafka's controller
+    retries such partitions."""
+    from broker.metadata.zk_store import StateVersionConflict
+    return (isinstance(exc, EosError) and exc.code == ErrorCode.NOT_CONTROLLER
+            and not isinstance(exc, StateVersionConflict))
