@@ -347,6 +347,14 @@ class TransactionCoordinator:
             return Decision(error=ErrorCode.COORDINATOR_NOT_AVAILABLE,
                             message=f"the transaction log is not writable: {exc}")
         with self._lock:
+            if not self._core.awaits_write(md):
+                # The partition was reloaded meanwhile; what the log holds is the truth now
+                # and the client's retry meets it (Kafka answers NOT_COORDINATOR here too).
+                log.info("the state of %r was written while its partition reloaded; the client retries",
+                         md.transactional_id)
+                return Decision(error=ErrorCode.NOT_COORDINATOR,
+                                message=f"{md.transactional_id!r}: its {STATE_TOPIC} partition was reloaded "
+                                        f"while the write was in flight; retry")
             markers = self._core.write_completed(md)
         if markers is not None:
             self._markers.put(markers)

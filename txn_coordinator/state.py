@@ -269,6 +269,13 @@ class TxnCoordinatorCore:
             return self._markers_for(md)
         return None
 
+    def awaits_write(self, md: TxnMetadata) -> bool:
+        """Whether `md` is still the write this core waits for. Not so once the id's
+        partition was reloaded while the write was in flight (a new leader epoch of its
+        `__transaction_state` partition): the load dropped the pending write and replayed
+        the log, with or without it."""
+        return self.pending.get(md.transactional_id) == md
+
     def write_failed(self, md: TxnMetadata) -> None:
         """The append failed: forget the proposal; durable state is unchanged."""
         if self.pending.get(md.transactional_id) == md:

@@ -173,6 +173,18 @@ def test_a_marker_group_is_current_only_while_its_transaction_awaits_it_at_its_e
         core.markers_written("app", 13)
 
 
+def test_a_write_in_flight_while_the_partition_reloads_is_no_longer_awaited():
+    """The shell asks before it applies a written record: a reload (a new leader epoch of
+    the id's partition) dropped the pending write, and the client is told to retry."""
+    core, ids = ongoing()
+    decision = core.end_transaction("app", 1000, 0, True, 10, ids)
+    assert core.awaits_write(decision.write)
+    core.unload(["app"])                         # the load that takes the partition again
+    assert not core.awaits_write(decision.write)
+    with pytest.raises(InvariantError, match="does not match the pending write"):
+        core.write_completed(decision.write)
+
+
 def test_end_transaction_retry_with_the_old_epoch():
     core, ids = ongoing()
     settle(core, core.end_transaction("app", 1000, 0, True, 10, ids))
