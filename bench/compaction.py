@@ -525,14 +525,28 @@ class KafkaSide(Side):
             consumer.close()
 
     def committed(self, group: str, topic: str, timeout_s: float) -> dict[int, int | None]:
-        from confluent_kafka import Consumer, TopicPartition
+        from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
         consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": group,
                              "enable.auto.commit": False, "log_level": 0,
                              "retry.backoff.ms": 10, "retry.backoff.max.ms": 50,
                              "reconnect.backoff.ms": 10, "reconnect.backoff.max.ms": 50})
+        deadline = time.monotonic() + timeout_s
         try:
-            answer = consumer.committed([TopicPartition(topic, p) for p in range(COMMIT_PARTITIONS)],
-                                        timeout=timeout_s)
+            while True:
+                # librdkafka gives up on NOT_COORDINATOR / COORDINATOR_LOAD_IN_PROGRESS, which a
+                # restarted Kafka answers until its coordinator has loaded: ask again (the
+                # Java client retries these itself, as eos's consumer does)
+                try:
+                    answer = consumer.committed([TopicPartition(topic, p) for p in range(COMMIT_PARTITIONS)],
+                                                timeout=max(0.1, deadline - time.monotonic()))
+                    break
+                except KafkaException as exc:
+                    error = exc.args[0]
+                    if time.monotonic() > deadline or not (error.retriable() or error.code() in (
+                            KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                            KafkaError.COORDINATOR_NOT_AVAILABLE)):
+                        raise
+                    time.sleep(0.01)
         finally:
             consumer.close()
         result = {}
