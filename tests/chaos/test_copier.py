@@ -130,6 +130,7 @@ class CopierProcess:
         self.unexpected_exits: list[str] = []
         self.aborts = 0
         self.killed_by_us = False   # the current instance ended by our SIGKILL
+        self._reader: threading.Thread | None = None
 
     def start(self) -> None:
         self.done = False
@@ -143,8 +144,15 @@ class CopierProcess:
             self._process = subprocess.Popen(
                 self.command, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=log_file, env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
-        threading.Thread(target=self._read_lines, args=(self._process,), daemon=True,
-                         name=f"copier-{self.partition}-stdout").start()
+        self._reader = threading.Thread(target=self._read_lines, args=(self._process,), daemon=True,
+                                        name=f"copier-{self.partition}-stdout")
+        self._reader.start()
+
+    def drain(self, timeout_s: float = 10.0) -> None:
+        """After the process exited: wait (bounded) until its last lines are read, so that a
+        "done" it printed just before exiting is not missed."""
+        if self._reader is not None:
+            self._reader.join(timeout_s)
 
     def _read_lines(self, process: subprocess.Popen) -> None:
         stdout = process.stdout
@@ -234,6 +242,7 @@ class Supervisor:
         finished = 0
         for copier in self.copiers:
             if not copier.is_running():
+                copier.drain()
                 code = copier.returncode
                 if copier.done and code == 0:
                     if copier.partition not in self._finished:
