@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import signal
 import socket
@@ -58,6 +57,9 @@ import threading
 import time
 import traceback
 from pathlib import Path
+
+from bench.kafka import wait_until
+from bench.report import write_run
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO_ROOT / "bench" / "results"
@@ -71,14 +73,7 @@ class Lost(Exception):
 
 
 def _wait(condition, what: str, timeout_s: float = WAIT_S):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
+    return wait_until(condition, what, timeout_s)
 
 
 # ---- the two systems behind one small interface -------------------------------------------------
@@ -922,17 +917,11 @@ def main(argv=None) -> int:
     print(text)
     partial = args.quick or systems != ["kafka", "eos"]
     out = args.out or (RESULTS_DIR / "tmp" if partial else RESULTS_DIR)
-    out.mkdir(parents=True, exist_ok=True)
     stem = f"cluster-{started:%Y-%m-%d}-{socket.gethostname()}"
-    (out / f"{stem}.json").write_text(json.dumps(run, indent=2))
     header = (f"# Cluster benchmark\n\n`{run['command']}` at {run['started_utc']} "
               f"({run['duration_s']} s, load {run['loadavg_at_start'][0]:.1f} at start); raw disk here "
               f"{run['disk_buffered_mb_s']:,.0f} MB/s buffered, {run['disk_fsync_mb_s']:,.0f} MB/s with fsync\n\n")
-    (out / f"{stem}.md").write_text(header + text + "\n")
-    if not partial:
-        (out / "cluster-latest.json").write_text(json.dumps(run, indent=2))
-        (out / "cluster-latest.md").write_text(header + text + "\n")
-    print(f"\nwrote {out / stem}.json and .md")
+    write_run(out, stem, None if partial else "cluster-latest", run, header + text + "\n")
     failed = [(s, k) for s, figures in run["systems"].items() for k, o in figures.items()
               if isinstance(o, dict) and o.get("status") in ("lost", "error")]
     return 1 if failed else 0

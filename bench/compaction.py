@@ -67,11 +67,9 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import re
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -82,7 +80,8 @@ import time
 import traceback
 from pathlib import Path
 
-from bench.kafka import KafkaBroker, free_port, port_accepts, stop_process
+from bench.kafka import KafkaBroker, free_port, port_accepts, stop_process, wait_until
+from bench.report import write_run
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO_ROOT / "bench" / "results"
@@ -115,14 +114,7 @@ class Wrong(Exception):
 
 
 def _wait(condition, what: str, timeout_s: float = WAIT_S, interval_s: float = 0.05):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(interval_s)
+    return wait_until(condition, what, timeout_s, interval_s)
 
 
 def key_of(i: int) -> bytes:
@@ -919,19 +911,13 @@ def main(argv=None) -> int:
     partial = (args.quick or systems != ["kafka", "eos"] or args.records is not None
                or args.commits is not None)
     out = args.out or (RESULTS_DIR / "tmp" if partial else RESULTS_DIR)
-    out.mkdir(parents=True, exist_ok=True)
     stem = f"compaction-{started:%Y-%m-%d}-{socket.gethostname()}"
     header = (f"# Log compaction benchmark\n\n`{run['command']}` at {run['started_utc']} "
               f"({run['duration_s']} s, load {run['loadavg_at_start'][0]:.1f} at start, "
               f"{run['loadavg_at_end'][0]:.1f} at end); {records:,} records of {VALUE_BYTES} B over {KEYS:,} keys "
               f"in the cleaned topic; {commits:,} offset commits. One run a figure (see bench/compaction.py).\n\n")
     body = header + text + "\n" + (f"\n{extra}\n" if extra else "")
-    (out / f"{stem}.json").write_text(json.dumps(run, indent=2))
-    (out / f"{stem}.md").write_text(body)
-    if not partial:
-        (out / "compaction-latest.json").write_text(json.dumps(run, indent=2))
-        (out / "compaction-latest.md").write_text(body)
-    print(f"\nwrote {out / stem}.json and .md")
+    write_run(out, stem, None if partial else "compaction-latest", run, body)
     failed = [(s, k) for s, figures in run["systems"].items() for k, o in figures.items()
               if isinstance(o, dict) and o.get("status") in ("wrong", "error")]
     return 1 if failed else 0

@@ -218,6 +218,19 @@ def port_accepts(host: str, port: int, timeout_s: float = 0.5) -> bool:
         return False
 
 
+def wait_until(condition, what: str, timeout_s: float, interval_s: float = 0.05):
+    """`condition()`'s first truthy value, asked every `interval_s`; TimeoutError after
+    `timeout_s` (the bench's one bounded wait)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(interval_s)
+
+
 def stop_process(proc: subprocess.Popen, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
     """SIGTERM, a bounded wait, then SIGKILL. Returns the exit code."""
     if proc.poll() is not None:

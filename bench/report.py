@@ -29,6 +29,17 @@ SYSTEM_NAMES = {"eos": "eos", "kafka": "Kafka"}
 EOS_BETTER, KAFKA_BETTER, EVEN = "eos better", "Kafka better", "even"
 
 
+def write_run(out: Path, stem: str, latest_stem: str | None, run: dict, markdown: str) -> None:
+    """A run's `<stem>.json` (the figures) and `<stem>.md` (the table) in `out`, and the same
+    as `<latest_stem>.*` when given (a full run of both systems)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name in (stem, latest_stem):
+        if name is not None:
+            (out / f"{name}.json").write_text(json.dumps(run, indent=2))
+            (out / f"{name}.md").write_text(markdown)
+    print(f"\nwrote {out / stem}.json and .md")
+
+
 def _finite(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) \
         and math.isfinite(value)

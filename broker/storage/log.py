@@ -586,27 +586,30 @@ class Log:
                 active = self._segment_for_append_locked(prepared.size_bytes, max_timestamp_ms, first_offset,
                                                          last_offset, now_ms)
                 active.append(buf, headers, max_timestamp_ms)
+                advanced_records = 0
             else:
-                self._append_across_segments_locked(buf, headers, now_ms)
+                advanced_records = self._append_across_segments_locked(buf, headers, now_ms)
             # -- apply
             if producer_append is not None:
                 self.producer_state.apply(producer_append, first_offset, last_offset)
-            self._advance_locked(last_offset + 1, prepared.record_count)
+            self._advance_locked(last_offset + 1, prepared.record_count - advanced_records)
             flush_now = self._unflushed_records >= config.flush_messages
         if flush_now:
             self.flush()
         return LogAppendInfo(first_offset, last_offset, max_timestamp_ms,
                              now_ms if log_append_time else -1, prepared.record_count, len(headers))
 
-    def _append_across_segments_locked(self, buf: bytearray, headers: list[BatchHeader], now_ms: int) -> None:
+    def _append_across_segments_locked(self, buf: bytearray, headers: list[BatchHeader], now_ms: int) -> int:
         """A plain producer's request whose batches together exceed segment.bytes (each fits
         one): written a segment's worth at a time, rolling in between, so no segment grows
         past segment.bytes. (Kafka refuses such a list, but its producer never sends one: it
         sends one batch per partition per request, where eos's plain producer sends several.)
-        A failed write leaves the chunks before it in the log, as separate appends would."""
+        A failed write leaves the chunks before it in the log, as separate appends would.
+        Returns the records of the chunks it advanced the log over (all but the last)."""
         view = memoryview(buf)
         chunk: list[BatchHeader] = []
         chunk_bytes = 0
+        advanced_records = 0
         for index, header in enumerate(headers):
             chunk.append(header)
             chunk_bytes += header.size_bytes
@@ -620,8 +623,11 @@ class Log:
                                                      chunk[-1].last_offset, now_ms)
             active.append(view[start:start + chunk_bytes], rebased, chunk_max_timestamp_ms)
             if following is not None:
-                self._advance_locked(following.base_offset, sum(h.records_count for h in chunk))
+                chunk_records = sum(h.records_count for h in chunk)
+                self._advance_locked(following.base_offset, chunk_records)
+                advanced_records += chunk_records
             chunk, chunk_bytes = [], 0
+        return advanced_records
 
     def append_txn_marker(self, producer_id: int, producer_epoch: int, coordinator_epoch: int, committed: bool,
                           now_ms: int, *, leader_epoch: int = 0) -> LogAppendInfo:
