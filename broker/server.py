@@ -56,6 +56,7 @@ from broker.group.records import OFFSETS_TOPIC_PARTITIONS
 from broker.group.service import GroupCoordinatorServicer
 from broker.group.state import (GROUP_INITIAL_REBALANCE_DELAY_MS, GROUP_MAX_SESSION_TIMEOUT_MS, GROUP_MAX_SIZE,
                                 GROUP_MIN_SESSION_TIMEOUT_MS)
+from broker.in_process import InProcessBrokerStub
 from broker.purgatory import FetchPurgatory
 from broker.service import FETCH_MAX_WAIT_CAP_MS, BrokerServicer, NodeAddress
 from broker.topics import TopicRegistry
@@ -72,17 +73,18 @@ log = logging.getLogger("eos.broker")
 
 MIB = 1024 * 1024
 GRPC_MESSAGE_BYTES_MAX = 100 * MIB
-# Three kinds of call hold a gRPC worker for long: long-poll fetches (up to 30 s), parked
-# JoinGroup/SyncGroup (a rebalance) and produce streams (their whole life). Each kind is
-# bounded on its own, and the pool holds all three bounds plus workers that only they can
-# never take, so short calls (unary Produce, admin, coordinator RPCs, the transaction
-# coordinator's own loopback calls) always find a worker.
+# Four kinds of call hold a gRPC worker for a while: long-poll fetches (up to 30 s), parked
+# JoinGroup/SyncGroup (a rebalance), produce streams (their whole life) and transactional
+# requests waiting for their id's previous transaction to complete (up to 100 ms). Each kind
+# is bounded on its own, and the pool holds all four bounds plus workers that only they can
+# never take, so short calls (unary Produce, admin, coordinator RPCs) always find a worker.
 FETCH_WAITERS_MAX = 32
 GROUP_PARKED_REQUESTS_MAX = 32
 PRODUCE_STREAMS_MAX = 32
+TXN_PARKED_REQUESTS_MAX = 16
 RPC_WORKERS_FOR_SHORT_CALLS = 16
 RPC_WORKER_THREADS = (FETCH_WAITERS_MAX + GROUP_PARKED_REQUESTS_MAX + PRODUCE_STREAMS_MAX
-                      + RPC_WORKERS_FOR_SHORT_CALLS)
+                      + TXN_PARKED_REQUESTS_MAX + RPC_WORKERS_FOR_SHORT_CALLS)
 STOP_GRACE_S = 10.0
 HOUSEKEEPING_JOIN_TIMEOUT_S = 60.0
 
@@ -536,20 +538,24 @@ class BrokerServer:
                 broker_id=self.node_id, replicas=cluster.replicas, metadata=cluster.metadata,
                 log_manager=self._log_manager, controller=lambda: cluster.controller,
                 on_metadata_updated=cluster.sync_registry), server)
-        # The transaction coordinator reaches this broker only through the gRPC contract
-        # (DESIGN.md §1), here over loopback; it loads its log once the server is up. On a
-        # cluster it is partitioned: it serves the ids of the __transaction_state partitions
-        # this broker leads, loading each as leadership arrives, and sends markers to each
-        # partition's leader.
+        # The transaction coordinator reaches this broker only through the Broker service's
+        # contract (DESIGN.md §1), here in process: its state writes and the markers for
+        # partitions this broker leads are handed to the servicer's handlers on the calling
+        # thread (broker/in_process.py), not sent over loopback. It loads its log once the
+        # server is up. On a cluster it is partitioned: it serves the ids of the
+        # __transaction_state partitions this broker leads, loading each as leadership
+        # arrives, and sends markers to each partition's leader (over gRPC when remote).
         own_address = _format_host_port(self.host, bound_port)
-        self._txn_link = BrokerLink(own_address) if cluster is None else RoutingBrokerLink(own_address)
+        own_stub = InProcessBrokerStub(self._servicer)
+        self._txn_link = (BrokerLink(own_address, stub=own_stub) if cluster is None
+                          else RoutingBrokerLink(own_address, stub=own_stub, own_node_id=self.node_id))
         self._txn_coordinator = TransactionCoordinator(
             self._txn_link, producer_ids.next_id, now_ms_fn=self._now_ms,
             state_topic_partitions=self.config.transaction_state_log_num_partitions,
             expiry_interval_ms=self.config.transaction_abort_timed_out_transaction_cleanup_interval_ms,
             max_timeout_ms=self.config.transaction_max_timeout_ms,
             transactional_id_expiration_ms=self.config.transactional_id_expiration_ms,
-            partitioned=cluster is not None)
+            partitioned=cluster is not None, concurrent_waiters_max=TXN_PARKED_REQUESTS_MAX)
         if cluster is not None:
             cluster.txn_coordinator = self._txn_coordinator
             self._group_coordinator.find_override = cluster.find_coordinator

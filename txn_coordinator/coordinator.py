@@ -21,7 +21,15 @@ The coordinator never imports `broker`: it reaches brokers only through the gRPC
 (Produce/Fetch for its own log, WriteTxnMarkers for markers, Metadata for leaders), so it can
 run in the broker's process (the embedded default) or in its own.
 
-Locking: one lock guards the core; I/O (log appends, marker RPCs, producer-id blocks on a
+Waiting instead of refusing: a request the core answers CONCURRENT_TRANSACTIONS without a
+write (the previous transaction of the id completing, or a write of the id in flight) is
+parked on the core's condition, up to CONCURRENT_WAIT_MS and CONCURRENT_WAITERS_MAX at once,
+and decided again each time a state write lands or fails; it is answered
+CONCURRENT_TRANSACTIONS (and the client retries, as with Kafka) only when the wait runs out.
+A producer committing short transactions back to back thus meets its previous transaction's
+completion on the coordinator, not after a retry.
+
+Locking: one lock (a condition) guards the core; I/O (log appends, marker RPCs, producer-id blocks on a
 block boundary) happens outside it, except `new_producer_id`, which the core calls and which
 touches the disk once per block of 1000 ids.
 """
@@ -54,6 +62,12 @@ STATE_TOPIC_PARTITIONS = 50          # transaction.state.log.num.partitions
 MARKER_QUEUE_MAX = 10_000            # decided transactions awaiting markers
 MARKER_RETRY_BACKOFF_MS = 100
 EXPIRY_INTERVAL_MS = 10_000          # transaction.abort.timed.out.transaction.cleanup.interval.ms
+# A request that would be answered CONCURRENT_TRANSACTIONS (the id's previous transaction is
+# still writing its markers, or a state write of the id is in flight) waits here for that to
+# finish, up to this long, and is then decided again: the markers of a local partition take
+# well under a millisecond, so the client is spared a retry round trip and its backoff.
+CONCURRENT_WAIT_MS = 100
+CONCURRENT_WAITERS_MAX = 16          # requests parked so at once (each holds an RPC worker)
 RPC_TIMEOUT_S = 30
 _MAX_MESSAGE_BYTES = 100 * 1024 * 1024
 
@@ -63,16 +77,25 @@ def _now_ms() -> int:
 
 
 class BrokerLink:
-    """The coordinator's view of the cluster, through the Broker gRPC service only."""
+    """The coordinator's view of the cluster, through the Broker gRPC service only.
 
-    def __init__(self, bootstrap: str):
-        self._channel = grpc.insecure_channel(bootstrap, options=[
-            ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
-            ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES)])
-        self._stub = broker_pb2_grpc.BrokerStub(self._channel)
+    `stub` (optional) is the Broker service of the coordinator's own broker when both run
+    in one process: any object with a BrokerStub's methods, such as the broker's
+    in-process stub, which hands each request to the handler without a network hop. The
+    coordinator's log always lives on its own broker, so every state write goes there."""
+
+    def __init__(self, bootstrap: str, *, stub=None):
+        self._channel = None
+        if stub is None:
+            self._channel = grpc.insecure_channel(bootstrap, options=[
+                ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
+                ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES)])
+            stub = broker_pb2_grpc.BrokerStub(self._channel)
+        self._stub = stub
 
     def close(self) -> None:
-        self._channel.close()
+        if self._channel is not None:
+            self._channel.close()
 
     def ensure_topic(self, name: str, partitions: int) -> int:
         """Create the internal topic when missing; return its partition count."""
@@ -148,12 +171,14 @@ class RoutingBrokerLink(BrokerLink):
     """On a cluster: the coordinator's own log still goes to its own broker (the leader of
     its partitions), but markers go to each partition's current leader, found with
     Metadata. A partition whose leader moved answers NOT_LEADER_OR_FOLLOWER; the marker loop
-    retries it after a metadata refresh."""
+    retries it after a metadata refresh. Markers for partitions the coordinator's own
+    broker leads (`own_node_id`) go to `stub`, in process when it is the broker's own."""
 
-    def __init__(self, own_address: str):
-        super().__init__(own_address)
+    def __init__(self, own_address: str, *, stub=None, own_node_id: int | None = None):
+        super().__init__(own_address, stub=stub)
         from eos import net
         self._metadata = net.ClusterMetadata(own_address)
+        self._own_node_id = own_node_id if stub is not None else None
 
     def close(self) -> None:
         super().close()
@@ -173,7 +198,7 @@ class RoutingBrokerLink(BrokerLink):
                     continue
                 by_leader.setdefault(leader, []).append((index, dataclasses.replace(entry, partitions=frozenset({tp}))))
         for leader, items in by_leader.items():
-            stub = self._metadata.broker_stub(leader)
+            stub = self._stub if leader == self._own_node_id else self._metadata.broker_stub(leader)
             if stub is None:
                 for index, entry in items:
                     for tp in entry.partitions:
@@ -217,7 +242,8 @@ class TransactionCoordinator:
                  expiry_interval_ms: int = EXPIRY_INTERVAL_MS,
                  max_timeout_ms: int = TRANSACTION_MAX_TIMEOUT_MS,
                  transactional_id_expiration_ms: int = TRANSACTIONAL_ID_EXPIRATION_MS,
-                 partitioned: bool = False):
+                 partitioned: bool = False, concurrent_wait_ms: int = CONCURRENT_WAIT_MS,
+                 concurrent_waiters_max: int = CONCURRENT_WAITERS_MAX):
         self._link = link
         self._new_producer_id = new_producer_id
         self._now_ms = now_ms_fn
@@ -225,7 +251,10 @@ class TransactionCoordinator:
         self._expiry_interval_ms = expiry_interval_ms
         self._core = TxnCoordinatorCore(coordinator_epoch=coordinator_epoch, max_timeout_ms=max_timeout_ms,
                                         transactional_id_expiration_ms=transactional_id_expiration_ms)
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()   # notified whenever a state write lands or fails
+        self._concurrent_wait_ms = concurrent_wait_ms
+        self._concurrent_waiters_max = concurrent_waiters_max
+        self._concurrent_waiters = 0
         self._markers: queue.Queue[MarkerRequest] = queue.Queue(MARKER_QUEUE_MAX)
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -289,6 +318,7 @@ class TransactionCoordinator:
                 self._core.replay(txn_log.decode_value(transactional_id, value), transactional_id)
             self._owned[partition] = coordinator_epoch
             self._loading.discard(partition)
+            self._lock.notify_all()
             unfinished = [m for m in self._core.unfinished_markers()
                           if txn_log.partition_for(m.transactional_id, self._partitions) == partition]
         for marker in unfinished:
@@ -303,6 +333,7 @@ class TransactionCoordinator:
             ids = {tid for tid in set(self._core.durable) | set(self._core.pending)
                    if txn_log.partition_for(tid, self._partitions) == partition}
             self._core.unload(ids)
+            self._lock.notify_all()
 
     def owns(self, transactional_id: str) -> bool:
         return not self.partitioned or txn_log.partition_for(transactional_id, self._partitions) in self._owned
@@ -343,6 +374,7 @@ class TransactionCoordinator:
         except (EosError, grpc.RpcError) as exc:
             with self._lock:
                 self._core.write_failed(md)
+                self._lock.notify_all()
             log.warning("cannot write the state of %r: %s", md.transactional_id, exc)
             return Decision(error=ErrorCode.COORDINATOR_NOT_AVAILABLE,
                             message=f"the transaction log is not writable: {exc}")
@@ -356,6 +388,7 @@ class TransactionCoordinator:
                                 message=f"{md.transactional_id!r}: its {STATE_TOPIC} partition was reloaded "
                                         f"while the write was in flight; retry")
             markers = self._core.write_completed(md)
+            self._lock.notify_all()
         if markers is not None:
             self._markers.put(markers)
         return decision
@@ -455,26 +488,45 @@ class TransactionCoordinator:
 
     # ---- requests (called by the servicer) -----------------------------------------------------
 
+    def _decide(self, transactional_id: str, core_decision: Callable[[], Decision]) -> Decision:
+        """`core_decision()` under the lock, for an id this coordinator owns; while it
+        answers CONCURRENT_TRANSACTIONS with nothing to write, wait for a state write to land
+        and decide again (see the module doc). Ownership is checked again each time: the
+        id's partition may move away during the wait."""
+        def decide() -> Decision:
+            return self._not_owned(transactional_id) or core_decision()
+
+        with self._lock:
+            decision = decide()
+            if not self._should_wait(decision) or self._concurrent_waiters >= self._concurrent_waiters_max:
+                return decision
+            self._concurrent_waiters += 1
+            try:
+                deadline = time.monotonic() + self._concurrent_wait_ms / 1000
+                while self._should_wait(decision) and not self._stopping.is_set():
+                    remaining_s = deadline - time.monotonic()
+                    if remaining_s <= 0:
+                        break
+                    self._lock.wait(remaining_s)
+                    decision = decide()
+            finally:
+                self._concurrent_waiters -= 1
+            return decision
+
+    @staticmethod
+    def _should_wait(decision: Decision) -> bool:
+        return decision.error == ErrorCode.CONCURRENT_TRANSACTIONS and decision.write is None
+
     def init_producer_id(self, transactional_id: str, timeout_ms: int, producer_id: int = -1,
                          producer_epoch: int = -1) -> Decision:
-        refused = self._not_owned(transactional_id)
-        if refused is not None:
-            return refused
-        with self._lock:
-            decision = self._core.init_producer_id(
-                transactional_id, timeout_ms, self._now_ms(), self._new_producer_id,
-                expected_producer_id=producer_id, expected_producer_epoch=producer_epoch)
-        return self._carry_out(decision)
+        return self._carry_out(self._decide(transactional_id, lambda: self._core.init_producer_id(
+            transactional_id, timeout_ms, self._now_ms(), self._new_producer_id,
+            expected_producer_id=producer_id, expected_producer_epoch=producer_epoch)))
 
     def add_partitions(self, transactional_id: str, producer_id: int, producer_epoch: int,
                        partitions: list[TopicPartition]) -> Decision:
-        refused = self._not_owned(transactional_id)
-        if refused is not None:
-            return refused
-        with self._lock:
-            decision = self._core.add_partitions(transactional_id, producer_id, producer_epoch, partitions,
-                                                 self._now_ms())
-        return self._carry_out(decision)
+        return self._carry_out(self._decide(transactional_id, lambda: self._core.add_partitions(
+            transactional_id, producer_id, producer_epoch, partitions, self._now_ms())))
 
     def add_offsets(self, transactional_id: str, producer_id: int, producer_epoch: int, group_id: str,
                     offsets_partitions: int = 50) -> Decision:
@@ -485,13 +537,8 @@ class TransactionCoordinator:
                          partitions: list[TopicPartition] = ()) -> Decision:
         """The owner (producer_id, producer_epoch) asks for a participant producer id; the
         Decision carries the participant's id and epoch."""
-        refused = self._not_owned(transactional_id)
-        if refused is not None:
-            return refused
-        with self._lock:
-            decision = self._core.init_participant(transactional_id, producer_id, producer_epoch, partitions,
-                                                   self._now_ms(), self._new_producer_id)
-        return self._carry_out(decision)
+        return self._carry_out(self._decide(transactional_id, lambda: self._core.init_participant(
+            transactional_id, producer_id, producer_epoch, partitions, self._now_ms(), self._new_producer_id)))
 
     def verify_partitions(self, transactional_id: str, producer_id: int, producer_epoch: int,
                           partitions: list[TopicPartition]) -> Decision:
@@ -503,14 +550,9 @@ class TransactionCoordinator:
 
     def end_transaction(self, transactional_id: str, producer_id: int, producer_epoch: int,
                         commit: bool, accepted_participants: list[int] = ()) -> Decision:
-        refused = self._not_owned(transactional_id)
-        if refused is not None:
-            return refused
-        with self._lock:
-            decision = self._core.end_transaction(transactional_id, producer_id, producer_epoch, commit,
-                                                  self._now_ms(), self._new_producer_id,
-                                                  accepted_participants=accepted_participants)
-        return self._carry_out(decision)
+        return self._carry_out(self._decide(transactional_id, lambda: self._core.end_transaction(
+            transactional_id, producer_id, producer_epoch, commit, self._now_ms(), self._new_producer_id,
+            accepted_participants=accepted_participants)))
 
     def abort_hanging(self, tp: TopicPartition, producer_id: int, producer_epoch: int,
                       coordinator_epoch: int) -> tuple[int, str]:

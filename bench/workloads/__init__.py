@@ -128,13 +128,14 @@ class Sizes:
     e2e_rate_per_s: int = 2_000       # end-to-end latency: records/s produced
     commit_rate_per_s: int = 10_000   # commit-latency: records/s offered, 100 ms transactions
     commit_duration_s: float = 5.0    # each run of commit-latency, after latency_warmup_s
+    short_txn_duration_s: float = 3.0  # each run of short-txn (per producer count)
 
     @classmethod
     def quick(cls) -> "Sizes":
         return cls(records=300_000, repeats=1, max_measure_s=6.0, warmup_records=10_000,
                    latency_duration_s=2.0, latency_warmup_s=0.5, consume_timeout_s=60.0,
                    disk_mib=128, txn_duration_s=1.5, copier_records=30_000,
-                   commit_duration_s=1.5)
+                   commit_duration_s=1.5, short_txn_duration_s=1.5)
 
 
 @dataclass
@@ -196,4 +197,4 @@ def register(workload: Workload) -> Workload:
 
 # Run order = import order.
 from bench.workloads import (produce, consume, latency, append, append_storage,  # noqa: E402,F401
-                             append_broker, idempotence, transactions, spark)
+                             append_broker, idempotence, transactions, short_txn, spark)

@@ -65,16 +65,16 @@ COMMIT_RATE_TICK_S = 0.001
 
 # ---------------------------------------------------------------- shared helpers
 
-def _count_committed(ctx: RunContext, topic: str, expected: int) -> int:
-    """Records of partition 0 of `topic` a read_committed consumer sees (stops at expected
-    or when nothing more arrives for a while)."""
+def _count_committed(ctx: RunContext, topic: str, expected: int, partitions: int = 1) -> int:
+    """Records of partitions 0..partitions-1 of `topic` a read_committed consumer sees
+    (stops at expected or when nothing more arrives for a while)."""
     if ctx.system == "kafka":
         from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
         consumer = Consumer({"bootstrap.servers": ctx.bootstrap,
                              "group.id": ctx.topic_name("count"), "enable.auto.commit": False,
                              "isolation.level": ISOLATION})
-        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
 
         def poll() -> int:
             return sum(1 for m in consumer.consume(num_messages=POLL_RECORDS, timeout=0.5)
@@ -82,9 +82,10 @@ def _count_committed(ctx: RunContext, topic: str, expected: int) -> int:
     else:
         eos = eos_module("Consumer")
         consumer = eos.Consumer(ctx.bootstrap, isolation_level=ISOLATION)
-        tp = eos.TopicPartition(topic, 0)
-        consumer.assign([tp])
-        consumer.seek(tp, 0)
+        tps = [eos.TopicPartition(topic, p) for p in range(partitions)]
+        consumer.assign(tps)
+        for tp in tps:
+            consumer.seek(tp, 0)
 
         def poll() -> int:
             return len(consumer.poll(timeout_ms=500, max_records=POLL_RECORDS))
@@ -107,8 +108,8 @@ def _count_committed(ctx: RunContext, topic: str, expected: int) -> int:
         consumer.close()
 
 
-def _check_count(ctx: RunContext, what: str, topic: str, expected: int) -> None:
-    got = _count_committed(ctx, topic, expected)
+def _check_count(ctx: RunContext, what: str, topic: str, expected: int, partitions: int = 1) -> None:
+    got = _count_committed(ctx, topic, expected, partitions)
     if got != expected:
         raise RecordsLost(f"{ctx.system} {what}: read_committed from {topic}", expected, got)
 
@@ -521,7 +522,7 @@ def _e2e_run(ctx: RunContext, transactional: bool) -> tuple[list[float], float, 
                                      "group.id": ctx.topic_name("e2e"),
                                      "enable.auto.commit": False, "isolation.level": ISOLATION,
                                      "fetch.wait.max.ms": E2E_FETCH_WAIT_MS})
-                consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+                consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
 
                 def poll():
                     # consume(n, timeout) waits for n messages or the timeout, whichever

@@ -8,18 +8,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ProduceRequest(_message.Message):
-    __slots__ = ("transactional_id", "acks", "timeout_ms", "partitions", "correlation_id")
+    __slots__ = ("transactional_id", "acks", "timeout_ms", "partitions", "correlation_id", "add_partitions_to_txn")
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
     ACKS_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     CORRELATION_ID_FIELD_NUMBER: _ClassVar[int]
+    ADD_PARTITIONS_TO_TXN_FIELD_NUMBER: _ClassVar[int]
     transactional_id: str
     acks: int
     timeout_ms: int
     partitions: _containers.RepeatedCompositeFieldContainer[PartitionRecords]
     correlation_id: int
-    def __init__(self, transactional_id: _Optional[str] = ..., acks: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[PartitionRecords, _Mapping]]] = ..., correlation_id: _Optional[int] = ...) -> None: ...
+    add_partitions_to_txn: bool
+    def __init__(self, transactional_id: _Optional[str] = ..., acks: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[PartitionRecords, _Mapping]]] = ..., correlation_id: _Optional[int] = ..., add_partitions_to_txn: _Optional[bool] = ...) -> None: ...
 
 class PartitionRecords(_message.Message):
     __slots__ = ("topic", "partition", "records")

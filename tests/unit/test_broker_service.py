@@ -317,3 +317,24 @@ def test_admin_rpcs(servicer):
     assert [t.error_code for t in deleted.topics] == [
         ErrorCode.NONE, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.INVALID_REQUEST]
     assert servicer._log_manager.logs == {}
+
+
+def test_the_in_process_stub_runs_the_handlers_and_fails_as_a_grpc_call_does(servicer):
+    """The embedded transaction coordinator's stub: the same handler answers, and a broker
+    shutting down is a grpc.RpcError UNAVAILABLE, as a remote call would raise."""
+    import grpc
+
+    from broker.in_process import InProcessBrokerStub
+
+    stub = InProcessBrokerStub(servicer)
+    create(servicer, "t")
+    answer = stub.Produce(broker_pb2.ProduceRequest(acks=-1, partitions=[
+        broker_pb2.PartitionRecords(topic="t", partition=0, records=one_record_batch(b"x"))]), timeout=5)
+    assert answer.partitions[0].error_code == ErrorCode.NONE
+    assert servicer._log_manager.get_log("t", 0).log_end_offset == 1
+    with pytest.raises(AttributeError, match="ProduceStream"):
+        stub.ProduceStream
+    assert servicer.close_and_drain(5)
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.Metadata(broker_pb2.MetadataRequest())
+    assert refused.value.code() is grpc.StatusCode.UNAVAILABLE and "shutting down" in refused.value.details()

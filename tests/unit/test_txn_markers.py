@@ -31,6 +31,9 @@ class FakeLink:
         self.sent: list = []                  # every MarkerRequest group sent
         self.failures: dict[tuple[int, TopicPartition], int] = {}   # (pid, tp) -> times to fail
         self.lock = threading.Lock()
+        self.markers_gate = threading.Event()  # cleared: WriteTxnMarkers holds until it is set
+        self.markers_gate.set()
+        self.markers_held = threading.Event()  # set once a WriteTxnMarkers waits at the gate
 
     def ensure_topic(self, name: str, partitions: int) -> int:
         return partitions
@@ -46,6 +49,9 @@ class FakeLink:
         yield from list(self.state_log.get(partition, []))
 
     def write_markers(self, group):
+        if not self.markers_gate.is_set():
+            self.markers_held.set()
+            assert self.markers_gate.wait(WAIT_S), "the test never let the markers through"
         with self.lock:
             self.sent.append(group)
             results = {}
@@ -76,9 +82,9 @@ class Ids:
 def make_coordinator():
     started = []
 
-    def make(link: FakeLink, ids: Ids | None = None) -> TransactionCoordinator:
+    def make(link: FakeLink, ids: Ids | None = None, **options) -> TransactionCoordinator:
         coordinator = TransactionCoordinator(link, ids or Ids(), now_ms_fn=lambda: 1_000,
-                                             state_topic_partitions=3, expiry_interval_ms=3_600_000)
+                                             state_topic_partitions=3, expiry_interval_ms=3_600_000, **options)
         coordinator.start()
         started.append(coordinator)
         return coordinator
@@ -153,3 +159,56 @@ def test_a_restart_resends_every_decided_group(make_coordinator):
     wait_for(lambda: second.describe("app").state is TxnState.COMPLETE_COMMIT, "CompleteCommit after restart")
     assert link.sent_pairs(link.sent[sent_before]) == {
         (owner, 1, True, OUT2), (p1, 1, False, OUT0), (p2, 1, True, OUT0), (p2, 1, True, OUT1)}
+
+
+# ---- a request meeting the previous transaction's completion waits for it --------------------
+
+def committed_with_markers_held(coordinator, link):
+    """'app' commits a transaction on OUT0 whose markers are held at the link's gate."""
+    owner = coordinator.init_producer_id("app", 60_000)
+    assert coordinator.add_partitions("app", owner.producer_id, 0, [OUT0]).ok
+    link.markers_gate.clear()
+    decided = coordinator.end_transaction("app", owner.producer_id, 0, True)
+    assert decided.ok
+    assert link.markers_held.wait(WAIT_S)
+    return decided
+
+
+def test_add_partitions_during_the_previous_commit_waits_for_it_instead_of_refusing(make_coordinator):
+    link = FakeLink()
+    coordinator = make_coordinator(link, concurrent_wait_ms=int(WAIT_S * 1000))
+    decided = committed_with_markers_held(coordinator, link)
+    answers = []
+    caller = threading.Thread(target=lambda: answers.append(coordinator.add_partitions(
+        "app", decided.producer_id, decided.producer_epoch, [OUT1])))
+    caller.start()
+    # It is parked: while the markers are held it has no answer and nothing of it is written.
+    wait_for(lambda: coordinator._concurrent_waiters == 1, "the request parked")
+    assert answers == [] and coordinator.describe("app").state is TxnState.PREPARE_COMMIT
+    link.markers_gate.set()
+    caller.join(WAIT_S)
+    assert [a.error for a in answers] == [ErrorCode.NONE]
+    described = coordinator.describe("app")
+    assert described.state is TxnState.ONGOING and described.partitions == frozenset({OUT1})
+
+
+def test_a_wait_that_runs_out_answers_concurrent_transactions_and_changes_nothing(make_coordinator):
+    link = FakeLink()
+    coordinator = make_coordinator(link, concurrent_wait_ms=50)
+    decided = committed_with_markers_held(coordinator, link)
+    records_before = sum(len(v) for v in link.state_log.values())
+    answer = coordinator.add_partitions("app", decided.producer_id, decided.producer_epoch, [OUT1])
+    assert answer.error is ErrorCode.CONCURRENT_TRANSACTIONS
+    assert coordinator.describe("app").state is TxnState.PREPARE_COMMIT
+    assert sum(len(v) for v in link.state_log.values()) == records_before
+    link.markers_gate.set()
+    wait_for(lambda: coordinator.describe("app").state is TxnState.COMPLETE_COMMIT, "CompleteCommit")
+
+
+def test_past_the_cap_of_parked_requests_the_answer_is_concurrent_transactions_at_once(make_coordinator):
+    link = FakeLink()
+    coordinator = make_coordinator(link, concurrent_wait_ms=int(WAIT_S * 1000), concurrent_waiters_max=0)
+    decided = committed_with_markers_held(coordinator, link)
+    answer = coordinator.add_partitions("app", decided.producer_id, decided.producer_epoch, [OUT1])
+    assert answer.error is ErrorCode.CONCURRENT_TRANSACTIONS and coordinator._concurrent_waiters == 0
+    link.markers_gate.set()
