@@ -77,6 +77,9 @@ class ClusterNode:
         self.txn_coordinator = None          # set by the server: the partitioned TransactionCoordinator
         self.group_coordinator = None        # set by the server: the partitioned GroupCoordinator
         self._loads: queue.Queue = queue.Queue()
+        # Channels to other brokers' transaction coordinators, kept: with KIP-890 part 2 a
+        # transaction's first write to each partition asks the coordinator to add it.
+        self._coordinator_channels: dict[str, grpc.Channel] = {}
         self._loader: threading.Thread | None = None
         self._stopping = threading.Event()
 
@@ -305,31 +308,40 @@ class ClusterNode:
         return append.first_offset, lambda: self.replicas.wait_for_high_watermark(
             OFFSETS_TOPIC, partition, end_offset, REPLICATED_APPEND_TIMEOUT_MS, min_isr)
 
-    def verify_txn(self, transactional_id: str, producer_id: int, producer_epoch: int, partitions) -> dict:
-        """KIP-890 part 1 across brokers: ask the id's coordinator, wherever it is."""
+    def verify_txn(self, transactional_id: str, producer_id: int, producer_epoch: int, partitions, *,
+                   add: bool = False) -> dict:
+        """KIP-890 part 1 across brokers: ask the id's coordinator, wherever it is; with
+        `add` (part 2), have it add the partitions to the open transaction."""
         from broker.group.coordinator import CoordinatorType
         from eos.v1 import common_pb2, txn_pb2, txn_pb2_grpc
 
         coordinator = self.txn_coordinator
         if coordinator is not None and coordinator.owns(transactional_id):
-            decision = coordinator.verify_partitions(transactional_id, producer_id, producer_epoch, partitions)
+            ask = coordinator.add_partitions if add else coordinator.verify_partitions
+            decision = ask(transactional_id, producer_id, producer_epoch, partitions)
             return {tp: (int(decision.partition_errors.get(tp, decision.error)), decision.message)
                     for tp in partitions}
         [found] = self.find_coordinator(CoordinatorType.TRANSACTION, [transactional_id])
         if found.error != ErrorCode.NONE:
             return {tp: (int(found.error), found.message) for tp in partitions}
-        channel = open_channel(f"{found.host}:{found.port}")
+        address = f"{found.host}:{found.port}"
+        with self._lock:
+            channel = self._coordinator_channels.get(address)
+            if channel is None:
+                channel = self._coordinator_channels[address] = open_channel(address)
         try:
             response = txn_pb2_grpc.TxnCoordinatorStub(channel).AddPartitionsToTxn(
                 txn_pb2.AddPartitionsToTxnRequest(
                     transactional_id=transactional_id, producer_id=producer_id, producer_epoch=producer_epoch,
-                    verify_only=True, partitions=[common_pb2.TopicPartition(topic=tp.topic, partition=tp.partition)
+                    verify_only=not add, partitions=[common_pb2.TopicPartition(topic=tp.topic, partition=tp.partition)
                                                   for tp in partitions]), timeout=10)
         except grpc.RpcError as exc:
+            with self._lock:
+                if self._coordinator_channels.get(address) is channel:
+                    del self._coordinator_channels[address]
+            channel.close()
             return {tp: (int(ErrorCode.COORDINATOR_NOT_AVAILABLE), f"coordinator {found.node_id}: {exc.code()}")
                     for tp in partitions}
-        finally:
-            channel.close()
         if response.error_code != ErrorCode.NONE:
             return {tp: (int(response.error_code), response.error_message) for tp in partitions}
         answers = {(r.topic, r.partition): (int(r.error_code), r.error_message) for r in response.partitions}
@@ -369,6 +381,10 @@ class ClusterNode:
 
     def leave(self) -> None:
         self._stopping.set()
+        with self._lock:
+            channels, self._coordinator_channels = list(self._coordinator_channels.values()), {}
+        for channel in channels:
+            channel.close()
         if self.controller is not None:
             self.controller.stop()
         if self.replicas is not None:

@@ -527,6 +527,7 @@ class BrokerServer:
             node=NodeAddress(self.node_id, self.host, bound_port), cluster_id=self.cluster_id,
             now_ms_fn=self._now_ms, auto_create_topics=self.config.auto_create_topics_enable,
             fetch_max_wait_cap_ms=FETCH_MAX_WAIT_CAP_MS, verify_txn=self._verify_txn_partitions,
+            add_txn_partitions=self._add_txn_partitions,
             on_offsets_txn_marker=self._group_coordinator.on_txn_marker, max_produce_streams=PRODUCE_STREAMS_MAX,
             metadata=None if cluster is None else cluster.metadata,
             replicas=None if cluster is None else cluster.replicas,
@@ -596,20 +597,28 @@ class BrokerServer:
         return self._group_coordinator
 
     def _verify_txn_partitions(self, transactional_id: str, producer_id: int, producer_epoch: int,
-                               partitions: list[TopicPartition]) -> dict[TopicPartition, tuple[int, str]]:
+                               partitions: list[TopicPartition], *,
+                               add: bool = False) -> dict[TopicPartition, tuple[int, str]]:
         """The `verify_txn` of the Broker service and the group coordinator (KIP-890 part 1):
-        are these partitions in the producer's open transaction? Asked in-process of the embedded coordinator, which
-        owns every transactional id on a single node; a broker in a cluster would call
-        TxnCoordinator.AddPartitionsToTxn(verify_only=True) on the id's coordinator over gRPC."""
+        are these partitions in the producer's open transaction? With `add`, the Broker
+        service's `add_txn_partitions` (KIP-890 part 2): add them to it. Asked in-process of
+        the embedded coordinator, which owns every transactional id on a single node; a
+        broker in a cluster calls TxnCoordinator.AddPartitionsToTxn on the id's coordinator
+        over gRPC unless that coordinator is its own."""
         if self._cluster is not None:
-            return self._cluster.verify_txn(transactional_id, producer_id, producer_epoch, partitions)
+            return self._cluster.verify_txn(transactional_id, producer_id, producer_epoch, partitions, add=add)
         coordinator = self._txn_coordinator
         if coordinator is None or not coordinator.ready:
             # Its log is not replayed yet: not knowing the id proves nothing; retry later.
             return {tp: (ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, "the transaction coordinator is loading its log")
                     for tp in partitions}
-        decision = coordinator.verify_partitions(transactional_id, producer_id, producer_epoch, partitions)
+        ask = coordinator.add_partitions if add else coordinator.verify_partitions
+        decision = ask(transactional_id, producer_id, producer_epoch, partitions)
         return {tp: (int(decision.partition_errors.get(tp, decision.error)), decision.message) for tp in partitions}
+
+    def _add_txn_partitions(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                            partitions: list[TopicPartition]) -> dict[TopicPartition, tuple[int, str]]:
+        return self._verify_txn_partitions(transactional_id, producer_id, producer_epoch, partitions, add=True)
 
     def _sweep_logs(self) -> None:
         """Make the logs on disk match the registry: create what is missing (a create cut

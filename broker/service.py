@@ -67,9 +67,13 @@ a partition (its producer has none open there at that epoch) is first checked wi
 transaction coordinator (`verify_txn`): a partition the coordinator has not registered in
 the producer's open transaction is refused (INVALID_TXN_STATE, or the coordinator's own
 error such as PRODUCER_FENCED) and nothing is appended, so a late write from a finished or
-fenced transaction can never open a transaction that no marker will close. As in Kafka,
-a request with transactional batches but no transactional_id, or with transactional
-batches of more than one producer, is refused as a whole.
+fenced transaction can never open a transaction that no marker will close. A request with
+`add_partitions_to_txn` (KIP-890 part 2, a client that sends no AddPartitionsToTxn) has
+those partitions added to the producer's open transaction instead (`add_txn_partitions`:
+the coordinator's AddPartitionsToTxn, made by the broker), with the same refusals: the
+coordinator still checks the producer id and epoch, so a fenced or finished producer
+opens nothing. As in Kafka, a request with transactional batches but no transactional_id,
+or with transactional batches of more than one producer, is refused as a whole.
 """
 from __future__ import annotations
 
@@ -135,7 +139,8 @@ _VERIFICATION_UNAVAILABLE = frozenset({
     ErrorCode.COORDINATOR_NOT_AVAILABLE, ErrorCode.NOT_COORDINATOR,
 })
 
-# verify_txn(transactional_id, producer_id, producer_epoch, partitions) -> {partition: (code, message)}
+# verify_txn(transactional_id, producer_id, producer_epoch, partitions) -> {partition: (code, message)};
+# add_txn_partitions has the same shape and adds the partitions to the open transaction.
 VerifyTxn = Callable[[str, int, int, list[TopicPartition]], dict[TopicPartition, tuple[int, str]]]
 # on_offsets_txn_marker(__consumer_offsets partition, producer_id, committed)
 OffsetsTxnMarkerHook = Callable[[int, int, bool], None]
@@ -376,7 +381,7 @@ def _verification_refusal(tp: TopicPartition, transactional_id: str, code: int, 
     where = f"{tp.topic}-{tp.partition}"
     if code == ErrorCode.INVALID_TXN_STATE:
         return code, (f"partition {where} was not added to the transaction of {transactional_id!r} "
-                      f"(AddPartitionsToTxn must come first): {message}")
+                      f"(AddPartitionsToTxn must come first, or add_partitions_to_txn be set): {message}")
     if code in _VERIFICATION_UNAVAILABLE:
         return ErrorCode.NOT_ENOUGH_REPLICAS, (
             f"could not verify that {where} is in the transaction of {transactional_id!r}; retry "
@@ -396,12 +401,14 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                  auto_create_topics: bool = False,
                  fetch_max_wait_cap_ms: int = FETCH_MAX_WAIT_CAP_MS,
                  verify_txn: VerifyTxn | None = None,
+                 add_txn_partitions: VerifyTxn | None = None,
                  on_offsets_txn_marker: OffsetsTxnMarkerHook | None = None,
                  max_produce_streams: int = PRODUCE_STREAMS_MAX,
                  metadata=None, replicas=None, topic_admin=None):
         """`verify_txn` asks the transaction coordinator whether partitions are registered in
         a producer's open transaction (None: no coordinator, transactional writes are not
-        verified). `on_offsets_txn_marker` is the group coordinator's hook for markers
+        verified); `add_txn_partitions` adds them for a request that asks it (KIP-890 part 2;
+        None: such a request is only verified). `on_offsets_txn_marker` is the group coordinator's hook for markers
         written to `__consumer_offsets` partitions. At most `max_produce_streams`
         ProduceStream calls are open at once (each holds a gRPC worker for its lifetime)."""
         self._registry = registry
@@ -413,6 +420,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         self._auto_create_topics = auto_create_topics
         self._fetch_max_wait_cap_ms = fetch_max_wait_cap_ms
         self._verify_txn = verify_txn
+        self._add_txn_partitions = add_txn_partitions
         self._on_offsets_txn_marker = on_offsets_txn_marker
         # Cluster mode (see "The cluster" in the module doc): the metadata cache answers
         # Metadata, the replica manager decides who leads and replicates, and topic changes go
@@ -598,10 +606,13 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             if partition_log is not None and partition_log.has_ongoing_transaction(producer_id, producer_epoch):
                 continue
             to_verify.setdefault(TopicPartition(p.topic, p.partition), []).append(index)
-        if not to_verify or self._verify_txn is None:
+        # KIP-890 part 2: a client that sends no AddPartitionsToTxn asks the broker to add
+        # the partitions (one call to the coordinator for the whole request).
+        ask = self._add_txn_partitions if request.add_partitions_to_txn else self._verify_txn
+        if not to_verify or ask is None:
             return {}
         try:
-            answers = self._verify_txn(request.transactional_id, producer_id, producer_epoch, list(to_verify))
+            answers = ask(request.transactional_id, producer_id, producer_epoch, list(to_verify))
         except Exception as exc:
             log.warning("verifying transactional partitions of %r with the coordinator failed: %s",
                         request.transactional_id, exc)

@@ -179,7 +179,7 @@ class _CoordinatorStub:
             except EosError as exc:
                 # the callers' retry loops handle gRPC errors: present it as one
                 raise _CoordinatorLookupFailed(exc) from None
-            stub = stub_class(metadata.channel(address))
+            stub = metadata.stub_at(address, stub_class)
             try:
                 response = getattr(stub, method)(request, timeout=timeout, **kwargs)
             except grpc.RpcError:
@@ -204,7 +204,7 @@ class _BootstrapStub:
         metadata, stub_class = self._metadata, self._stub_class
 
         def call(request, timeout=None, **kwargs):
-            stub = stub_class(metadata.channel(metadata.bootstrap_address))
+            stub = metadata.stub_at(metadata.bootstrap_address, stub_class)
             try:
                 return getattr(stub, method)(request, timeout=timeout, **kwargs)
             except grpc.RpcError:
@@ -242,7 +242,9 @@ class ClusterMetadata:
         self._refresh_lock = threading.Lock()
         self._channels_lock = threading.Lock()
         self._channels: dict[str, grpc.Channel] = {}      # address -> channel
-        self._broker_stubs: dict[str, broker_pb2_grpc.BrokerStub] = {}
+        # (address, stub class) -> stub: a stub builds a callable per method, which costs
+        # more than the call it then makes, so each is built once.
+        self._stubs: dict[tuple[str, type], object] = {}
         self._bootstrap_index = 0       # the bootstrap address that answered last
         self._stale_topics: set[str] = set()
         self._coordinators: dict[tuple[int, str], str] = {}   # (key type, id) -> coordinator address
@@ -261,11 +263,15 @@ class ClusterMetadata:
                     channel = self._channels[address] = open_channel(address)
         return channel
 
-    def broker_stub_at(self, address: str) -> broker_pb2_grpc.BrokerStub:
-        stub = self._broker_stubs.get(address)
+    def stub_at(self, address: str, stub_class):
+        """The `stub_class` stub (BrokerStub, TxnCoordinatorStub, ...) on `address`."""
+        stub = self._stubs.get((address, stub_class))
         if stub is None:
-            stub = self._broker_stubs[address] = broker_pb2_grpc.BrokerStub(self.channel(address))
+            stub = self._stubs[(address, stub_class)] = stub_class(self.channel(address))
         return stub
+
+    def broker_stub_at(self, address: str) -> broker_pb2_grpc.BrokerStub:
+        return self.stub_at(address, broker_pb2_grpc.BrokerStub)
 
     @property
     def bootstrap_address(self) -> str:
@@ -484,7 +490,7 @@ class ClusterMetadata:
             self._closed = True
             channels = list(self._channels.values())
             self._channels.clear()
-            self._broker_stubs.clear()
+            self._stubs.clear()
         for channel in channels:
             channel.close()
 

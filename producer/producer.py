@@ -104,6 +104,12 @@ def _compression(name: str, value) -> int:
         raise ValueError(f"{name}: {exc}") from None
 
 
+def _transaction_version(name: str, value) -> int:
+    if isinstance(value, bool) or str(value).strip() not in ("1", "2"):
+        raise ValueError(f"{name} must be 1 or 2, got {value!r}")
+    return int(value)
+
+
 PRODUCER_CONFIG: dict[str, net.ConfigSpec] = {
     "bootstrap.servers": net.ConfigSpec(None, net.as_optional_str),
     "client.id": net.ConfigSpec("", net.as_str),
@@ -125,6 +131,9 @@ PRODUCER_CONFIG: dict[str, net.ConfigSpec] = {
     "partitioner.ignore.keys": net.ConfigSpec(False, net.as_bool),
     "transactional.id": net.ConfigSpec(None, net.as_optional_str),
     "transaction.timeout.ms": net.ConfigSpec(60000, net.as_int(1)),
+    # 2: partitions join a transaction with its produce requests (KIP-890 part 2, Kafka 4's
+    # transaction.version 2); 1: an AddPartitionsToTxn round trip first (Kafka's older way).
+    "transaction.version": net.ConfigSpec(2, _transaction_version),
 }
 
 
@@ -279,7 +288,10 @@ class Producer:
         self._txn: TransactionManager | None = None
         self._txn_lock = threading.Condition()
         if self._transactional_id is not None:
-            self._txn = TransactionManager(self._transactional_id, participant=participant_of is not None)
+            participant = participant_of is not None
+            self._txn = TransactionManager(
+                self._transactional_id, participant=participant,
+                partitions_added_by_produce=not participant and settings["transaction.version"] >= 2)
         self._transaction_timeout_ms = settings["transaction.timeout.ms"]
         self._request_timeout_ms = settings["request.timeout.ms"]
         self._coordinator = CoordinatorCaller(backoff=backoff, request_timeout_ms=settings["request.timeout.ms"])
@@ -388,7 +400,7 @@ class Producer:
     def _note_partition(self, topic: str, partition: int) -> None:
         tp = (topic, partition)
         txn = self._txn
-        if tp in txn.partitions_in_txn:      # the common case, without the lock
+        if tp in txn.partitions_in_txn or txn.partitions_added_by_produce:   # common cases, without the lock
             return
         with self._txn_lock:
             newly_pending = txn.note_partition(tp)

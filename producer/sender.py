@@ -206,6 +206,9 @@ class Sender(threading.Thread):
         self._call_threads = CallThreads(f"eos-producer-calls{'-' + client_id if client_id else ''}")
         self._add_partitions_attempts = 0
         self._add_partitions_retry_at_ms = 0
+        # KIP-890 part 2: the produce request asks its leader to add the partitions to the
+        # transaction, instead of an AddPartitionsToTxn round trip before the first batch.
+        self._add_partitions_by_produce = txn is not None and txn.partitions_added_by_produce
 
     # ---- control from application threads ----------------------------------------------
 
@@ -555,7 +558,8 @@ class Sender(threading.Thread):
                     for tp, payloads in payloads_by_tp.items()]
                 request = broker_pb2.ProduceRequest(
                     transactional_id=self._transactional_id, acks=self._acks,
-                    timeout_ms=self._request_timeout_ms, partitions=partitions)
+                    timeout_ms=self._request_timeout_ms, partitions=partitions,
+                    add_partitions_to_txn=self._add_partitions_by_produce)
                 request_id = next(self._request_ids)
                 in_flight = _InFlight(request_id, node, slot.batches, now)
                 self._in_flight[request_id] = in_flight
@@ -743,6 +747,10 @@ class Sender(threading.Thread):
         idem = self._idempotence
         if idem is not None and batch.base_sequence >= 0:
             idem.on_acked(batch.tp, batch.base_sequence, batch.producer_id, batch.producer_epoch)
+        txn = self._txn
+        if txn is not None and batch.tp not in txn.partitions_in_txn:
+            with self._txn_lock:
+                txn.partition_written(batch.tp)
         batch.complete(base_offset, log_append_time_ms)
         self._acc.deallocate(batch)
 

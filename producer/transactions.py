@@ -32,6 +32,14 @@ Besides the state, this class owns the bookkeeping of the open transaction:
   out). Only then does ending it need an EndTxn; a transaction that registered nothing
   ends on the client alone.
 
+With `partitions_added_by_produce` (transaction.version 2, KIP-890 part 2; an owner's
+default) there is no AddPartitionsToTxn: every partition is ready at once, the produce
+request asks its leader to add the partition to the transaction, and the transaction has
+started as soon as such a batch may have gone out. A partition joins `partitions_in_txn`
+when one of its batches of the transaction is acknowledged (`partition_written`): only
+then is it known to be registered (an abort of a transaction whose every write was refused
+may find nothing open on the coordinator, which is fine).
+
 Errors are sorted by `reaction_to(code)` (eos.errors.reaction_for, with the transaction's
 own readings): PRODUCER_FENCED and INVALID_PRODUCER_EPOCH are fatal (ProducerFencedError);
 retriable codes are retried by the caller; INVALID_TXN_STATE from a partition leader (a
@@ -139,11 +147,15 @@ def transaction_error(code: int, message: str = "") -> EosError:
 class TransactionManager:
     """The state and partition bookkeeping of one transactional (or participant) producer."""
 
-    def __init__(self, transactional_id: str, *, participant: bool = False):
+    def __init__(self, transactional_id: str, *, participant: bool = False,
+                 partitions_added_by_produce: bool = False):
         if not transactional_id:
             raise ValueError("a transactional producer needs a non-empty transactional.id")
+        if participant and partitions_added_by_produce:
+            raise ValueError("a participant registers its partitions itself (InitParticipant, AddPartitionsToTxn)")
         self.transactional_id = transactional_id
         self.participant = participant
+        self.partitions_added_by_produce = partitions_added_by_produce
         self.state = S.UNINITIALIZED
         self.last_error: BaseException | None = None
         self.partitions_in_txn: set = set()
@@ -332,8 +344,12 @@ class TransactionManager:
     def partition_ready(self, tp) -> bool:
         """The sender is about to send a batch of `tp`: True if the coordinator has
         registered the partition in this transaction; otherwise it is queued for
-        registration and the batch waits."""
+        registration and the batch waits. With partitions added by the produce, always True:
+        the batch's request registers it, so the transaction has started."""
         if tp in self.partitions_in_txn:
+            return True
+        if self.partitions_added_by_produce:
+            self.transaction_started = True
             return True
         if tp not in self.partitions_being_added:
             self.pending_partitions.add(tp)
@@ -343,7 +359,7 @@ class TransactionManager:
         """send() knows the record's partition: queue its registration now, so it overlaps
         the batch's linger (Kafka registers at send time too). True if newly queued."""
         if (tp in self.partitions_in_txn or tp in self.pending_partitions or tp in self.partitions_being_added
-                or self.state is not S.IN_TRANSACTION):
+                or self.state is not S.IN_TRANSACTION or self.partitions_added_by_produce):
             return False
         self.pending_partitions.add(tp)
         return True
@@ -376,6 +392,12 @@ class TransactionManager:
                 self.pending_partitions.add(tp)
             worst = _worse(worst, reaction)
         return worst
+
+    def partition_written(self, tp) -> None:
+        """A batch of `tp` in this transaction was acknowledged: its leader had the
+        partition registered (the produce added it, or AddPartitionsToTxn had)."""
+        if self.state in (S.IN_TRANSACTION, S.COMMITTING, S.ABORTING, S.ABORTABLE_ERROR):
+            self.partitions_in_txn.add(tp)
 
     def participant_partitions_registered(self, partitions) -> None:
         """InitParticipant registered `partitions` for this participant: they may be sent

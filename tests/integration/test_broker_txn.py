@@ -53,15 +53,17 @@ class TxnProducer:
         assert response.error_code == ErrorCode.NONE, response.error_message
         assert all(p.error_code == ErrorCode.NONE for p in response.partitions), response
 
-    def send(self, topic: str, partition: int, values: list[bytes], *, transactional_id: str | None = None):
-        """Produce one transactional batch; returns the partition result (sequence advanced on success)."""
+    def send(self, topic: str, partition: int, values: list[bytes], *, transactional_id: str | None = None,
+             add: bool = False):
+        """Produce one transactional batch; returns the partition result (sequence advanced
+        on success). `add`: the broker adds the partition to the transaction (KIP-890 part 2)."""
         sequence = self.sequences.get((topic, partition), 0)
         batch = encode_batch(values, producer_id=self.producer_id, producer_epoch=self.epoch,
                              base_sequence=sequence, transactional=True)
         [result] = self.broker.Produce(broker_pb2.ProduceRequest(
             transactional_id=self.transactional_id if transactional_id is None else transactional_id, acks=-1,
-            partitions=[broker_pb2.PartitionRecords(topic=topic, partition=partition, records=batch)]),
-            timeout=30).partitions
+            partitions=[broker_pb2.PartitionRecords(topic=topic, partition=partition, records=batch)],
+            add_partitions_to_txn=add), timeout=30).partitions
         if result.error_code == ErrorCode.NONE:
             self.sequences[(topic, partition)] = sequence + len(values)
         return result
@@ -269,6 +271,46 @@ def test_unregistered_and_late_writes_are_refused(inprocess_broker):
         assert fetch(stub, "t", partition).last_stable_offset == ends[partition]
         assert all(p.current_txn_start_offset == -1 for p in describe_producers(stub, "t", partition).values())
     assert read(stub, "t", 0) == [b"ok"] and read(stub, "t", 1) == []
+
+
+def txn_partitions(handle, transactional_id: str) -> tuple[str, set[tuple[str, int]]]:
+    """(state, partitions) of the id as DescribeTransactions gives them."""
+    [described] = handle.txn_stub().DescribeTransactions(txn_pb2.DescribeTransactionsRequest(
+        transactional_ids=[transactional_id]), timeout=30).transactions
+    return described.state, {(p.topic, p.partition) for p in described.partitions}
+
+
+def test_a_produce_that_asks_adds_its_partition_and_a_fenced_one_adds_nothing(inprocess_broker):
+    """KIP-890 part 2: with add_partitions_to_txn the broker registers the partition with the
+    coordinator itself (no AddPartitionsToTxn), the transaction commits and its records are
+    visible; a late write of the finished transaction asking the same is refused, appends
+    nothing and opens no transaction."""
+    stub = inprocess_broker.broker_stub()
+    create_topic(stub, "t", 2)
+    producer = TxnProducer(inprocess_broker, "tx-v2").init()
+    assert producer.send("t", 0, [b"a", b"b"], add=True).error_code == ErrorCode.NONE
+    assert producer.send("t", 0, [b"c"], add=True).error_code == ErrorCode.NONE   # already open there
+    assert producer.send("t", 1, [b"d"], add=True).error_code == ErrorCode.NONE
+    assert txn_partitions(inprocess_broker, "tx-v2") == ("Ongoing", {("t", 0), ("t", 1)})
+    old_epoch, old_sequences = producer.epoch, dict(producer.sequences)
+    assert producer.end(commit=True).error_code == ErrorCode.NONE
+    wait_until_stable(stub, "t", 0)
+    wait_until_stable(stub, "t", 1)
+    assert read(stub, "t", 0) == [b"a", b"b", b"c"] and read(stub, "t", 1) == [b"d"]
+    wait_for(lambda: txn_partitions(inprocess_broker, "tx-v2")[0] == "CompleteCommit", "CompleteCommit")
+
+    ends = (high_watermark(stub, "t", 0), high_watermark(stub, "t", 1))
+    producer.epoch, producer.sequences = old_epoch, old_sequences
+    for partition in (0, 1):
+        late = producer.send("t", partition, [b"late"], add=True)
+        assert late.error_code in FENCED, (partition, late)
+    assert (high_watermark(stub, "t", 0), high_watermark(stub, "t", 1)) == ends
+    assert txn_partitions(inprocess_broker, "tx-v2") == ("CompleteCommit", set())
+
+    # Without the flag nothing is added: the write is only verified, and refused.
+    current = TxnProducer(inprocess_broker, "tx-v2").init()
+    assert current.send("t", 0, [b"unregistered"]).error_code == ErrorCode.INVALID_TXN_STATE
+    assert high_watermark(stub, "t", 0) == ends[0]
 
 
 def test_zombie_is_fenced_and_never_visible(inprocess_broker):

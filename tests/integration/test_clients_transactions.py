@@ -43,19 +43,24 @@ def committed_offsets(broker, group: str, tps, *, require_stable: bool = False) 
     return {(p.topic, p.partition): p.offset for p in response.partitions}
 
 
-def test_commit_makes_records_visible_and_abort_hides_them(broker, admin):
-    admin.create_topic("tx-out", partitions=2)
-    with eos.Producer(broker.address, transactional_id="tx-a") as producer:
+@pytest.mark.parametrize("transaction_version", [2, 1])
+def test_commit_makes_records_visible_and_abort_hides_them(broker, admin, transaction_version):
+    """transaction.version 2 (the default): partitions join with the produce (KIP-890 part 2);
+    1: with an AddPartitionsToTxn first. The outcome is the same."""
+    topic = f"tx-out-v{transaction_version}"
+    admin.create_topic(topic, partitions=2)
+    with eos.Producer(broker.address, transactional_id=f"tx-a-v{transaction_version}",
+                      transaction_version=transaction_version) as producer:
         producer.init_transactions()
         first_epoch = producer.producer_epoch
         producer.begin_transaction()
-        futures = [producer.send("tx-out", b"c1-%d" % i, partition=i % 2) for i in range(100)]
+        futures = [producer.send(topic, b"c1-%d" % i, partition=i % 2) for i in range(100)]
         producer.commit_transaction()
         assert all(f.done() and f.exception() is None for f in futures)
         assert producer.producer_epoch == first_epoch + 1      # KIP-890: bumped at every end
 
         producer.begin_transaction()
-        aborted = [producer.send("tx-out", b"a-%d" % i, partition=i % 2) for i in range(50)]
+        aborted = [producer.send(topic, b"a-%d" % i, partition=i % 2) for i in range(50)]
         producer.flush()                # written to the log, then aborted
         assert all(f.exception() is None for f in aborted)
         producer.abort_transaction()
@@ -63,13 +68,13 @@ def test_commit_makes_records_visible_and_abort_hides_them(broker, admin):
 
         with producer.transaction():
             for i in range(10):
-                producer.send("tx-out", b"c2-%d" % i, partition=i % 2)
+                producer.send(topic, b"c2-%d" % i, partition=i % 2)
         assert producer.transaction_state == "READY"
 
-    committed = read_committed(broker.address, "tx-out", 2, 110)
+    committed = read_committed(broker.address, topic, 2, 110)
     assert sorted(values_of(committed)) == sorted([b"c1-%d" % i for i in range(100)] +
                                                   [b"c2-%d" % i for i in range(10)])
-    everything = consume_all(broker.address, "tx-out", 2, 160)
+    everything = consume_all(broker.address, topic, 2, 160)
     # read_uncommitted sees the aborted data too, and never a marker
     assert sorted(values_of(everything)) == sorted([b"c1-%d" % i for i in range(100)] +
                                                    [b"a-%d" % i for i in range(50)] +

@@ -80,7 +80,9 @@ def test_delivery_timeout_must_cover_linger_and_request_timeout():
 
 
 @pytest.mark.parametrize("kwargs", [{"linger_ms": -1}, {"batch_size": "big"}, {"buffer_memory": 0},
-                                    {"enable_idempotence": "maybe"}, {"linger_ms": 1.5}])
+                                    {"enable_idempotence": "maybe"}, {"linger_ms": 1.5},
+                                    {"transaction_version": 3}, {"transaction_version": 0},
+                                    {"transaction_version": True}])
 def test_bad_values_name_the_setting(kwargs):
     name = next(iter(kwargs)).replace("_", ".")
     with pytest.raises(ValueError, match=name.replace(".", r"\.")):

@@ -168,6 +168,29 @@ def test_new_partitions_wait_and_are_registered_in_one_request():
     assert txn.partitions_to_add() == [TP2]
 
 
+def test_with_partitions_added_by_produce_every_partition_is_ready_and_none_is_queued():
+    """transaction.version 2 (KIP-890 part 2): no AddPartitionsToTxn is ever asked for; the
+    first batch sent starts the transaction, and an acknowledged one registers its partition."""
+    txn = TransactionManager("tx", partitions_added_by_produce=True)
+    txn.state = S.IN_TRANSACTION
+    assert not txn.note_partition(TP0) and not txn.end_txn_needed
+    assert txn.partition_ready(TP0) and txn.partition_ready(TP1)
+    assert txn.partitions_to_add() == [] and txn.end_txn_needed
+    assert txn.nothing_registered                   # sent, not yet acknowledged
+    txn.partition_written(TP0)
+    assert txn.partitions_in_txn == {TP0} and not txn.nothing_registered
+    txn.begin_commit()
+    txn.end_done()
+    assert txn.partitions_in_txn == set() and not txn.end_txn_needed
+    txn.partition_written(TP1)                      # a late acknowledgement outside a transaction
+    assert txn.partitions_in_txn == set()
+
+
+def test_a_participant_cannot_have_its_partitions_added_by_produce():
+    with pytest.raises(ValueError, match="participant"):
+        TransactionManager("tx", participant=True, partitions_added_by_produce=True)
+
+
 def test_retriable_refusals_go_back_to_pending():
     txn = in_state(S.IN_TRANSACTION)
     txn.partition_ready(TP0)
