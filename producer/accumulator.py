@@ -107,7 +107,7 @@ class ProducerBatch:
         "_condition", "_done", "base_offset", "log_append_time_ms", "exception",
         "_record_callbacks", "_done_callbacks", "_watched_futures",
         "payload", "producer_id", "producer_epoch", "base_sequence",
-        "attempts", "retry_after_ms", "last_error", "absorbed", "__weakref__",
+        "attempts", "retry_after_ms", "last_error", "absorbed", "report_only_errors", "__weakref__",
     )
 
     def __init__(self, topic: str, partition: int, creation_index: int, created_ms: int,
@@ -138,6 +138,8 @@ class ProducerBatch:
         self._record_callbacks: list | None = None     # [(index, on_delivery)]
         self._done_callbacks: list | None = None       # [callable()]
         self._watched_futures: list | None = None      # RecordFutures with waiters
+        # delivery.report.only.error: on_delivery runs only for records that failed
+        self.report_only_errors = False
         self.payload: bytes | None = None
         self.producer_id = -1
         self.producer_epoch = -1
@@ -245,7 +247,7 @@ class ProducerBatch:
             record_callbacks = self._record_callbacks
             done_callbacks = self._done_callbacks
             self._record_callbacks = self._done_callbacks = None
-        if record_callbacks:
+        if record_callbacks and (exception is not None or not self.report_only_errors):
             for index, on_delivery in record_callbacks:
                 try:
                     on_delivery(self.metadata(index), exception)
@@ -481,8 +483,9 @@ class RecordAccumulator:
     """Per-partition batch queues shared by application threads and the sender."""
 
     def __init__(self, *, batch_size: int, buffer_memory: int, linger_ms: int, max_block_ms: int,
-                 sticky, clock: Callable[[], int]):
+                 sticky, clock: Callable[[], int], report_only_errors: bool = False):
         self.batch_size = batch_size
+        self.report_only_errors = report_only_errors
         self.buffer_memory = buffer_memory
         self.linger_ms = linger_ms
         self.max_block_ms = max_block_ms
@@ -529,6 +532,7 @@ class RecordAccumulator:
             self._check_open()   # closed while we waited
         self._available_bytes -= reserve
         batch = ProducerBatch(topic, partition, next(self._creation_counter), self._clock(), reserve)
+        batch.report_only_errors = self.report_only_errors
         dq = self._deques.get(batch.tp)
         if dq is None:
             dq = self._deques[batch.tp] = collections.deque()
@@ -577,8 +581,10 @@ class RecordAccumulator:
         return self._new_batch_locked(topic, partition, record_bytes, deadline_ms, reserve_bytes)
 
     def append(self, topic: str, partition: int | None, partition_count: int, value, key,
-               headers, timestamp_ms: int, record_bytes: int, on_delivery) -> RecordFuture:
-        """Add one record; partition None means the topic's sticky partition.
+               headers, timestamp_ms: int, record_bytes: int, on_delivery,
+               want_future: bool = True) -> RecordFuture | None:
+        """Add one record; partition None means the topic's sticky partition. Returns the
+        record's future, or None when `want_future` is false (Producer.produce).
 
         The hot path of send(): see the module doc for the cached open batch."""
         with self.lock:
@@ -603,7 +609,7 @@ class RecordAccumulator:
                 batch.sealed = True
                 self.wake_requested = True
                 self.wakeup.notify()
-        return RecordFuture(batch, index)
+        return RecordFuture(batch, index) if want_future else None
 
     def _append_tail_locked(self, topic: str, partition: int | None, partition_count: int,
                             record_bytes: int) -> ProducerBatch:

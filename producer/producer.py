@@ -129,6 +129,9 @@ PRODUCER_CONFIG: dict[str, net.ConfigSpec] = {
     "max.block.ms": net.ConfigSpec(60000, net.as_int(0)),
     "metadata.max.age.ms": net.ConfigSpec(300000, net.as_int(1)),
     "partitioner.ignore.keys": net.ConfigSpec(False, net.as_bool),
+    # librdkafka's (confluent-kafka's) setting: on_delivery is called for failed records only,
+    # which spares a per-record callback when an application only needs to hear of failures.
+    "delivery.report.only.error": net.ConfigSpec(False, net.as_bool),
     "transactional.id": net.ConfigSpec(None, net.as_optional_str),
     "transaction.timeout.ms": net.ConfigSpec(60000, net.as_int(1)),
     # 2: partitions join a transaction with its produce requests (KIP-890 part 2, Kafka 4's
@@ -284,7 +287,8 @@ class Producer:
         self._accumulator = RecordAccumulator(
             batch_size=self._batch_size, buffer_memory=self._buffer_memory,
             linger_ms=settings["linger.ms"], max_block_ms=self._max_block_ms,
-            sticky=StickyPartitions(), clock=net.now_ms)
+            sticky=StickyPartitions(), clock=net.now_ms,
+            report_only_errors=settings["delivery.report.only.error"])
         self._txn: TransactionManager | None = None
         self._txn_lock = threading.Condition()
         if self._transactional_id is not None:
@@ -339,11 +343,42 @@ class Producer:
         buffer full for max.block.ms) come back as an already failed future, as in Kafka;
         wrong argument types raise at once.
         """
+        self._check_can_send()
+        try:
+            return self._append_one(topic, value, key, partition, headers, timestamp_ms, on_delivery, True)
+        except ProducerClosedError:
+            raise
+        except EosError as exc:
+            if on_delivery is not None:
+                try:
+                    on_delivery(RecordMetadata(topic, -1 if partition is None else partition, -1,
+                                               _time_ns() // 1_000_000 if timestamp_ms is None else timestamp_ms),
+                                exc)
+                except Exception:
+                    log.exception("on_delivery callback raised")
+            return _failed_future(exc)
+
+    def produce(self, topic: str, value=None, key=None, partition: int | None = None, headers=None,
+                timestamp_ms: int | None = None,
+                on_delivery: Callable[[RecordMetadata, BaseException | None], None] | None = None) -> None:
+        """Queue one record and return nothing, as confluent-kafka's produce() does: the
+        per-record path without a Future. The outcome reaches `on_delivery(metadata,
+        exception)` on the sender thread; flush() waits for every record. An error the
+        producer can name before sending (too large, topic unknown after max.block.ms,
+        buffer full for max.block.ms, the transaction's state) is raised here instead."""
+        self._check_can_send()
+        self._append_one(topic, value, key, partition, headers, timestamp_ms, on_delivery, False)
+
+    def _check_can_send(self) -> None:
         if self._closed:
             raise ProducerClosedError("cannot send after the producer is closed")
         if self._txn is not None:
             with self._txn_lock:
                 self._txn.check_send()
+
+    def _append_one(self, topic: str, value, key, partition: int | None, headers, timestamp_ms: int | None,
+                    on_delivery, want_future: bool) -> RecordFuture | None:
+        """send() and produce(), after `_check_can_send`: check, partition and queue one record."""
         # One record per call: this is the hot path of a per-record producer, written for
         # the fewest lookups and calls in the common case (bytes value, no key, headers,
         # partition or timestamp); the general cases branch off it.
@@ -357,36 +392,25 @@ class Producer:
             timestamp_ms = _time_ns() // 1_000_000
         elif isinstance(timestamp_ms, bool) or not isinstance(timestamp_ms, int) or timestamp_ms < 0:
             raise ValueError(f"timestamp_ms must be a non-negative int, got {timestamp_ms!r}")
-        try:
-            count = self._metadata.partition_count(topic)
-            if count is None:
-                count = self._partition_count(topic)
-            if partition is not None:
-                if isinstance(partition, bool) or not isinstance(partition, int) or not 0 <= partition < count:
-                    raise ValueError(f"partition {partition!r} is not in the range [0...{count - 1}] "
-                                     f"of topic {topic!r}")
-            elif key is not None and not self._ignore_keys:
-                partition = partition_for_key(key, count)
-            if partition is not None and self._txn is not None:
-                self._note_partition(topic, partition)
-            if key is None and headers is None:
-                size = RECORD_OVERHEAD_ESTIMATE_BYTES if value is None else RECORD_OVERHEAD_ESTIMATE_BYTES + len(value)
-            else:
-                size = record_size_estimate(value, key, headers)
-            if size > self._record_bytes_max:
-                self._raise_too_large(size)
-            return self._accumulator.append(topic, partition, count, value, key, headers,
-                                            timestamp_ms, size, on_delivery)
-        except ProducerClosedError:
-            raise
-        except EosError as exc:
-            if on_delivery is not None:
-                try:
-                    on_delivery(RecordMetadata(topic, -1 if partition is None else partition, -1,
-                                               timestamp_ms), exc)
-                except Exception:
-                    log.exception("on_delivery callback raised")
-            return _failed_future(exc)
+        count = self._metadata.partition_count(topic)
+        if count is None:
+            count = self._partition_count(topic)
+        if partition is not None:
+            if isinstance(partition, bool) or not isinstance(partition, int) or not 0 <= partition < count:
+                raise ValueError(f"partition {partition!r} is not in the range [0...{count - 1}] "
+                                 f"of topic {topic!r}")
+        elif key is not None and not self._ignore_keys:
+            partition = partition_for_key(key, count)
+        if partition is not None and self._txn is not None:
+            self._note_partition(topic, partition)
+        if key is None and headers is None:
+            size = RECORD_OVERHEAD_ESTIMATE_BYTES if value is None else RECORD_OVERHEAD_ESTIMATE_BYTES + len(value)
+        else:
+            size = record_size_estimate(value, key, headers)
+        if size > self._record_bytes_max:
+            self._raise_too_large(size)
+        return self._accumulator.append(topic, partition, count, value, key, headers,
+                                        timestamp_ms, size, on_delivery, want_future)
 
     def _raise_too_large(self, size: int) -> None:
         if size > self._max_request_size:

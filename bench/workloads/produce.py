@@ -6,7 +6,9 @@ record is acknowledged. Throughput counts acknowledged records only, and the run
 (RecordsLost) unless acknowledged == sent == the records the broker then holds.
 
 Two paths per client, compared like with like:
-- ``send``: one call per record (Kafka: ``Producer.produce``; eos: ``Producer.send``);
+- ``send``: one call per record (both: ``Producer.produce``, which returns nothing, with
+  ``delivery.report.only.error``: failures reach the delivery callback, successes are
+  counted as sent minus failures once flush returns);
 - ``bulk``: one call per 10,000 records (Kafka: ``Producer.produce_batch``; eos:
   ``Producer.send_batch``).
 A slow client must still finish within the time budget: the measured run sends
@@ -164,16 +166,43 @@ def kafka_produce(ctx: RunContext, config: ProduceConfig) -> ProduceRun:
 
 # ---------------------------------------------------------------- eos
 
+class _EosOutcomes:
+    """What a run's sends came to: send_batch futures (bulk) and the failures the delivery
+    callback reported (per record, delivery.report.only.error)."""
+
+    def __init__(self):
+        self.futures: list = []
+        self.failures: list[BaseException] = []
+
+    def on_delivery(self, _metadata, exception) -> None:
+        if exception is not None:
+            self.failures.append(exception)
+
+    def acked(self, sent: int, path: str) -> tuple[int, list[BaseException]]:
+        """Records acknowledged (once flush returned), and the first failures."""
+        if path == "send":
+            return sent - len(self.failures), self.failures[:3]
+        acked = 0
+        failures: list[BaseException] = []
+        for future in self.futures:
+            exc = future.exception(timeout=0)
+            if exc is not None:
+                failures.append(exc)
+            else:
+                acked += len(future.result(timeout=0))    # a SendBatchResult of the call
+        return acked, failures[:3]
+
+
 def _eos_send_each(producer, topic: str, value: bytes, count: int, deadline: float,
-                   futures: list) -> int:
-    # The futures are kept (a list append per record, as an application that checks its
-    # sends would do) and checked after the clock stops.
-    send, keep = producer.send, futures.append
+                   outcomes: _EosOutcomes) -> int:
+    # produce() as on Kafka: no future; failures reach the delivery callback
+    # (delivery.report.only.error), counted after the clock stops.
+    produce, on_delivery = producer.produce, outcomes.on_delivery
     sent = 0
     while sent < count:
         chunk = min(BULK_RECORDS, count - sent)
         for _ in range(chunk):
-            keep(send(topic, value=value))
+            produce(topic, value, on_delivery=on_delivery)
         sent += chunk
         if time.perf_counter() > deadline:
             break
@@ -181,66 +210,51 @@ def _eos_send_each(producer, topic: str, value: bytes, count: int, deadline: flo
 
 
 def _eos_send_bulk(producer, topic: str, value: bytes, count: int, deadline: float,
-                   futures: list) -> int:
+                   outcomes: _EosOutcomes) -> int:
     values = [value] * BULK_RECORDS
     sent = 0
     while sent < count:
         chunk = min(BULK_RECORDS, count - sent)
-        futures.append(producer.send_batch(topic, values if chunk == BULK_RECORDS
-                                           else values[:chunk]))
+        outcomes.futures.append(producer.send_batch(topic, values if chunk == BULK_RECORDS
+                                                    else values[:chunk]))
         sent += chunk
         if time.perf_counter() > deadline:
             break
     return sent
 
 
-def _eos_acked(futures: list, path: str) -> tuple[int, list[BaseException]]:
-    """Records acknowledged according to resolved futures, and the first failures."""
-    acked = 0
-    failures: list[BaseException] = []
-    for future in futures:
-        exc = future.exception(timeout=0)
-        if exc is not None:
-            if len(failures) < 3:
-                failures.append(exc)
-            continue
-        # send(): one record per future; send_batch(): a SendBatchResult of the call.
-        acked += 1 if path == "send" else len(future.result(timeout=0))
-    return acked, failures
-
-
 def eos_produce(ctx: RunContext, config: ProduceConfig) -> ProduceRun:
     eos = eos_module("Producer")
     if config.path == "bulk" and not hasattr(eos.Producer, "send_batch"):
         raise NotAvailable("eos.Producer.send_batch does not exist yet")
-    producer = eos.Producer(ctx.bootstrap, acks=config.acks,
-                            enable_idempotence=config.idempotent, linger_ms=LINGER_MS)
+    producer = eos.Producer(ctx.bootstrap, acks=config.acks, enable_idempotence=config.idempotent,
+                            linger_ms=LINGER_MS, delivery_report_only_error=True)
     try:
         send = _eos_send_each if config.path == "send" else _eos_send_bulk
         value = b"v" * ctx.sizes.value_bytes
         warmup = ctx.topic_name("warmup")
         eos_create_topic(ctx.bootstrap, warmup)
-        futures: list = []
+        outcomes = _EosOutcomes()
         warm_start = time.perf_counter()
-        send(producer, warmup, value, ctx.sizes.warmup_records, float("inf"), futures)
+        send(producer, warmup, value, ctx.sizes.warmup_records, float("inf"), outcomes)
         producer.flush(FLUSH_TIMEOUT_S)
         planned = planned_records(ctx, time.perf_counter() - warm_start)
-        acked, failures = _eos_acked(futures, config.path)
+        acked, failures = outcomes.acked(ctx.sizes.warmup_records, config.path)
         if acked != ctx.sizes.warmup_records:
             raise RecordsLost(f"eos warm-up {config.label} ({failures[:1]})",
                               ctx.sizes.warmup_records, acked)
         topic = ctx.topic_name(config.key)
         eos_create_topic(ctx.bootstrap, topic)
-        futures = []
+        outcomes = _EosOutcomes()
         start = time.perf_counter()
         sent = send(producer, topic, value, planned, start + 2 * ctx.sizes.max_measure_s,
-                    futures)
+                    outcomes)
         producer.flush(FLUSH_TIMEOUT_S)
         elapsed_s = time.perf_counter() - start
     finally:
         producer.close()
-    acked, failures = _eos_acked(futures, config.path)
-    del futures
+    acked, failures = outcomes.acked(sent, config.path)
+    del outcomes
     if acked != sent:
         raise RecordsLost(f"eos {config.label}: acknowledged ({failures[:1]})", sent, acked)
     stored = eos_end_offset(ctx.bootstrap, topic)

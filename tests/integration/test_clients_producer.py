@@ -147,6 +147,29 @@ def test_callbacks_run_with_metadata(broker, admin):
     assert sorted(seen) == [(i, None) for i in range(50)]
 
 
+def test_produce_returns_nothing_and_reports_through_on_delivery(broker, admin):
+    """produce(): confluent-kafka's per-record call. No future; every record's outcome
+    reaches on_delivery; what is wrong before sending raises at once and queues nothing."""
+    admin.create_topic("produced", partitions=2)
+    seen = []
+    with eos.Producer(broker.address, max_block_ms=300, max_request_size=10_000) as producer:
+        results = [producer.produce("produced", b"%d" % i, key=b"k%d" % (i % 5),
+                                    on_delivery=lambda md, exc: seen.append((md.partition, md.offset, exc)))
+                   for i in range(200)]
+        assert results == [None] * 200
+        with pytest.raises(MessageTooLargeError, match="max.request.size"):
+            producer.produce("produced", b"x" * 20_000, on_delivery=lambda md, exc: seen.append(exc))
+        with pytest.raises(UnknownTopicOrPartitionError, match="no-such-topic"):
+            producer.produce("no-such-topic", b"x")
+        with pytest.raises(ValueError, match="partition"):
+            producer.produce("produced", b"x", partition=2)
+        producer.flush(WAIT_S)
+        assert len(seen) == 200 and all(exc is None and offset >= 0 for _, offset, exc in seen)
+    assert sorted(r.value for r in consume_all(broker.address, "produced", 2, 200)) == sorted(
+        b"%d" % i for i in range(200))
+    assert sorted((p, o) for p, o, _ in seen) == sorted(set((p, o) for p, o, _ in seen))   # one offset each
+
+
 def test_flush_and_close(broker, admin):
     admin.create_topic("fc", partitions=1)
     producer = eos.Producer(broker.address, linger_ms=60_000)   # only flush() sends

@@ -349,3 +349,23 @@ def test_keys_and_headers_lists_appear_with_the_first_record_that_has_one():
     assert batch.values == [b"x" * 84, b"x" * 84, b"v", b"x" * 84]
     assert batch.keys == [None, b"k", None, None]
     assert batch.headers == [None, None, [("h", b"x")], None]
+
+
+@pytest.mark.parametrize("report_only_errors", [False, True])
+def test_delivery_report_only_error_calls_back_failed_records_only(report_only_errors):
+    clock = Clock()
+    acc = RecordAccumulator(batch_size=1000, buffer_memory=100_000, linger_ms=0, max_block_ms=0,
+                            sticky=StickyPartitions(random.Random(1)), clock=clock,
+                            report_only_errors=report_only_errors)
+    seen = []
+    size = record_size_estimate(b"v", None, None)
+    for partition in (0, 1):
+        for _ in range(3):
+            assert acc.append("t", partition, 2, b"v", None, None, 1, size,
+                              lambda md, exc: seen.append((md.partition, exc)), False) is None
+    ok, bad = sorted(acc.drain(clock(), take_all)[0], key=lambda b: b.partition)
+    ok.complete(0)
+    failure = RuntimeError("lost")
+    bad.fail(failure)
+    expected_failed = [(1, failure)] * 3
+    assert seen == (expected_failed if report_only_errors else [(0, None)] * 3 + expected_failed)
