@@ -25,8 +25,14 @@ the high watermark under read_uncommitted):
   (largest remainders first, so the total is exact and a trigger always makes progress).
   An offset span is an upper bound on the records in it: under read_committed, markers
   and aborted records take offsets but are never read.
-- `plan_ranges` cuts [start, end) of every partition into `OffsetRange`s, one Spark task
-  each; a range of more than maxRecordsPerPartition offsets is split into even pieces.
+- `plan_ranges` cuts [start, end) of every partition into `OffsetRange`s; a range of more
+  than maxRecordsPerPartition offsets is split into even pieces. `plan_tasks` turns them
+  into Spark tasks: one range each (as Spark's Kafka source does), split further until
+  there are minPartitions (Kafka's option: the largest range is halved, again and again);
+  or, with numPartitions (eos's), exactly that many tasks of near-equal offset counts, the
+  ranges packed into them in order and cut where a task is full. Packing matters when a
+  batch is small next to Spark's cost per task: 3 partitions on 2 cores are 2 waves of
+  tasks, numPartitions=2 makes them one; and a topic of 50 partitions need not be 50 tasks.
 
 The end of a batch never passes the upper bound the caller passes in, so under
 read_committed an open transaction in the input holds the batch boundary back: its
@@ -49,7 +55,8 @@ OFFSET_LIMIT = 2**63 - 1
 
 KNOWN_OPTIONS = (
     "bootstrap", "subscribe", "startingOffsets", "endingOffsets", "maxRecordsPerTrigger",
-    "maxRecordsPerPartition", "isolation", "failOnDataLoss", "pollTimeoutMs",
+    "maxRecordsPerPartition", "minPartitions", "numPartitions", "isolation", "failOnDataLoss",
+    "pollTimeoutMs",
 )
 
 
@@ -86,6 +93,8 @@ class SourceOptions(NamedTuple):
     isolation: str
     fail_on_data_loss: bool
     poll_timeout_ms: int
+    min_partitions: int | None = None
+    num_partitions: int | None = None
 
 
 class OffsetRange(NamedTuple):
@@ -248,6 +257,16 @@ def parse_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptio
     max_per_partition = None
     if "maxrecordsperpartition" in given:
         max_per_partition = _positive_int("maxRecordsPerPartition", given["maxrecordsperpartition"])
+    min_partitions = num_partitions = None
+    if "minpartitions" in given:
+        min_partitions = _positive_int("minPartitions", given["minpartitions"])
+    if "numpartitions" in given:
+        num_partitions = _positive_int("numPartitions", given["numpartitions"])
+        others = [name for name, value in (("minPartitions", min_partitions),
+                                           ("maxRecordsPerPartition", max_per_partition)) if value is not None]
+        if others:
+            raise SourceOptionError(f"option numPartitions sets the number of tasks itself; it cannot be "
+                                    f"combined with {' or '.join(others)}")
     isolation = str(given.get("isolation", "read_committed")).strip().lower()
     if isolation not in ISOLATION_LEVELS:
         raise SourceOptionError(f"option isolation must be read_committed or read_uncommitted, "
@@ -255,7 +274,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptio
     fail_on_data_loss = _boolean("failOnDataLoss", given.get("failondataloss", "true"))
     poll_timeout_ms = _positive_int("pollTimeoutMs", given.get("polltimeoutms", POLL_TIMEOUT_MS_DEFAULT))
     return SourceOptions(bootstrap, topics, starting, ending, max_per_trigger, max_per_partition,
-                         isolation, fail_on_data_loss, poll_timeout_ms)
+                         isolation, fail_on_data_loss, poll_timeout_ms, min_partitions, num_partitions)
 
 
 # ---- resolving and checking offsets -------------------------------------------------------
@@ -376,3 +395,49 @@ def plan_ranges(start: Mapping[TopicPartition, int], end: Mapping[TopicPartition
             ranges.append(OffsetRange(tp.topic, tp.partition, offset, offset + length))
             offset += length
     return ranges
+
+
+def plan_tasks(start: Mapping[TopicPartition, int], end: Mapping[TopicPartition, int], *,
+               max_records_per_partition: int | None = None, min_partitions: int | None = None,
+               num_partitions: int | None = None) -> list[tuple[OffsetRange, ...]]:
+    """The Spark tasks of a batch, each the ranges it reads in order (see the module doc).
+    Together they cover every offset of `plan_ranges(start, end)` once."""
+    ranges = plan_ranges(start, end, max_records_per_partition)
+    if num_partitions is not None:
+        return _pack(ranges, num_partitions)
+    if min_partitions is not None:
+        while len(ranges) < min_partitions:
+            largest = max(range(len(ranges)), key=lambda i: ranges[i].offset_count, default=None)
+            if largest is None or ranges[largest].offset_count < 2:
+                break       # nothing left to split
+            r = ranges[largest]
+            middle = r.start_offset + r.offset_count // 2
+            ranges[largest:largest + 1] = [r._replace(end_offset_exclusive=middle), r._replace(start_offset=middle)]
+    return [(r,) for r in ranges]
+
+
+def _pack(ranges: list[OffsetRange], tasks: int) -> list[tuple[OffsetRange, ...]]:
+    """`tasks` tasks of near-equal offset counts (fewer when there are fewer offsets), the
+    ranges taken in order and cut where a task is full."""
+    total = sum(r.offset_count for r in ranges)
+    tasks = min(tasks, total)
+    if tasks <= 0:
+        return []
+    size, extra = divmod(total, tasks)
+    planned: list[tuple[OffsetRange, ...]] = []
+    pending = list(ranges)
+    for index in range(tasks):
+        room = size + (1 if index < extra else 0)
+        task: list[OffsetRange] = []
+        while room > 0:
+            r = pending.pop(0)
+            if r.offset_count > room:
+                cut = r.start_offset + room
+                task.append(r._replace(end_offset_exclusive=cut))
+                pending.insert(0, r._replace(start_offset=cut))
+                room = 0
+            else:
+                task.append(r)
+                room -= r.offset_count
+        planned.append(tuple(task))
+    return planned

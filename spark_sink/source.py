@@ -11,9 +11,10 @@ code, and each does one job:
   which the broker answers with the last stable offset under read_committed -- and hands
   the numbers to the pure planning functions of `spark_sink.offsets`. A batch end never
   passes the upper bound, so an open transaction in the input holds the boundary back.
-- The *executors* read. Each `EosInputPartition` is an offset range [start, end) of one
-  partition; its task opens its own `eos.Consumer` (no group), assigns the partition,
-  seeks to start and polls until the consumer's position reaches end. Under
+- The *executors* read. Each `EosInputPartition` is one or more offset ranges [start, end)
+  (one per topic partition by default; `spark_sink.offsets.plan_tasks`); its task opens
+  its own `eos.Consumer` (no group) and, range by range, assigns the partition, seeks to
+  start and polls until the consumer's position reaches end. Under
   read_committed, markers and aborted records take offsets but are never returned, so
   the task stops on the position, never on a count. Records go to Spark as Arrow record
   batches, built column by column. No record ever passes through the driver.
@@ -33,6 +34,11 @@ Options (names are case-insensitive, as Spark's are):
                           among the partitions in proportion to what each has waiting
   maxRecordsPerPartition  a range of more offsets than this is split into several Spark
                           partitions (tasks) of near-equal size
+  minPartitions           at least this many tasks (Kafka's option): the largest ranges
+                          are split until there are
+  numPartitions           exactly this many tasks of near-equal offset counts, ranges packed
+                          into them (eos's; e.g. the executors' cores, so that a small
+                          micro-batch runs in one wave); not with the two above
   isolation               read_committed (default) | read_uncommitted
   failOnDataLoss          true (default): raise when records the query has not read were
                           deleted, or a partition vanished; false: skip them and go on
@@ -84,7 +90,7 @@ from spark_sink.offsets import (
     from_json_dict,
     limit_by_records,
     parse_options,
-    plan_ranges,
+    plan_tasks,
     resolve_offsets,
     to_json_dict,
 )
@@ -113,18 +119,30 @@ RECORDS_PER_POLL_MAX = 8192
 # One poll waits at most this long; the task then checks its position again (a range
 # that ends in markers is finished by the consumer's position without any record).
 POLL_SLICE_MS = 100
+# A task reads offsets below the upper bound the planner saw, so the broker always has them:
+# a long poll never helps it. It would only hold the prefetch of a finished range's
+# partition at the broker (fetch.max.wait.ms, 500 ms) while the next range of the task
+# waits behind it (one Fetch in flight per broker).
+FETCH_MAX_WAIT_MS = 10
 
 
 class EosInputPartition(InputPartition):
-    """One task's work: an `OffsetRange` (picklable; sent to the executor)."""
+    """One task's work: `OffsetRange`s read in order (picklable; sent to the executor)."""
 
-    def __init__(self, offset_range: OffsetRange):
-        super().__init__(tuple(offset_range))
-        self.offset_range = offset_range
+    def __init__(self, offset_ranges: tuple[OffsetRange, ...]):
+        super().__init__(tuple(tuple(r) for r in offset_ranges))
+        self.offset_ranges = tuple(offset_ranges)
 
     def __repr__(self) -> str:
-        r = self.offset_range
-        return f"EosInputPartition({r.topic}-{r.partition} [{r.start_offset}, {r.end_offset_exclusive}))"
+        shown = ", ".join(f"{r.topic}-{r.partition} [{r.start_offset}, {r.end_offset_exclusive})"
+                          for r in self.offset_ranges)
+        return f"EosInputPartition({shown})"
+
+
+def _tasks(options: SourceOptions, start, end) -> list[EosInputPartition]:
+    return [EosInputPartition(task) for task in plan_tasks(
+        start, end, max_records_per_partition=options.max_records_per_partition,
+        min_partitions=options.min_partitions, num_partitions=options.num_partitions)]
 
 
 class EosDataSource(DataSource):
@@ -222,10 +240,10 @@ class EosBatchReader(DataSourceReader):
         checked = check_start(start, tps, earliest, upper, fail_on_data_loss=options.fail_on_data_loss)
         for problem in checked.problems:
             log.warning("eos source: data loss (failOnDataLoss=false): %s", problem)
-        return [EosInputPartition(r) for r in plan_ranges(checked.start, end, options.max_records_per_partition)]
+        return _tasks(options, checked.start, end)
 
     def read(self, partition: EosInputPartition) -> Iterator:
-        return read_range(self.options, partition.offset_range)
+        return read_ranges(self.options, partition.offset_ranges)
 
 
 # ---- streaming reads ----------------------------------------------------------------------
@@ -291,11 +309,10 @@ class EosStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict, end: dict) -> list[EosInputPartition]:
         start_offsets = from_json_dict(start, what="start offset from Spark's offset log")
         end_offsets = from_json_dict(end, what="end offset from Spark's offset log")
-        ranges = plan_ranges(start_offsets, end_offsets, self.options.max_records_per_partition)
-        return [EosInputPartition(r) for r in ranges]
+        return _tasks(self.options, start_offsets, end_offsets)
 
     def read(self, partition: EosInputPartition) -> Iterator:
-        return read_range(self.options, partition.offset_range)
+        return read_ranges(self.options, partition.offset_ranges)
 
     def commit(self, end: dict) -> None:
         # Nothing to keep: offsets live in Spark's offset log, and the exactly-once sink
@@ -308,51 +325,59 @@ class EosStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 # ---- the executor side --------------------------------------------------------------------
 
-def read_range(options: SourceOptions, offset_range: OffsetRange) -> Iterator:
-    """The records of [start, end) of one partition, as Arrow record batches."""
+def read_ranges(options: SourceOptions, offset_ranges) -> Iterator:
+    """The records of each [start, end) in turn, as Arrow record batches, through one
+    consumer."""
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
 
     from consumer import Consumer
 
-    tp = offset_range.tp
-    start, end = offset_range.start_offset, offset_range.end_offset_exclusive
-    if start >= end:
+    offset_ranges = [r for r in offset_ranges if r.start_offset < r.end_offset_exclusive]
+    if not offset_ranges:
         return
     arrow_schema = to_arrow_schema(SCHEMA, timezone="UTC")
-    headers_type = arrow_schema.field("headers").type
     consumer = Consumer(options.bootstrap, isolation_level=options.isolation,
-                        auto_offset_reset="none",
+                        auto_offset_reset="none", fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
                         max_partition_fetch_bytes=4 * 1024 * 1024)
     try:
-        consumer.assign([tp])
-        position = _start_position(consumer, options, tp, start)
-        consumer.seek(tp, position)
-        last_progress = time.monotonic()
-        while position < end:
-            try:
-                records = consumer.poll(timeout_ms=POLL_SLICE_MS,
-                                        max_records=min(end - position, RECORDS_PER_POLL_MAX))
-            except OffsetOutOfRangeError as exc:
-                # Retention deleted the rest of our range while we read it.
-                position = _after_loss(consumer, options, tp, position, end, exc)
-                consumer.seek(tp, position)
-                continue
-            if records and records[-1].offset >= end:
-                records = [r for r in records if r.offset < end]
-            new_position = consumer.position(tp)
-            if records:
-                yield _arrow_batch(records, tp, arrow_schema, headers_type, pa)
-            if new_position > position:
-                position = new_position
-                last_progress = time.monotonic()
-            elif (time.monotonic() - last_progress) * 1000 > options.poll_timeout_ms:
-                raise EosError(
-                    f"eos source: reading {tp.topic}-{tp.partition} offsets [{start}, {end}) made no "
-                    f"progress for {options.poll_timeout_ms} ms at offset {position} "
-                    f"({options.isolation}; option pollTimeoutMs)")
+        for offset_range in offset_ranges:
+            yield from _read_range(consumer, options, offset_range, arrow_schema, pa)
     finally:
         consumer.close()
+
+
+def _read_range(consumer, options: SourceOptions, offset_range: OffsetRange, arrow_schema, pa) -> Iterator:
+    """The records of [start, end) of one partition, as Arrow record batches."""
+    tp = offset_range.tp
+    start, end = offset_range.start_offset, offset_range.end_offset_exclusive
+    headers_type = arrow_schema.field("headers").type
+    consumer.assign([tp])
+    position = _start_position(consumer, options, tp, start)
+    consumer.seek(tp, position)
+    last_progress = time.monotonic()
+    while position < end:
+        try:
+            records = consumer.poll(timeout_ms=POLL_SLICE_MS,
+                                    max_records=min(end - position, RECORDS_PER_POLL_MAX))
+        except OffsetOutOfRangeError as exc:
+            # Retention deleted the rest of our range while we read it.
+            position = _after_loss(consumer, options, tp, position, end, exc)
+            consumer.seek(tp, position)
+            continue
+        if records and records[-1].offset >= end:
+            records = [r for r in records if r.offset < end]
+        new_position = consumer.position(tp)
+        if records:
+            yield _arrow_batch(records, tp, arrow_schema, headers_type, pa)
+        if new_position > position:
+            position = new_position
+            last_progress = time.monotonic()
+        elif (time.monotonic() - last_progress) * 1000 > options.poll_timeout_ms:
+            raise EosError(
+                f"eos source: reading {tp.topic}-{tp.partition} offsets [{start}, {end}) made no "
+                f"progress for {options.poll_timeout_ms} ms at offset {position} "
+                f"({options.isolation}; option pollTimeoutMs)")
 
 
 def _start_position(consumer, options: SourceOptions, tp: TopicPartition, start: int) -> int:

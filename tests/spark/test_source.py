@@ -24,6 +24,7 @@ from spark_sink.offsets import (
     limit_by_records,
     parse_options,
     plan_ranges,
+    plan_tasks,
     resolve_offsets,
     to_json_dict,
 )
@@ -73,6 +74,11 @@ def test_option_names_are_case_insensitive_and_values_parsed():
     ({**BASE, "maxRecordsPerTrigger": "0"}, True, "maxRecordsPerTrigger must be a positive integer"),
     ({**BASE, "maxRecordsPerTrigger": "5"}, False, "maxRecordsPerTrigger is for streaming"),
     ({**BASE, "maxRecordsPerPartition": "ten"}, False, "maxRecordsPerPartition must be a positive integer"),
+    ({**BASE, "minPartitions": "0"}, True, "minPartitions must be a positive integer"),
+    ({**BASE, "numPartitions": "-2"}, False, "numPartitions must be a positive integer"),
+    ({**BASE, "numPartitions": "2", "minPartitions": "4"}, True, "cannot be combined with minPartitions"),
+    ({**BASE, "numPartitions": "2", "maxRecordsPerPartition": "4"}, False,
+     "cannot be combined with maxRecordsPerPartition"),
     ({**BASE, "isolation": "serializable"}, True, "isolation must be read_committed or read_uncommitted"),
     ({**BASE, "failOnDataLoss": "maybe"}, True, "failOnDataLoss must be true or false"),
     ({**BASE, "subscrib": "a"}, True, "unknown option(s) of the eos source: subscrib"),
@@ -179,6 +185,40 @@ def test_plan_ranges_new_partition_starts_at_zero():
     assert plan_ranges({A0: 2}, {A0: 2, A1: 3}) == [OffsetRange("a", 1, 0, 3)]
 
 
+def covered(tasks) -> list[tuple[TopicPartition, int]]:
+    """Every (partition, offset) the tasks read, in reading order."""
+    return [(r.tp, offset) for task in tasks for r in task for offset in range(r.start_offset, r.end_offset_exclusive)]
+
+
+def test_plan_tasks_defaults_to_one_range_per_task():
+    assert plan_tasks({A0: 0, A1: 2}, {A0: 4, A1: 2, A2: 3}) == [
+        (OffsetRange("a", 0, 0, 4),), (OffsetRange("a", 2, 0, 3),)]
+
+
+def test_min_partitions_halves_the_largest_ranges_until_there_are_enough():
+    tasks = plan_tasks({A0: 0, A1: 0}, {A0: 100, A1: 10}, min_partitions=4)
+    assert all(len(task) == 1 for task in tasks)
+    assert sorted(task[0].offset_count for task in tasks) == [10, 25, 25, 50]
+    assert sorted(covered(tasks)) == sorted(covered([(r,) for r in plan_ranges({A0: 0, A1: 0}, {A0: 100, A1: 10})]))
+    # a range of one offset cannot be cut: fewer tasks than asked, nothing lost
+    assert plan_tasks({A0: 0}, {A0: 1}, min_partitions=3) == [(OffsetRange("a", 0, 0, 1),)]
+
+
+@pytest.mark.parametrize("counts,tasks", [((3334, 3333, 3333), 2), ((100, 1, 1, 1, 50), 3), ((7,), 3),
+                                          ((2, 0, 1), 5), ((10, 10), 1)])
+def test_num_partitions_packs_ranges_into_tasks_of_near_equal_size(counts, tasks):
+    start = {TopicPartition("a", p): 0 for p in range(len(counts))}
+    end = {TopicPartition("a", p): n for p, n in enumerate(counts)}
+    planned = plan_tasks(start, end, num_partitions=tasks)
+    total = sum(counts)
+    assert len(planned) == min(tasks, total)
+    sizes = [sum(r.offset_count for r in task) for task in planned]
+    assert max(sizes) - min(sizes) <= 1 and sum(sizes) == total
+    # each offset once, in partition order, and the pieces of one partition contiguous
+    assert covered(planned) == covered([(r,) for r in plan_ranges(start, end)])
+    assert all(r.offset_count > 0 for task in planned for r in task)
+
+
 # ---- through Spark, against a real broker ---------------------------------------------------
 
 def rows_by_position(rows) -> dict:
@@ -218,6 +258,15 @@ def test_batch_read_with_starting_and_ending_offsets_json(spark, eos_broker, adm
     expected = {pos: v for pos, v in produced.items()
                 if (pos[0] == 0 and pos[1] >= 5) or (pos[0] == 1 and pos[1] < 12)}
     assert got == expected and len(got) == 25 + 12
+
+
+def test_num_partitions_packs_the_partitions_into_that_many_tasks(spark, eos_broker, admin):
+    admin.create_topic("packed", partitions=3)
+    produced = produce(eos_broker.address, "packed", {0: 40, 1: 41, 2: 9})
+    df = reader(spark, eos_broker, "packed", numPartitions="2")
+    assert df.rdd.getNumPartitions() == 2
+    rows = df.collect()
+    assert rows_by_position(rows) == produced and len(rows) == 90
 
 
 def test_large_ranges_are_split_into_several_input_partitions(spark, eos_broker, admin):
