@@ -79,6 +79,11 @@ class LocalCluster:
     # ---- start ------------------------------------------------------------------------------
 
     def start(self, *, progress=None) -> "LocalCluster":
+        if self.processes:
+            # A second start would spawn a second set of brokers and, failing on the data
+            # dirs' locks, stop only that set: the first would be left running.
+            raise EosError("this LocalCluster is started already (`with LocalCluster(...)` starts it)",
+                           ErrorCode.INVALID_REQUEST)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         try:
             if not self.zookeeper_connect:
