@@ -49,20 +49,12 @@ class _InProcessContext:
     def add_callback(self, callback) -> bool:
         return False        # nothing can cancel a call made on the caller's own thread
 
-    def is_active(self) -> bool:
-        return True
-
-    def set_trailing_metadata(self, metadata) -> None:
-        pass
-
-    def peer(self) -> str:
-        return "in-process"
-
 
 class InProcessBrokerStub:
     """`stub.<Rpc>(request, timeout=None)` for the unary RPCs of `servicer`."""
 
-    _UNARY_RPCS = frozenset({"Produce", "Fetch", "Metadata", "CreateTopics", "WriteTxnMarkers", "ListOffsets"})
+    # What the transaction coordinator calls (txn_coordinator.coordinator.BrokerLink).
+    _UNARY_RPCS = frozenset({"Produce", "Fetch", "Metadata", "CreateTopics", "WriteTxnMarkers"})
 
     def __init__(self, servicer):
         self._servicer = servicer

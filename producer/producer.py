@@ -42,7 +42,6 @@ from typing import Callable, Iterable, Sequence
 from eos import net
 from eos.errors import EosError, ErrorCode, MessageTooLargeError, Reaction
 from eos.v1 import common_pb2, group_pb2, txn_pb2
-from eos.records.compression import codec_from_name
 from producer.accumulator import (
     RECORD_OVERHEAD_ESTIMATE_BYTES,
     BufferExhaustedError,
@@ -54,6 +53,7 @@ from producer.accumulator import (
     _BulkCompletion,
     record_size_estimate,
 )
+from producer.config import resolve_producer_config
 from producer.coordinator import CoordinatorCaller, first_partition_error
 from producer.idempotence import IdempotenceState
 from producer.partitioner import (
@@ -77,7 +77,6 @@ log = logging.getLogger("eos.producer")
 __all__ = ["Producer", "RecordMetadata", "RecordFuture", "SendBatchResult",
            "BufferExhaustedError", "ProducerClosedError"]
 
-INT_MAX = 2147483647
 # send_batch() builds batches of up to this many bytes (bounded by max.request.size and the
 # topic's max.message.bytes): in Python a batch costs a request, a sequence range and an
 # append on the broker whatever its size, so a bulk call of 100-byte records sent in
@@ -85,88 +84,6 @@ INT_MAX = 2147483647
 # max.request.size and (nearly) max.message.bytes, so such a batch is always accepted.
 BULK_BATCH_BYTES = 1024 * 1024
 TIMESTAMP_DELTA_EXTRA_BYTES = 9
-MAX_IN_FLIGHT_FOR_IDEMPOTENCE = 5
-
-
-def _acks(name: str, value) -> int:
-    text = str(value).strip().lower() if not isinstance(value, bool) else ""
-    if text == "all" or text == "-1":
-        return -1
-    if text in ("0", "1"):
-        return int(text)
-    raise ValueError(f"{name} must be 0, 1, 'all' or -1, got {value!r}")
-
-
-def _compression(name: str, value) -> int:
-    try:
-        return codec_from_name(value)
-    except EosError as exc:
-        raise ValueError(f"{name}: {exc}") from None
-
-
-def _transaction_version(name: str, value) -> int:
-    if isinstance(value, bool) or str(value).strip() not in ("1", "2"):
-        raise ValueError(f"{name} must be 1 or 2, got {value!r}")
-    return int(value)
-
-
-PRODUCER_CONFIG: dict[str, net.ConfigSpec] = {
-    "bootstrap.servers": net.ConfigSpec(None, net.as_optional_str),
-    "client.id": net.ConfigSpec("", net.as_str),
-    "acks": net.ConfigSpec(-1, _acks),
-    "enable.idempotence": net.ConfigSpec(True, net.as_bool),
-    "linger.ms": net.ConfigSpec(5, net.as_int(0)),
-    "batch.size": net.ConfigSpec(16384, net.as_int(0)),
-    "buffer.memory": net.ConfigSpec(33554432, net.as_int(1)),
-    "compression.type": net.ConfigSpec(0, _compression),
-    "retries": net.ConfigSpec(INT_MAX, net.as_int(0)),
-    "retry.backoff.ms": net.ConfigSpec(100, net.as_int(0)),
-    "retry.backoff.max.ms": net.ConfigSpec(1000, net.as_int(0)),
-    "delivery.timeout.ms": net.ConfigSpec(120000, net.as_int(1)),
-    "request.timeout.ms": net.ConfigSpec(30000, net.as_int(1)),
-    "max.in.flight.requests.per.connection": net.ConfigSpec(5, net.as_int(1)),
-    "max.request.size": net.ConfigSpec(1048576, net.as_int(1)),
-    "max.block.ms": net.ConfigSpec(60000, net.as_int(0)),
-    "metadata.max.age.ms": net.ConfigSpec(300000, net.as_int(1)),
-    "partitioner.ignore.keys": net.ConfigSpec(False, net.as_bool),
-    # librdkafka's (confluent-kafka's) setting: on_delivery is called for failed records only,
-    # which spares a per-record callback when an application only needs to hear of failures.
-    "delivery.report.only.error": net.ConfigSpec(False, net.as_bool),
-    "transactional.id": net.ConfigSpec(None, net.as_optional_str),
-    "transaction.timeout.ms": net.ConfigSpec(60000, net.as_int(1)),
-    # 2: partitions join a transaction with its produce requests (KIP-890 part 2, Kafka 4's
-    # transaction.version 2); 1: an AddPartitionsToTxn round trip first (Kafka's older way).
-    "transaction.version": net.ConfigSpec(2, _transaction_version),
-}
-
-
-def resolve_producer_config(config: dict | None, kwargs: dict) -> dict:
-    """Checked producer settings by Kafka name, with idempotence resolved; ValueError
-    (Kafka's ConfigException) names what is wrong."""
-    values, explicit = net.resolve_config("producer", PRODUCER_CONFIG, config, kwargs)
-    if values["delivery.timeout.ms"] < values["linger.ms"] + values["request.timeout.ms"]:
-        raise ValueError(
-            f"delivery.timeout.ms ({values['delivery.timeout.ms']}) should be equal to or larger "
-            f"than linger.ms ({values['linger.ms']}) + request.timeout.ms "
-            f"({values['request.timeout.ms']})")
-    conflicts = []
-    if values["acks"] != -1:
-        conflicts.append(f"acks must be 'all' (got {values['acks']})")
-    if values["retries"] == 0:
-        conflicts.append("retries must be greater than 0")
-    if values["max.in.flight.requests.per.connection"] > MAX_IN_FLIGHT_FOR_IDEMPOTENCE:
-        conflicts.append(f"max.in.flight.requests.per.connection must be at most "
-                         f"{MAX_IN_FLIGHT_FOR_IDEMPOTENCE} (got "
-                         f"{values['max.in.flight.requests.per.connection']})")
-    transactional = values["transactional.id"] is not None
-    if transactional and "enable.idempotence" in explicit and not values["enable.idempotence"]:
-        raise ValueError("transactional.id requires enable.idempotence=true")
-    if values["enable.idempotence"]:
-        if conflicts:
-            if "enable.idempotence" in explicit or transactional:
-                raise ValueError("enable.idempotence=true needs " + "; ".join(conflicts))
-            values["enable.idempotence"] = False   # Kafka: implicit idempotence yields
-    return values
 
 
 def _as_bytes(what: str, data):

@@ -206,9 +206,6 @@ class Sender(threading.Thread):
         self._call_threads = CallThreads(f"eos-producer-calls{'-' + client_id if client_id else ''}")
         self._add_partitions_attempts = 0
         self._add_partitions_retry_at_ms = 0
-        # KIP-890 part 2: the produce request asks its leader to add the partitions to the
-        # transaction, instead of an AddPartitionsToTxn round trip before the first batch.
-        self._add_partitions_by_produce = txn is not None and txn.partitions_added_by_produce
 
     # ---- control from application threads ----------------------------------------------
 
@@ -559,7 +556,8 @@ class Sender(threading.Thread):
                 request = broker_pb2.ProduceRequest(
                     transactional_id=self._transactional_id, acks=self._acks,
                     timeout_ms=self._request_timeout_ms, partitions=partitions,
-                    add_partitions_to_txn=self._add_partitions_by_produce)
+                    # KIP-890 part 2: the leader adds the partitions to the transaction.
+                    add_partitions_to_txn=self._txn is not None and self._txn.partitions_added_by_produce)
                 request_id = next(self._request_ids)
                 in_flight = _InFlight(request_id, node, slot.batches, now)
                 self._in_flight[request_id] = in_flight

@@ -37,7 +37,8 @@ from concurrent.futures import Future
 from typing import Sequence
 
 from eos.errors import EosError, ErrorCode
-from producer.producer import Producer, resolve_producer_config
+from producer.config import resolve_producer_config
+from producer.producer import Producer
 
 TIMEOUT_MS_DEFAULT = 120_000               # one record's delivery, retries included
 REQUEST_TIMEOUT_MS_MAX = 30_000            # one Produce request (Kafka's request.timeout.ms)

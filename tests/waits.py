@@ -6,17 +6,14 @@ The bound is only reached when the behaviour under test is broken.
 """
 from __future__ import annotations
 
-import time
+from bench.kafka import wait_until
 
 WAIT_S = 60.0
 
 
 def wait_for(condition, what: str, timeout_s: float = WAIT_S, poll_s: float = 0.01):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(poll_s)
+    """`bench.kafka.wait_until`, failing the test (AssertionError) when the bound passes."""
+    try:
+        return wait_until(condition, what, timeout_s, interval_s=poll_s)
+    except TimeoutError as exc:
+        raise AssertionError(str(exc)) from None

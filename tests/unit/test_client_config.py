@@ -5,7 +5,7 @@ import pytest
 
 from consumer.consumer import CONSUMER_CONFIG
 from eos import net
-from producer.producer import resolve_producer_config
+from producer.config import resolve_producer_config
 
 
 def test_defaults_are_kafkas():

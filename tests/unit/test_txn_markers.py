@@ -207,8 +207,17 @@ def test_a_wait_that_runs_out_answers_concurrent_transactions_and_changes_nothin
 
 def test_past_the_cap_of_parked_requests_the_answer_is_concurrent_transactions_at_once(make_coordinator):
     link = FakeLink()
-    coordinator = make_coordinator(link, concurrent_wait_ms=int(WAIT_S * 1000), concurrent_waiters_max=0)
+    # A wait far longer than the test's bound: a request parked despite the cap would still
+    # be waiting when the test looks, with the markers held.
+    coordinator = make_coordinator(link, concurrent_wait_ms=3_600_000, concurrent_waiters_max=0)
     decided = committed_with_markers_held(coordinator, link)
-    answer = coordinator.add_partitions("app", decided.producer_id, decided.producer_epoch, [OUT1])
-    assert answer.error is ErrorCode.CONCURRENT_TRANSACTIONS and coordinator._concurrent_waiters == 0
+    answers = []
+    caller = threading.Thread(target=lambda: answers.append(coordinator.add_partitions(
+        "app", decided.producer_id, decided.producer_epoch, [OUT1])), daemon=True)
+    caller.start()
+    caller.join(WAIT_S)
+    parked = caller.is_alive()
     link.markers_gate.set()
+    assert not parked, "the request was parked although no more may be"
+    assert [a.error for a in answers] == [ErrorCode.CONCURRENT_TRANSACTIONS]
+    assert coordinator._concurrent_waiters == 0
