@@ -208,7 +208,12 @@ class Fetcher:
             for node, items in by_node.items():
                 stub = self._metadata.broker_stub(node) if node != net.NO_LEADER else None
                 if stub is None:
+                    # No leader in our metadata (an election under way, say): ask again after
+                    # the backoff. Without marking the topic stale the cached answer would be
+                    # read again on every attempt until the deadline.
                     last_error = EosError(f"no leader known for {items[0][0]}", ErrorCode.LEADER_NOT_AVAILABLE)
+                    for tp, _ in items:
+                        self._metadata.mark_stale(tp.topic)
                     continue
                 request = broker_pb2.ListOffsetsRequest(
                     isolation_level=self.isolation_level,

@@ -220,3 +220,48 @@ def test_a_stale_topic_is_refreshed_even_while_metadata_still_names_its_old_lead
         broker_stub=lambda node: None)
     f.send_fetches()
     assert refreshed == [["t"]]
+
+
+class _ElectionMetadata(net.ClusterMetadata):
+    """Real metadata bookkeeping (snapshot, stale topics) over canned Metadata answers: the
+    partition has no leader until the second refresh, as during an election."""
+
+    def __init__(self):
+        super().__init__("127.0.0.1:1")
+        self.refreshes = 0
+        self.asked_leaders: list[int] = []
+
+    def fetch(self, topics=None, *, include_internal=False, timeout_ms=None):
+        from eos.v1 import broker_pb2
+        leader = -1 if self.refreshes == 0 else 1
+        self.refreshes += 1
+        response = broker_pb2.MetadataResponse(
+            brokers=[broker_pb2.BrokerNode(node_id=1, host="127.0.0.1", port=1)],
+            topics=[broker_pb2.TopicMetadata(name=TP.topic, partitions=[
+                broker_pb2.PartitionMetadata(partition=0, leader_id=leader,
+                                             error_code=0 if leader >= 0 else 5)])])
+        self._apply(response, topics)
+        return response
+
+    def broker_stub(self, node_id):
+        from eos.v1 import broker_pb2
+
+        def list_offsets(request, timeout):
+            self.asked_leaders.append(node_id)
+            return broker_pb2.ListOffsetsResponse(partitions=[broker_pb2.ListedOffset(
+                topic=p.topic, partition=p.partition, offset=42) for p in request.partitions])
+        return None if self.address_of(node_id) is None else SimpleNamespace(ListOffsets=list_offsets)
+
+
+def test_list_offsets_refreshes_metadata_while_a_partition_has_no_leader():
+    # Seen in CI: a broker was killed, the cached metadata said "no leader" for a partition,
+    # and ListOffsets retried that cached answer (never refreshing) until its deadline.
+    metadata = _ElectionMetadata()
+    metadata.fetch([TP.topic])
+    assert metadata.leader(TP.topic, 0) == net.NO_LEADER
+    f = Fetcher(metadata, isolation_level=IsolationLevel.READ_UNCOMMITTED, auto_offset_reset="earliest",
+                fetch_min_bytes=1, fetch_max_wait_ms=0, fetch_max_bytes=1 << 20,
+                max_partition_fetch_bytes=1 << 20, check_crcs=True, request_timeout_ms=1000,
+                backoff=net.Backoff(1, 1))
+    assert f.list_offsets({TP: -2}, timeout_ms=5000) == {TP: 42}
+    assert metadata.refreshes >= 2 and metadata.asked_leaders == [1]
