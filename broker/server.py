@@ -94,10 +94,8 @@ LOCK_FILE_NAME = ".lock"
 # Kafka broker-level names of topic config defaults -> the topic-level name they set.
 _TOPIC_DEFAULT_NAMES = {
     "log.segment.bytes": "segment.bytes",
-    "log.roll.ms": "segment.ms",
     "log.index.size.max.bytes": "segment.index.bytes",
     "log.index.interval.bytes": "index.interval.bytes",
-    "log.retention.ms": "retention.ms",
     "log.retention.bytes": "retention.bytes",
     "log.flush.interval.messages": "flush.messages",
     "log.flush.interval.ms": "flush.ms",
@@ -113,6 +111,15 @@ _TOPIC_DEFAULT_NAMES = {
     "log.segment.delete.delay.ms": "file.delete.delay.ms",
     "unclean.leader.election.enable": "unclean.leader.election.enable",
 }
+
+# Kafka's coarser spellings of two time defaults, in Kafka's precedence: the first form set
+# wins (`log.retention.ms` over `.minutes` over `.hours`; `log.roll.ms` over `.hours`), each
+# converted to the topic-level milliseconds. A negative retention in any form means forever.
+_TIME_DEFAULT_FORMS = {
+    "retention.ms": (("log.retention.ms", 1), ("log.retention.minutes", 60_000), ("log.retention.hours", 3_600_000)),
+    "segment.ms": (("log.roll.ms", 1), ("log.roll.hours", 3_600_000)),
+}
+_TIME_FORM_NAMES = {name for forms in _TIME_DEFAULT_FORMS.values() for name, _ in forms}
 
 
 # Group coordinator settings (Kafka's names) -> BrokerConfig fields.
@@ -177,9 +184,12 @@ class BrokerConfig:
     def from_dict(cls, config: Mapping[str, str] | None) -> "BrokerConfig":
         values: dict = {}
         topic_overrides: dict[str, str] = {}
+        time_forms: dict[str, str] = {}
         for name, raw in (config or {}).items():
             raw = str(raw).strip()
-            if name in _TOPIC_DEFAULT_NAMES:
+            if name in _TIME_FORM_NAMES:
+                time_forms[name] = raw
+            elif name in _TOPIC_DEFAULT_NAMES:
                 topic_overrides[_TOPIC_DEFAULT_NAMES[name]] = raw
             elif name == "num.partitions":
                 values["num_partitions"] = _parse_int(name, raw, minimum=1)
@@ -236,6 +246,7 @@ class BrokerConfig:
         if values.get("group_min_session_timeout_ms", GROUP_MIN_SESSION_TIMEOUT_MS) > values.get(
                 "group_max_session_timeout_ms", GROUP_MAX_SESSION_TIMEOUT_MS):
             raise InvalidConfigError("group.min.session.timeout.ms must not exceed group.max.session.timeout.ms")
+        topic_overrides.update(_time_defaults(time_forms))
         try:
             topic_defaults = TopicConfig.from_overrides(topic_overrides)
         except InvalidConfigError as exc:
@@ -262,6 +273,24 @@ _CLUSTER_BOOL_NAMES = {
     "auto.leader.rebalance.enable": "auto_leader_rebalance_enable",
     "controlled.shutdown.enable": "controlled_shutdown_enable",
 }
+
+
+def _time_defaults(time_forms: Mapping[str, str]) -> dict[str, str]:
+    """The topic-level `retention.ms` / `segment.ms` defaults the broker's time settings give,
+    by Kafka's precedence; every form given is validated, the ones outranked included."""
+    resolved: dict[str, str] = {}
+    for topic_name, forms in _TIME_DEFAULT_FORMS.items():
+        chosen_ms = None
+        for name, unit_ms in forms:
+            if name not in time_forms:
+                continue
+            minimum = -1 if topic_name == "retention.ms" else 1
+            value = _parse_int(name, time_forms[name], minimum=minimum)
+            if chosen_ms is None:
+                chosen_ms = -1 if value < 0 else value * unit_ms
+        if chosen_ms is not None:
+            resolved[topic_name] = str(chosen_ms)
+    return resolved
 
 
 def _parse_int(name: str, raw: str, *, minimum: int, maximum: int | None = None) -> int:

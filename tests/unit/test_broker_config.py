@@ -61,3 +61,53 @@ def test_the_coordinator_refuses_timeouts_over_transaction_max_timeout_ms(tmp_pa
                     timeout=30).error_code
             assert init(30001) == ErrorCode.INVALID_TRANSACTION_TIMEOUT
             assert init(30000) == ErrorCode.NONE
+
+
+HOUR_MS = 3_600_000
+
+
+@pytest.mark.parametrize("settings, retention_ms, segment_ms", [
+    ({}, 604_800_000, 604_800_000),                                       # Kafka's 168 hours
+    ({"log.retention.hours": "1"}, HOUR_MS, 604_800_000),
+    ({"log.retention.minutes": "30", "log.retention.hours": "5"}, 1_800_000, 604_800_000),
+    ({"log.retention.ms": "1234", "log.retention.minutes": "30", "log.retention.hours": "5"}, 1234, 604_800_000),
+    ({"log.retention.hours": "-1"}, -1, 604_800_000),                      # forever
+    ({"log.retention.minutes": "-1", "log.retention.hours": "2"}, -1, 604_800_000),
+    ({"log.roll.hours": "2"}, 604_800_000, 2 * HOUR_MS),
+    ({"log.roll.ms": "500", "log.roll.hours": "2"}, 604_800_000, 500),
+])
+def test_time_defaults_follow_kafkas_precedence(settings, retention_ms, segment_ms):
+    defaults = BrokerConfig.from_dict(settings).topic_defaults
+    assert (defaults.retention_ms, defaults.segment_ms) == (retention_ms, segment_ms)
+
+
+@pytest.mark.parametrize("name, raw", [
+    ("log.retention.hours", "an hour"), ("log.roll.hours", "0"), ("log.retention.minutes", "-7"),
+])
+def test_an_outranked_time_form_is_still_validated(name, raw):
+    with pytest.raises(InvalidConfigError) as raised:
+        BrokerConfig.from_dict({"log.retention.ms": "1000", "log.roll.ms": "1000", name: raw})
+    assert name in str(raised.value)
+
+
+def test_log_retention_check_interval_ms_is_parsed():
+    assert BrokerConfig.from_dict({"log.retention.check.interval.ms": "250"}).log_retention_check_interval_ms == 250
+
+
+def test_log_retention_hours_deletes_a_segment_older_than_an_hour(tmp_path):
+    from broker.storage import LogManager
+    from tests.storage_batches import make_batch
+    now = [0]
+    manager = LogManager(str(tmp_path), now_ms_fn=lambda: now[0])
+    manager.load({})
+    defaults = BrokerConfig.from_dict({"log.retention.hours": "1", "log.roll.hours": "1",
+                                       "log.segment.delete.delay.ms": "0"}).topic_defaults
+    log = manager.create_log("events", 0, defaults)
+    log.append_as_leader(make_batch(1, timestamp_ms=0), now_ms=0)
+    # log.roll.hours=1: the next append, an hour on, starts a new segment
+    log.append_as_leader(make_batch(1, timestamp_ms=HOUR_MS + 1), now_ms=HOUR_MS + 1)
+    assert [s.base_offset for s in log.segments] == [0, 1]
+    manager.run_housekeeping(now_ms=HOUR_MS)            # the first segment is exactly an hour old
+    assert log.log_start_offset == 0
+    manager.run_housekeeping(now_ms=HOUR_MS + 1)        # ... and now older than an hour
+    assert log.log_start_offset == 1
