@@ -16,7 +16,8 @@ from typing import Any
 from eos.errors import InvalidConfigError
 
 LONG_MAX = 2**63 - 1
-COMPRESSION_TYPES = ("producer", "none", "uncompressed", "gzip", "snappy", "lz4", "zstd")
+# Kafka's topic-level values (BrokerCompressionType): "none" is a producer spelling only.
+COMPRESSION_TYPES = ("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd")
 
 
 @dataclasses.dataclass(frozen=True)

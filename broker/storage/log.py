@@ -87,7 +87,8 @@ from eos.errors import (
     StorageError,
 )
 from eos.records.codec import CONTROL_TYPE_COMMIT, decode_control_record, encode_control_batch
-from eos.records.raw import first_keyless_record
+from eos.records.compression import codec_from_name
+from eos.records.raw import first_keyless_record, recompress_batches
 from eos.records.header import (
     BATCH_LENGTH_STRUCT,
     NO_PRODUCER_ID,
@@ -561,6 +562,14 @@ class Log:
             return self._append_marker(records, prepared, header.producer_id, header.producer_epoch,
                                        coordinator_epoch, committed, now_ms, leader_epoch)
         config = self.config
+        if config.compression_type != "producer" and origin is not AppendOrigin.REPLICATION:
+            # The topic's codec, not the producer's (Kafka's LogValidator). Done before the
+            # lock, and the new bytes are checked again (max.message.bytes applies to what is
+            # stored, as in Kafka).
+            recompressed = recompress_batches(records, prepared.headers, codec_from_name(config.compression_type))
+            if recompressed is not None:
+                records = recompressed
+                prepared = self._prepare_batches(records, origin)
         log_append_time = config.message_timestamp_type == "LogAppendTime"
         log_append_time_ms = now_ms if log_append_time else None
         buf, crcs, max_timestamp_ms = _copy_and_stamp(records, prepared.headers, leader_epoch, log_append_time_ms)

@@ -7,7 +7,8 @@ without building `Record` objects: the log cleaner (which records to keep: it ne
 record's offset, key and whether the value is null) and the compacted-topic check on
 append (every record has a key). `raw_records` walks the (decompressed) records
 section and yields each record's byte range with those three facts; `rebuild_batch` writes
-a batch holding only some of them.
+a batch holding only some of them, and `recompress_batch` the same records in another
+codec (a topic whose compression.type is not the producer's).
 
 A rebuilt batch keeps everything the header says about the original — base offset,
 lastOffsetDelta, base and max timestamps, producer id, epoch, base sequence, attributes,
@@ -143,6 +144,37 @@ def rebuild_batch(batch: bytes, header: BatchHeader, data, kept: list[RawRecord]
     _I32.pack_into(out, _RECORDS_COUNT_AT, len(kept))
     _U32.pack_into(out, _CRC_AT, crc32c(memoryview(out)[CRC_START:]))
     return bytes(out)
+
+
+def recompress_batch(buf, header: BatchHeader, codec: int) -> bytes:
+    """The batch at `header` in `buf` with its records section in `codec` (Kafka's
+    LogValidator when a topic's compression.type differs from the producer's codec). Every
+    header field but the codec bits, the length and the CRC is kept, so offsets, sequences,
+    timestamps and the transactional flag are those of the original; the records are copied
+    byte for byte after each is checked to parse (a corrupt record is refused here, as Kafka
+    refuses it when it decompresses), and nothing else about them changes."""
+    data, start, end = _records_section(buf, header)
+    raw_records(data, start, end, header)          # raises CorruptRecordError naming the record
+    section = bytes(data[start:end])
+    if codec:
+        section = _compression.compress(codec, section)
+    out = bytearray(buf[header.position:header.position + HEADER_SIZE])
+    out += section
+    _I32.pack_into(out, _BATCH_LENGTH_AT, len(out) - LOG_OVERHEAD)
+    _I16.pack_into(out, _ATTRIBUTES_AT, (header.attributes & ~COMPRESSION_CODEC_MASK) | codec)
+    _U32.pack_into(out, _CRC_AT, crc32c(memoryview(out)[CRC_START:]))
+    return bytes(out)
+
+
+def recompress_batches(buf, headers, codec: int) -> bytes | None:
+    """`buf`'s batches (parsed as `headers`) with every data batch in `codec`, or None when
+    all already are. Control batches (transaction markers) stay as written: Kafka never
+    compresses them."""
+    if all(h.is_control or h.compression == codec for h in headers):
+        return None
+    view = memoryview(buf)
+    return b"".join(bytes(view[h.position:h.position + h.size_bytes]) if h.is_control or h.compression == codec
+                    else recompress_batch(view, h, codec) for h in headers)
 
 
 def first_keyless_record(buf, header: BatchHeader) -> int | None:

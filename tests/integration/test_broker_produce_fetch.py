@@ -368,3 +368,30 @@ def test_list_offsets(inprocess_broker):
     assert (max_ts.offset, max_ts.timestamp) == (2, 3000)
     bad = list_offset(stub, "lo", 0, -9)
     assert bad.error_code == ErrorCode.INVALID_REQUEST and "-9" in bad.error_message
+
+
+# ---- compression.type: the topic's codec, not the producer's --------------------------------
+
+def test_topic_and_broker_compression_type_recompress_on_append(broker_factory):
+    import eos
+    from eos.records import compression
+    from eos.records.header import iter_headers
+    broker = broker_factory({"compression.type": "lz4"})          # the broker's default
+    stub = broker.broker_stub()
+    create_topic(stub, "zstd_topic", **{"compression.type": "zstd"})
+    create_topic(stub, "default_topic")
+    create_topic(stub, "kept", **{"compression.type": "producer"})
+    sent = [f"order-{i}".encode() * 20 for i in range(200)]
+    with eos.Producer(broker.address, compression_type="gzip", enable_idempotence=True, linger_ms=5) as producer:
+        offsets = {topic: [producer.send(topic, value, partition=0) for value in sent]
+                   for topic in ("zstd_topic", "default_topic", "kept")}
+        offsets = {topic: [f.result(30).offset for f in futures] for topic, futures in offsets.items()}
+    for topic, codec in (("zstd_topic", compression.ZSTD), ("default_topic", compression.LZ4),
+                         ("kept", compression.GZIP)):
+        result = fetch(stub, topic, 0, 0, max_bytes=1 << 24, partition_max_bytes=1 << 24)
+        headers = list(iter_headers(result.records))
+        assert headers and {h.compression for h in headers} == {codec}, topic
+        assert all(h.producer_id >= 0 for h in headers)              # idempotent batches stay so
+        records = list(iter_decoded(result.records, topic, 0))
+        assert [r.value for r in records] == sent
+        assert [r.offset for r in records] == offsets[topic] == list(range(len(sent)))
