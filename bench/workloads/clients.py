@@ -19,12 +19,13 @@ KAFKA_QUEUE_MESSAGES = 1_000_000
 
 # ---------------------------------------------------------------- Kafka (confluent-kafka)
 
-def kafka_create_topic(bootstrap: str, name: str, partitions: int = 1) -> None:
+def kafka_create_topic(bootstrap: str, name: str, partitions: int = 1,
+                       config: dict[str, str] | None = None) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
     futures = admin.create_topics([NewTopic(name, num_partitions=partitions,
-                                            replication_factor=1)],
+                                            replication_factor=1, config=config or {})],
                                   operation_timeout=TOPIC_READY_TIMEOUT_S)
     futures[name].result(timeout=TOPIC_READY_TIMEOUT_S)
     deadline = time.monotonic() + TOPIC_READY_TIMEOUT_S
@@ -96,7 +97,8 @@ def _eos_broker_stub(bootstrap: str):
     return channel, broker_pb2_grpc.BrokerStub(channel)
 
 
-def eos_create_topic(bootstrap: str, name: str, partitions: int = 1) -> None:
+def eos_create_topic(bootstrap: str, name: str, partitions: int = 1,
+                     config: dict[str, str] | None = None) -> None:
     """eos.Admin.create_topic, or the CreateTopics RPC itself while Admin is not written."""
     try:
         eos = eos_module("Admin")
@@ -105,7 +107,7 @@ def eos_create_topic(bootstrap: str, name: str, partitions: int = 1) -> None:
     if eos is not None:
         admin = eos.Admin(bootstrap)
         try:
-            admin.create_topic(name, partitions=partitions)
+            admin.create_topic(name, partitions=partitions, config=config)
         finally:
             close = getattr(admin, "close", None)
             if close is not None:
@@ -117,7 +119,7 @@ def eos_create_topic(bootstrap: str, name: str, partitions: int = 1) -> None:
     try:
         response = stub.CreateTopics(broker_pb2.CreateTopicsRequest(
             topics=[broker_pb2.NewTopic(name=name, num_partitions=partitions,
-                                        replication_factor=1)],
+                                        replication_factor=1, configs=config or {})],
             timeout_ms=int(TOPIC_READY_TIMEOUT_S * 1000)), timeout=TOPIC_READY_TIMEOUT_S)
     finally:
         channel.close()

@@ -151,10 +151,10 @@ def recompress_batch(buf, header: BatchHeader, codec: int) -> bytes:
     LogValidator when a topic's compression.type differs from the producer's codec). Every
     header field but the codec bits, the length and the CRC is kept, so offsets, sequences,
     timestamps and the transactional flag are those of the original; the records are copied
-    byte for byte after each is checked to parse (a corrupt record is refused here, as Kafka
-    refuses it when it decompresses), and nothing else about them changes."""
+    byte for byte after their lengths are checked to tile the section (a batch whose
+    records do not is refused here, as Kafka refuses it when it decompresses)."""
     data, start, end = _records_section(buf, header)
-    raw_records(data, start, end, header)          # raises CorruptRecordError naming the record
+    _check_record_lengths(data, start, end, header)
     section = bytes(data[start:end])
     if codec:
         section = _compression.compress(codec, section)
@@ -164,6 +164,32 @@ def recompress_batch(buf, header: BatchHeader, codec: int) -> bytes:
     _I16.pack_into(out, _ATTRIBUTES_AT, (header.attributes & ~COMPRESSION_CODEC_MASK) | codec)
     _U32.pack_into(out, _CRC_AT, crc32c(memoryview(out)[CRC_START:]))
     return bytes(out)
+
+
+def _check_record_lengths(data, start: int, end: int, header: BatchHeader) -> None:
+    """The section holds exactly recordsCount records by their length prefixes, or
+    CorruptRecordError. (The full walk of `raw_records` costs about as much as compressing
+    the batch; the lengths are what decide where each record, and the section, ends.)"""
+    count = header.records_count
+    zigzag1 = ZIGZAG_DECODE_1
+    position = start
+    for index in range(count):
+        if position >= end:
+            raise CorruptRecordError(f"batch at offset {header.base_offset}: the records section ends after "
+                                     f"{index} of its {count} record(s)")
+        byte = data[position]
+        if byte < 0x80:
+            length = zigzag1[byte]
+            position += 1
+        else:
+            length, position = decode_varint(data, position)
+        if length <= 0 or position + length > end:
+            raise CorruptRecordError(f"batch at offset {header.base_offset}: record {index} of {count} has "
+                                     f"length {length}, past the end of the records section")
+        position += length
+    if position != end:
+        raise CorruptRecordError(f"batch at offset {header.base_offset}: {end - position} byte(s) after its "
+                                 f"{count} record(s)")
 
 
 def recompress_batches(buf, headers, codec: int) -> bytes | None:
