@@ -2,7 +2,9 @@
 
 Theory of operation
 -------------------
-Nothing from Kafka is committed. `resolve_kafka()` writes a throwaway pom into the cache
+Nothing from Kafka is committed. `resolve_pinned_kafka()` fetches a pinned 4.4.0 with
+`eos.maven` (no Maven needed: what tests use, and what "latest" falls back to without
+`mvn`). `resolve_kafka()` writes a throwaway pom into the cache
 directory (``$EOS_BENCH_CACHE`` or ``~/.cache/eos-bench``) that depends on
 ``org.apache.kafka:kafka_2.13:<version>`` plus an SLF4J binding, and lets Maven copy the
 whole runtime classpath into ``kafka-<version>/libs``. A marker file says the copy finished,
@@ -47,6 +49,60 @@ MAVEN_TIMEOUT_S = 600
 HEAP = "-Xmx1g"
 START_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 20.0
+
+
+# The Kafka that tests and a machine without Maven use: its broker's runtime classpath (what
+# `mvn dependency:copy-dependencies` resolved for kafka_2.13 4.4.0 plus slf4j-simple) and
+# kafka-tools (DumpLogSegments), pinned, fetched by eos.maven without Maven.
+PINNED_KAFKA_VERSION = "4.4.0"
+PINNED_KAFKA_JARS: tuple[tuple[str, str, str], ...] = (
+    ("org.hdrhistogram", "HdrHistogram", "2.2.2"),
+    ("net.sourceforge.argparse4j", "argparse4j", "0.7.0"),
+    ("com.github.ben-manes.caffeine", "caffeine", "3.2.0"),
+    ("commons-beanutils", "commons-beanutils", "1.11.0"),
+    ("commons-collections", "commons-collections", "3.2.2"),
+    ("commons-digester", "commons-digester", "2.1"),
+    ("commons-logging", "commons-logging", "1.3.5"),
+    ("commons-validator", "commons-validator", "1.10.1"),
+    ("com.dynatrace.hash4j", "hash4j", "0.22.0"),
+    ("com.fasterxml.jackson.core", "jackson-annotations", "2.21"),
+    ("com.fasterxml.jackson.core", "jackson-core", "2.21.7"),
+    ("com.fasterxml.jackson.core", "jackson-databind", "2.21.7"),
+    ("com.fasterxml.jackson.dataformat", "jackson-dataformat-yaml", "2.21.7"),
+    ("com.fasterxml.jackson.datatype", "jackson-datatype-jdk8", "2.21.7"),
+    ("net.sf.jopt-simple", "jopt-simple", "5.0.4"),
+    ("org.bitbucket.b_c", "jose4j", "0.9.6"),
+    ("org.jspecify", "jspecify", "1.0.0"),
+    ("org.apache.kafka", "kafka-clients", PINNED_KAFKA_VERSION),
+    ("org.apache.kafka", "kafka-coordinator-common", PINNED_KAFKA_VERSION),
+    ("org.apache.kafka", "kafka-group-coordinator", PINNED_KAFKA_VERSION),
+    ("org.apache.kafka", "kafka-group-coordinator-api", PINNED_KAFKA_VERSION),
+    ("org.apache.kafka", "kafka-metadata", PINNED_KAFKA_VERSION),
+    ("org.apache.kafka", "kafka-raft", PINNED_KAFKA_VERSION),
+    ("org.apache.kafka", "kafka-server", PINNED_KAFKA_VERSION),
+    ("org.apache.kafka", "kafka-server-common", PINNED_KAFKA_VERSION),
+    ("org.apache.kafka", "kafka-share-coordinator", PINNED_KAFKA_VERSION),
+    ("org.apache.kafka", "kafka-storage", PINNED_KAFKA_VERSION),
+    ("org.apache.kafka", "kafka-storage-api", PINNED_KAFKA_VERSION),
+    ("org.apache.kafka", "kafka-tools-api", PINNED_KAFKA_VERSION),
+    ("org.apache.kafka", "kafka-transaction-coordinator", PINNED_KAFKA_VERSION),
+    ("org.apache.kafka", "kafka_2.13", PINNED_KAFKA_VERSION),
+    ("org.apache.logging.log4j", "log4j-api", "2.25.5"),
+    ("org.apache.logging.log4j", "log4j-core", "2.25.5"),
+    ("at.yawk.lz4", "lz4-java", "1.11.2"),
+    ("com.yammer.metrics", "metrics-core", "2.2.0"),
+    ("org.pcollections", "pcollections", "4.0.2"),
+    ("com.google.re2j", "re2j", "1.8"),
+    ("org.scala-lang", "scala-library", "2.13.18"),
+    ("com.typesafe.scala-logging", "scala-logging_2.13", "3.9.6"),
+    ("org.scala-lang", "scala-reflect", "2.13.18"),
+    ("org.slf4j", "slf4j-api", "1.7.36"),
+    ("org.slf4j", "slf4j-simple", "1.7.36"),
+    ("org.yaml", "snakeyaml", "2.5"),
+    ("org.xerial.snappy", "snappy-java", "1.1.10.7"),
+    ("com.github.luben", "zstd-jni", "1.5.7-17"),
+    ("org.apache.kafka", "kafka-tools", PINNED_KAFKA_VERSION),
+)
 
 
 class KafkaUnavailable(RuntimeError):
@@ -176,8 +232,22 @@ class KafkaDist:
         return str(self.libs / "*")
 
 
+def resolve_pinned_kafka(progress=None) -> KafkaDist:
+    """Kafka PINNED_KAFKA_VERSION's jars, downloaded without Maven on first use."""
+    from eos import maven
+    try:
+        home = maven.fetch_jars(maven.cache_root() / f"kafka-{PINNED_KAFKA_VERSION}", PINNED_KAFKA_JARS,
+                                marker_text=PINNED_KAFKA_VERSION, progress=progress)
+    except maven.JarsUnavailable as exc:
+        raise KafkaUnavailable(str(exc)) from None
+    return KafkaDist(PINNED_KAFKA_VERSION, home)
+
+
 def resolve_kafka(version: str = "latest", refresh: bool = False) -> KafkaDist:
-    """Jars for Kafka `version` ("latest" = newest 4.x that resolves), cached."""
+    """Jars for Kafka `version` ("latest" = newest 4.x that resolves), cached. Without
+    Maven on the machine, "latest" is the pinned version, fetched without it."""
+    if version == "latest" and shutil.which("mvn") is None:
+        return resolve_pinned_kafka()
     if version != "latest":
         libs = _copy_runtime(version)
         if libs is None:
@@ -378,15 +448,21 @@ class KafkaBroker:
             raise KafkaUnavailable(f"Kafka exited with code {self.proc.returncode}:\n"
                                    f"{_tail(self.server_log)}")
 
-    def stop(self) -> None:
+    def stop(self, *, keep_files: bool = False) -> None:
+        """SIGTERM (a clean shutdown, which flushes and closes every log), SIGKILL after a
+        bound; the temp dir is removed unless `keep_files` (then `remove_files()` later)."""
         try:
             if self.proc is not None:
                 stop_process(self.proc)
         finally:
             self.proc = None
-            if self.tmp is not None:
-                shutil.rmtree(self.tmp, ignore_errors=True)
-                self.tmp = None
+            if not keep_files:
+                self.remove_files()
+
+    def remove_files(self) -> None:
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.tmp = None
 
     def __enter__(self) -> "KafkaBroker":
         return self.start()

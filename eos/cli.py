@@ -3,6 +3,7 @@
     eos broker start [--data-dir DIR] [--port N] [--zookeeper HOST:PORT --broker-id N [--rack R]]
     eos cluster start --brokers 3 --data-dir DIR    ZooKeeper and brokers on 127.0.0.1 (eos/cli_cluster.py)
     eos topics create|list|describe|delete ...   [--replication-factor N] [--under-replicated-partitions]
+    eos topics adopt --topic T --from KAFKA_LOG_DIR --data-dir DIR    take over partitions Kafka wrote (offline)
     eos leader-election --election-type preferred|unclean ...
     eos partitions reassign --plan F --execute|--verify|--cancel
     eos produce TOPIC [--file F]            lines from stdin or a file, with a progress bar
@@ -51,6 +52,8 @@ def cmd_broker_start(args) -> int:
 # ---- topics ----------------------------------------------------------------------------
 
 def cmd_topics(args) -> int:
+    if args.action == "adopt":
+        return _adopt(args)
     import eos
     with eos.Admin(bootstrap=args.bootstrap_server) as admin:
         if args.action == "create":
@@ -69,6 +72,23 @@ def cmd_topics(args) -> int:
             for name in names:
                 _print_topic(admin.describe_topic(name), under_replicated=args.under_replicated_partitions,
                              unavailable=args.unavailable_partitions)
+    return 0
+
+
+def _adopt(args) -> int:
+    """Offline: take over a topic's partition directories from an Apache Kafka log dir."""
+    from broker.adopt import adopt_topic
+    if not args.kafka_log_dir or not args.data_dir:
+        print("error: topics adopt needs --from KAFKA_LOG_DIR and --data-dir EOS_DATA_DIR "
+              "(of a stopped broker)", file=sys.stderr)
+        return 2
+    adopted = adopt_topic(args.kafka_log_dir, args.topic, args.data_dir, config=_parse_config_pairs(args.config),
+                          now_ms=int(time.time() * 1000), progress=lambda message: print(f"  {message}"))
+    for check in adopted.partitions:
+        print(f"  {adopted.topic}-{check.partition}: {check.segments} segment(s), {check.batches:,} batches, "
+              f"log end offset {check.log_end_offset:,}")
+    print(f"Adopted topic {adopted.topic} ({len(adopted.partitions)} partition(s)); new producer ids start at "
+          f"{adopted.next_producer_id}. Start the broker on {args.data_dir} to serve it.")
     return 0
 
 
@@ -441,8 +461,8 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--config", action="append", metavar="NAME=VALUE", help="broker config override")
     start.set_defaults(handler=cmd_broker_start)
 
-    topics = client_command("topics", help="create, list, describe, delete topics")
-    topics.add_argument("action", choices=["create", "list", "describe", "delete"])
+    topics = client_command("topics", help="create, list, describe, delete topics; adopt Kafka's partitions")
+    topics.add_argument("action", choices=["create", "list", "describe", "delete", "adopt"])
     topics.add_argument("topic", nargs="?")
     topics.add_argument("--partitions", type=int, default=1)
     topics.add_argument("--replication-factor", type=int, default=1)
@@ -451,6 +471,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="describe: only partitions whose ISR is smaller than their replicas")
     topics.add_argument("--unavailable-partitions", action="store_true",
                         help="describe: only partitions without a leader")
+    topics.add_argument("--topic", dest="topic_flag", metavar="TOPIC", help="the topic, as kafka-topics spells it")
+    topics.add_argument("--from", dest="kafka_log_dir", metavar="KAFKA_LOG_DIR",
+                        help="adopt: the log dir of a cleanly stopped Apache Kafka broker holding TOPIC-0, ...")
+    topics.add_argument("--data-dir", help="adopt: the data dir of the stopped eos broker that takes the topic over")
     topics.set_defaults(handler=cmd_topics)
 
     from eos.cli_cluster import add_commands as add_cluster_commands
@@ -533,7 +557,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if getattr(args, "action", None) in ("create", "delete") and args.command == "topics" and not args.topic:
+    if args.command == "topics" and not args.topic:
+        args.topic = args.topic_flag
+    if getattr(args, "action", None) in ("create", "delete", "adopt") and args.command == "topics" and not args.topic:
         print("error: a topic name is required", file=sys.stderr)
         return 2
     from eos.errors import EosError

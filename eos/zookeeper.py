@@ -2,13 +2,10 @@
 
 Theory of operation
 -------------------
-Nothing from ZooKeeper is committed. `resolve_zookeeper()` downloads the server's runtime
-jars (the list below: ZooKeeper 3.9.3 and what its pom needs at run time, pinned) straight
-from Maven Central over HTTPS with urllib -- no Maven needed -- and checks each against the
-`.sha1` Maven Central publishes beside it. They go to ``$EOS_CACHE/zookeeper-<version>/``
-(default ``~/.cache/eos``); a marker file written last says the set is complete, and an
-exclusive lock file keeps two processes (pytest workers, the CLI) from downloading into the
-same directory at once. Later runs reuse the cache without touching the network.
+Nothing from ZooKeeper is committed. `resolve_zookeeper()` fetches the server's runtime
+jars (the list below: ZooKeeper 3.9.3 and what its pom needs at run time, pinned) with
+`eos.maven.fetch_jars` (Maven Central over HTTPS, each checked against its published SHA-1,
+no Maven needed) into ``$EOS_CACHE/zookeeper-<version>/`` (default ``~/.cache/eos``).
 
 `ZooKeeperServer` runs one standalone server (`ZooKeeperServerMain`) on 127.0.0.1 with a
 `zoo.cfg` in its data dir: a 500 ms tick, so sessions may be as short as 1 s (Kafka's tests
@@ -20,19 +17,17 @@ SIGKILL (tests restart ZooKeeper); `start()` again on the same data dir keeps th
 """
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
+from eos import maven
+
 ZOOKEEPER_VERSION = "3.9.3"
-MAVEN_CENTRAL = "https://repo1.maven.org/maven2"
 # The server's runtime classpath, from zookeeper-3.9.3.pom and its parent (compile and
 # runtime scopes; Jetty, Jackson and jline are "provided" and only serve the admin server and
 # the CLI, which eos does not use).
@@ -58,11 +53,9 @@ RUNTIME_JARS: tuple[tuple[str, str, str], ...] = (
     # likewise: snapshot file names go through its stream classes
     ("org.xerial.snappy", "snappy-java", "1.1.10.5"),
 )
-DOWNLOAD_TIMEOUT_S = 120
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0
 HEAP = "-Xmx256m"
-_COMPLETE_MARKER = ".complete"
 _LOGBACK_XML = """<configuration>
   <appender name="OUT" class="ch.qos.logback.core.ConsoleAppender">
     <encoder><pattern>%d{ISO8601} %-5level [%thread] %logger{36}: %msg%n</pattern></encoder>
@@ -76,53 +69,15 @@ class ZooKeeperUnavailable(RuntimeError):
     """ZooKeeper could not be fetched or started; the message says why."""
 
 
-def cache_root() -> Path:
-    root = Path(os.environ.get("EOS_CACHE") or Path.home() / ".cache" / "eos")
-    root.mkdir(parents=True, exist_ok=True)
-    return root
-
-
-def _jar_url(group: str, artifact: str, version: str) -> str:
-    return f"{MAVEN_CENTRAL}/{group.replace('.', '/')}/{artifact}/{version}/{artifact}-{version}.jar"
-
-
-def _download(url: str, timeout_s: float = DOWNLOAD_TIMEOUT_S) -> bytes:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
-            return response.read()
-    except OSError as exc:
-        raise ZooKeeperUnavailable(f"cannot download {url}: {exc}") from None
-
-
 def resolve_zookeeper(progress=None) -> Path:
     """The directory holding ZooKeeper's runtime jars, downloading them on first use.
     `progress(index, total, name)` is called before each download."""
-    home = cache_root() / f"zookeeper-{ZOOKEEPER_VERSION}"
-    if (home / _COMPLETE_MARKER).exists():
-        return home
-    home.mkdir(parents=True, exist_ok=True)
-    with open(home / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)            # another process may be downloading
-        if (home / _COMPLETE_MARKER).exists():
-            return home
-        for index, (group, artifact, version) in enumerate(RUNTIME_JARS, 1):
-            target = home / f"{artifact}-{version}.jar"
-            if target.exists():
-                continue
-            if progress is not None:
-                progress(index, len(RUNTIME_JARS), target.name)
-            url = _jar_url(group, artifact, version)
-            data = _download(url)
-            expected = _download(url + ".sha1").decode("ascii", "replace").split()[0].strip().lower()
-            actual = hashlib.sha1(data).hexdigest()
-            if actual != expected:
-                raise ZooKeeperUnavailable(f"{url}: SHA-1 {actual} does not match Maven Central's {expected}")
-            partial = target.with_suffix(".part")
-            partial.write_bytes(data)
-            os.replace(partial, target)
-        (home / "logback.xml").write_text(_LOGBACK_XML)
-        (home / _COMPLETE_MARKER).write_text(ZOOKEEPER_VERSION + "\n")
-    return home
+    try:
+        return maven.fetch_jars(maven.cache_root() / f"zookeeper-{ZOOKEEPER_VERSION}", RUNTIME_JARS,
+                                marker_text=ZOOKEEPER_VERSION, progress=progress,
+                                extra_files={"logback.xml": _LOGBACK_XML})
+    except maven.JarsUnavailable as exc:
+        raise ZooKeeperUnavailable(str(exc)) from None
 
 
 def four_letter_word(host: str, port: int, word: str, timeout_s: float = 2.0) -> str:

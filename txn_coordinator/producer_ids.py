@@ -56,6 +56,23 @@ class ProducerIdManager:
             self._next_id += 1
             return producer_id
 
+    def advance_past(self, producer_id: int) -> None:
+        """Never hand out `producer_id` or any id below it (ids found in logs written
+        elsewhere, such as a Kafka partition adopted by `eos topics adopt`). Durable before
+        it returns; the ids skipped are simply never used."""
+        with self._lock:
+            if producer_id < self._next_id:
+                return
+            if producer_id + 1 > PRODUCER_ID_MAX:
+                raise EosError("producer ids are exhausted")
+            self._write_block_end(producer_id + 1)
+            self._next_id = self._block_end_exclusive = producer_id + 1
+
+    def peek_next_id(self) -> int:
+        """The id the next `next_id()` will return, handing nothing out."""
+        with self._lock:
+            return self._next_id
+
     def _reserve_block(self) -> None:
         new_end = self._block_end_exclusive + self._block_size
         if new_end > PRODUCER_ID_MAX:

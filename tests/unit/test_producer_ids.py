@@ -52,3 +52,17 @@ def test_unreadable_file_refuses_to_start(tmp_path, content):
     path.write_text(content)
     with pytest.raises(StorageError, match="refusing"):
         ProducerIdManager(path)
+
+
+def test_advance_past_skips_ids_found_elsewhere_durably(tmp_path):
+    path = tmp_path / "__producer_ids"
+    manager = ProducerIdManager(path, block_size=10)
+    assert manager.next_id() == 0
+    manager.advance_past(41)               # Kafka's producers 0..41 live in an adopted log
+    assert manager.peek_next_id() == 42 and manager.next_id() == 42
+    manager.advance_past(5)                # already behind: nothing changes
+    assert manager.next_id() == 43
+    assert ProducerIdManager(path, block_size=10).next_id() >= 44   # also after a restart
+    fresh = ProducerIdManager(tmp_path / "other", block_size=10)
+    fresh.advance_past(7)
+    assert ProducerIdManager(tmp_path / "other", block_size=10).next_id() == 8
