@@ -30,6 +30,24 @@ so a restarted static member keeps its place.
   move from the most to the least loaded member only while that narrows a gap of two or
   more. When a member leaves, the survivors keep theirs and share its partitions.
 
+- `CooperativeStickyAssignor` ("cooperative-sticky", KIP-429): the sticky assignment, then
+  every partition that would move to a member while another member still claims it is
+  taken out of the plan (`partitions_in_transfer`): nobody gets it this round. Its owner,
+  finding it missing from its assignment, revokes it and rejoins at once; in that second
+  rebalance it is claimed by no one and goes where the sticky plan puts it. So a member
+  never reads a partition another member still holds, and nobody stops reading what stays.
+
+Rebalance protocols (Kafka's `RebalanceProtocol`): EAGER members give up every partition
+before they rejoin; COOPERATIVE members keep theirs, claim them in the subscription
+(owned_partitions) and give up, after SyncGroup, only those missing from their new
+assignment (`incremental_change`). Each assignor names the protocols it supports; a
+consumer follows the newest protocol that all its configured assignors support
+(`rebalance_protocol`): ["cooperative-sticky"] is COOPERATIVE, ["cooperative-sticky",
+"range"] (the upgrade path: the group can still pick range while older members remain) is
+EAGER. A group whose members share no assignor is refused by the coordinator with
+INCONSISTENT_GROUP_PROTOCOL, which is how a mix of eager-only and cooperative-only members
+is refused.
+
 A change in a topic's partition count is not seen by the coordinator: the leader notices it
 in its metadata and rejoins, which makes the coordinator start a rebalance (Kafka's rule).
 
@@ -46,9 +64,10 @@ rule: versions only append fields). Bad bytes raise ValueError naming the proble
 from __future__ import annotations
 
 import dataclasses
+import enum
 import struct
 from collections import defaultdict
-from typing import Iterable, Mapping, Protocol
+from typing import Iterable, Mapping, NamedTuple, Protocol
 
 from eos.types import TopicPartition
 
@@ -220,8 +239,16 @@ def _check_counts(partitions_per_topic: Mapping[str, int]) -> None:
             raise ValueError(f"topic {topic!r} has a negative partition count {count}")
 
 
+class RebalanceProtocol(enum.IntEnum):
+    """Kafka's ConsumerPartitionAssignor.RebalanceProtocol; a higher id is a newer protocol."""
+
+    EAGER = 0
+    COOPERATIVE = 1
+
+
 class PartitionAssignor(Protocol):
     name: str
+    supported_protocols: tuple[RebalanceProtocol, ...]
 
     def assign(self, partitions_per_topic: Mapping[str, int],
                subscriptions: Mapping[str, Subscription]) -> dict[str, list[TopicPartition]]: ...
@@ -229,6 +256,7 @@ class PartitionAssignor(Protocol):
 
 class RangeAssignor:
     name = "range"
+    supported_protocols = (RebalanceProtocol.EAGER,)
 
     def assign(self, partitions_per_topic: Mapping[str, int],
                subscriptions: Mapping[str, Subscription]) -> dict[str, list[TopicPartition]]:
@@ -254,6 +282,7 @@ class RangeAssignor:
 
 class RoundRobinAssignor:
     name = "roundrobin"
+    supported_protocols = (RebalanceProtocol.EAGER,)
 
     def assign(self, partitions_per_topic: Mapping[str, int],
                subscriptions: Mapping[str, Subscription]) -> dict[str, list[TopicPartition]]:
@@ -278,6 +307,7 @@ class RoundRobinAssignor:
 
 class StickyAssignor:
     name = "sticky"
+    supported_protocols = (RebalanceProtocol.EAGER,)
 
     def assign(self, partitions_per_topic: Mapping[str, int],
                subscriptions: Mapping[str, Subscription]) -> dict[str, list[TopicPartition]]:
@@ -356,7 +386,34 @@ class StickyAssignor:
                     break
 
 
-ASSIGNORS: dict[str, PartitionAssignor] = {a.name: a for a in (RangeAssignor(), RoundRobinAssignor(), StickyAssignor())}
+def partitions_in_transfer(plan: Mapping[str, Iterable[TopicPartition]],
+                           subscriptions: Mapping[str, Subscription]) -> set[TopicPartition]:
+    """The partitions `plan` gives to a member while another member claims to own them.
+    Any claim counts, whatever its generation: a stale claimant still reads the partition
+    until its own SyncGroup tells it to revoke, so handing it on now would let two members
+    read it at once."""
+    claimants: dict[TopicPartition, set[str]] = defaultdict(set)
+    for member_id, sub in subscriptions.items():
+        for tp in sub.owned_partitions:
+            claimants[tp].add(member_id)
+    return {tp for member_id, tps in plan.items() for tp in tps if claimants.get(tp, set()) - {member_id}}
+
+
+class CooperativeStickyAssignor(StickyAssignor):
+    name = "cooperative-sticky"
+    supported_protocols = (RebalanceProtocol.EAGER, RebalanceProtocol.COOPERATIVE)
+
+    def assign(self, partitions_per_topic: Mapping[str, int],
+               subscriptions: Mapping[str, Subscription]) -> dict[str, list[TopicPartition]]:
+        plan = super().assign(partitions_per_topic, subscriptions)
+        # EAGER members claim nothing (they gave everything up before joining), so under the
+        # eager protocol nothing is in transfer and this is the sticky assignment itself.
+        moving = partitions_in_transfer(plan, subscriptions)
+        return {m: [tp for tp in tps if tp not in moving] for m, tps in plan.items()}
+
+
+ASSIGNORS: dict[str, PartitionAssignor] = {
+    a.name: a for a in (RangeAssignor(), RoundRobinAssignor(), StickyAssignor(), CooperativeStickyAssignor())}
 DEFAULT_ASSIGNOR = "range"
 
 
@@ -365,6 +422,43 @@ def assignor_for(name: str) -> PartitionAssignor:
         return ASSIGNORS[name]
     except KeyError:
         raise ValueError(f"unknown partition.assignment.strategy {name!r}; known: {', '.join(sorted(ASSIGNORS))}") from None
+
+
+def rebalance_protocol(assignor_names: Iterable[str]) -> RebalanceProtocol:
+    """The protocol a consumer configured with these assignors follows: the newest one all
+    of them support (Kafka's ConsumerCoordinator rule)."""
+    names = list(assignor_names)
+    if not names:
+        raise ValueError("no assignor configured")
+    common = set(RebalanceProtocol)
+    for name in names:
+        common &= set(assignor_for(name).supported_protocols)
+    if not common:
+        raise ValueError(f"the assignors {names} support no rebalance protocol in common")
+    return max(common)
+
+
+class AssignmentChange(NamedTuple):
+    """What a cooperative member does with a new assignment: give up `revoked`, start
+    `added`, keep reading `kept` without a pause."""
+
+    kept: tuple[TopicPartition, ...]
+    revoked: tuple[TopicPartition, ...]
+    added: tuple[TopicPartition, ...]
+
+
+def incremental_change(owned: Iterable[TopicPartition], assigned: Iterable[TopicPartition]) -> AssignmentChange:
+    owned_set, assigned_set = set(owned), set(assigned)
+    return AssignmentChange(kept=tuple(sorted(owned_set & assigned_set)),
+                            revoked=tuple(sorted(owned_set - assigned_set)),
+                            added=tuple(sorted(assigned_set - owned_set)))
+
+
+def partitions_not_subscribed(owned: Iterable[TopicPartition], topics: Iterable[str]) -> tuple[TopicPartition, ...]:
+    """What a cooperative member revokes before it rejoins: the partitions of topics it no
+    longer subscribes to (it cannot claim them, and nobody else would get them while it held them)."""
+    wanted = set(topics)
+    return tuple(sorted(tp for tp in owned if tp.topic not in wanted))
 
 
 def assign_group(assignor: PartitionAssignor, partitions_per_topic: Mapping[str, int],
@@ -380,5 +474,7 @@ def assign_group(assignor: PartitionAssignor, partitions_per_topic: Mapping[str,
 
 
 __all__ = ["Subscription", "Assignment", "encode_subscription", "decode_subscription", "encode_assignment",
-           "decode_assignment", "RangeAssignor", "RoundRobinAssignor", "StickyAssignor", "ASSIGNORS",
+           "decode_assignment", "RangeAssignor", "RoundRobinAssignor", "StickyAssignor", "CooperativeStickyAssignor",
+           "RebalanceProtocol", "rebalance_protocol", "partitions_in_transfer", "AssignmentChange",
+           "incremental_change", "partitions_not_subscribed", "ASSIGNORS",
            "DEFAULT_ASSIGNOR", "assignor_for", "assign_group", "member_order", "CONSUMER_PROTOCOL_TYPE"]

@@ -14,8 +14,10 @@ as in Kafka; "earliest"; "none" raises).
 Groups: with a `group_id`, `subscribe()` hands the choice of partitions to the group
 (`consumer.group.ConsumerCoordinator`): each poll() first advances the membership protocol
 (join, sync, rebalance listener calls, auto-commit) and fetches only while the member is
-stable; a background thread heartbeats, and leaves the group when poll() is not called
-within max.poll.interval.ms. `assign()` with a `group_id` reads the given partitions and
+stable (eager protocol), or, under the cooperative protocol (partition.assignment.strategy
+["cooperative-sticky"]), also through a rebalance, from the partitions it keeps; a
+background thread heartbeats, and leaves the group when poll() is not called within
+max.poll.interval.ms. `assign()` with a `group_id` reads the given partitions and
 commits outside group management, as Kafka's consumer does. subscribe() and assign()
 exclude each other until unsubscribe().
 
@@ -123,7 +125,7 @@ class Consumer:
     Group settings (Kafka's names, as keyword arguments): group_instance_id (static
     membership), session_timeout_ms=45000, heartbeat_interval_ms=3000,
     max_poll_interval_ms=300000, partition_assignment_strategy=["range"] ("roundrobin",
-    "sticky"), auto_commit_interval_ms=5000, metadata_max_age_ms=300000 (how often a pattern
+    "sticky", "cooperative-sticky"), auto_commit_interval_ms=5000, metadata_max_age_ms=300000 (how often a pattern
     subscription and the leader's partition counts are looked at)."""
 
     def __init__(self, bootstrap: str = net.DEFAULT_BOOTSTRAP, *, group_id: str | None = None,
@@ -225,8 +227,10 @@ class Consumer:
         expression (`re.compile("orders-.*")`) matched in full against the cluster's topics,
         again every metadata.max.age.ms. `listener` may have on_partitions_revoked(partitions),
         on_partitions_assigned(partitions) and on_partitions_lost(partitions), called from
-        poll() (eager protocol: everything is revoked before each rebalance; lost means the
-        generation was gone, so commits were no longer possible). An empty list unsubscribes."""
+        poll() (eager protocol: everything is revoked before each rebalance; cooperative
+        protocol: only the partitions that move to another member are revoked, and
+        on_partitions_assigned gets only the newly added ones; lost means the generation was
+        gone, so commits were no longer possible). An empty list unsubscribes."""
         self._check_open()
         group = self._require_group("subscribe()")
         if self._manually_assigned:
@@ -459,8 +463,11 @@ class Consumer:
                 return []
             if fetcher._arrived:
                 continue
-            if group is not None and not group.ready():
-                continue   # the heartbeat thread asked for a rejoin (its wakeup may be cleared above)
+            if group is not None and (not group.ready() or group.rebalance_step_due()):
+                # The heartbeat thread asked for a rejoin, or a JoinGroup/SyncGroup was answered
+                # (their wakeups may be cleared above); a cooperative member keeps fetching
+                # through a rebalance, so it must not sleep on its fetches meanwhile.
+                continue
             # Wait for a Fetch to finish, or (nothing in flight: leaders unknown, backing
             # off) a short while before trying again.
             wait_s = remaining_ms / 1000 if fetcher.has_in_flight else min(remaining_ms / 1000, 0.05)

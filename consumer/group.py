@@ -7,10 +7,10 @@ Theory of operation
 `broker/group`. Like Kafka's ConsumerCoordinator it is driven from two threads:
 
 - The application's thread, inside `Consumer.poll()` (`poll()` here). It finds the group's
-  coordinator, starts a rebalance when one is needed (eager protocol: commit if auto-commit
-  is on, `on_partitions_revoked` with everything owned, then JoinGroup), advances it as its
-  RPCs finish (JoinGroup; the leader assigns with the chosen assignor; SyncGroup; the new
-  assignment goes to the fetcher, then `on_partitions_assigned`), commits automatically
+  coordinator, starts a rebalance when one is needed (commit if auto-commit is on; eager
+  protocol: `on_partitions_revoked` with everything owned, then JoinGroup), advances it as
+  its RPCs finish (JoinGroup; the leader assigns with the chosen assignor; SyncGroup; the
+  new assignment goes to the fetcher, then `on_partitions_assigned`), commits automatically
   every auto.commit.interval.ms, runs the callbacks of asynchronous commits, and every
   metadata.max.age.ms looks at the topics: a pattern subscription that now matches other
   topics, or (leader only) a topic of the group whose partition count differs from the one
@@ -32,13 +32,28 @@ holding it):
     STABLE --rejoin asked (heartbeat, metadata, subscribe)--> (poll revokes) JOINING
     SYNCING | STABLE --ILLEGAL_GENERATION | UNKNOWN_MEMBER_ID | poll timeout--> UNJOINED
 
-A member leaving STABLE for UNJOINED has lost its partitions: the next poll calls
-`on_partitions_lost` (or, when the listener has none, `on_partitions_revoked`, as Kafka's
-default does) and commits nothing, since its generation is gone.
+A member whose generation is dropped (ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID, poll timeout)
+has lost its partitions: the next poll calls `on_partitions_lost` (or, when the listener has
+none, `on_partitions_revoked`, as Kafka's default does) and commits nothing. A
+REBALANCE_IN_PROGRESS answer to JoinGroup or SyncGroup only asks for another join (Kafka's
+rule): the generation, and a cooperative member's partitions, stay.
+
+Cooperative protocol (KIP-429; every configured assignor supports it, i.e. only
+"cooperative-sticky", see `consumer.assignors.rebalance_protocol`): a rebalance does not
+stop the member. Before rejoining it revokes only the partitions of topics it no longer
+subscribes to; it keeps fetching the rest while JOINING and SYNCING (`ready()` stays true
+while its generation is valid) and claims them in its subscription. After SyncGroup
+(`incremental_change`) it commits the positions of the partitions it lost (auto-commit),
+calls `on_partitions_revoked(lost ones)` if there are any and then rejoins at once, so that
+the coordinator starts the second rebalance in which the leader hands them on; the
+assignment goes to the fetcher (kept partitions keep their positions) and
+`on_partitions_assigned(newly added)` is called, as Kafka's, even when nothing was added.
 
 Subscription metadata (Kafka's ConsumerProtocol, consumer/assignors.py): the subscribed
-topics and, for the sticky assignor only, the partitions owned in the last generation with
-that generation's id. (The eager protocol revokes everything before rejoining; Kafka's
+topics and, for the sticky assignor, the partitions owned in the last generation with
+that generation's id; for cooperative-sticky, the partitions owned now under the
+cooperative protocol and none under the eager one (they were all given up, so none is in
+transfer: Kafka's). (The eager protocol revokes everything before rejoining; Kafka's
 eager sticky assignor therefore carries the previous assignment in its user data, ours
 reads it from owned_partitions.) A restarted static member's sticky metadata therefore
 differs from what it sent before (it owns nothing yet); that does not matter: the
@@ -72,12 +87,16 @@ from consumer.assignors import (
     CONSUMER_PROTOCOL_TYPE,
     DEFAULT_GENERATION,
     Assignment,
+    RebalanceProtocol,
     Subscription,
     assignor_for,
     decode_assignment,
     decode_subscription,
     encode_assignment,
     encode_subscription,
+    incremental_change,
+    partitions_not_subscribed,
+    rebalance_protocol,
 )
 from eos import net
 from eos.errors import EosError, ErrorCode, InvariantError, Reaction, error_for, reaction_for
@@ -99,7 +118,7 @@ REBALANCE_STEPS_MAX = 8                 # state changes one poll() makes at most
 
 _COORDINATOR_MOVED = {ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE}
 _SPECIAL_ASSIGNOR_NAMES = {"rangeassignor": "range", "roundrobinassignor": "roundrobin",
-                           "stickyassignor": "sticky"}
+                           "stickyassignor": "sticky", "cooperativestickyassignor": "cooperative-sticky"}
 
 
 # ---- values handed to applications -------------------------------------------------------------
@@ -144,7 +163,7 @@ class MemberState(enum.Enum):
 
 def assignor_names(name: str, value) -> tuple[str, ...]:
     """partition.assignment.strategy: a list or a comma-separated string of assignor names
-    ("range", "roundrobin", "sticky"; Kafka's class names are accepted too)."""
+    ("range", "roundrobin", "sticky", "cooperative-sticky"; Kafka's class names are accepted too)."""
     items = value.split(",") if isinstance(value, str) else value
     try:
         raw = [str(item).strip() for item in items]
@@ -216,8 +235,9 @@ class ConsumerCoordinator:
         self.group_instance_id = group_instance_id or None
         self.client_id = client_id
         self.assignors = tuple(assignors)
-        for name in self.assignors:
-            assignor_for(name)
+        # EAGER or COOPERATIVE for the life of the consumer (raises on an unknown name).
+        self.rebalance_protocol = rebalance_protocol(self.assignors)
+        self._cooperative = self.rebalance_protocol is RebalanceProtocol.COOPERATIVE
         self.session_timeout_ms = session_timeout_ms
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.max_poll_interval_ms = max_poll_interval_ms
@@ -289,14 +309,38 @@ class ConsumerCoordinator:
 
     def ready(self) -> bool:
         """True when the member may fetch: not subscribed, or STABLE with its assignment handed
-        out (and no rejoin asked that poll has yet to start)."""
+        out (and no rejoin asked that poll has yet to start), or, under the cooperative
+        protocol, whenever its generation is valid: it reads what it owns through a rebalance."""
         if self._subscription is None:
             return True
         with self._lock:
-            return self._state is MemberState.STABLE and not self._needs_join_prepare_now()
+            if self._state is MemberState.STABLE and not self._needs_join_prepare_now():
+                return True
+            return self._cooperative and self._owned_validly_locked()
+
+    def rebalance_step_due(self) -> bool:
+        """True when poll() would move the membership protocol on now: a JoinGroup or SyncGroup
+        has been answered, or a rejoin is waiting to start. (The consumer's fetch loop asks,
+        so that a cooperative member, which keeps fetching, does not sleep on its fetches
+        while a rebalance waits for it.)"""
+        call = self._join_call
+        if call is not None:
+            return call.future.done()
+        if self._subscription is None or self._clock() < self._join_retry_at_ms:
+            return False
+        with self._lock:
+            return self._fatal is None and self._coordinator is not None and self._needs_join_prepare_now()
 
     def _needs_join_prepare_now(self) -> bool:
         return self._rejoin_needed or self._state is MemberState.UNJOINED
+
+    def _owned_validly_locked(self) -> bool:
+        """Are the partitions handed to the fetcher still this member's? Eager: only while
+        STABLE. Cooperative: until the generation is dropped (or a fatal error), through
+        JOINING and SYNCING and a JoinGroup retried after a transport error."""
+        if not self._cooperative:
+            return self._state is MemberState.STABLE
+        return self._generation_id != NO_GENERATION and self._fatal is None
 
     # ---- subscription --------------------------------------------------------------------------
 
@@ -375,21 +419,51 @@ class ConsumerCoordinator:
                 return
             if self._needs_join_prepare:
                 self._on_join_prepare()
+            if self._cooperative:
+                self._lose_if_generation_dropped()
             self._send_join()
 
     def _on_join_prepare(self) -> None:
-        """Eager protocol: commit (auto-commit), then give up everything before rejoining."""
+        """Commit (auto-commit), then, eager: give up everything before rejoining;
+        cooperative: give up only the partitions of topics no longer subscribed."""
         with self._lock:
             generation_valid = self._state is MemberState.STABLE
         if generation_valid and self.enable_auto_commit and self._owned:
             self._auto_commit_sync("before rejoining")
         self._needs_join_prepare = False
+        if not self._cooperative:
+            self._revoke_or_lose()
+            return
+        if not self._lose_if_generation_dropped():
+            unsubscribed = partitions_not_subscribed(self._owned, self._subscription.topics)
+            if unsubscribed:
+                self._give_up(unsubscribed)
+
+    def _lose_if_generation_dropped(self) -> bool:
+        """Cooperative: partitions kept into a rebalance are lost when the generation is
+        dropped on the way (another member may be given them). True if that happened."""
+        with self._lock:
+            valid = self._owned_validly_locked()
+        if valid or not self._owned:
+            return False
         self._revoke_or_lose()
+        return True
+
+    def _give_up(self, partitions) -> None:
+        """Cooperative: revoke some partitions (listener first, while the fetcher still holds
+        them, as Kafka's), keep the rest."""
+        gone = set(partitions)
+        listener = self._subscription.listener if self._subscription is not None else None
+        if listener is not None:
+            listener.on_partitions_revoked(sorted(gone))
+        self._owned = [tp for tp in self._owned if tp not in gone]
+        self._sticky_owned = list(self._owned)
+        self._assign_partitions(list(self._owned))
 
     def _revoke_or_lose(self) -> None:
         owned, self._owned = self._owned, []
         with self._lock:
-            generation_valid = self._state is MemberState.STABLE
+            generation_valid = self._owned_validly_locked()
             self._assignment_snapshot = None
             self._leader_topics = None
         self._assign_partitions([])
@@ -410,6 +484,9 @@ class ConsumerCoordinator:
         topics = tuple(sorted(self._subscription.topics))
         if assignor == "sticky":
             return encode_subscription(Subscription(topics, owned_partitions=tuple(self._sticky_owned),
+                                                    generation_id=self._owned_generation))
+        if assignor == "cooperative-sticky" and self._cooperative:
+            return encode_subscription(Subscription(topics, owned_partitions=tuple(self._owned),
                                                     generation_id=self._owned_generation))
         return encode_subscription(Subscription(topics))
 
@@ -494,8 +571,17 @@ class ConsumerCoordinator:
         if code is ErrorCode.UNKNOWN_MEMBER_ID:
             self._reset_generation(reset_member_id=True)
             return
-        if code in (ErrorCode.ILLEGAL_GENERATION, ErrorCode.REBALANCE_IN_PROGRESS):
+        if code is ErrorCode.ILLEGAL_GENERATION:
             self._reset_generation(reset_member_id=False)
+            return
+        if code is ErrorCode.REBALANCE_IN_PROGRESS:
+            # Another join phase began under us: join it. The generation stays valid (Kafka's
+            # requestRejoin), so a cooperative member keeps reading what it owns.
+            with self._lock:
+                self._state = MemberState.UNJOINED
+                self._rejoin_needed = True
+                self._cond.notify_all()
+            self.wakeup.set()
             return
         if code is ErrorCode.FENCED_INSTANCE_ID:
             self._set_fatal(FencedInstanceIdError(
@@ -510,7 +596,14 @@ class ConsumerCoordinator:
             return
         # INVALID_SESSION_TIMEOUT, INCONSISTENT_GROUP_PROTOCOL, GROUP_MAX_SIZE_REACHED, ...:
         # configuration the application must fix.
-        self._set_fatal(error_for(code, f"group {self.group_id}: {what} refused: {message or code.name}"))
+        text = f"group {self.group_id}: {what} refused: {message or code.name}"
+        if code is ErrorCode.INCONSISTENT_GROUP_PROTOCOL:
+            text += (f". This member's partition.assignment.strategy is {list(self.assignors)} "
+                     f"({self.rebalance_protocol.name} rebalancing); every member of a group must share at least "
+                     f"one assignor, so eager-only assignors (range, roundrobin, sticky) and cooperative-sticky "
+                     f"alone cannot be mixed. To move a group to cooperative rebalancing, first give every member "
+                     f"['cooperative-sticky', <the old assignor>], then, once all run that, ['cooperative-sticky']")
+        self._set_fatal(error_for(code, text))
 
     def _set_fatal(self, error: EosError) -> None:
         with self._lock:
@@ -619,6 +712,9 @@ class ConsumerCoordinator:
         log.info("group %s: generation %d, member %s assigned %s", self.group_id, generation_id,
                  call.member_id, partitions)
         self._needs_join_prepare = True
+        if self._cooperative:
+            self._complete_cooperative(partitions, generation_id)
+            return
         self._owned = partitions
         self._sticky_owned = list(partitions)
         self._owned_generation = generation_id
@@ -627,6 +723,34 @@ class ConsumerCoordinator:
         listener = self._subscription.listener if self._subscription is not None else None
         if listener is not None:
             listener.on_partitions_assigned(list(partitions))
+
+    def _complete_cooperative(self, partitions: list[TopicPartition], generation_id: int) -> None:
+        """Apply a cooperative assignment: commit and revoke only what was lost, rejoin if
+        anything was (the second rebalance hands it on), keep fetching the rest."""
+        change = incremental_change(self._owned, partitions)
+        if change.revoked:
+            if self.enable_auto_commit:
+                # The member kept fetching during the rebalance: commit where it got to on the
+                # partitions it gives up, so that their next owner starts there.
+                positions = self._positions()
+                offsets = {tp: OffsetAndMetadata(positions[tp]) for tp in change.revoked if tp in positions}
+                if offsets:
+                    try:
+                        self.commit_sync(offsets, min(self.max_poll_interval_ms, self.request_timeout_ms))
+                    except EosError as exc:
+                        log.warning("group %s: auto-commit of revoked partitions failed: %s", self.group_id, exc)
+            log.info("group %s: generation %d revokes %s and rejoins", self.group_id, generation_id,
+                     list(change.revoked))
+            self._give_up(change.revoked)
+            self._request_rejoin(f"revoked {len(change.revoked)} partitions for other members")
+        self._owned = list(partitions)
+        self._sticky_owned = list(partitions)
+        self._owned_generation = generation_id
+        self._next_auto_commit_ms = self._clock() + self.auto_commit_interval_ms
+        self._assign_partitions(list(partitions))
+        listener = self._subscription.listener if self._subscription is not None else None
+        if listener is not None:
+            listener.on_partitions_assigned(list(change.added))
 
     def _cancel_join_call(self) -> None:
         call, self._join_call = self._join_call, None

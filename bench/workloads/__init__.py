@@ -198,4 +198,4 @@ def register(workload: Workload) -> Workload:
 # Run order = import order.
 from bench.workloads import (produce, consume, latency, append, append_storage,  # noqa: E402,F401
                              append_broker, idempotence, transactions, short_txn, recompress,
-                             spark)
+                             rebalance, spark)

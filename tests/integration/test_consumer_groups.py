@@ -577,3 +577,211 @@ def test_kill_9_of_a_member_moves_its_partitions_from_the_committed_offsets(brok
     names = {r.name: r.assignments() for _, r in survivors}
     names["victim"] = {g: tuple(TopicPartition(topic, p) for p in ps) for g, ps in victim.assignments().items()}
     assert_no_overlap_per_generation(names)
+
+
+# ---- cooperative rebalancing (KIP-429) ------------------------------------------------------
+
+class Feeder:
+    """A producer thread that keeps writing one record to every partition in turn until stopped."""
+
+    def __init__(self, broker, topic: str, partitions: int):
+        self.broker, self.topic, self.partitions = broker, topic, partitions
+        self.stopped = threading.Event()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"feeder-{topic}")
+        self._thread.start()
+
+    def _run(self):
+        try:
+            with eos.Producer(self.broker.address, linger_ms=5) as producer:
+                i = 0
+                while not self.stopped.is_set():
+                    for p in range(self.partitions):
+                        producer.send(self.topic, value=f"{p}:{i}".encode(), partition=p)
+                    i += 1
+                    producer.flush()
+                    self.stopped.wait(0.005)
+        except BaseException as exc:   # reported by stop()
+            self.error = exc
+
+    def stop(self):
+        self.stopped.set()
+        self._thread.join(WAIT_S)
+        assert not self._thread.is_alive(), "the feeder did not stop"
+        if self.error is not None:
+            raise self.error
+
+
+class ContinuousMember:
+    """One member polling on its own thread without pause. Every moment its assignment can be
+    seen is recorded (after each poll, and inside each listener call), with every record read
+    and every listener call."""
+
+    def __init__(self, broker, group: str, topic: str, name: str, assignors):
+        self.name = name
+        self.consumer = eos.Consumer(broker.address, group_id=group, partition_assignment_strategy=assignors,
+                                     **MEMBER)
+        self.events: list[tuple[str, int, tuple[TopicPartition, ...]]] = []
+        self.snapshots: list[frozenset] = []        # the assignment at every moment recorded
+        self.records: list[tuple[int, int]] = []    # (partition, offset) in the order read
+        self.error: BaseException | None = None
+        self.stopped = threading.Event()
+        self.consumer.subscribe([topic], listener=self)
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"member-{name}")
+        self._thread.start()
+
+    def _note(self, kind, partitions):
+        self.events.append((kind, self.consumer.group_metadata().generation_id, tuple(sorted(partitions))))
+        self.snapshots.append(frozenset(self.consumer.assignment()))
+
+    def on_partitions_revoked(self, partitions):
+        self._note("revoked", partitions)
+
+    def on_partitions_assigned(self, partitions):
+        self._note("assigned", partitions)
+
+    def on_partitions_lost(self, partitions):
+        self._note("lost", partitions)
+
+    def _run(self):
+        try:
+            while not self.stopped.is_set():
+                records = self.consumer.poll(timeout_ms=20)
+                self.records.extend((r.partition, r.offset) for r in records)
+                self.snapshots.append(frozenset(self.consumer.assignment()))
+        except BaseException as exc:   # reported by stop()
+            self.error = exc
+
+    def _raise_failure(self):
+        if self.error is not None:     # a wait on this member fails at once, naming why
+            raise AssertionError(f"member {self.name} failed: {self.error}") from self.error
+
+    def assignment(self) -> frozenset:
+        self._raise_failure()
+        return self.snapshots[-1] if self.snapshots else frozenset()
+
+    def read_from(self, partitions, since: int = 0) -> set[int]:
+        """Partitions (numbers) among `partitions` with a record read at index `since` or later."""
+        self._raise_failure()
+        numbers = {tp.partition for tp in partitions}
+        return {p for p, _ in self.records[since:] if p in numbers}
+
+    def stop(self):
+        self.stopped.set()
+        self._thread.join(WAIT_S)
+        assert not self._thread.is_alive(), f"member {self.name} did not stop polling"
+        # What it heard and held while a member (close() then revokes the rest).
+        self.live_events, self.live_snapshots = list(self.events), list(self.snapshots)
+        self.consumer.close()
+        if self.error is not None:
+            raise self.error
+
+
+def settled(members, expected: set[TopicPartition]) -> bool:
+    generations = {m.consumer.group_metadata().generation_id for m in members}
+    owned = [m.assignment() for m in members]
+    return (len(generations) == 1 and -1 not in generations and set().union(*owned) == expected
+            and sum(len(o) for o in owned) == len(expected))
+
+
+def test_cooperative_a_fourth_member_joining_three_does_not_stop_what_they_keep(broker):
+    partitions = 12
+    topic, group = fresh("coop"), fresh("g-coop")
+    create_topic(broker, topic, partitions)
+    expected = all_partitions(topic, partitions)
+    feeder = Feeder(broker, topic, partitions)
+    old = [ContinuousMember(broker, group, topic, n, ["cooperative-sticky"]) for n in ("a", "b", "c")]
+    newcomer = None
+    try:
+        wait_for(lambda: settled(old, expected), "three members to share the topic")
+        before = {m.name: m.assignment() for m in old}
+        wait_for(lambda: all(m.read_from(before[m.name]) == {tp.partition for tp in before[m.name]} for m in old),
+                 "each of the three to read every partition it owns")
+        joined_at = {m.name: len(m.records) for m in old}
+        snapshots_at = {m.name: len(m.snapshots) for m in old}
+        newcomer = ContinuousMember(broker, group, topic, "d", ["cooperative-sticky"])
+        everyone = old + [newcomer]
+        wait_for(lambda: settled(everyone, expected) and len(newcomer.assignment()) == 3,
+                 "the fourth member to get its share")
+        after = {m.name: m.assignment() for m in old + [newcomer]}
+        kept = {m.name: before[m.name] & after[m.name] for m in old}
+        marks = {m.name: len(m.records) for m in old}
+        # Records keep coming after the rebalance too, on every kept partition and to the newcomer.
+        wait_for(lambda: all(m.read_from(kept[m.name], since=marks[m.name]) == {tp.partition for tp in kept[m.name]}
+                             for m in old) and newcomer.read_from(newcomer.assignment()) ==
+                 {tp.partition for tp in newcomer.assignment()}, "records on every partition after the rebalance")
+    finally:
+        for m in old + ([newcomer] if newcomer is not None else []):
+            m.stop()
+        feeder.stop()
+
+    for m in old:
+        assert len(before[m.name]) == 4 and len(after[m.name]) == 3 and len(kept[m.name]) == 3, (m.name, before, after)
+        moved = before[m.name] - after[m.name]
+        # The listener heard of the one partition that moved, and of nothing else; nothing was lost.
+        revoked = [tps for kind, _, tps in m.live_events if kind == "revoked"]
+        assert revoked == [tuple(sorted(moved))], (m.name, m.live_events)
+        assert not any(kind == "lost" for kind, _, _ in m.live_events)
+        # Assigned: the initial four, then only newly added partitions (none).
+        assigned = [tps for kind, _, tps in m.live_events if kind == "assigned"]
+        assert assigned[0] == tuple(sorted(before[m.name])) and all(tps == () for tps in assigned[1:]), m.live_events
+        # At every moment recorded from the newcomer's start on, the kept partitions were assigned.
+        for snapshot in m.live_snapshots[snapshots_at[m.name]:]:
+            assert kept[m.name] <= snapshot, (m.name, sorted(kept[m.name]), sorted(snapshot))
+        # And they were read without a gap or a repeat across the rebalance: the member never
+        # gave them up, so its position simply moved on.
+        for tp in kept[m.name]:
+            offsets = [o for p, o in m.records if p == tp.partition]
+            assert offsets == list(range(offsets[0], offsets[0] + len(offsets))), (m.name, tp)
+            assert any(p == tp.partition for p, _ in m.records[:joined_at[m.name]])
+            assert any(p == tp.partition for p, _ in m.records[marks[m.name]:])
+    # The newcomer got exactly the three partitions the others gave up, in one call.
+    gave_up = set().union(*(before[m.name] - after[m.name] for m in old))
+    assert after["d"] == gave_up
+    assert [tps for kind, _, tps in newcomer.live_events if kind == "assigned" and tps] == [tuple(sorted(gave_up))]
+    # No partition was ever assigned to two members in one generation.
+    by_member = {}
+    for m in everyone:
+        owned, per_generation = set(), {}
+        for kind, generation, tps in m.live_events:
+            owned = owned | set(tps) if kind == "assigned" else owned - set(tps)
+            per_generation[generation] = tuple(sorted(owned))
+        by_member[m.name] = per_generation
+    assert_no_overlap_per_generation(by_member)
+
+
+def test_eager_and_cooperative_only_members_cannot_share_a_group(broker):
+    topic, group = fresh("mixed"), fresh("g-mixed")
+    create_topic(broker, topic, 2)
+    eager = member(broker, group, [topic], "eager", partition_assignment_strategy=["range"])
+    try:
+        drive([eager], lambda: eager[0].assignment() == all_partitions(topic, 2), "the eager member alone")
+        coop = eos.Consumer(broker.address, group_id=group, partition_assignment_strategy=["cooperative-sticky"],
+                            **MEMBER)
+        try:
+            coop.subscribe([topic])
+
+            def refused():
+                try:
+                    coop.poll(timeout_ms=20)
+                except EosError as exc:
+                    return exc
+                eager[0].poll(timeout_ms=20)
+                return None
+
+            error = wait_for(refused, "the cooperative-only member to be refused")
+            assert error.code == ErrorCode.INCONSISTENT_GROUP_PROTOCOL
+            assert "cannot be mixed" in str(error) and "cooperative-sticky" in str(error)
+        finally:
+            coop.close()
+        # The upgrade path joins: a member listing both is eager until range is dropped everywhere.
+        upgrading = member(broker, group, [topic], "upgrading", partition_assignment_strategy=["cooperative-sticky", "range"])
+        both = [eager, upgrading]
+        try:
+            drive(both, lambda: same_generation_covers(both, all_partitions(topic, 2)), "the upgrading member to join")
+            with eos.Admin(broker.address) as admin:
+                assert admin.describe_group(group)["protocol"] == "range"
+        finally:
+            close_all([upgrading])
+    finally:
+        close_all([eager])

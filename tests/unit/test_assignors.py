@@ -8,9 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from consumer.assignors import (ASSIGNORS, Assignment, RangeAssignor, RoundRobinAssignor, StickyAssignor,
-                                Subscription, assign_group, assignor_for, decode_assignment,
-                                decode_subscription, encode_assignment, encode_subscription)
+from consumer.assignors import (ASSIGNORS, Assignment, AssignmentChange, CooperativeStickyAssignor, RangeAssignor,
+                                RebalanceProtocol, RoundRobinAssignor, StickyAssignor, Subscription, assign_group,
+                                assignor_for, decode_assignment, decode_subscription, encode_assignment,
+                                encode_subscription, incremental_change, partitions_in_transfer,
+                                partitions_not_subscribed, rebalance_protocol)
 from eos.types import TopicPartition as TP
 
 
@@ -186,6 +188,109 @@ def test_bad_partition_count_is_refused_and_unknown_assignor_named():
     with pytest.raises(ValueError, match="unknown partition.assignment.strategy 'magic'"):
         assignor_for("magic")
     assert assignor_for("sticky").name == "sticky"
+
+
+# ---- cooperative-sticky (KIP-429) ----------------------------------------------------------
+
+EAGER, COOPERATIVE = RebalanceProtocol.EAGER, RebalanceProtocol.COOPERATIVE
+
+
+@pytest.mark.parametrize("names, protocol", [
+    (["range"], EAGER),
+    (["sticky"], EAGER),
+    (["cooperative-sticky"], COOPERATIVE),
+    (["cooperative-sticky", "range"], EAGER),      # the upgrade path: eager until range is dropped
+    (["roundrobin", "cooperative-sticky"], EAGER),
+])
+def test_a_consumer_follows_the_newest_protocol_all_its_assignors_support(names, protocol):
+    assert rebalance_protocol(names) is protocol
+
+
+def test_rebalance_protocol_refuses_nothing_and_unknown_names():
+    with pytest.raises(ValueError, match="no assignor"):
+        rebalance_protocol([])
+    with pytest.raises(ValueError, match="unknown"):
+        rebalance_protocol(["fair"])
+
+
+def claims(owned_by_member, generation=3, topics=("t",)):
+    return {m: Subscription(tuple(topics), owned_partitions=tuple(tps), generation_id=generation)
+            for m, tps in owned_by_member.items()}
+
+
+@pytest.mark.parametrize("plan, owned, moving", [
+    ({"a": [TP("t", 0)]}, {"a": [TP("t", 0)]}, set()),                               # kept
+    ({"a": [TP("t", 0)], "b": []}, {"a": [], "b": []}, set()),                       # unclaimed
+    ({"a": [], "b": [TP("t", 0)]}, {"a": [TP("t", 0)], "b": []}, {TP("t", 0)}),      # moves a -> b
+    ({"a": [TP("t", 0)], "b": []}, {"a": [TP("t", 0)], "b": [TP("t", 0)]}, {TP("t", 0)}),  # b's stale claim
+    ({"a": [TP("t", 1)], "b": [TP("t", 0)]}, {"a": [TP("t", 0)], "b": [TP("t", 1)]},
+     {TP("t", 0), TP("t", 1)}),                                                      # a swap: both wait
+])
+def test_partitions_in_transfer_are_those_given_while_another_member_claims_them(plan, owned, moving):
+    assert partitions_in_transfer(plan, claims(owned)) == moving
+
+
+@pytest.mark.parametrize("owned, assigned, change", [
+    ([], [TP("t", 0)], AssignmentChange((), (), (TP("t", 0),))),
+    ([TP("t", 0), TP("t", 1)], [TP("t", 1)], AssignmentChange((TP("t", 1),), (TP("t", 0),), ())),
+    ([TP("t", 1), TP("t", 0)], [TP("t", 0), TP("t", 1)], AssignmentChange((TP("t", 0), TP("t", 1)), (), ())),
+    ([TP("t", 0)], [TP("t", 2)], AssignmentChange((), (TP("t", 0),), (TP("t", 2),))),
+    ([TP("t", 0)], [], AssignmentChange((), (TP("t", 0),), ())),
+])
+def test_incremental_change_revokes_only_what_was_lost_and_adds_only_what_is_new(owned, assigned, change):
+    assert incremental_change(owned, assigned) == change
+
+
+def test_before_rejoining_a_cooperative_member_revokes_only_topics_it_dropped():
+    owned = [TP("a", 0), TP("b", 1), TP("a", 1)]
+    assert partitions_not_subscribed(owned, ["a", "b"]) == ()
+    assert partitions_not_subscribed(owned, ["b"]) == (TP("a", 0), TP("a", 1))
+
+
+def test_cooperative_sticky_without_claims_is_the_sticky_assignment():
+    s = subs(a=["t"], b=["t"], c=["t"])
+    assert CooperativeStickyAssignor().assign({"t": 10}, s) == StickyAssignor().assign({"t": 10}, s)
+    assert assignor_for("cooperative-sticky").supported_protocols == (EAGER, COOPERATIVE)
+
+
+def test_a_fourth_member_joining_three_takes_over_in_two_rounds_and_nobody_else_stops():
+    tps = [TP("t", p) for p in range(12)]
+    before = {"a": tps[0:4], "b": tps[4:8], "c": tps[8:12]}
+    first_round = claims({**before, "d": []})
+    plan1 = CooperativeStickyAssignor().assign({"t": 12}, first_round)
+    # Round 1: d gets nothing yet (what it should get is still owned); each old member keeps 3 of 4.
+    assert plan1["d"] == []
+    for m in "abc":
+        assert set(plan1[m]) <= set(before[m]) and len(plan1[m]) == 3
+    freed = set(tps) - {tp for m in "abc" for tp in plan1[m]}
+    assert len(freed) == 3
+    # Round 2 (the members that revoked rejoined): the freed partitions go to d, nothing else moves.
+    plan2 = CooperativeStickyAssignor().assign({"t": 12}, claims(plan1, generation=4))
+    assert set(plan2["d"]) == freed
+    assert all(plan2[m] == plan1[m] for m in "abc")
+
+
+@settings(max_examples=80, deadline=None)
+@given(n_members=st.integers(1, 6), n_new=st.integers(0, 3), n_partitions=st.integers(0, 20), data=st.data())
+def test_cooperative_rounds_never_give_a_claimed_partition_and_settle_in_two(n_members, n_new, n_partitions, data):
+    """Start from a valid cooperative group (nobody claims a partition twice), add members:
+    no round hands a partition to a member while another owns it, and after the owners have
+    revoked (one more round) the assignment is an exact, balanced cover with nothing in transfer."""
+    per_topic = {"t": n_partitions}
+    tps = [TP("t", p) for p in range(n_partitions)]
+    old = [f"m{i}" for i in range(n_members)]
+    owner_of = {tp: data.draw(st.sampled_from(old + [None])) for tp in tps}
+    owned = {m: [tp for tp in tps if owner_of[tp] == m] for m in old}
+    owned.update({f"new{i}": [] for i in range(n_new)})
+    for round_number in range(2):
+        plan = CooperativeStickyAssignor().assign(per_topic, claims(owned, generation=round_number))
+        for m, given_now in plan.items():
+            for tp in given_now:
+                assert all(tp not in owned[o] for o in owned if o != m), (round_number, m, tp)
+        owned = {m: list(plan[m]) for m in plan}    # each member revokes what it lost, keeps the rest
+    assert_exact_cover(plan, per_topic, claims(owned))
+    sizes = counts(plan).values()
+    assert max(sizes) - min(sizes) <= 1
 
 
 # ---- ConsumerProtocol bytes --------------------------------------------------------------

@@ -470,13 +470,174 @@ def test_auto_commit_before_a_rebalance_is_synchronous_and_before_the_revocation
     assert order == ["commit", "revoked"]
 
 
+# ---- cooperative rebalancing (KIP-429) --------------------------------------------------------
+
+def cooperative(**kwargs) -> Harness:
+    h = subscribed(assignors=("cooperative-sticky",), **kwargs)
+    return h
+
+
+def stable_cooperative(partitions=(T0, T1, T2), generation=1, **kwargs) -> Harness:
+    h = cooperative(**kwargs)
+    h.poll()
+    subscription = h.join_request().protocols[0].metadata
+    h.answer_join(generation_id=generation, member_id="m-1", leader="m-1", protocol_name="cooperative-sticky",
+                  members=[group_pb2.JoinGroupMember(member_id="m-1", metadata=subscription)])
+    h.poll()
+    h.answer_sync(partitions)
+    h.poll()
+    assert h.coordinator.state is MemberState.STABLE
+    return h
+
+
+def rejoin_as_follower(h: Harness, generation: int, partitions, error=ErrorCode.NONE) -> None:
+    """The JoinGroup in flight answered (a follower, so no assignment to compute), then SyncGroup."""
+    h.answer_join(generation_id=generation, member_id="m-1", leader="m-0", protocol_name="cooperative-sticky")
+    h.poll()
+    h.answer_sync(partitions, error=error)
+    h.poll()
+
+
+def test_a_cooperative_rebalance_keeps_everything_and_claims_it_in_the_subscription():
+    h = stable_cooperative([T0, T1], generation=4)
+    assert h.listener.calls == [("assigned", [T0, T1])]
+    h.coordinator.handle_heartbeat_response(4, "m-1", ErrorCode.REBALANCE_IN_PROGRESS)
+    assert h.coordinator.ready()                     # still fetching: nothing is revoked up front
+    h.poll()
+    assert h.coordinator.state is MemberState.JOINING and h.coordinator.ready()
+    assert h.listener.calls == [("assigned", [T0, T1])] and h.assigned[-1] == [T0, T1]
+    sub = decode_subscription(h.join_request().protocols[0].metadata)
+    assert (sub.owned_partitions, sub.generation_id) == ((T0, T1), 4)
+    h.answer_join(generation_id=5, member_id="m-1", leader="m-0", protocol_name="cooperative-sticky")
+    h.poll()
+    assert h.coordinator.state is MemberState.SYNCING and h.coordinator.ready()
+
+
+def test_after_sync_only_the_lost_partitions_are_committed_and_revoked_then_it_rejoins():
+    h = stable_cooperative([T0, T1], generation=4, auto_commit=True)
+    h.positions = {T0: 11, T1: 22}
+    order = []
+    h.stub.OffsetCommit.script.extend([
+        lambda request: (order.append(("commit", [(o.partition, o.offset) for o in request.offsets])),
+                         committed_ok(request))[1]] * 3)
+    h.listener.on_partitions_revoked = lambda partitions: order.append(("revoked", sorted(partitions)))
+    h.listener.on_partitions_assigned = lambda partitions: order.append(("assigned", sorted(partitions)))
+    h.coordinator.handle_heartbeat_response(4, "m-1", ErrorCode.REBALANCE_IN_PROGRESS)
+    h.poll()
+    assert order == [("commit", [(0, 11), (1, 22)])]            # auto-commit before rejoining (Kafka's)
+    joins = len(h.stub.JoinGroup.requests)
+    h.positions = {T0: 15, T1: 30}                               # it kept reading meanwhile
+    rejoin_as_follower(h, 5, [T0])
+    assert order[1:4] == [("commit", [(1, 30)]), ("revoked", [T1]), ("assigned", [])]
+    assert order[4][0] == "commit"      # the auto-commit before the immediate rejoin (the fake's positions stay)
+    assert h.assigned[-1] == [T0]
+    assert h.stub.OffsetCommit.requests[-1].generation_id == 5
+    # It rejoined at once, claiming only what it kept, so the leader can hand T1 on.
+    assert len(h.stub.JoinGroup.requests) == joins + 1
+    sub = decode_subscription(h.join_request().protocols[0].metadata)
+    assert (sub.owned_partitions, sub.generation_id) == ((T0,), 5)
+    assert h.coordinator.ready()
+
+
+def test_newly_added_partitions_are_the_only_ones_assigned_and_nothing_revoked_means_no_rejoin():
+    h = stable_cooperative([T0], generation=2)
+    h.coordinator.handle_heartbeat_response(2, "m-1", ErrorCode.REBALANCE_IN_PROGRESS)
+    h.poll()
+    joins = len(h.stub.JoinGroup.requests)
+    rejoin_as_follower(h, 3, [T0, T2])
+    assert h.listener.calls[-1] == ("assigned", [T2])
+    assert not any(kind == "revoked" for kind, _ in h.listener.calls)
+    assert h.assigned[-1] == [T0, T2] and len(h.stub.JoinGroup.requests) == joins
+    assert h.coordinator.ready() and h.coordinator.group_metadata().generation_id == 3
+
+
+def test_a_generation_dropped_during_a_cooperative_rebalance_loses_what_was_kept():
+    h = stable_cooperative([T0, T1], generation=4)
+    h.coordinator.handle_heartbeat_response(4, "m-1", ErrorCode.REBALANCE_IN_PROGRESS)
+    h.poll()
+    rejoin_as_follower(h, 5, (), error=ErrorCode.ILLEGAL_GENERATION)
+    assert not h.coordinator.ready()
+    h.poll()
+    assert h.listener.calls[-1] == ("lost", [T0, T1]) and h.assigned[-1] == []
+    sub = decode_subscription(h.join_request().protocols[0].metadata)
+    assert sub.owned_partitions == ()
+
+
+def test_rebalance_in_progress_answering_sync_keeps_the_partitions_and_rejoins():
+    h = stable_cooperative([T0, T1], generation=4)
+    h.coordinator.handle_heartbeat_response(4, "m-1", ErrorCode.REBALANCE_IN_PROGRESS)
+    h.poll()
+    joins = len(h.stub.JoinGroup.requests)
+    rejoin_as_follower(h, 5, (), error=ErrorCode.REBALANCE_IN_PROGRESS)
+    assert h.coordinator.ready() and h.assigned[-1] == [T0, T1]
+    assert [kind for kind, _ in h.listener.calls] == ["assigned"]
+    assert len(h.stub.JoinGroup.requests) == joins + 1
+    sub = decode_subscription(h.join_request().protocols[0].metadata)
+    assert (sub.owned_partitions, sub.generation_id) == ((T0, T1), 4)   # claimed at the generation it got them
+
+
+def test_a_cooperative_member_revokes_a_dropped_topic_before_rejoining():
+    other = TopicPartition("other", 0)
+    h = Harness(assignors=("cooperative-sticky",), counts={TOPIC: 3, "other": 1})
+    h.coordinator.subscribe(topics=[TOPIC, "other"], listener=h.listener)
+    h.poll()
+    subscription = h.join_request().protocols[0].metadata
+    h.answer_join(generation_id=1, member_id="m-1", leader="m-1", protocol_name="cooperative-sticky",
+                  members=[group_pb2.JoinGroupMember(member_id="m-1", metadata=subscription)])
+    h.poll()
+    h.answer_sync([T0, other])
+    h.poll()
+    h.coordinator.subscribe(topics=[TOPIC], listener=h.listener)
+    h.poll()
+    assert h.listener.calls[-1] == ("revoked", [other]) and h.assigned[-1] == [T0]
+    assert decode_subscription(h.join_request().protocols[0].metadata).owned_partitions == (T0,)
+
+
+def test_the_cooperative_leader_holds_back_partitions_still_owned_by_another_member():
+    h = stable_cooperative([T0, T1, T2], generation=1)
+    h.coordinator.handle_heartbeat_response(1, "m-1", ErrorCode.REBALANCE_IN_PROGRESS)
+    h.poll()
+    mine = h.join_request().protocols[0].metadata
+    newcomer = encode_subscription(Subscription((TOPIC,)))
+    h.answer_join(generation_id=2, member_id="m-1", leader="m-1", protocol_name="cooperative-sticky",
+                  members=[group_pb2.JoinGroupMember(member_id="m-1", metadata=mine),
+                           group_pb2.JoinGroupMember(member_id="m-2", metadata=newcomer)])
+    h.poll()
+    plan = {a.member_id: decode_assignment(a.assignment).partitions for a in h.stub.SyncGroup.requests[-1].assignments}
+    assert len(plan["m-1"]) == 2 and plan["m-2"] == ()         # the third waits for m-1 to revoke it
+
+
+def test_the_upgrade_list_is_eager_and_claims_nothing_for_cooperative_sticky():
+    h = subscribed(assignors=("cooperative-sticky", "range"))
+    h.become_stable([T1, T2], generation=7)
+    h.coordinator.handle_heartbeat_response(7, "m-1", ErrorCode.REBALANCE_IN_PROGRESS)
+    assert not h.coordinator.ready()
+    h.poll()
+    assert h.listener.calls[-1] == ("revoked", [T1, T2])        # eager: everything, before rejoining
+    by_name = {p.name: decode_subscription(p.metadata) for p in h.join_request().protocols}
+    assert list(by_name) == ["cooperative-sticky", "range"]
+    assert by_name["cooperative-sticky"].owned_partitions == ()
+
+
+def test_inconsistent_group_protocol_says_how_to_mix_eager_and_cooperative():
+    h = cooperative()
+    h.poll()
+    h.answer_join(error_code=ErrorCode.INCONSISTENT_GROUP_PROTOCOL,
+                  error_message="none of the protocols ['cooperative-sticky'] is supported by every member")
+    with pytest.raises(EosError, match=r"\['cooperative-sticky'\] \(COOPERATIVE rebalancing\).*cannot be mixed") as raised:
+        h.poll()
+    assert raised.value.code == ErrorCode.INCONSISTENT_GROUP_PROTOCOL
+
+
 # ---- configuration ---------------------------------------------------------------------------
 
 def test_assignor_names_accept_lists_strings_and_kafka_class_names():
     assert assignor_names("s", "range, sticky") == ("range", "sticky")
     assert assignor_names("s", ["org.apache.kafka.clients.consumer.RoundRobinAssignor"]) == ("roundrobin",)
-    with pytest.raises(ValueError, match="cooperative"):
-        assignor_names("s", ["cooperative-sticky"])
+    assert assignor_names("s", ["org.apache.kafka.clients.consumer.CooperativeStickyAssignor", "range"]) == (
+        "cooperative-sticky", "range")
+    with pytest.raises(ValueError, match="cooperative-sticky"):
+        assignor_names("s", ["cooperative"])           # the message lists the known names
     with pytest.raises(ValueError, match="names no assignor"):
         assignor_names("s", "")
 
