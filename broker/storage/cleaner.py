@@ -51,7 +51,10 @@ meanwhile (the active segment is never touched) and readers keep the view they s
 with. Departure from Kafka: a tombstone's and a marker's delete.retention.ms counts from
 the batch's max timestamp (Kafka 3.1+ stamps a delete horizon into the batch when it first
 cleans it); the effect for a reader is the same: a consumer that keeps up within
-delete.retention.ms sees every delete.
+delete.retention.ms sees every delete. Second departure: the v0/v1 entries of a log an old
+Kafka wrote are cleaned as the v2 batches a reader gets for them (`eos.records.legacy`:
+same offsets, keys, values, timestamps) and written back as v2; Kafka's cleaner keeps
+their format. The offsets and what a consumer reads are the same either way.
 """
 from __future__ import annotations
 
@@ -64,7 +67,8 @@ from typing import Callable, Iterable, NamedTuple
 
 from eos.errors import CorruptRecordError, StorageError
 from eos.records.codec import CONTROL_TYPE_COMMIT, decode_control_record
-from eos.records.header import NO_PRODUCER_ID, BatchHeader
+from eos.records.header import MAGIC_V2, NO_PRODUCER_ID, BatchHeader, parse_header
+from eos.records.legacy import up_convert
 from eos.records.raw import raw_records, rebuild_batch, records_section
 from broker.storage.checkpoint import OffsetCheckpointFile
 from broker.storage.log import CLEANED_SUFFIX, Log
@@ -175,6 +179,11 @@ def _iter_segment_batches(segment: LogSegment) -> Iterable[tuple[BatchHeader, by
             batch = segment.read_bytes(header.position, size)
             if len(batch) < size:
                 raise CorruptRecordError(f"{segment.log_path}: the batch at byte {header.position} is torn")
+        if header.magic != MAGIC_V2:
+            # a v0/v1 entry (an old Kafka's): cleaned as, and written back as, its v2 batch
+            batch = up_convert(batch)
+            yield parse_header(batch, 0), batch
+            continue
         yield header._replace(position=0), batch
 
 

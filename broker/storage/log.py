@@ -61,6 +61,13 @@ starts at a snapshot no later than the first such segment: the replay gives each
 transaction the same entry the original append wrote. A `.txnindex` missing below the
 recovery point reads as "no aborted transactions", as in Kafka (the file is created only
 with a segment's first abort, so a missing one cannot be told from an empty one).
+
+Old message formats: the segments of a log an old Kafka wrote may hold v0/v1 message sets
+(`eos.records.legacy`); the segment walks them like batches (see `segment.py`), so
+recovery, indexes and producer-state replay (they carry no producer id) need nothing more.
+Readers get v2 only: `read` up-converts the legacy entries of what it returns, per read,
+as Kafka converts per fetch; `offset_for_timestamp` and the cleaner read them converted.
+A produce of v0/v1 is refused with INVALID_RECORD before anything else (Kafka 4's rule).
 """
 from __future__ import annotations
 
@@ -88,9 +95,11 @@ from eos.errors import (
 )
 from eos.records.codec import CONTROL_TYPE_COMMIT, decode_control_record, encode_control_batch
 from eos.records.compression import codec_from_name
+from eos.records.legacy import refuse_legacy_produce, up_convert
 from eos.records.raw import first_keyless_record, recompress_batches
 from eos.records.header import (
     BATCH_LENGTH_STRUCT,
+    MAGIC_V2,
     NO_PRODUCER_ID,
     TIMESTAMP_TYPE_MASK,
     BatchHeader,
@@ -882,6 +891,8 @@ class Log:
             raise InvalidRecordError(f"records must be bytes-like, got {type(records).__name__}") from None
         if view.nbytes == 0:
             raise InvalidRecordError(f"{self.name}: the request holds no record batches")
+        if origin is not AppendOrigin.REPLICATION:
+            refuse_legacy_produce(view, self.name)   # v0/v1 message sets: INVALID_RECORD, as Kafka 4
         if parsed is not None:
             self._check_tiling(parsed, view.nbytes)
         max_message_bytes = self.config.max_message_bytes
@@ -1400,7 +1411,22 @@ def _assign_offsets(buf: bytearray, headers: list[BatchHeader], first_offset: in
 def _read_from_segment(segment: LogSegment, fetch_offset: int, limit: int, end_position: int, max_bytes: int,
                        min_one_batch: bool, *, limit_is_log_end: bool) -> tuple[bytes, int] | None:
     """(whole batches, base offset of the first) from `segment`; None when the segment has
-    nothing at or after `fetch_offset` below `end_position` (try the next one)."""
+    nothing at or after `fetch_offset` below `end_position` (try the next one).
+
+    Readers get v2 batches only: the v0/v1 entries of a segment an old Kafka wrote are
+    up-converted here, per read, as Kafka converts per fetch (same offsets; `max_bytes`
+    bounds the converted bytes too, but the first batch is always whole)."""
+    found = _read_stored(segment, fetch_offset, limit, end_position, max_bytes, min_one_batch,
+                         limit_is_log_end=limit_is_log_end)
+    # (checked after the read: the walk that found the batches marks a segment holding them)
+    if found is not None and found[0] and segment.holds_legacy_entries:
+        return up_convert(found[0], max_bytes), found[1]
+    return found
+
+
+def _read_stored(segment: LogSegment, fetch_offset: int, limit: int, end_position: int, max_bytes: int,
+                 min_one_batch: bool, *, limit_is_log_end: bool) -> tuple[bytes, int] | None:
+    """`_read_from_segment`'s bytes as stored."""
     first = segment.find_batch(fetch_offset, end_position)
     if first is None:
         return None
@@ -1454,6 +1480,9 @@ def _first_record_at_or_after(segment: LogSegment, header: BatchHeader, timestam
     from eos.records.codec import decode_records  # only this rare path decodes records
 
     data = segment.read_bytes(header.position, header.size_bytes)
+    if header.magic != MAGIC_V2:     # a v0/v1 entry: its records as a reader gets them
+        data = up_convert(data)
+        header = parse_header(data, 0)
     for record in decode_records(data, header._replace(position=0), "", 0):
         if record.offset >= min_offset and record.timestamp >= timestamp_ms:
             return record.offset, record.timestamp

@@ -27,6 +27,17 @@ bisection and one header read, with no scan.
 owned here; `recover()` rebuilds them, and both indexes, from the `.log` alone, cutting the
 file at the first thing that is not a whole, valid batch.
 
+Legacy entries. A segment that an old Kafka wrote may hold v0/v1 message sets (see
+`eos.records.legacy`), possibly followed by v2 batches. Their first 12 bytes frame them as
+a v2 batch's do and byte 16 is their magic, so the one walk (`_scan`) tells them apart per
+entry: a v2 batch costs its header as always; a v0/v1 entry is read whole, its CRCs checked
+and a wrapper decompressed (its first offset is inside), and described by a `BatchHeader`
+of magic 0/1 with its stored position and size, which recovery, the indexes and the reads
+use like any other (index entries point at the entry's position, as Kafka's do).
+`holds_legacy_entries` says that a read must up-convert what it returns (`Log.read`): it
+is set when the first entry is v0/v1 (checked on open) or when a walk meets one; a v2-only
+segment never pays for the conversion.
+
 The segment also owns its transaction index (`txn_index.TransactionIndex`: the aborted
 transactions whose ABORT marker lies in this segment). Its file is created with the first
 entry, as Kafka does, so most segments have none. The entry of an ABORT marker is written
@@ -44,6 +55,7 @@ from bisect import bisect_left
 from typing import Iterator, NamedTuple
 
 from eos.errors import CorruptRecordError, InvariantError, StorageError
+from eos.records import legacy
 from eos.records.header import (
     HEADER_SIZE,
     HEADER_STRUCT,
@@ -70,6 +82,10 @@ SCAN_BLOCK_BYTES = 16 * 1024       # headers read per pread when scanning near a
 RECOVERY_BLOCK_BYTES = 1 << 20     # bytes read per pread when checking a whole segment
 _MIN_BATCH_LENGTH = HEADER_SIZE - LOG_OVERHEAD
 RECENT_BATCHES_MAX = 64            # batches whose positions the segment remembers for tail reads
+# Headers of v0/v1 entries built by reading them (a wrapper must be decompressed to learn
+# its first offset), kept by file position so that repeated scans do not decompress again.
+LEGACY_HEADERS_CACHED_MAX = 4096
+_ENTRY_FRAME_BYTES = legacy.MAGIC_AT + 1   # offset, size, crc/epoch, magic: enough to tell the format
 
 
 class _RecentBatches(NamedTuple):
@@ -137,6 +153,11 @@ class LogSegment:
         # Positions of the batches appended since this object was made (none for a loaded
         # or recovered segment until it is appended to): tail reads skip the header scan.
         self._recent_batches = _RecentBatches([], [])
+        # Whether v0/v1 entries (an old Kafka's) may lie in the file: reads then up-convert
+        # them (`Log.read`); a v2-only segment pays nothing for them.
+        self._legacy_headers: dict[int, BatchHeader] = {}
+        self.holds_legacy_entries = self.size_bytes > legacy.MAGIC_AT and \
+            legacy.is_legacy_at(os.pread(self._fd, _ENTRY_FRAME_BYTES, 0), 0)
         self._closed = False
 
     # -- construction --------------------------------------------------------------------
@@ -195,12 +216,13 @@ class LogSegment:
         rolling_base: int | None = None
         valid_end = 0                  # the end of the last batch that passed every check
         problem = None
+        self._legacy_headers = {}      # positions may now hold other bytes (a cut, then appends)
         try:
             for header, block, relative in self._scan(0, file_size, RECOVERY_BLOCK_BYTES):
                 problem = self._batch_problem(header, next_offset)
                 if problem:
                     break
-                if verify_crc:
+                if verify_crc and header.magic == MAGIC_V2:   # a v0/v1 entry's CRCs were checked to read it
                     if relative + header.size_bytes <= len(block):
                         crc = compute_crc(block, relative, header.size_bytes)
                     else:
@@ -296,7 +318,8 @@ class LogSegment:
         """The one walk over the file's batches (reads and recovery): each header in
         [start_position, end_position) with the block it was read from and its position in
         that block, reading `block_bytes` at a time. Checks the frame only (magic, length,
-        end within `end_position`); raises CorruptRecordError naming the first bad one."""
+        end within `end_position`) of a v2 batch, and reads a v0/v1 entry whole (see
+        `_legacy_header`); raises CorruptRecordError naming the first bad one."""
         position = start_position
         block, block_start = b"", start_position
         while position < end_position:
@@ -304,7 +327,8 @@ class LogSegment:
             if relative + HEADER_SIZE > len(block):
                 block = self.read_bytes(position, min(block_bytes, end_position - position))
                 block_start, relative = position, 0
-                if len(block) < HEADER_SIZE:
+                # (a v0/v1 message may be shorter than a v2 header, at the end of the file)
+                if len(block) < HEADER_SIZE and not legacy.is_legacy_at(block, 0):
                     raise CorruptRecordError(f"{self.log_path}: {len(block)} bytes at byte {position}, "
                                              f"less than a batch header")
             header = self._checked_header(block, relative, position, end_position)
@@ -314,12 +338,43 @@ class LogSegment:
     def _checked_header(self, block: bytes, relative: int, position: int, end_position: int) -> BatchHeader:
         """The header at `relative` in `block` (file position `position`), its frame checked:
         magic, length, and the batch ending within `end_position`."""
+        if block[relative + legacy.MAGIC_AT] in legacy.LEGACY_MAGICS:
+            return self._legacy_header(block, relative, position, end_position)
         header = BatchHeader(*HEADER_STRUCT.unpack_from(block, relative), position)
         if header.magic != MAGIC_V2 or header.batch_length < _MIN_BATCH_LENGTH or \
                 position + header.size_bytes > end_position:
             raise CorruptRecordError(
                 f"{self.log_path}: no valid batch header at byte {position} (magic {header.magic}, "
                 f"length {header.batch_length}, {end_position - position} bytes left)")
+        return header
+
+    def _legacy_header(self, block: bytes, relative: int, position: int, end_position: int) -> BatchHeader:
+        """The header describing the v0/v1 entry at file position `position` (its start is
+        at `relative` in `block`): the entry is read whole, its CRCs verified and a
+        wrapper decompressed, once per position (`_legacy_headers`). Raises
+        CorruptRecordError for an entry that is torn, corrupt or runs past `end_position`."""
+        header = self._legacy_headers.get(position)
+        if header is not None and position + header.size_bytes <= end_position:
+            return header
+        size_bytes = legacy.entry_size(block, relative)
+        if position + size_bytes > end_position:
+            raise CorruptRecordError(
+                f"{self.log_path}: the v{block[relative + legacy.MAGIC_AT]} message at byte {position} declares "
+                f"{size_bytes} bytes, {end_position - position} left")
+        if relative + size_bytes <= len(block):
+            data, at = block, relative
+        else:
+            data, at = self.read_bytes(position, size_bytes), 0
+        try:
+            entry = legacy.read_entry(data, at, at + size_bytes)
+        except CorruptRecordError as e:
+            raise CorruptRecordError(f"{self.log_path}: byte {position}: {e}") from None
+        header = legacy.batch_header(entry)._replace(position=position)
+        self.holds_legacy_entries = True
+        headers = self._legacy_headers
+        if len(headers) >= LEGACY_HEADERS_CACHED_MAX:
+            headers.clear()      # bounded; a rescan rebuilds what it needs
+        headers[position] = header
         return header
 
     def find_batch(self, offset: int, end_position: int) -> BatchHeader | None:

@@ -134,7 +134,13 @@ def _bad_crc():
 
 def _bad_magic():
     batch = _good()
-    batch[16] = 1
+    batch[16] = 3           # no such format: Kafka's reader calls it corrupt
+    return bytes(batch)
+
+
+def _legacy_magic():
+    batch = _good()
+    batch[16] = 1           # a v1 message set: Kafka 4 refuses to produce it (INVALID_RECORD)
     return bytes(batch)
 
 
@@ -164,6 +170,7 @@ def _control_batch():
 BAD_INPUTS = {
     "wrong CRC": (_bad_crc, ErrorCode.CORRUPT_MESSAGE, "CRC"),
     "bad magic": (_bad_magic, ErrorCode.CORRUPT_MESSAGE, "magic"),
+    "legacy magic": (_legacy_magic, ErrorCode.INVALID_RECORD, "magic version 2"),
     "truncated": (lambda: bytes(_good())[:-5], ErrorCode.CORRUPT_MESSAGE, "truncated"),
     "header only half there": (lambda: bytes(_good())[:30], ErrorCode.CORRUPT_MESSAGE, "truncated"),
     "trailing garbage": (_trailing_garbage, ErrorCode.CORRUPT_MESSAGE, "truncated"),

@@ -180,7 +180,13 @@ def _bad_crc():
 
 def _bad_magic():
     buf = bytearray(make_batch(2))
-    buf[16] = 1
+    buf[16] = 3             # no such format
+    return bytes(buf)
+
+
+def _legacy_magic():
+    buf = bytearray(make_batch(2))
+    buf[16] = 1             # a v1 message set: Kafka 4 refuses to produce it
     return bytes(buf)
 
 
@@ -210,7 +216,8 @@ def _negative_length():
 
 BAD_INPUTS = [
     ("wrong CRC", _bad_crc, CorruptRecordError, "CRC mismatch"),
-    ("bad magic", _bad_magic, CorruptRecordError, "magic 1"),
+    ("bad magic", _bad_magic, CorruptRecordError, "magic 3"),
+    ("legacy magic", _legacy_magic, InvalidRecordError, "magic version 2"),
     ("record count vs offsets", _count_mismatch, InvalidRecordError, "recordsCount 3 does not match"),
     ("length beyond the buffer", _length_too_long, CorruptRecordError, "truncated batch"),
     ("length short of the batch", _length_too_short, CorruptRecordError, "CRC mismatch|truncated"),
