@@ -23,7 +23,7 @@ an empty retained batch: the header alone, records count 0, uncompressed.
 from __future__ import annotations
 
 import struct
-from typing import Iterator, NamedTuple
+from typing import NamedTuple
 
 from crc32c import crc32c
 

@@ -6,8 +6,6 @@ description (and checked against Apache Kafka's DumpLogSegments in
 test_kafka_dump_log_segments_reads_the_test_encoders_segments_and_eos_indexes)."""
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import struct
 import zlib
@@ -303,29 +301,11 @@ def test_producing_a_legacy_message_set_is_refused_and_changes_nothing(tmp_path,
 
 # ---- cross-check with Apache Kafka ----------------------------------------------------------
 
-def _kafka_tools_classpath() -> str | None:
-    """The cached Kafka broker and tools jars (bench/kafka.py fetched them), or None."""
-    if shutil.which("java") is None:
-        return None
-    try:
-        from bench.kafka import KAFKA_GROUP, KafkaUnavailable, cache_dir, copy_dependencies, maven_pom, resolve_kafka
-        dist = resolve_kafka(os.environ.get("EOS_BENCH_KAFKA_VERSION", "latest"))
-        tools_home = cache_dir() / f"kafka-tools-{dist.version}"
-        if not (tools_home / ".complete").exists():
-            return None          # not cached: a unit test does not go to Maven Central
-        tools = copy_dependencies(tools_home, maven_pom("kafka-tools-runtime", [
-            (KAFKA_GROUP, "kafka-tools", dist.version)]), "kafka-tools-*.jar")
-    except (KafkaUnavailable, OSError):
-        return None
-    return None if tools is None else os.pathsep.join([str(tools / "*"), dist.classpath])
-
-
 def test_kafka_dump_log_segments_reads_the_test_encoders_segments_and_eos_indexes(tmp_path):
     """Kafka's own DumpLogSegments reads the hand-built v0/v1 segments (so the test encoder
     writes what Kafka reads) and finds the offset indexes eos rebuilt for them consistent."""
-    classpath = _kafka_tools_classpath()
-    if classpath is None:
-        pytest.skip("Apache Kafka's jars are not cached (python -m bench fetches them) or java is missing")
+    from bench.kafka import resolve_pinned_kafka
+    classpath = resolve_pinned_kafka().classpath      # the broker's jars and kafka-tools, pinned
     directory = tmp_path / "old-0"
     rows = old_kafka_partition(directory)
     Log.open(str(directory), CONFIG, clean_shutdown=False, now_ms=0).close()
