@@ -29,8 +29,8 @@ and become the base every topic's overrides apply to. An unknown name is an erro
 not a silent no-op.
 
 The gRPC worker pool is sized from the bounds of the calls that hold a worker for long
-(long polls, parked group requests, produce streams) plus workers left for short calls;
-see RPC_WORKER_THREADS.
+(long polls, parked group requests, produce streams) plus `num.io.threads` workers left for
+short calls, and `queued.max.requests` more calls may wait for one; see rpc_pool_limits.
 """
 from __future__ import annotations
 
@@ -82,9 +82,13 @@ FETCH_WAITERS_MAX = 32
 GROUP_PARKED_REQUESTS_MAX = 32
 PRODUCE_STREAMS_MAX = 32
 TXN_PARKED_REQUESTS_MAX = 16
+# num.io.threads: the workers only short calls can take (Kafka's request handler threads;
+# Kafka's default is 8, eos's 16 because a Python handler holds its worker for the whole
+# call, fsync and replication wait included, where Kafka's hands those to purgatory).
 RPC_WORKERS_FOR_SHORT_CALLS = 16
 RPC_WORKER_THREADS = (FETCH_WAITERS_MAX + GROUP_PARKED_REQUESTS_MAX + PRODUCE_STREAMS_MAX
                       + TXN_PARKED_REQUESTS_MAX + RPC_WORKERS_FOR_SHORT_CALLS)
+QUEUED_MAX_REQUESTS = 500          # Kafka's queued.max.requests default
 STOP_GRACE_S = 10.0
 HOUSEKEEPING_JOIN_TIMEOUT_S = 60.0
 
@@ -179,6 +183,9 @@ class BrokerConfig:
     controlled_shutdown_enable: bool = True
     controlled_shutdown_max_retries: int = 3
     controlled_shutdown_retry_backoff_ms: int = 5000
+    # ---- threads (see rpc_pool_limits) ----
+    num_io_threads: int = RPC_WORKERS_FOR_SHORT_CALLS
+    queued_max_requests: int = QUEUED_MAX_REQUESTS
 
     @classmethod
     def from_dict(cls, config: Mapping[str, str] | None) -> "BrokerConfig":
@@ -235,6 +242,15 @@ class BrokerConfig:
                 if raw.lower() not in ("true", "false"):
                     raise InvalidConfigError(f"invalid value {raw!r} for {name}: must be true or false")
                 values[_CLUSTER_BOOL_NAMES[name]] = raw.lower() == "true"
+            elif name == "num.io.threads":
+                values["num_io_threads"] = _parse_int(name, raw, minimum=1, maximum=1024)
+            elif name == "queued.max.requests":
+                values["queued_max_requests"] = _parse_int(name, raw, minimum=1)
+            elif name == "num.network.threads":
+                raise InvalidConfigError(
+                    "num.network.threads is not a setting of eos: gRPC's C core does the network I/O "
+                    "(its completion-queue threads have no size setting); num.io.threads sizes the "
+                    "request handlers and queued.max.requests the requests that may wait for one")
             elif name == "zookeeper.connect":
                 values["zookeeper_connect"] = raw
             elif name == "broker.rack":
@@ -291,6 +307,19 @@ def _time_defaults(time_forms: Mapping[str, str]) -> dict[str, str]:
         if chosen_ms is not None:
             resolved[topic_name] = str(chosen_ms)
     return resolved
+
+
+def rpc_pool_limits(config: BrokerConfig) -> tuple[int, int]:
+    """(gRPC worker threads, gRPC maximum_concurrent_rpcs) for `config`. The pool holds the
+    bound of each kind of call that keeps a worker for long (long polls, parked group and
+    transactional requests, produce streams) plus num.io.threads workers that only short
+    calls can take. Up to queued.max.requests more calls wait for a worker, as Kafka's
+    request queue holds them; beyond that gRPC answers RESOURCE_EXHAUSTED ("Concurrent RPC
+    limit exceeded"), which clients retry after their backoff, where Kafka's network
+    threads would stop reading the socket."""
+    workers = (FETCH_WAITERS_MAX + GROUP_PARKED_REQUESTS_MAX + PRODUCE_STREAMS_MAX + TXN_PARKED_REQUESTS_MAX
+               + config.num_io_threads)
+    return workers, workers + config.queued_max_requests
 
 
 def _parse_int(name: str, raw: str, *, minimum: int, maximum: int | None = None) -> int:
@@ -510,9 +539,11 @@ class BrokerServer:
             producer_ids = cluster.producer_ids
         self._producer_ids = producer_ids
 
+        worker_threads, concurrent_rpcs_max = rpc_pool_limits(config)
         server = grpc.server(
-            concurrent.futures.ThreadPoolExecutor(max_workers=RPC_WORKER_THREADS,
+            concurrent.futures.ThreadPoolExecutor(max_workers=worker_threads,
                                                   thread_name_prefix="eos-broker-rpc"),
+            maximum_concurrent_rpcs=concurrent_rpcs_max,
             options=[
                 ("grpc.max_send_message_length", GRPC_MESSAGE_BYTES_MAX),
                 ("grpc.max_receive_message_length", self.config.socket_request_max_bytes),

@@ -110,6 +110,10 @@ def error_from_rpc(exc: grpc.RpcError, what: str) -> EosError:
         # not have been handled, which is what NETWORK_EXCEPTION means to a Kafka client.
         return NetworkError(message)
     if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+        if "Concurrent RPC limit" in (details or ""):
+            # The broker's queue is full (queued.max.requests): the call was refused before
+            # any handler saw it, so trying again after the backoff is safe.
+            return NetworkError(message + " (the broker is busy: its queued.max.requests were all waiting)")
         # gRPC refused the message size (the server's receive limit).
         return EosError(message, ErrorCode.RECORD_LIST_TOO_LARGE)
     return UnknownServerError(message)

@@ -258,18 +258,19 @@ def test_broker_stop_answers_the_request_in_flight_then_ends_the_streams(inproce
 # ---- bounds ----------------------------------------------------------------------------------------
 
 @pytest.fixture
-def small_pool(monkeypatch):
-    """A broker whose bounds are 2 each, so that tests can reach them."""
+def small_pool(monkeypatch, inprocess_broker_factory):
+    """A broker whose bounds are 2 each (num.io.threads=2: a pool of 10 workers), so that
+    tests can reach them."""
     for name in ("FETCH_WAITERS_MAX", "GROUP_PARKED_REQUESTS_MAX", "PRODUCE_STREAMS_MAX",
-                 "RPC_WORKERS_FOR_SHORT_CALLS"):
+                 "TXN_PARKED_REQUESTS_MAX"):
         monkeypatch.setattr(broker.server, name, 2)
-    monkeypatch.setattr(broker.server, "RPC_WORKER_THREADS", 8)
+    return inprocess_broker_factory({"num.io.threads": "2"})
 
 
-def test_streams_beyond_the_bound_are_refused_and_short_calls_still_served(small_pool, inprocess_broker):
-    stub = inprocess_broker.broker_stub()
+def test_streams_beyond_the_bound_are_refused_and_short_calls_still_served(small_pool):
+    stub = small_pool.broker_stub()
     create_topic(stub, "bounded")
-    servicer = inprocess_broker.server._servicer
+    servicer = small_pool.server._servicer
     streams = []
     for i in range(2):
         stream = OpenStream(stub)
@@ -313,10 +314,10 @@ def test_streams_beyond_the_bound_are_refused_and_short_calls_still_served(small
     wait_for(lambda: servicer.fetch_waiter_count == 0, "the cancelled long polls to leave")
 
 
-def test_a_cancelled_stream_gives_its_place_back(small_pool, inprocess_broker):
-    stub = inprocess_broker.broker_stub()
+def test_a_cancelled_stream_gives_its_place_back(small_pool):
+    stub = small_pool.broker_stub()
     create_topic(stub, "cancelled")
-    servicer = inprocess_broker.server._servicer
+    servicer = small_pool.server._servicer
     for round_number in range(3):    # more than the bound of 2: every place came back
         stream = OpenStream(stub)
         stream.send(request("cancelled", 0, encode_batch([b"%d" % round_number]), correlation_id=round_number))

@@ -111,3 +111,61 @@ def test_log_retention_hours_deletes_a_segment_older_than_an_hour(tmp_path):
     assert log.log_start_offset == 0
     manager.run_housekeeping(now_ms=HOUR_MS + 1)        # ... and now older than an hour
     assert log.log_start_offset == 1
+
+
+def test_thread_settings_size_the_rpc_pool_and_its_queue():
+    from broker import server
+    held = (server.FETCH_WAITERS_MAX + server.GROUP_PARKED_REQUESTS_MAX + server.PRODUCE_STREAMS_MAX
+            + server.TXN_PARKED_REQUESTS_MAX)
+    assert server.rpc_pool_limits(BrokerConfig.from_dict({})) == (held + 16, held + 16 + 500)
+    config = BrokerConfig.from_dict({"num.io.threads": "4", "queued.max.requests": "20"})
+    assert server.rpc_pool_limits(config) == (held + 4, held + 24)
+
+
+@pytest.mark.parametrize("name, raw, words", [
+    ("num.io.threads", "0", "must be between 1 and 1024"),
+    ("queued.max.requests", "0", "must be >= 1"),
+    ("num.network.threads", "3", "gRPC's C core does the network I/O"),
+])
+def test_thread_settings_refuse_what_eos_cannot_do(name, raw, words):
+    with pytest.raises(InvalidConfigError, match=words):
+        BrokerConfig.from_dict({name: raw})
+
+
+def test_a_call_beyond_the_servers_queue_is_a_retriable_error():
+    # A real gRPC server with room for one call at a time, as a broker's pool is bounded by
+    # rpc_pool_limits: the second concurrent call is refused before any handler runs.
+    import threading
+    from concurrent import futures
+
+    import grpc
+
+    from eos import net
+
+    release = threading.Event()
+    entered = threading.Event()
+
+    def hold(request, context):
+        entered.set()
+        release.wait(30)
+        return request
+
+    handler = grpc.method_handlers_generic_handler("t.T", {"Hold": grpc.unary_unary_rpc_method_handler(hold)})
+    grpc_server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), handlers=[handler],
+                              maximum_concurrent_rpcs=1)
+    port = grpc_server.add_insecure_port("127.0.0.1:0")
+    grpc_server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = channel.unary_unary("/t.T/Hold")
+            first = call.future(b"a", timeout=30)
+            assert entered.wait(30)
+            with pytest.raises(grpc.RpcError) as refused:
+                call(b"b", timeout=30)
+            error = net.error_from_rpc(refused.value, "Produce")
+            release.set()
+            assert first.result(30) == b"a"
+        assert error.retriable and "queued.max.requests" in str(error)
+    finally:
+        release.set()
+        grpc_server.stop(0)
