@@ -6,8 +6,9 @@ Theory of operation
 argument spells one with underscores) with its default and a converter that refuses a bad
 value with a ValueError naming the setting. `resolve_producer_config` applies the config
 dict and the keyword arguments over the defaults (`eos.net.resolve_config`), then Kafka's
-rules between settings: delivery.timeout.ms covers linger.ms + request.timeout.ms, and
-idempotence needs acks=all, retries and at most 5 requests in flight -- asked for
+rules between settings: delivery.timeout.ms covers linger.ms + request.timeout.ms;
+partitioner.ignore.keys=true is refused beside a partitioner.class (Kafka ignores it there);
+and idempotence needs acks=all, retries and at most 5 requests in flight -- asked for
 explicitly (or by a transactional.id) it refuses a conflict, left to its default it yields.
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 from eos import net
 from eos.errors import EosError
 from eos.records.compression import codec_from_name
+from producer.partitioner import partitioner_class_setting
 
 INT_MAX = 2147483647
 MAX_IN_FLIGHT_FOR_IDEMPOTENCE = 5
@@ -61,6 +63,9 @@ PRODUCER_CONFIG: dict[str, net.ConfigSpec] = {
     "max.block.ms": net.ConfigSpec(60000, net.as_int(0)),
     "metadata.max.age.ms": net.ConfigSpec(300000, net.as_int(1)),
     "partitioner.ignore.keys": net.ConfigSpec(False, net.as_bool),
+    # None: the built-in partitioner; else the resolved Python partitioner (see
+    # producer/partitioner.py: Kafka's RoundRobinPartitioner, a callable, a class, a dotted name).
+    "partitioner.class": net.ConfigSpec(None, partitioner_class_setting),
     # librdkafka's (confluent-kafka's) setting: on_delivery is called for failed records only,
     # which spares a per-record callback when an application only needs to hear of failures.
     "delivery.report.only.error": net.ConfigSpec(False, net.as_bool),
@@ -81,6 +86,11 @@ def resolve_producer_config(config: dict | None, kwargs: dict) -> dict:
             f"delivery.timeout.ms ({values['delivery.timeout.ms']}) should be equal to or larger "
             f"than linger.ms ({values['linger.ms']}) + request.timeout.ms "
             f"({values['request.timeout.ms']})")
+    if values["partitioner.class"] is not None and values["partitioner.ignore.keys"]:
+        # Kafka documents the pair as "no effect": the partitioner gets the key and decides.
+        # Refused here, so that a setting never looks applied when it is not.
+        raise ValueError("partitioner.ignore.keys=true has no effect with a partitioner.class (the "
+                         "partitioner gets the key and decides): give one of them, not both")
     conflicts = []
     if values["acks"] != -1:
         conflicts.append(f"acks must be 'all' (got {values['acks']})")

@@ -89,6 +89,115 @@ def test_keyless_records_are_spread_by_sticky_batches(broker, admin):
     assert len(partitions) > 1
 
 
+def test_ignore_keys_sends_keyed_records_to_the_sticky_partition_not_by_hash(broker, admin):
+    admin.create_topic("ignored-keys", partitions=5)
+    keys = [b"user-%d" % i for i in range(200)]
+    assert len({partition_for_key(k, 5) for k in keys}) == 5      # by hash they would spread
+    # One batch that only flush() sends: every record goes to the one sticky partition.
+    with eos.Producer(broker.address, partitioner_ignore_keys=True, linger_ms=60_000,
+                      batch_size=1024 * 1024) as producer:
+        futures = [producer.send("ignored-keys", b"v", key=k) for k in keys]
+        producer.flush(WAIT_S)
+        partitions = [f.result(WAIT_S).partition for f in futures]
+    assert len(set(partitions)) == 1
+    records = consume_all(broker.address, "ignored-keys", 5, len(keys))
+    assert sorted(r.key for r in records) == sorted(keys)         # the keys are still written
+    assert {r.partition for r in records} == set(partitions)
+
+
+def test_ignore_keys_spreads_one_key_over_partitions_batch_by_batch(broker, admin):
+    admin.create_topic("ignored-key", partitions=3)
+    with eos.Producer(broker.address, config={"partitioner.ignore.keys": "true"}, batch_size=2000) as producer:
+        futures = [producer.send("ignored-key", b"x" * 100, key=b"one-key") for _ in range(600)]
+        per_record = {f.result(WAIT_S).partition for f in futures}
+        bulk = producer.send_batch("ignored-key", [b"y" * 100] * 20_000, keys=[b"one-key"] * 20_000).result(WAIT_S)
+    # By hash every record would be on partition_for_key(b"one-key", 3); sticky moves on
+    # with each new batch.
+    assert len(per_record) > 1
+    assert len({m.partition for m in bulk}) > 1
+
+
+def test_round_robin_partitioner_puts_record_n_on_the_next_partition(broker, admin):
+    admin.create_topic("rr", partitions=4)
+    with eos.Producer(broker.address, partitioner_class="org.apache.kafka.clients.producer.RoundRobinPartitioner",
+                      linger_ms=20) as producer:
+        futures = [producer.send("rr", b"%d" % i, key=b"same-key") for i in range(12)]
+        assert [f.result(WAIT_S).partition for f in futures] == [i % 4 for i in range(12)]
+        bulk = producer.send_batch("rr", [b"%d" % i for i in range(12, 20)]).result(WAIT_S)
+        assert [m.partition for m in bulk] == [i % 4 for i in range(12, 20)]   # the same counter
+    records = consume_all(broker.address, "rr", 4, 20)
+    assert sorted((int(r.value), r.partition) for r in records) == [(i, i % 4) for i in range(20)]
+
+
+PARTITIONER_CALLS: list[tuple] = []
+
+
+def partition_by_value(topic, key, value, partition_count):
+    """A user partitioner (also reached by its dotted name): the value's number modulo the
+    partition count, so that where each record must land is known."""
+    PARTITIONER_CALLS.append((topic, key, value, partition_count))
+    return int(value) % partition_count
+
+
+class ClosablePartitioner:
+    closed = 0
+
+    def partition(self, topic, key, value, partition_count):
+        return partition_by_value(topic, key, value, partition_count)
+
+    def close(self):
+        ClosablePartitioner.closed += 1
+
+
+@pytest.mark.parametrize("partitioner_class", [
+    partition_by_value,
+    "tests.integration.test_clients_producer.partition_by_value",
+    "tests.integration.test_clients_producer:ClosablePartitioner",
+])
+def test_a_user_partitioner_chooses_where_records_land(broker, admin, partitioner_class):
+    admin.create_topic("chosen", partitions=3)
+    PARTITIONER_CALLS.clear()
+    ClosablePartitioner.closed = 0
+    seen = []
+
+    def key_of(i: int) -> bytes | None:
+        return b"k%d" % i if i % 2 else None      # keyed and keyless records alike
+
+    with eos.Producer(broker.address, partitioner_class=partitioner_class) as producer:
+        futures = [producer.send("chosen", b"%d" % i, key=key_of(i)) for i in range(30)]
+        for i in range(30, 40):
+            producer.produce("chosen", b"%d" % i, key=key_of(i),
+                             on_delivery=lambda md, exc: seen.append(md.partition))
+        bulk = producer.send_batch("chosen", [b"%d" % i for i in range(40, 50)],
+                                   keys=[key_of(i) for i in range(40, 50)]).result(WAIT_S)
+        # an explicit partition wins: the partitioner is not asked
+        explicit = producer.send("chosen", b"51", partition=0).result(WAIT_S)
+        assert [f.result(WAIT_S).partition for f in futures] == [i % 3 for i in range(30)]
+        producer.flush(WAIT_S)
+        assert sorted(seen) == sorted(i % 3 for i in range(30, 40))
+        assert [m.partition for m in bulk] == [i % 3 for i in range(40, 50)]
+        assert explicit.partition == 0
+        assert ClosablePartitioner.closed == 0
+    assert PARTITIONER_CALLS == [("chosen", key_of(i), b"%d" % i, 3) for i in range(50)]
+    assert ClosablePartitioner.closed == (1 if "ClosablePartitioner" in str(partitioner_class) else 0)
+    records = consume_all(broker.address, "chosen", 3, 51)
+    assert sorted((int(r.value), r.partition) for r in records) == sorted(
+        [(i, i % 3) for i in range(50)] + [(51, 0)])
+
+
+def test_a_partitioner_answer_out_of_range_raises_from_send(broker, admin):
+    admin.create_topic("out-of-range", partitions=2)
+    with eos.Producer(broker.address, partitioner_class=lambda topic, key, value, count: count) as producer:
+        with pytest.raises(ValueError, match="partitioner.class .* chose partition 2 for topic 'out-of-range'"):
+            producer.send("out-of-range", b"x")
+        with pytest.raises(ValueError, match="chose partition 2"):
+            producer.produce("out-of-range", b"x")
+        with pytest.raises(ValueError, match="chose partition 2"):
+            producer.send_batch("out-of-range", [b"x", b"y"])
+        producer.flush(WAIT_S)
+    assert consume_all(broker.address, "out-of-range", 2, 0, timeout_s=1) == []     # nothing was queued
+
+
 @pytest.mark.parametrize("acks", [0, 1, "all"])
 def test_acks(broker, admin, acks):
     admin.create_topic("acks", partitions=2)
