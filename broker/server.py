@@ -183,6 +183,10 @@ class BrokerConfig:
     controlled_shutdown_enable: bool = True
     controlled_shutdown_max_retries: int = 3
     controlled_shutdown_retry_backoff_ms: int = 5000
+    # Kafka's log.dirs: more directories for partitions (JBOD) besides the data dir, which
+    # keeps the broker's own files (meta.properties, the topic registry, producer ids) and
+    # is always the first log dir.
+    log_dirs: tuple[str, ...] = ()
     # ---- threads (see rpc_pool_limits) ----
     num_io_threads: int = RPC_WORKERS_FOR_SHORT_CALLS
     queued_max_requests: int = QUEUED_MAX_REQUESTS
@@ -242,6 +246,10 @@ class BrokerConfig:
                 if raw.lower() not in ("true", "false"):
                     raise InvalidConfigError(f"invalid value {raw!r} for {name}: must be true or false")
                 values[_CLUSTER_BOOL_NAMES[name]] = raw.lower() == "true"
+            elif name in ("log.dirs", "log.dir"):
+                values["log_dirs"] = tuple(part.strip() for part in raw.split(",") if part.strip())
+                if not values["log_dirs"]:
+                    raise InvalidConfigError(f"invalid value {raw!r} for {name}: no directory")
             elif name == "num.io.threads":
                 values["num_io_threads"] = _parse_int(name, raw, minimum=1, maximum=1024)
             elif name == "queued.max.requests":
@@ -433,13 +441,17 @@ class BrokerServer:
             raise InvalidConfigError(f"node.id must be >= 0, got {node_id}")
         self.config = BrokerConfig.from_dict(config)
         self.data_dir = Path(data_dir).resolve()
+        # The data dir first, then every other directory of log.dirs (see BrokerConfig).
+        self.log_dirs = [self.data_dir] + [d for d in dict.fromkeys(Path(p).resolve() for p in self.config.log_dirs)
+                                           if d != self.data_dir]
         self.host = host
         self.node_id = node_id
         self._requested_port = port
         self.port: int | None = None
         self.cluster_id: str | None = None
         self._now_ms = now_ms_fn
-        self._lock = _DataDirLock(self.data_dir)
+        self._locks = [_DataDirLock(d) for d in self.log_dirs]
+        self._failed_log_dirs: dict[str, str] = {}      # log.dirs that could not be prepared
         self._log_manager = None
         self._log_cleaner = None
         self._registry: TopicRegistry | None = None
@@ -493,8 +505,16 @@ class BrokerServer:
                 raise EosError("BrokerServer.start() called twice")
             self._started = True
             self.data_dir.mkdir(parents=True, exist_ok=True)
-            self._lock.acquire()
             try:
+                self._locks[0].acquire()
+                for directory, lock in zip(self.log_dirs[1:], self._locks[1:]):
+                    try:
+                        directory.mkdir(parents=True, exist_ok=True)
+                    except OSError as exc:
+                        # another disk is not this broker's end: it starts with that one offline
+                        self._failed_log_dirs[str(directory)] = f"cannot create it: {exc}"
+                        continue
+                    lock.acquire()      # another broker on it is still an error
                 self._start_locked()
             except BaseException:
                 self._teardown_after_failed_start()
@@ -504,7 +524,7 @@ class BrokerServer:
         return self
 
     def _start_locked(self) -> None:
-        from broker.storage.log_manager import LogManager  # storage is the heavy import
+        from broker.storage.log_dirs import LogDirs  # storage is the heavy import
 
         if self.config.zookeeper_connect:
             from broker.cluster_node import ClusterNode
@@ -513,12 +533,17 @@ class BrokerServer:
             load_or_create_meta_properties(self.data_dir, self.node_id, cluster_id=self.cluster_id)
         else:
             self.cluster_id = load_or_create_meta_properties(self.data_dir, self.node_id)
+        for directory in self.log_dirs[1:]:
+            # Kafka's rule: every log dir says which cluster and node it belongs to.
+            if str(directory) not in self._failed_log_dirs:
+                load_or_create_meta_properties(directory, self.node_id, cluster_id=self.cluster_id)
         cluster = self._cluster
         self._registry = TopicRegistry(self.data_dir, default_config=self.config.topic_defaults,
                                        default_num_partitions=self.config.num_partitions)
         topics = self._registry.load()
-        self._log_manager = LogManager(str(self.data_dir), now_ms_fn=self._now_ms,
-                                       producer_id_expiration_ms=self.config.producer_id_expiration_ms)
+        self._log_manager = LogDirs([str(d) for d in self.log_dirs], now_ms_fn=self._now_ms,
+                                    producer_id_expiration_ms=self.config.producer_id_expiration_ms,
+                                    failed=self._failed_log_dirs)
         self._log_manager.load({info.name: info.config for info in topics})
         from broker.storage.cleaner import CleanerConfig, LogCleaner
         config = self.config
@@ -689,11 +714,23 @@ class BrokerServer:
             if (topic, partition) not in wanted:
                 log.warning("deleting log %s-%d: no topic in the registry names it", topic, partition)
                 self._log_manager.delete_log(topic, partition)
-        for info in self._registry.topics():
-            for partition in range(info.partition_count):
-                if self._log_manager.get_log(info.name, partition) is None:
-                    log.warning("creating missing log %s-%d", info.name, partition)
-                    self._log_manager.create_log(info.name, partition, info.config)
+        missing = [(info, partition) for info in self._registry.topics() for partition in range(info.partition_count)
+                   if self._log_manager.get_log(info.name, partition) is None]
+        if missing and self._log_manager.any_offline():
+            # The internal topics live in the first dir (LogDirs), which is online here.
+            for info, partition in [m for m in missing if m[0].is_internal]:
+                self._log_manager.create_log(info.name, partition, info.config)
+            missing = [m for m in missing if not m[0].is_internal]
+            # They may be on the failed directory: an empty log elsewhere would start them
+            # again from offset 0 and fork them when the directory comes back.
+            self._log_manager.mark_offline([(info.name, p) for info, p in missing],
+                                           f"not found on the online log dirs while {self._log_manager.offline_dirs}")
+            log.error("%d partition(s) not found while a log dir is offline stay offline: %s", len(missing),
+                      ", ".join(f"{info.name}-{p}" for info, p in missing))
+            return
+        for info, partition in missing:
+            log.warning("creating missing log %s-%d", info.name, partition)
+            self._log_manager.create_log(info.name, partition, info.config)
 
     def _teardown_after_failed_start(self) -> None:
         self._stopping.set()
@@ -710,7 +747,8 @@ class BrokerServer:
                 self._log_manager.shutdown()
             except Exception:
                 log.exception("closing the logs after a failed start")
-        self._lock.release()
+        for lock in self._locks:
+            lock.release()
         self._stopped.set()
 
     # ---- housekeeping -------------------------------------------------------------------------
@@ -755,7 +793,8 @@ class BrokerServer:
             try:
                 self._log_manager.shutdown()
             finally:
-                self._lock.release()
+                for lock in self._locks:
+                    lock.release()
                 self._stopped.set()
             log.info("eos broker node %d stopped", self.node_id)
 

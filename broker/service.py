@@ -93,6 +93,7 @@ from eos.errors import (
     EosError,
     ErrorCode,
     InvalidRequestError,
+    StorageError,
     UnknownTopicOrPartitionError,
 )
 from eos.records.header import BatchHeader, iter_headers
@@ -468,6 +469,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                 f"not {partition}")
         partition_log = self._log_manager.get_log(topic, partition)
         if partition_log is None:
+            offline = self._log_manager.offline_reason(topic, partition)
+            if offline is not None:
+                raise StorageError(f"partition {topic}-{partition}: {offline}")
             raise UnknownTopicOrPartitionError(f"partition {topic}-{partition} has no log on this broker")
         return partition_log
 

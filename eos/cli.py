@@ -1,6 +1,6 @@
 """The `eos` command line, after the habits of Kafka's tools.
 
-    eos broker start [--data-dir DIR] [--port N] [--zookeeper HOST:PORT --broker-id N [--rack R]]
+    eos broker start [--data-dir DIR]... [--port N] [--zookeeper HOST:PORT --broker-id N [--rack R]]
     eos cluster start --brokers 3 --data-dir DIR    ZooKeeper and brokers on 127.0.0.1 (eos/cli_cluster.py)
     eos topics create|list|describe|delete ...   [--replication-factor N] [--under-replicated-partitions]
     eos topics adopt --topic T --from KAFKA_LOG_DIR --data-dir DIR    take over partitions Kafka wrote (offline)
@@ -46,7 +46,10 @@ def cmd_broker_start(args) -> int:
         config["zookeeper.connect"] = args.zookeeper
     if args.rack:
         config["broker.rack"] = args.rack
-    return run_broker(args.data_dir, host=args.host, port=args.port, node_id=args.node_id, config=config)
+    data_dirs = args.data_dir or ["./eos-data"]
+    if len(data_dirs) > 1:
+        config["log.dirs"] = ",".join(data_dirs)     # JBOD: the first keeps the broker's own files
+    return run_broker(data_dirs[0], host=args.host, port=args.port, node_id=args.node_id, config=config)
 
 
 # ---- topics ----------------------------------------------------------------------------
@@ -451,7 +454,9 @@ def build_parser() -> argparse.ArgumentParser:
     broker = commands.add_parser("broker", help="run a broker")
     broker_actions = broker.add_subparsers(dest="action", required=True)
     start = broker_actions.add_parser("start", help="start an embedded broker in the foreground")
-    start.add_argument("--data-dir", default="./eos-data")
+    start.add_argument("--data-dir", action="append", metavar="DIR",
+                       help="a log directory (default ./eos-data); repeat it for several disks (Kafka's log.dirs): "
+                            "new partitions go to the one with the fewest")
     start.add_argument("--host", default="127.0.0.1")
     start.add_argument("--port", type=int, default=9092)
     start.add_argument("--node-id", "--broker-id", dest="node_id", type=int, default=0)

@@ -151,6 +151,10 @@ class LogManager:
     def get_log(self, topic: str, partition: int) -> Log | None:
         return self._logs.get((topic, partition))
 
+    def offline_reason(self, topic: str, partition: int) -> str | None:
+        """Always None: one directory's failure is handled by broker.storage.log_dirs."""
+        return None
+
     def all_logs(self) -> list[Log]:
         with self._lock:
             return list(self._logs.values())
