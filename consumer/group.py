@@ -715,14 +715,20 @@ class ConsumerCoordinator:
         if self._cooperative:
             self._complete_cooperative(partitions, generation_id)
             return
-        self._owned = partitions
+        self._take_assignment(partitions, generation_id, newly_added=partitions)
+
+    def _take_assignment(self, partitions: list[TopicPartition], generation_id: int,
+                         newly_added: list[TopicPartition]) -> None:
+        """Own `partitions` in `generation_id`, hand them to the fetcher, tell the listener
+        which are new (all of them, eager; the added ones, cooperative)."""
+        self._owned = list(partitions)
         self._sticky_owned = list(partitions)
         self._owned_generation = generation_id
         self._next_auto_commit_ms = self._clock() + self.auto_commit_interval_ms
         self._assign_partitions(list(partitions))
         listener = self._subscription.listener if self._subscription is not None else None
         if listener is not None:
-            listener.on_partitions_assigned(list(partitions))
+            listener.on_partitions_assigned(list(newly_added))
 
     def _complete_cooperative(self, partitions: list[TopicPartition], generation_id: int) -> None:
         """Apply a cooperative assignment: commit and revoke only what was lost, rejoin if
@@ -743,14 +749,7 @@ class ConsumerCoordinator:
                      list(change.revoked))
             self._give_up(change.revoked)
             self._request_rejoin(f"revoked {len(change.revoked)} partitions for other members")
-        self._owned = list(partitions)
-        self._sticky_owned = list(partitions)
-        self._owned_generation = generation_id
-        self._next_auto_commit_ms = self._clock() + self.auto_commit_interval_ms
-        self._assign_partitions(list(partitions))
-        listener = self._subscription.listener if self._subscription is not None else None
-        if listener is not None:
-            listener.on_partitions_assigned(list(change.added))
+        self._take_assignment(partitions, generation_id, newly_added=list(change.added))
 
     def _cancel_join_call(self) -> None:
         call, self._join_call = self._join_call, None

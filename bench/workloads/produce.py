@@ -103,20 +103,24 @@ def _kafka_send_each(producer, topic: str, value: bytes, count: int, deadline: f
     return sent
 
 
+def kafka_queue_all(producer, topic: str, messages: list[dict]) -> None:
+    """confluent-kafka's produce_batch until every message is queued."""
+    while messages:
+        queued = producer.produce_batch(topic, messages)
+        if queued == len(messages):
+            return
+        # The rest were refused locally (queue full): serve delivery reports, retry them.
+        messages = [m for m in messages if "_error" in m]
+        for message in messages:
+            del message["_error"]
+        producer.poll(0.001)
+
+
 def _kafka_send_bulk(producer, topic: str, value: bytes, count: int, deadline: float) -> int:
     sent = 0
     while sent < count:
         chunk = min(BULK_RECORDS, count - sent)
-        messages = [{"value": value} for _ in range(chunk)]
-        while messages:
-            queued = producer.produce_batch(topic, messages)
-            if queued == len(messages):
-                break
-            # The rest were refused locally (queue full): serve delivery reports, retry them.
-            messages = [m for m in messages if "_error" in m]
-            for message in messages:
-                del message["_error"]
-            producer.poll(0.001)
+        kafka_queue_all(producer, topic, [{"value": value} for _ in range(chunk)])
         sent += chunk
         producer.poll(0)
         if time.perf_counter() > deadline:

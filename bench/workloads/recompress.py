@@ -19,6 +19,7 @@ import time
 from bench.workloads import Metric, RecordsLost, RunContext, Workload, register, repeated
 from bench.workloads.clients import (eos_create_topic, eos_end_offset, eos_module, kafka_create_topic,
                                      kafka_end_offset, kafka_producer_config, require_client)
+from bench.workloads.produce import kafka_queue_all
 
 TOPIC_CODECS = ("producer", "gzip", "snappy", "lz4", "zstd")
 BULK_RECORDS = 10_000
@@ -50,14 +51,7 @@ def _kafka_write(ctx: RunContext, topic: str, values: list[bytes], count: int) -
     sent = 0
     while sent < count:
         chunk = min(BULK_RECORDS, count - sent)
-        messages = [{"value": values[(sent + i) % VALUE_POOL]} for i in range(chunk)]
-        while messages:
-            if producer.produce_batch(topic, messages) == len(messages):
-                break
-            messages = [m for m in messages if "_error" in m]
-            for message in messages:
-                del message["_error"]
-            producer.poll(0.001)
+        kafka_queue_all(producer, topic, [{"value": values[(sent + i) % VALUE_POOL]} for i in range(chunk)])
         sent += chunk
         producer.poll(0)
     unflushed = producer.flush(FLUSH_TIMEOUT_S)
