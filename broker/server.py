@@ -58,6 +58,10 @@ from broker.group.state import (GROUP_INITIAL_REBALANCE_DELAY_MS, GROUP_MAX_SESS
                                 GROUP_MIN_SESSION_TIMEOUT_MS)
 from broker.in_process import InProcessBrokerStub
 from broker.purgatory import FetchPurgatory
+from broker.security import (CLIENT_AUTH_VALUES, PLAINTEXT, SSL, CallIdentityInterceptor, Listener, PrincipalRule,
+                             ReloadingServerCertificates, advertised_host, check_plaintext_binds,
+                             parse_advertised, parse_listeners, parse_principal_mapping_rules,
+                             parse_protocol_map)
 from broker.service import FETCH_MAX_WAIT_CAP_MS, BrokerServicer, NodeAddress
 from broker.topics import TopicRegistry
 from eos.files import write_file_atomically
@@ -190,10 +194,23 @@ class BrokerConfig:
     # ---- threads (see rpc_pool_limits) ----
     num_io_threads: int = RPC_WORKERS_FOR_SHORT_CALLS
     queued_max_requests: int = QUEUED_MAX_REQUESTS
+    # ---- listeners and TLS (broker/security.py) ----
+    # Kafka's listeners; empty: one PLAINTEXT listener on the host and port BrokerServer is given.
+    listeners: tuple[Listener, ...] = ()
+    advertised_listeners: str = ""             # parsed against the listeners at start
+    inter_broker_listener_name: str = ""       # empty: the first listener
+    ssl_certificate_location: str = ""         # PEM certificate (chain) of the SSL listener
+    ssl_key_location: str = ""                 # its unencrypted PEM private key
+    ssl_ca_location: str = ""                  # PEM CA bundle that client certificates must chain to
+    ssl_client_auth: str = "none"              # Kafka's none | required ("requested": see from_dict)
+    ssl_principal_mapping_rules: tuple[PrincipalRule, ...] = parse_principal_mapping_rules("DEFAULT")
+    # eos's safe default: a PLAINTEXT listener reachable from other machines is refused unless allowed.
+    allow_plaintext_remote: bool = False
 
     @classmethod
     def from_dict(cls, config: Mapping[str, str] | None) -> "BrokerConfig":
         values: dict = {}
+        security: dict[str, str] = {}
         topic_overrides: dict[str, str] = {}
         time_forms: dict[str, str] = {}
         for name, raw in (config or {}).items():
@@ -261,6 +278,8 @@ class BrokerConfig:
                     "request handlers and queued.max.requests the requests that may wait for one")
             elif name == "zookeeper.connect":
                 values["zookeeper_connect"] = raw
+            elif name in _SECURITY_NAMES:
+                security[name] = raw
             elif name == "broker.rack":
                 values["broker_rack"] = raw
             elif name in _GROUP_CONFIG_NAMES:
@@ -270,12 +289,76 @@ class BrokerConfig:
         if values.get("group_min_session_timeout_ms", GROUP_MIN_SESSION_TIMEOUT_MS) > values.get(
                 "group_max_session_timeout_ms", GROUP_MAX_SESSION_TIMEOUT_MS):
             raise InvalidConfigError("group.min.session.timeout.ms must not exceed group.max.session.timeout.ms")
+        values.update(_security_settings(security, clustered=bool(values.get("zookeeper_connect"))))
         topic_overrides.update(_time_defaults(time_forms))
         try:
             topic_defaults = TopicConfig.from_overrides(topic_overrides)
         except InvalidConfigError as exc:
             raise InvalidConfigError(f"broker default topic config: {exc}") from None
         return cls(topic_defaults=topic_defaults, **values)
+
+
+_SECURITY_NAMES = frozenset({
+    "listeners", "advertised.listeners", "listener.security.protocol.map", "inter.broker.listener.name",
+    "ssl.certificate.location", "ssl.key.location", "ssl.ca.location", "ssl.client.auth",
+    "ssl.principal.mapping.rules", "allow.plaintext.remote",
+})
+
+
+def _security_settings(raw: Mapping[str, str], *, clustered: bool) -> dict:
+    """The listener and TLS settings as BrokerConfig fields, checked together (no I/O: the
+    PEM files are read when the broker starts)."""
+    values: dict = {}
+    if "allow.plaintext.remote" in raw:
+        text = raw["allow.plaintext.remote"].lower()
+        if text not in ("true", "false"):
+            raise InvalidConfigError(f"invalid value {raw['allow.plaintext.remote']!r} for allow.plaintext.remote: "
+                                     f"must be true or false")
+        values["allow_plaintext_remote"] = text == "true"
+    listeners: tuple[Listener, ...] = ()
+    if "listeners" in raw:
+        listeners = parse_listeners(raw["listeners"], parse_protocol_map(raw.get("listener.security.protocol.map")))
+        values["listeners"] = listeners
+    elif "listener.security.protocol.map" in raw:
+        parse_protocol_map(raw["listener.security.protocol.map"])   # checked even if unused
+    if "advertised.listeners" in raw:
+        values["advertised_listeners"] = raw["advertised.listeners"]
+    names = [listener.name for listener in listeners] or [PLAINTEXT]
+    inter_broker = raw.get("inter.broker.listener.name", "").upper()
+    if inter_broker:
+        if inter_broker not in names:
+            raise InvalidConfigError(f"inter.broker.listener.name {inter_broker} is not one of the listeners "
+                                     f"({', '.join(names)})")
+        values["inter_broker_listener_name"] = inter_broker
+    client_auth = raw.get("ssl.client.auth", "none").lower()
+    if client_auth not in CLIENT_AUTH_VALUES:
+        raise InvalidConfigError(f"invalid value {raw['ssl.client.auth']!r} for ssl.client.auth: must be one of "
+                                 f"{', '.join(CLIENT_AUTH_VALUES)}")
+    if client_auth == "requested":
+        # Kafka's "requested" asks for a certificate and accepts a client without one; gRPC's
+        # Python API offers "do not ask" and "ask and require" only.
+        raise InvalidConfigError("ssl.client.auth=requested is not available in eos (gRPC's Python server "
+                                 "credentials either do not ask for a client certificate or require one): "
+                                 "use required or none")
+    values["ssl_client_auth"] = client_auth
+    for name in ("ssl.certificate.location", "ssl.key.location", "ssl.ca.location"):
+        if name in raw:
+            values[name.replace(".", "_")] = raw[name]
+    if "ssl.principal.mapping.rules" in raw:
+        values["ssl_principal_mapping_rules"] = parse_principal_mapping_rules(raw["ssl.principal.mapping.rules"])
+    if any(listener.security_protocol == SSL for listener in listeners):
+        missing = [name for name in ("ssl.certificate.location", "ssl.key.location") if not raw.get(name)]
+        if missing:
+            raise InvalidConfigError(f"an SSL listener needs {' and '.join(missing)} (PEM files)")
+        if client_auth == "required" and not raw.get("ssl.ca.location"):
+            raise InvalidConfigError("ssl.client.auth=required needs ssl.ca.location: the CA bundle that client "
+                                     "certificates are checked against")
+        if clustered:
+            # A cluster broker's Metadata answers come from the controller's UpdateMetadata,
+            # which carries one address per broker; per-listener endpoints are not in it yet.
+            raise InvalidConfigError("SSL listeners on a ZooKeeper cluster are not built yet: a cluster's "
+                                     "brokers listen on PLAINTEXT (an SSL listener works on a single broker)")
+    return values
 
 
 _CLUSTER_INT_NAMES = {
@@ -444,10 +527,21 @@ class BrokerServer:
         # The data dir first, then every other directory of log.dirs (see BrokerConfig).
         self.log_dirs = [self.data_dir] + [d for d in dict.fromkeys(Path(p).resolve() for p in self.config.log_dirs)
                                            if d != self.data_dir]
-        self.host = host
+        # Listeners: Kafka's `listeners`, or one PLAINTEXT listener on host:port (`--port N`).
+        self.listeners: tuple[Listener, ...] = self.config.listeners or (Listener(PLAINTEXT, PLAINTEXT, host, port),)
+        check_plaintext_binds(self.listeners, self.config.allow_plaintext_remote)   # before any bind
+        self._advertised = parse_advertised(self.config.advertised_listeners, self.listeners)
+        inter_broker_name = self.config.inter_broker_listener_name or self.listeners[0].name
+        self.inter_broker_listener = next(l for l in self.listeners if l.name == inter_broker_name)
+        # host/port/address are the inter-broker listener's: what a cluster registers and
+        # what in-process links name.
+        self.host = self._advertised.get(inter_broker_name, (advertised_host(self.inter_broker_listener.host), 0))[0]
         self.node_id = node_id
-        self._requested_port = port
         self.port: int | None = None
+        self.bound_ports: dict[str, int] = {}           # listener name -> the port it bound
+        self.listener_nodes: dict[str, NodeAddress] = {}  # listener name -> advertised address
+        self._certificates: ReloadingServerCertificates | None = None
+        self._interceptor = CallIdentityInterceptor(self.listeners, self.config.ssl_principal_mapping_rules)
         self.cluster_id: str | None = None
         self._now_ms = now_ms_fn
         self._locks = [_DataDirLock(d) for d in self.log_dirs]
@@ -473,6 +567,29 @@ class BrokerServer:
         if self.port is None:
             raise EosError("the broker is not started")
         return _format_host_port(self.host, self.port)
+
+    def address_of(self, listener_name: str) -> str:
+        """host:port a client reaches `listener_name` at (its advertised address)."""
+        node = self.listener_nodes.get(listener_name.upper())
+        if node is None:
+            raise EosError(f"no listener {listener_name} is bound (listeners: "
+                           f"{', '.join(l.name for l in self.listeners)})")
+        return _format_host_port(node.host, node.port)
+
+    @property
+    def call_identity_observer(self):
+        """`observer(method, CallIdentity)`, told the listener and principal of each gRPC
+        call before its handler runs (tests and audit; None by default)."""
+        return self._interceptor.observer
+
+    @call_identity_observer.setter
+    def call_identity_observer(self, observer) -> None:
+        self._interceptor.observer = observer
+
+    @property
+    def certificates(self) -> ReloadingServerCertificates | None:
+        """The SSL listener's certificates (reloaded when the files change), None without one."""
+        return self._certificates
 
     @property
     def registry(self) -> TopicRegistry | None:
@@ -520,7 +637,8 @@ class BrokerServer:
                 self._teardown_after_failed_start()
                 raise
         log.info("eos broker node %d listening on %s (data dir %s, cluster %s)",
-                 self.node_id, self.address, self.data_dir, self.cluster_id)
+                 self.node_id, ", ".join(f"{l.name}://{self.address_of(l.name)}" for l in self.listeners),
+                 self.data_dir, self.cluster_id)
         return self
 
     def _start_locked(self) -> None:
@@ -575,15 +693,12 @@ class BrokerServer:
                 # without this a second broker on the same port would share the traffic
                 # silently instead of failing to start
                 ("grpc.so_reuseport", 0),
-            ])
-        bind_address = _format_host_port(self.host, self._requested_port)
-        try:
-            bound_port = server.add_insecure_port(bind_address)
-        except RuntimeError as exc:  # grpc raises when the bind fails
-            raise StorageError(f"cannot listen on {bind_address}: {exc}") from None
-        if not bound_port:
-            raise StorageError(f"cannot listen on {bind_address}: the address is in use or invalid")
-        self.port = bound_port
+            ],
+            interceptors=[self._interceptor])
+        self._bind_listeners(server)
+        # What this node advertises on the inter-broker listener (its bound port unless
+        # advertised.listeners says otherwise): the group coordinator's and a cluster's address.
+        bound_port = self.listener_nodes[self.inter_broker_listener.name].port
         self._grpc_server = server
 
         # Loaded before the server serves: it creates __consumer_offsets without the Broker
@@ -616,7 +731,8 @@ class BrokerServer:
             on_offsets_txn_marker=self._group_coordinator.on_txn_marker, max_produce_streams=PRODUCE_STREAMS_MAX,
             metadata=None if cluster is None else cluster.metadata,
             replicas=None if cluster is None else cluster.replicas,
-            topic_admin=None if cluster is None else cluster.topic_admin)
+            topic_admin=None if cluster is None else cluster.topic_admin,
+            listener_nodes=self.listener_nodes)
         broker_pb2_grpc.add_BrokerServicer_to_server(self._servicer, server)
         if cluster is not None:
             from broker.cluster_service import ClusterServicer
@@ -647,7 +763,8 @@ class BrokerServer:
             self._group_coordinator.find_override = cluster.find_coordinator
         txn_pb2_grpc.add_TxnCoordinatorServicer_to_server(
             TxnCoordinatorServicer(producer_ids, self._txn_coordinator), server)
-        group_pb2_grpc.add_GroupCoordinatorServicer_to_server(GroupCoordinatorServicer(self._group_coordinator), server)
+        group_pb2_grpc.add_GroupCoordinatorServicer_to_server(GroupCoordinatorServicer(
+            self._group_coordinator, node_for_call=self._servicer.node_for_call), server)
         server.start()
         if cluster is None:
             threading.Thread(target=self._start_txn_coordinator, name="eos-txn-load", daemon=True).start()
@@ -658,6 +775,32 @@ class BrokerServer:
         self._housekeeping_thread = threading.Thread(
             target=self._housekeeping_loop, name="eos-broker-housekeeping", daemon=True)
         self._housekeeping_thread.start()
+
+    def _bind_listeners(self, server: grpc.Server) -> None:
+        """One port per listener on the one gRPC server: PLAINTEXT insecure, SSL with TLS
+        credentials that follow the certificate files (see broker/security.py)."""
+        config = self.config
+        for listener in self.listeners:
+            bind_address = _format_host_port(listener.host or "::", listener.port)
+            if listener.security_protocol == SSL:
+                if self._certificates is None:
+                    self._certificates = ReloadingServerCertificates(
+                        config.ssl_certificate_location, config.ssl_key_location, config.ssl_ca_location or None,
+                        client_auth=config.ssl_client_auth)
+                bind = lambda: server.add_secure_port(bind_address, self._certificates.credentials())
+            else:
+                bind = lambda: server.add_insecure_port(bind_address)
+            try:
+                bound_port = bind()
+            except RuntimeError as exc:  # grpc raises when the bind fails
+                raise StorageError(f"cannot listen on {bind_address} (listener {listener.name}): {exc}") from None
+            if not bound_port:
+                raise StorageError(f"cannot listen on {bind_address} (listener {listener.name}): "
+                                   f"the address is in use or invalid")
+            self.bound_ports[listener.name] = bound_port
+            host, port = self._advertised.get(listener.name, (advertised_host(listener.host), 0))
+            self.listener_nodes[listener.name] = NodeAddress(self.node_id, host, port or bound_port)
+        self.port = self.bound_ports[self.inter_broker_listener.name]
 
     def _start_txn_coordinator(self) -> None:
         for attempt in range(1, 31):
@@ -858,6 +1001,9 @@ def run_broker(data_dir: str, host: str = "127.0.0.1", port: int = 9092, node_id
             previous_handlers[signum] = signal.signal(signum, lambda *_: stop_requested.set())
     try:
         print(f"eos broker listening on {server.address} (data dir {server.data_dir})", flush=True)
+        if len(server.listeners) > 1 or server.listeners[0].security_protocol != PLAINTEXT:
+            print("eos broker listeners: " + ", ".join(
+                f"{listener.name}://{server.address_of(listener.name)}" for listener in server.listeners), flush=True)
         # a timeout keeps the main thread returning to the interpreter, where signal
         # handlers run
         while not stop_requested.wait(0.5):

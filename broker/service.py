@@ -88,6 +88,7 @@ from typing import Callable, NamedTuple
 import grpc
 
 from broker.purgatory import FetchPurgatory
+from broker.security import current_call
 from broker.topics import TopicInfo, TopicRegistry, is_internal_topic, validate_topic_name
 from eos.errors import (
     EosError,
@@ -405,17 +406,21 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                  add_txn_partitions: VerifyTxn | None = None,
                  on_offsets_txn_marker: OffsetsTxnMarkerHook | None = None,
                  max_produce_streams: int = PRODUCE_STREAMS_MAX,
-                 metadata=None, replicas=None, topic_admin=None):
+                 metadata=None, replicas=None, topic_admin=None,
+                 listener_nodes: dict[str, NodeAddress] | None = None):
         """`verify_txn` asks the transaction coordinator whether partitions are registered in
         a producer's open transaction (None: no coordinator, transactional writes are not
         verified); `add_txn_partitions` adds them for a request that asks it (KIP-890 part 2;
         None: such a request is only verified). `on_offsets_txn_marker` is the group coordinator's hook for markers
         written to `__consumer_offsets` partitions. At most `max_produce_streams`
-        ProduceStream calls are open at once (each holds a gRPC worker for its lifetime)."""
+        ProduceStream calls are open at once (each holds a gRPC worker for its lifetime).
+        `listener_nodes` is this node's advertised address per listener name: a call that
+        came in on a listener is answered with that listener's address (Kafka's rule)."""
         self._registry = registry
         self._log_manager = log_manager
         self._purgatory = purgatory
         self._node = node
+        self._listener_nodes = dict(listener_nodes or {})
         self._cluster_id = cluster_id
         self._now_ms = now_ms_fn
         self._auto_create_topics = auto_create_topics
@@ -895,10 +900,18 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                 if info.is_internal and not request.include_internal:
                     continue
                 topics.append(self._topic_metadata(info))
-        node = self._node
+        node = self.node_for_call()
         return broker_pb2.MetadataResponse(
             brokers=[broker_pb2.BrokerNode(node_id=node.node_id, host=node.host, port=node.port)],
             controller_id=node.node_id, topics=topics, cluster_id=self._cluster_id)
+
+    def node_for_call(self) -> NodeAddress:
+        """This node's address on the listener the current call came in on (the
+        inter-broker listener's for an in-process call)."""
+        call = current_call()
+        if call is None:
+            return self._node
+        return self._listener_nodes.get(call.listener.name, self._node)
 
     def _metadata_from_cache(self, request: broker_pb2.MetadataRequest) -> broker_pb2.MetadataResponse:
         """Cluster mode: what the controller last told this broker (UpdateMetadata)."""

@@ -95,6 +95,7 @@ CONSUMER_CONFIG: dict[str, net.ConfigSpec] = {
     "heartbeat.interval.ms": net.ConfigSpec(3000, net.as_int(1)),
     "max.poll.interval.ms": net.ConfigSpec(300000, net.as_int(1)),
     "partition.assignment.strategy": net.ConfigSpec(("range",), assignor_names),
+    **net.CLIENT_SECURITY_CONFIG,
 }
 
 _NAMED_DEFAULTS = {
@@ -168,7 +169,8 @@ class Consumer:
             bootstrap, request_timeout_ms=settings["request.timeout.ms"],
             retry_backoff_ms=settings["retry.backoff.ms"],
             retry_backoff_max_ms=settings["retry.backoff.max.ms"],
-            metadata_max_age_ms=settings["metadata.max.age.ms"])
+            metadata_max_age_ms=settings["metadata.max.age.ms"],
+            security=net.channel_security(settings))
         self._fetcher = Fetcher(
             self._metadata, isolation_level=settings["isolation.level"],
             auto_offset_reset=settings["auto.offset.reset"],

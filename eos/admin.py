@@ -42,6 +42,7 @@ ADMIN_CONFIG: dict[str, net.ConfigSpec] = {
     "default.api.timeout.ms": net.ConfigSpec(60000, net.as_int(1)),
     "retry.backoff.ms": net.ConfigSpec(100, net.as_int(0)),
     "retry.backoff.max.ms": net.ConfigSpec(1000, net.as_int(0)),
+    **net.CLIENT_SECURITY_CONFIG,
 }
 
 _OFFSET_SPECS = {"earliest": -2, "latest": -1, "max_timestamp": -3}
@@ -109,7 +110,8 @@ class Admin:
         self._metadata = net.ClusterMetadata(
             bootstrap, request_timeout_ms=self._request_timeout_ms,
             retry_backoff_ms=settings["retry.backoff.ms"],
-            retry_backoff_max_ms=settings["retry.backoff.max.ms"])
+            retry_backoff_max_ms=settings["retry.backoff.max.ms"],
+            security=net.channel_security(settings))
 
     # ---- plumbing ------------------------------------------------------------------------
 
@@ -126,7 +128,7 @@ class Admin:
                 response = rpc(stub() if stub is not None else self._metadata.bootstrap_stub())(
                     request, timeout=max(0.001, min(self._request_timeout_ms / 1000, remaining_s)))
             except grpc.RpcError as exc:
-                error = net.error_from_rpc(exc, what)
+                error = net.error_from_rpc(exc, what, self._metadata.security)
                 if stub is None:
                     self._metadata.next_bootstrap()
             else:

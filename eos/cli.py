@@ -13,13 +13,17 @@
     eos txn list|describe|abort|find-hanging transactions (after kafka-transactions.sh)
     eos demo                                 the end-to-end demo on an embedded broker
 
-Every client command takes --bootstrap-server (default $EOS_BOOTSTRAP or 127.0.0.1:9092).
+Every client command takes --bootstrap-server (default $EOS_BOOTSTRAP or 127.0.0.1:9092) and,
+as Kafka's tools, --command-config FILE: client settings in a properties file (e.g.
+security.protocol=SSL, ssl.ca.location=ca.pem); --security-protocol and --ssl-*-location
+set the same and win over the file.
 Errors print one line to stderr and exit 1; usage errors exit 2, as argparse does.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import struct
 import sys
 import time
@@ -37,6 +41,54 @@ def _parse_config_pairs(pairs: list[str] | None) -> dict[str, str]:
     return config
 
 
+# ---- client settings (--command-config, --security-protocol, --ssl-*) -------------------------
+
+_SECURITY_FLAGS = (("security_protocol", "security.protocol"), ("ssl_ca_location", "ssl.ca.location"),
+                   ("ssl_certificate_location", "ssl.certificate.location"), ("ssl_key_location", "ssl.key.location"),
+                   ("ssl_endpoint_identification_algorithm", "ssl.endpoint.identification.algorithm"))
+
+
+def read_properties(path: str) -> dict[str, str]:
+    """A Java-style properties file (NAME=VALUE or NAME: VALUE lines, # and ! comments), as
+    Kafka's tools read --command-config."""
+    settings = {}
+    with open(path, encoding="utf-8") as file:
+        for number, raw in enumerate(file, 1):
+            line = raw.strip()
+            if not line or line[0] in "#!":
+                continue
+            match = re.match(r"([^=:\s]+)\s*[=:]\s*(.*)$", line)
+            if match is None:
+                raise ValueError(f"{path}:{number}: expected NAME=VALUE, got {line!r}")
+            settings[match.group(1)] = match.group(2).strip()
+    return settings
+
+
+def client_config(args) -> dict[str, str]:
+    """The client settings a command was given: --command-config, then the flags over it."""
+    config = read_properties(args.command_config) if getattr(args, "command_config", None) else {}
+    for attribute, name in _SECURITY_FLAGS:
+        value = getattr(args, attribute, None)
+        if value is not None:
+            config[name] = value
+    return config
+
+
+def add_client_arguments(parser: argparse.ArgumentParser, *, suppress: bool = False) -> None:
+    """--command-config and the security flags of a client command."""
+    default = {"default": argparse.SUPPRESS} if suppress else {}
+    parser.add_argument("--command-config", metavar="FILE", **default,
+                        help="client settings in a properties file (Kafka's names, e.g. security.protocol=SSL)")
+    parser.add_argument("--security-protocol", choices=["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"], **default,
+                        help="security.protocol (SASL is not built yet)")
+    parser.add_argument("--ssl-ca-location", metavar="PEM", **default, help="ssl.ca.location: CA bundle to trust")
+    parser.add_argument("--ssl-certificate-location", metavar="PEM", **default,
+                        help="ssl.certificate.location: client certificate for mutual TLS")
+    parser.add_argument("--ssl-key-location", metavar="PEM", **default, help="ssl.key.location: its private key")
+    parser.add_argument("--ssl-endpoint-identification-algorithm", choices=["https", "none"], **default,
+                        help="https (default) checks the broker's name in its certificate; none does not")
+
+
 # ---- broker ----------------------------------------------------------------------------
 
 def cmd_broker_start(args) -> int:
@@ -49,6 +101,8 @@ def cmd_broker_start(args) -> int:
     data_dirs = args.data_dir or ["./eos-data"]
     if len(data_dirs) > 1:
         config["log.dirs"] = ",".join(data_dirs)     # JBOD: the first keeps the broker's own files
+    if args.allow_plaintext_remote:
+        config["allow.plaintext.remote"] = "true"
     return run_broker(data_dirs[0], host=args.host, port=args.port, node_id=args.node_id, config=config)
 
 
@@ -58,7 +112,7 @@ def cmd_topics(args) -> int:
     if args.action == "adopt":
         return _adopt(args)
     import eos
-    with eos.Admin(bootstrap=args.bootstrap_server) as admin:
+    with eos.Admin(bootstrap=args.bootstrap_server, config=client_config(args)) as admin:
         if args.action == "create":
             admin.create_topic(args.topic, partitions=args.partitions,
                                replication_factor=args.replication_factor,
@@ -137,7 +191,7 @@ def cmd_produce(args) -> int:
         if error is not None:
             failures.append(error)
 
-    producer = eos.Producer(bootstrap=args.bootstrap_server, acks=args.acks,
+    producer = eos.Producer(bootstrap=args.bootstrap_server, config=client_config(args), acks=args.acks,
                             compression_type=args.compression_type, linger_ms=args.linger_ms,
                             max_block_ms=args.max_block_ms)
     sent = 0
@@ -167,11 +221,11 @@ def cmd_consume(args) -> int:
     import eos
     from eos import TopicPartition
 
-    consumer = eos.Consumer(bootstrap=args.bootstrap_server, group_id=None,
+    consumer = eos.Consumer(bootstrap=args.bootstrap_server, config=client_config(args), group_id=None,
                             isolation_level=args.isolation,
                             auto_offset_reset="earliest" if args.from_beginning else "latest")
     try:
-        with eos.Admin(bootstrap=args.bootstrap_server) as admin:
+        with eos.Admin(bootstrap=args.bootstrap_server, config=client_config(args)) as admin:
             partitions = [p["partition"] for p in admin.describe_topic(args.topic)["partitions"]]
         if args.partition is not None:
             partitions = [args.partition]
@@ -326,7 +380,7 @@ def _print_table(headers: list[str], rows: list[list]) -> None:
 
 def cmd_groups(args) -> int:
     import eos
-    with eos.Admin(bootstrap=args.bootstrap_server) as admin:
+    with eos.Admin(bootstrap=args.bootstrap_server, config=client_config(args)) as admin:
         if args.action == "list":
             groups = admin.list_groups(states=[state for state in args.state or [] if state])
             if args.state is not None:
@@ -370,7 +424,7 @@ def cmd_groups(args) -> int:
 
 def cmd_txn(args) -> int:
     import eos
-    with eos.Admin(bootstrap=args.bootstrap_server) as admin:
+    with eos.Admin(bootstrap=args.bootstrap_server, config=client_config(args)) as admin:
         if args.action == "list":
             listed = admin.list_transactions(states=args.state)
             _print_table(["TransactionalId", "ProducerId", "TransactionState", "Participants"],
@@ -449,6 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
     def client_command(name: str, **kwargs) -> argparse.ArgumentParser:
         p = commands.add_parser(name, **kwargs)
         p.add_argument("--bootstrap-server", default=DEFAULT_BOOTSTRAP, help="host:port of a broker")
+        add_client_arguments(p)
         return p
 
     broker = commands.add_parser("broker", help="run a broker")
@@ -463,7 +518,12 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--zookeeper", metavar="HOST:PORT[/CHROOT]",
                        help="join the cluster coordinated by this ZooKeeper (zookeeper.connect)")
     start.add_argument("--rack", help="broker.rack, for rack-aware replica assignment")
-    start.add_argument("--config", action="append", metavar="NAME=VALUE", help="broker config override")
+    start.add_argument("--config", action="append", metavar="NAME=VALUE",
+                       help="broker config override, e.g. listeners=PLAINTEXT://127.0.0.1:9092,SSL://127.0.0.1:9093 "
+                            "(with ssl.certificate.location, ssl.key.location, ssl.ca.location, ssl.client.auth)")
+    start.add_argument("--allow-plaintext-remote", action="store_true",
+                       help="allow a PLAINTEXT listener on an address other machines can reach "
+                            "(allow.plaintext.remote=true; refused by default)")
     start.set_defaults(handler=cmd_broker_start)
 
     topics = client_command("topics", help="create, list, describe, delete topics; adopt Kafka's partitions")
@@ -548,6 +608,7 @@ def build_parser() -> argparse.ArgumentParser:
                              help="only transactions without a write for this long (default 15, the broker maximum)")
     for sub in (txn_list, txn_describe, txn_abort, txn_hanging):
         sub.add_argument("--bootstrap-server", default=argparse.SUPPRESS, help="host:port of a broker")
+        add_client_arguments(sub, suppress=True)
     txn.set_defaults(handler=cmd_txn)
 
     demo = commands.add_parser("demo", help="run the end-to-end demo on an embedded broker")

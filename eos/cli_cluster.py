@@ -55,11 +55,12 @@ def cmd_cluster_start(args) -> int:
 
 def cmd_leader_election(args) -> int:
     import eos
+    from eos.cli import client_config
     from eos.errors import ErrorCode
 
     if args.all_topic_partitions == bool(args.topic):
         raise SystemExit("error: give --topic (with an optional --partition) or --all-topic-partitions")
-    with eos.Admin(bootstrap=args.bootstrap_server) as admin:
+    with eos.Admin(bootstrap=args.bootstrap_server, config=client_config(args)) as admin:
         partitions = None
         if args.topic:
             if args.partition is not None:
@@ -109,12 +110,13 @@ def _read_plan(path: str) -> dict[tuple[str, int], list[int]]:
 
 def cmd_partitions(args) -> int:
     import eos
+    from eos.cli import client_config
 
     plan = _read_plan(args.plan)
     modes = [m for m in ("execute", "verify", "cancel") if getattr(args, m)]
     if len(modes) != 1:
         raise SystemExit("error: give exactly one of --execute, --verify, --cancel")
-    with eos.Admin(bootstrap=args.bootstrap_server) as admin:
+    with eos.Admin(bootstrap=args.bootstrap_server, config=client_config(args)) as admin:
         if args.execute:
             results = admin.alter_partition_reassignments(plan, throttle_bytes_per_s=args.throttle)
             failed = {tp: e for tp, e in results.items() if e is not None}

@@ -10,6 +10,16 @@ clients in one process get two connections (gRPC would otherwise share one TCP c
 between channels to the same address, and one client's bulk traffic would queue behind
 the other's).
 
+Security: every client config table includes `CLIENT_SECURITY_CONFIG` (Kafka's and
+librdkafka's `security.protocol`, `ssl.ca.location`, `ssl.certificate.location`,
+`ssl.key.location`, `ssl.endpoint.identification.algorithm`). `channel_security` reads the
+PEM files once, when the client is made, into a `ChannelSecurity` that `ClusterMetadata`
+passes to every `open_channel`, so each broker connection of a client is secured alike.
+SASL protocols are refused by name until they exist; ssl.* files given beside PLAINTEXT
+are refused rather than ignored (the client would talk in clear). A TLS handshake that
+fails shows up in gRPC as UNAVAILABLE, like a broker that is down, so the client's error
+says so when the client uses SSL.
+
 `ClusterMetadata` is the one owner of what a client knows about the cluster: the brokers
 (node id -> address) and, per topic, the partition count and the leader of each
 partition. It learns them from the Metadata RPC, asked of the bootstrap addresses in turn.
@@ -94,15 +104,147 @@ def parse_bootstrap(bootstrap) -> list[str]:
     return addresses
 
 
-def open_channel(address: str) -> grpc.Channel:
-    return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+# ---- security: TLS settings of a client (Kafka's and librdkafka's names) ---------------------
+
+PLAINTEXT, SSL = "PLAINTEXT", "SSL"
+_SASL_PROTOCOLS = ("SASL_PLAINTEXT", "SASL_SSL")
+TLS_PROBE_TIMEOUT_S = 10.0
 
 
-def error_from_rpc(exc: grpc.RpcError, what: str) -> EosError:
+def _security_protocol(name: str, value) -> str:
+    text = str(value).strip().upper()
+    if text in (PLAINTEXT, SSL):
+        return text
+    if text in _SASL_PROTOCOLS:
+        raise ValueError(f"{name}={text} is not built yet in eos (SASL/SCRAM comes with a later part); "
+                         f"use PLAINTEXT or SSL")
+    raise ValueError(f"{name} must be PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL, got {value!r}")
+
+
+def _endpoint_identification(name: str, value) -> str:
+    text = str(value).strip().lower()
+    if text in ("https", "none", ""):
+        return text or "none"     # Kafka: an empty value turns the check off too
+    raise ValueError(f"{name} must be https (check the broker's name in its certificate) or none, got {value!r}")
+
+
+# Every client's config table includes these (Producer, Consumer, Admin, the Spark source and sink).
+CLIENT_SECURITY_CONFIG: dict[str, "ConfigSpec"] = {}     # filled below, after ConfigSpec
+
+
+class ChannelSecurity(NamedTuple):
+    """How a client's channels are secured: PLAINTEXT, or SSL with the PEM bytes read once
+    when the client is made (the paths are kept for messages and the name probe)."""
+    protocol: str = PLAINTEXT
+    ca_pem: bytes | None = None               # None: the system's trusted roots (gRPC's bundle)
+    certificate_pem: bytes | None = None      # the client certificate, for mutual TLS
+    key_pem: bytes | None = None
+    verify_hostname: bool = True              # ssl.endpoint.identification.algorithm=https
+    certificate_location: str | None = None
+    key_location: str | None = None
+
+    @property
+    def is_tls(self) -> bool:
+        return self.protocol == SSL
+
+
+PLAINTEXT_SECURITY = ChannelSecurity()
+
+
+def channel_security(settings: dict) -> ChannelSecurity:
+    """The ChannelSecurity of a client's resolved settings; reads the PEM files (a missing
+    or unreadable file fails the client's constructor, naming the setting)."""
+    protocol = settings["security.protocol"]
+    given = [name for name in ("ssl.ca.location", "ssl.certificate.location", "ssl.key.location") if settings[name]]
+    if protocol == PLAINTEXT:
+        if given:
+            # Kafka's clients ignore them; a client meant to use TLS would then talk in clear.
+            raise ValueError(f"{', '.join(given)} given but security.protocol is PLAINTEXT: "
+                             f"set security.protocol=SSL to use TLS")
+        return PLAINTEXT_SECURITY
+    certificate_location, key_location = settings["ssl.certificate.location"], settings["ssl.key.location"]
+    if bool(certificate_location) != bool(key_location):
+        raise ValueError("ssl.certificate.location and ssl.key.location go together (a client certificate "
+                         "and its key), got only one of them")
+
+    def read(name: str) -> bytes | None:
+        path = settings[name]
+        if not path:
+            return None
+        try:
+            with open(path, "rb") as file:
+                return file.read()
+        except OSError as exc:
+            raise ValueError(f"{name} {path}: cannot read it: {exc}") from None
+
+    return ChannelSecurity(SSL, read("ssl.ca.location"), read("ssl.certificate.location"),
+                           read("ssl.key.location"),
+                           settings["ssl.endpoint.identification.algorithm"] == "https",
+                           certificate_location, key_location)
+
+
+def _server_certificate_name(address: str, security: ChannelSecurity) -> str | None:
+    """A name the broker's certificate holds (its first DNS or IP SAN, else its CN), learned
+    with one TLS handshake that checks the chain against the CA but not the name. With
+    ssl.endpoint.identification.algorithm=none the gRPC channel is told to expect that name
+    (grpc.ssl_target_name_override): gRPC has no switch to skip the name check, so the check
+    is made to pass for whatever certificate the trusted CA signed. None if the broker
+    cannot be reached now (the channel then checks the address's host)."""
+    import socket
+    import ssl
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    host, _, port = address.rpartition(":")
+    context = ssl.create_default_context(cadata=security.ca_pem.decode("ascii") if security.ca_pem else None)
+    context.check_hostname = False
+    context.set_alpn_protocols(["h2"])
+    if security.certificate_location:
+        context.load_cert_chain(security.certificate_location, security.key_location)
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=TLS_PROBE_TIMEOUT_S) as sock:
+            with context.wrap_socket(sock) as tls:
+                der = tls.getpeercert(binary_form=True)
+    except (OSError, ssl.SSLError):
+        return None
+    certificate = x509.load_der_x509_certificate(der)
+    try:
+        names = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        for name in list(names.get_values_for_type(x509.DNSName)) + [str(ip) for ip in names.get_values_for_type(x509.IPAddress)]:
+            return name
+    except x509.ExtensionNotFound:
+        pass
+    common_names = certificate.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    return str(common_names[0].value) if common_names else None
+
+
+def open_channel(address: str, security: ChannelSecurity | None = None) -> grpc.Channel:
+    """The channel to `address`: insecure for PLAINTEXT, TLS (mutual with a client
+    certificate) for SSL."""
+    if security is None or not security.is_tls:
+        return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+    credentials = grpc.ssl_channel_credentials(root_certificates=security.ca_pem, private_key=security.key_pem,
+                                               certificate_chain=security.certificate_pem)
+    options = CHANNEL_OPTIONS
+    if not security.verify_hostname:
+        name = _server_certificate_name(address, security)
+        if name is not None:
+            options = options + (("grpc.ssl_target_name_override", name),)
+    return grpc.secure_channel(address, credentials, options=options)
+
+
+TLS_FAILURE_HINT = (" (over SSL this is also how a failed TLS handshake looks: check that ssl.ca.location "
+                    "holds the CA of the broker's certificate, that the certificate names the address, and "
+                    "that a valid client certificate is given when the broker requires one)")
+
+
+def error_from_rpc(exc: grpc.RpcError, what: str, security: ChannelSecurity | None = None) -> EosError:
     """A request-level gRPC failure as the eos error a client reacts to."""
     code = exc.code() if hasattr(exc, "code") else None
     details = exc.details() if hasattr(exc, "details") else str(exc)
     message = f"{what}: gRPC {code.name if code else '?'}: {details}"
+    if security is not None and security.is_tls and code is grpc.StatusCode.UNAVAILABLE:
+        message += TLS_FAILURE_HINT
     if code is grpc.StatusCode.DEADLINE_EXCEEDED:
         return RequestTimedOutError(message)
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED):
@@ -237,8 +379,10 @@ class ClusterMetadata:
     def __init__(self, bootstrap, *, request_timeout_ms: int = REQUEST_TIMEOUT_MS_DEFAULT,
                  retry_backoff_ms: int = RETRY_BACKOFF_MS_DEFAULT,
                  retry_backoff_max_ms: int = RETRY_BACKOFF_MAX_MS_DEFAULT,
-                 metadata_max_age_ms: int = METADATA_MAX_AGE_MS_DEFAULT):
+                 metadata_max_age_ms: int = METADATA_MAX_AGE_MS_DEFAULT,
+                 security: ChannelSecurity = PLAINTEXT_SECURITY):
         self.bootstrap_addresses = parse_bootstrap(bootstrap)
+        self.security = security      # every channel this client opens is secured so
         self.request_timeout_ms = request_timeout_ms
         self.metadata_max_age_ms = metadata_max_age_ms
         self._backoff = Backoff(retry_backoff_ms, retry_backoff_max_ms)
@@ -264,7 +408,7 @@ class ClusterMetadata:
                     raise NetworkError("client is closed")
                 channel = self._channels.get(address)
                 if channel is None:
-                    channel = self._channels[address] = open_channel(address)
+                    channel = self._channels[address] = open_channel(address, self.security)
         return channel
 
     def stub_at(self, address: str, stub_class):
@@ -310,7 +454,7 @@ class ClusterMetadata:
                                             timeout=timeout_s if timeout_s is not None else self.request_timeout_ms / 1000)
         except grpc.RpcError as exc:
             self.next_bootstrap()
-            raise error_from_rpc(exc, f"FindCoordinator for {key!r}") from None
+            raise error_from_rpc(exc, f"FindCoordinator for {key!r}", self.security) from None
         found = response.coordinators[0] if response.coordinators else None
         if found is None or found.error_code != ErrorCode.NONE:
             code = found.error_code if found is not None else ErrorCode.COORDINATOR_NOT_AVAILABLE
@@ -406,7 +550,7 @@ class ClusterMetadata:
             try:
                 response = self.broker_stub_at(address).Metadata(request, timeout=timeout_s)
             except grpc.RpcError as exc:
-                last_error = error_from_rpc(exc, f"Metadata from {address}")
+                last_error = error_from_rpc(exc, f"Metadata from {address}", self.security)
                 continue
             self._bootstrap_index = index
             self._apply(response, topics)
@@ -538,6 +682,15 @@ def as_str(name: str, value) -> str:
 
 def as_optional_str(name: str, value) -> str | None:
     return None if value is None else as_str(name, value)
+
+
+CLIENT_SECURITY_CONFIG.update({
+    "security.protocol": ConfigSpec(PLAINTEXT, _security_protocol),
+    "ssl.ca.location": ConfigSpec(None, as_optional_str),
+    "ssl.certificate.location": ConfigSpec(None, as_optional_str),
+    "ssl.key.location": ConfigSpec(None, as_optional_str),
+    "ssl.endpoint.identification.algorithm": ConfigSpec("https", _endpoint_identification),
+})
 
 
 def resolve_config(what: str, spec: dict[str, ConfigSpec], config: dict | None,

@@ -74,6 +74,8 @@ PRODUCER_CONFIG: dict[str, net.ConfigSpec] = {
     # 2: partitions join a transaction with its produce requests (KIP-890 part 2, Kafka 4's
     # transaction.version 2); 1: an AddPartitionsToTxn round trip first (Kafka's older way).
     "transaction.version": net.ConfigSpec(2, _transaction_version),
+    # security.protocol, ssl.ca.location, ssl.certificate.location, ssl.key.location, ...
+    **net.CLIENT_SECURITY_CONFIG,
 }
 
 

@@ -213,7 +213,8 @@ class Producer:
             self._bootstrap, request_timeout_ms=settings["request.timeout.ms"],
             retry_backoff_ms=settings["retry.backoff.ms"],
             retry_backoff_max_ms=settings["retry.backoff.max.ms"],
-            metadata_max_age_ms=settings["metadata.max.age.ms"])
+            metadata_max_age_ms=settings["metadata.max.age.ms"],
+            security=net.channel_security(settings))
         # batch.size=0 means "no batching" in Kafka: every record is a batch of its own.
         self._accumulator = RecordAccumulator(
             batch_size=self._batch_size, buffer_memory=self._buffer_memory,

@@ -80,14 +80,20 @@ def _commit_error(request, code, message):
 
 
 class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServicer):
-    def __init__(self, coordinator: GroupCoordinator):
+    def __init__(self, coordinator: GroupCoordinator, *, node_for_call=None):
+        """`node_for_call()`: this node's address on the listener of the current call, so
+        FindCoordinator names it as the client reached it (None: the coordinator's own)."""
         self._coordinator = coordinator
+        self._node_for_call = node_for_call
 
     @_unexpected(lambda request, code, message: group_pb2.FindCoordinatorResponse(coordinators=[
         group_pb2.Coordinator(key=key, node_id=-1, port=-1, error_code=code, error_message=message)
         for key in request.keys]))
     def FindCoordinator(self, request: group_pb2.FindCoordinatorRequest, context):
         found = self._coordinator.find_coordinator(request.key_type, list(request.keys))
+        if self._node_for_call is not None:
+            node = self._node_for_call()
+            found = [c._replace(host=node.host, port=node.port) if c.node_id == node.node_id else c for c in found]
         return group_pb2.FindCoordinatorResponse(coordinators=[
             group_pb2.Coordinator(key=c.key, node_id=c.node_id, host=c.host, port=c.port, error_code=int(c.error),
                                   error_message=c.message)

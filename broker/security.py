@@ -1,0 +1,454 @@
+"""Listeners, TLS server credentials and the principal of a call.
+
+Theory of operation
+-------------------
+A broker listens on one or more *listeners*, Kafka's `listeners=NAME://host:port,...`. Each
+listener has a security protocol (`listener.security.protocol.map`, by default the name
+itself: PLAINTEXT, SSL). All listeners are ports of one gRPC server: PLAINTEXT ports are
+`add_insecure_port`, SSL ports `add_secure_port` with TLS credentials. `parse_listeners`,
+`check_plaintext_binds` and `parse_principal_mapping_rules` are pure: they turn settings
+into values or refuse them with an InvalidConfigError naming the setting, before anything
+binds.
+
+Which listener a call came in on: gRPC does not tell a handler which port took the call,
+but it tells the transport security of the connection (`auth_context()["transport_security_type"]`,
+"insecure" or "ssl"). So at most one listener per security protocol is allowed, and the
+protocol names the listener. (Kafka allows several listeners with one protocol, e.g.
+INTERNAL and EXTERNAL both SSL; eos refuses that with a clear error until a second gRPC
+server per listener is worth its threads.)
+
+The principal of a call (Kafka's `KafkaPrincipal`): on an SSL connection with a client
+certificate, `User:<name>` where name is the certificate's subject DN in RFC 2253 form
+(`CN=alice,OU=eng,O=Acme`, Java's X500Principal.getName()) mapped through
+`ssl.principal.mapping.rules`; on PLAINTEXT, and on SSL without a client certificate,
+`User:ANONYMOUS`. `principal_for(auth_context, listener, rules)` is the pure function that
+decides it; `CallIdentityInterceptor` is the one place that computes it for a call: it
+wraps every handler, puts the call's `CallIdentity` (listener and principal) in a context
+variable the handler can read (`current_call()`; the ACL checks of a later part read it
+there), and reports it to an optional observer (tests, audit logging). A DN no rule maps
+fails the call with UNAUTHENTICATED, as Kafka fails the authentication.
+
+Certificate reload: `ReloadingServerCertificates` gives `grpc.dynamic_ssl_server_credentials`
+a fetcher that gRPC calls before each new TLS handshake. It compares the files' mtimes and
+sizes with the ones loaded (a stat, no read) and re-reads them when they changed, so a
+renewed certificate serves new connections without a restart; connections already open
+keep the old one, as with Kafka's dynamic keystore update. A certificate and key that do
+not belong together (the files replaced one at a time, the handshake falling between the
+two writes) are not taken: the old pair stays until the new pair is whole.
+"""
+from __future__ import annotations
+
+import contextvars
+import ipaddress
+import logging
+import os
+import re
+import socket
+import threading
+from typing import Callable, NamedTuple
+
+import grpc
+
+from eos.errors import InvalidConfigError
+
+log = logging.getLogger("eos.broker.security")
+
+ANONYMOUS = "User:ANONYMOUS"
+PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL = "PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"
+SECURITY_PROTOCOLS = (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL)
+DEFAULT_PROTOCOL_MAP = {name: name for name in SECURITY_PROTOCOLS}
+# auth_context()["transport_security_type"] -> the security protocol of the connection
+_TRANSPORT_PROTOCOL = {b"insecure": PLAINTEXT, b"ssl": SSL}
+CLIENT_AUTH_VALUES = ("none", "requested", "required")
+_LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
+
+
+class Listener(NamedTuple):
+    name: str                 # PLAINTEXT, SSL, or a name mapped by listener.security.protocol.map
+    security_protocol: str    # PLAINTEXT or SSL
+    host: str                 # the bind host; "" = every interface
+    port: int                 # 0 = a free port
+
+
+# ---- listeners (pure) ------------------------------------------------------------------------
+
+def parse_protocol_map(text: str | None) -> dict[str, str]:
+    """`listener.security.protocol.map`: "NAME:PROTOCOL,..." over Kafka's default
+    (each protocol name maps to itself)."""
+    mapping = dict(DEFAULT_PROTOCOL_MAP)
+    for item in (text or "").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        name, sep, protocol = item.partition(":")
+        name, protocol = name.strip().upper(), protocol.strip().upper()
+        if not sep or not name or protocol not in SECURITY_PROTOCOLS:
+            raise InvalidConfigError(f"invalid listener.security.protocol.map entry {item!r}: "
+                                     f"expected NAME:PROTOCOL with PROTOCOL one of {', '.join(SECURITY_PROTOCOLS)}")
+        mapping[name] = protocol
+    return mapping
+
+
+def _split_endpoint(setting: str, item: str) -> tuple[str, str, int]:
+    """"NAME://host:port" -> (NAME, host, port); IPv6 hosts in brackets."""
+    match = re.fullmatch(r"([A-Za-z0-9_]+)://(\[[^\]]*\]|[^:/\[\]]*):(\d+)", item.strip())
+    if match is None:
+        raise InvalidConfigError(f"invalid {setting} entry {item!r}: expected NAME://host:port "
+                                 f"(e.g. SSL://127.0.0.1:9093)")
+    name, host, port_text = match.groups()
+    port = int(port_text)
+    if port > 65535:
+        raise InvalidConfigError(f"invalid {setting} entry {item!r}: port {port} is outside 0..65535")
+    return name.upper(), host.strip("[]"), port
+
+
+def parse_listeners(text: str, protocol_map: dict[str, str]) -> tuple[Listener, ...]:
+    """`listeners=PLAINTEXT://127.0.0.1:9092,SSL://127.0.0.1:9093` -> Listeners, checked:
+    names and ports unique, a known protocol, SASL refused until it is built, and at most one
+    listener per protocol (see the theory of operation)."""
+    listeners: list[Listener] = []
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        name, host, port = _split_endpoint("listeners", item)
+        protocol = protocol_map.get(name)
+        if protocol is None:
+            raise InvalidConfigError(f"listener {name} has no security protocol: name it PLAINTEXT or SSL, "
+                                     f"or map it in listener.security.protocol.map")
+        if protocol in (SASL_PLAINTEXT, SASL_SSL):
+            raise InvalidConfigError(f"listener {name}: security protocol {protocol} is not built yet in eos "
+                                     f"(SASL/SCRAM comes with a later part); use PLAINTEXT or SSL")
+        listeners.append(Listener(name, protocol, host, port))
+    if not listeners:
+        raise InvalidConfigError(f"listeners names no listener: {text!r}")
+    for field, what in ((lambda l: l.name, "name"), (lambda l: l.security_protocol, "security protocol")):
+        values = [field(listener) for listener in listeners]
+        repeated = sorted({v for v in values if values.count(v) > 1})
+        if repeated:
+            extra = (" (the listener of a call is known by its transport security, so eos takes one "
+                     "listener per protocol)" if what == "security protocol" else "")
+            raise InvalidConfigError(f"listeners: more than one listener with {what} {', '.join(repeated)}{extra}")
+    ports = [listener.port for listener in listeners if listener.port]
+    if len(ports) != len(set(ports)):
+        raise InvalidConfigError(f"listeners: two listeners on one port in {text!r}")
+    return tuple(listeners)
+
+
+def parse_advertised(text: str | None, listeners: tuple[Listener, ...]) -> dict[str, tuple[str, int]]:
+    """`advertised.listeners` -> {listener name: (host, port)}; a listener not named is
+    advertised at the address it binds (its bound port when 0)."""
+    names = {listener.name for listener in listeners}
+    advertised: dict[str, tuple[str, int]] = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        name, host, port = _split_endpoint("advertised.listeners", item)
+        if name not in names:
+            raise InvalidConfigError(f"advertised.listeners names {name}, which is not in listeners")
+        if not host:
+            raise InvalidConfigError(f"advertised.listeners {item!r}: an advertised address needs a host")
+        advertised[name] = (host, port)
+    return advertised
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() in _LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_plaintext_binds(listeners: tuple[Listener, ...], allow_plaintext_remote: bool) -> None:
+    """Refuse a PLAINTEXT listener reachable from other machines unless asked for: data and
+    (later) credentials would cross the network in clear. Checked before anything binds."""
+    if allow_plaintext_remote:
+        return
+    for listener in listeners:
+        if listener.security_protocol == PLAINTEXT and not is_loopback(listener.host):
+            where = listener.host or "every interface"
+            raise InvalidConfigError(
+                f"listener {listener.name} would accept PLAINTEXT connections on {where}:{listener.port}, "
+                f"which other machines can reach: use an SSL listener, bind it to 127.0.0.1, or allow it "
+                f"with allow.plaintext.remote=true (eos broker start --allow-plaintext-remote)")
+
+
+# ---- principal mapping (pure): Kafka's ssl.principal.mapping.rules ----------------------------
+
+class NoMatchingRule(Exception):
+    """No ssl.principal.mapping.rules rule maps the DN (Kafka's NoMatchingRule)."""
+
+
+class PrincipalRule(NamedTuple):
+    pattern: re.Pattern | None     # None: DEFAULT (the DN as it is)
+    replacement: str               # a Python re template (\g<1> for Java's $1)
+    case: str                      # "", "L" (to lower case) or "U" (to upper case)
+    text: str                      # the rule as written, for messages
+
+    def apply(self, distinguished_name: str) -> str | None:
+        """The mapped name, or None when the rule does not match (Java's matcher.matches():
+        the whole DN)."""
+        if self.pattern is None:
+            return distinguished_name
+        if self.pattern.fullmatch(distinguished_name) is None:
+            return None
+        # Kafka: distinguishedName.replaceAll(pattern, replacement) once the pattern matches
+        # the whole DN; re.sub replaces as replaceAll does (empty matches included).
+        name = self.pattern.sub(self.replacement, distinguished_name)
+        return name.lower() if self.case == "L" else name.upper() if self.case == "U" else name
+
+
+# Kafka's SslPrincipalMapper RULE_SPLITTER: DEFAULT, or RULE:pattern/replacement/[LU], where
+# pattern and replacement may contain commas and backslash-escaped characters (\/ for a slash).
+_RULE = re.compile(r"\s*(DEFAULT|RULE:((?:\\.|[^\\/])*)/((?:\\.|[^\\/])*)/([LU]?)[^,]*?|[^,]*?)\s*(?:,\s*|$)")
+
+
+def _java_replacement(replacement: str) -> str:
+    """Java's Matcher replacement ($1, \\$ for a dollar) as a Python re template."""
+    out = []
+    index = 0
+    while index < len(replacement):
+        char = replacement[index]
+        if char == "\\" and index + 1 < len(replacement):
+            literal = replacement[index + 1]
+            out.append("\\\\" if literal == "\\" else literal)
+            index += 2
+        elif char == "$" and index + 1 < len(replacement) and replacement[index + 1].isdigit():
+            digits = re.match(r"\d+", replacement[index + 1:]).group()
+            out.append(f"\\g<{digits}>")
+            index += 1 + len(digits)
+        else:
+            out.append(char)
+            index += 1
+    return "".join(out)
+
+
+def parse_principal_mapping_rules(text: str | None) -> tuple[PrincipalRule, ...]:
+    """`ssl.principal.mapping.rules` (Kafka's syntax, default "DEFAULT") -> rules in order."""
+    text = "DEFAULT" if text is None or not text.strip() else text
+    rules: list[PrincipalRule] = []
+    position = 0
+    while position < len(text):
+        match = _RULE.match(text, position)
+        if match is None or match.end() == position:
+            raise InvalidConfigError(f"invalid ssl.principal.mapping.rules {text!r} at {text[position:]!r}")
+        position = match.end()
+        whole, pattern, replacement, case = match.group(1), match.group(2), match.group(3), match.group(4)
+        if whole == "DEFAULT":
+            rules.append(PrincipalRule(None, "", "", whole))
+        elif whole.startswith("RULE:") and pattern is not None:
+            try:
+                compiled = re.compile(pattern)
+            except re.error as exc:
+                raise InvalidConfigError(f"ssl.principal.mapping.rules: rule {whole!r}: bad pattern: {exc}") from None
+            rules.append(PrincipalRule(compiled, _java_replacement(replacement), case or "", whole))
+        elif whole:
+            raise InvalidConfigError(f"invalid ssl.principal.mapping.rules rule {whole!r}: expected DEFAULT or "
+                                     f"RULE:pattern/replacement/[LU]")
+    if not rules:
+        raise InvalidConfigError(f"ssl.principal.mapping.rules names no rule: {text!r}")
+    return tuple(rules)
+
+
+def map_distinguished_name(distinguished_name: str, rules: tuple[PrincipalRule, ...]) -> str:
+    """The first rule that matches decides; none matching is an error, as in Kafka."""
+    for rule in rules:
+        name = rule.apply(distinguished_name)
+        if name is not None:
+            return name
+    raise NoMatchingRule(f"no ssl.principal.mapping.rules rule applies to {distinguished_name!r} "
+                         f"(rules: {', '.join(rule.text for rule in rules)})")
+
+
+def distinguished_name_of(auth_context: dict) -> str | None:
+    """The client certificate's subject in RFC 2253 form, or None without a certificate.
+    The PEM certificate is parsed (gRPC's x509_subject is OpenSSL's one-line form, which
+    agrees with RFC 2253 for common names but escapes differently); x509_subject is the
+    fallback when the certificate is not given."""
+    pem = auth_context.get("x509_pem_cert")
+    if pem:
+        from cryptography import x509
+        return x509.load_pem_x509_certificate(pem[0]).subject.rfc4514_string()
+    subject = auth_context.get("x509_subject")
+    return subject[0].decode("utf-8", "replace") if subject else None
+
+
+def protocol_of(auth_context: dict) -> str:
+    """PLAINTEXT or SSL: the transport security of the connection a call came in on."""
+    kind = auth_context.get("transport_security_type")
+    return _TRANSPORT_PROTOCOL.get(kind[0], PLAINTEXT) if kind else PLAINTEXT
+
+
+def principal_for(auth_context: dict, listener: Listener, rules: tuple[PrincipalRule, ...]) -> str:
+    """Kafka's principal ("User:<name>") of a call on `listener` with this gRPC auth context."""
+    if listener.security_protocol != SSL:
+        return ANONYMOUS
+    distinguished_name = distinguished_name_of(auth_context)
+    if distinguished_name is None:
+        return ANONYMOUS
+    return "User:" + map_distinguished_name(distinguished_name, rules)
+
+
+# ---- the principal of a call: one interceptor -----------------------------------------------
+
+class CallIdentity(NamedTuple):
+    listener: Listener
+    principal: str
+
+
+_current_call: contextvars.ContextVar[CallIdentity | None] = contextvars.ContextVar("eos_call_identity", default=None)
+
+
+def current_call() -> CallIdentity | None:
+    """The identity of the gRPC call this thread serves; None for an in-process call (the
+    broker's own coordinators), which acts as the broker itself."""
+    return _current_call.get()
+
+
+class CallIdentityInterceptor(grpc.ServerInterceptor):
+    """Wraps every handler so the call's listener and principal are known before it runs."""
+
+    def __init__(self, listeners: tuple[Listener, ...], rules: tuple[PrincipalRule, ...],
+                 observer: Callable[[str, CallIdentity], None] | None = None):
+        self._by_protocol = {listener.security_protocol: listener for listener in listeners}
+        self._rules = rules
+        self.observer = observer
+
+    def identify(self, context) -> CallIdentity:
+        auth_context = context.auth_context()
+        protocol = protocol_of(auth_context)
+        listener = self._by_protocol.get(protocol) or next(iter(self._by_protocol.values()))
+        return CallIdentity(listener, principal_for(auth_context, listener, self._rules))
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+        if handler.unary_unary:
+            return handler._replace(unary_unary=self._wrap_unary(method, handler.unary_unary))
+        if handler.unary_stream:
+            return handler._replace(unary_stream=self._wrap_stream(method, handler.unary_stream))
+        if handler.stream_unary:
+            return handler._replace(stream_unary=self._wrap_unary(method, handler.stream_unary))
+        return handler._replace(stream_stream=self._wrap_stream(method, handler.stream_stream))
+
+    def _enter(self, method: str, context) -> contextvars.Token:
+        try:
+            identity = self.identify(context)
+        except NoMatchingRule as exc:
+            log.warning("refused a call to %s from %s: %s", method, context.peer(), exc)
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
+        observer = self.observer
+        if observer is not None:
+            observer(method, identity)
+        return _current_call.set(identity)
+
+    def _wrap_unary(self, method: str, behaviour):
+        def call(request, context):
+            token = self._enter(method, context)
+            try:
+                return behaviour(request, context)
+            finally:
+                _current_call.reset(token)
+        return call
+
+    @staticmethod
+    def _reset(token: contextvars.Token) -> None:
+        try:
+            _current_call.reset(token)
+        except ValueError:
+            _current_call.set(None)   # the generator was closed from another thread's context
+
+    def _wrap_stream(self, method: str, behaviour):
+        def call(request, context):
+            # A generator: the handler's body runs as gRPC iterates, on the worker thread.
+            token = self._enter(method, context)
+            try:
+                yield from behaviour(request, context)
+            finally:
+                self._reset(token)
+        return call
+
+
+# ---- TLS server credentials, reloaded when the files change ----------------------------------
+
+def _file_stamp(path: str) -> tuple[int, int]:
+    status = os.stat(path)
+    return status.st_mtime_ns, status.st_size
+
+
+class ReloadingServerCertificates:
+    """The TLS credentials of the SSL listener, re-read when the PEM files change."""
+
+    def __init__(self, certificate_path: str, key_path: str, ca_path: str | None, *, client_auth: str):
+        self._paths = tuple(p for p in (certificate_path, key_path, ca_path) if p)
+        self._certificate_path, self._key_path, self._ca_path = certificate_path, key_path, ca_path
+        self._require_client_auth = client_auth == "required"
+        self._lock = threading.Lock()
+        self._stamps = self._read_stamps()
+        self.loaded_count = 0       # certificate configurations taken (the first one included)
+        self._initial = self._load()
+
+    def _read_stamps(self) -> tuple:
+        return tuple(_file_stamp(p) for p in self._paths)
+
+    def _load(self) -> grpc.ServerCertificateConfiguration:
+        """Read and check the files; raise InvalidConfigError when they do not make a pair."""
+        from cryptography import x509
+        from cryptography.hazmat.primitives import serialization
+
+        def read(path: str, setting: str) -> bytes:
+            try:
+                with open(path, "rb") as file:
+                    return file.read()
+            except OSError as exc:
+                raise InvalidConfigError(f"{setting} {path}: cannot read it: {exc}") from None
+
+        certificate_pem = read(self._certificate_path, "ssl.certificate.location")
+        key_pem = read(self._key_path, "ssl.key.location")
+        ca_pem = read(self._ca_path, "ssl.ca.location") if self._ca_path else None
+        try:
+            certificate = x509.load_pem_x509_certificates(certificate_pem)[0]
+            key = serialization.load_pem_private_key(key_pem, password=None)
+            if ca_pem is not None:
+                x509.load_pem_x509_certificates(ca_pem)
+        except (ValueError, TypeError) as exc:
+            raise InvalidConfigError(f"the broker's TLS files are not PEM certificates and an unencrypted "
+                                     f"PEM key: {exc}") from None
+        public = serialization.PublicFormat.SubjectPublicKeyInfo
+        if (certificate.public_key().public_bytes(serialization.Encoding.DER, public)
+                != key.public_key().public_bytes(serialization.Encoding.DER, public)):
+            raise InvalidConfigError(f"ssl.key.location {self._key_path} is not the key of the certificate in "
+                                     f"ssl.certificate.location {self._certificate_path}")
+        self.loaded_count += 1
+        return grpc.ssl_server_certificate_configuration([(key_pem, certificate_pem)], root_certificates=ca_pem)
+
+    def fetch(self) -> grpc.ServerCertificateConfiguration | None:
+        """gRPC's fetcher, called before each new handshake: a new configuration when the
+        files changed and make a whole pair, else None (keep the current one)."""
+        try:
+            stamps = self._read_stamps()
+        except OSError:
+            return None       # a file being replaced (renamed away): try at the next connection
+        with self._lock:
+            if stamps == self._stamps:
+                return None
+            try:
+                configuration = self._load()
+            except InvalidConfigError as exc:
+                log.warning("the TLS files changed but are not usable yet (keeping the certificate in use): %s", exc)
+                return None
+            self._stamps = stamps
+        log.info("reloaded the TLS certificate from %s", self._certificate_path)
+        return configuration
+
+    def credentials(self) -> grpc.ServerCredentials:
+        return grpc.dynamic_ssl_server_credentials(self._initial, self.fetch,
+                                                   require_client_authentication=self._require_client_auth)
+
+
+def advertised_host(bind_host: str) -> str:
+    """The host a listener bound to every interface advertises: this machine's name."""
+    return bind_host or socket.getfqdn()
