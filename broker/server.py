@@ -586,6 +586,10 @@ class BrokerServer:
     def call_identity_observer(self, observer) -> None:
         self._interceptor.observer = observer
 
+    def _calls_need_identity(self) -> bool:
+        listeners = self.listeners
+        return len(listeners) > 1 or any(listener.security_protocol != PLAINTEXT for listener in listeners)
+
     @property
     def certificates(self) -> ReloadingServerCertificates | None:
         """The SSL listener's certificates (reloaded when the files change), None without one."""
@@ -694,7 +698,10 @@ class BrokerServer:
                 # silently instead of failing to start
                 ("grpc.so_reuseport", 0),
             ],
-            interceptors=[self._interceptor])
+            # A broker with one PLAINTEXT listener has one address and one principal
+            # (ANONYMOUS): it skips the per-call interceptor (a wrapper and an auth_context()
+            # call on every RPC, which the latency rows would pay for nothing).
+            interceptors=[self._interceptor] if self._calls_need_identity() else None)
         self._bind_listeners(server)
         # What this node advertises on the inter-broker listener (its bound port unless
         # advertised.listeners says otherwise): the group coordinator's and a cluster's address.
