@@ -18,10 +18,14 @@ raises `InProcessRpcError` (a `grpc.RpcError`, as a failed call raises in a clie
 broker shutting down answers UNAVAILABLE either way), `add_callback` registers nothing (a
 caller on this thread cannot cancel its own call), and a deadline is not enforced (the
 handlers bound their own waits: a Produce by its timeout_ms, a Fetch by max_wait_ms).
+The handler runs with no call identity (`run_as_broker`): ACL checks let the broker's own
+writes through even when the thread is serving a client's EndTxn.
 """
 from __future__ import annotations
 
 import grpc
+
+from broker.security import run_as_broker
 
 
 class InProcessRpcError(grpc.RpcError):
@@ -65,7 +69,9 @@ class InProcessBrokerStub:
         handler = getattr(self._servicer, name)
 
         def call(request, timeout: float | None = None):
-            return handler(request, _InProcessContext())
+            # The caller may be serving a client's call on this thread (EndTxn writing the
+            # coordinator's state): the handler runs as the broker, not as that client.
+            return run_as_broker(handler, request, _InProcessContext())
 
         call.__name__ = name
         return call

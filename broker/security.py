@@ -295,6 +295,15 @@ def principal_for(auth_context: dict, listener: Listener, rules: tuple[Principal
 class CallIdentity(NamedTuple):
     listener: Listener
     principal: str
+    host: str = ""        # the client's IP address (ACLs may name it), "" when gRPC gives none
+
+
+def host_of_peer(peer: str | None) -> str:
+    """gRPC's peer "ipv4:127.0.0.1:5555" / "ipv6:[::1]:5555" -> "127.0.0.1" / "::1"."""
+    kind, _, address = (peer or "").partition(":")
+    if kind in ("ipv4", "ipv6"):
+        return address.rsplit(":", 1)[0].strip("[]")
+    return ""
 
 
 _current_call: contextvars.ContextVar[CallIdentity | None] = contextvars.ContextVar("eos_call_identity", default=None)
@@ -304,6 +313,17 @@ def current_call() -> CallIdentity | None:
     """The identity of the gRPC call this thread serves; None for an in-process call (the
     broker's own coordinators), which acts as the broker itself."""
     return _current_call.get()
+
+
+def run_as_broker(function, *args):
+    """Run `function(*args)` with no call identity: the broker's own work done on the
+    thread of a client's call (the transaction coordinator writing its state while serving
+    EndTxn) must not be checked as that client's."""
+    token = _current_call.set(None)
+    try:
+        return function(*args)
+    finally:
+        _current_call.reset(token)
 
 
 class CallIdentityInterceptor(grpc.ServerInterceptor):
@@ -319,7 +339,7 @@ class CallIdentityInterceptor(grpc.ServerInterceptor):
         auth_context = context.auth_context()
         protocol = protocol_of(auth_context)
         listener = self._by_protocol.get(protocol) or next(iter(self._by_protocol.values()))
-        return CallIdentity(listener, principal_for(auth_context, listener, self._rules))
+        return CallIdentity(listener, principal_for(auth_context, listener, self._rules), host_of_peer(context.peer()))
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)

@@ -57,6 +57,8 @@ from broker.group.service import GroupCoordinatorServicer
 from broker.group.state import (GROUP_INITIAL_REBALANCE_DELAY_MS, GROUP_MAX_SESSION_TIMEOUT_MS, GROUP_MAX_SIZE,
                                 GROUP_MIN_SESSION_TIMEOUT_MS)
 from broker.in_process import InProcessBrokerStub
+from broker.acl import InvalidAclError, parse_super_users
+from broker.authorizer import AUTHORIZER_CLASS_NAMES, Authorizer
 from broker.purgatory import FetchPurgatory
 from broker.security import (CLIENT_AUTH_VALUES, PLAINTEXT, SSL, CallIdentityInterceptor, Listener, PrincipalRule,
                              ReloadingServerCertificates, advertised_host, check_plaintext_binds,
@@ -206,6 +208,10 @@ class BrokerConfig:
     ssl_principal_mapping_rules: tuple[PrincipalRule, ...] = parse_principal_mapping_rules("DEFAULT")
     # eos's safe default: a PLAINTEXT listener reachable from other machines is refused unless allowed.
     allow_plaintext_remote: bool = False
+    # ---- authorization (broker/authorizer.py, broker/acl.py) ----
+    authorizer_class_name: str = ""            # empty: no authorizer, every call allowed
+    super_users: frozenset[str] = frozenset()  # Kafka's super.users, "User:a;User:b"
+    allow_everyone_if_no_acl_found: bool = False
 
     @classmethod
     def from_dict(cls, config: Mapping[str, str] | None) -> "BrokerConfig":
@@ -280,6 +286,23 @@ class BrokerConfig:
                 values["zookeeper_connect"] = raw
             elif name in _SECURITY_NAMES:
                 security[name] = raw
+            elif name == "authorizer.class.name":
+                if raw and raw not in AUTHORIZER_CLASS_NAMES:
+                    raise InvalidConfigError(
+                        f"authorizer.class.name {raw!r} is not an authorizer eos has: use "
+                        f"org.apache.kafka.metadata.authorizer.StandardAuthorizer, "
+                        f"kafka.security.authorizer.AclAuthorizer or eos.AclAuthorizer (all the same ACL "
+                        f"authorizer), or leave it empty for none")
+                values["authorizer_class_name"] = raw
+            elif name == "super.users":
+                try:
+                    values["super_users"] = parse_super_users(raw)
+                except InvalidAclError as exc:
+                    raise InvalidConfigError(f"invalid super.users {raw!r}: {exc}") from None
+            elif name == "allow.everyone.if.no.acl.found":
+                if raw.lower() not in ("true", "false"):
+                    raise InvalidConfigError(f"invalid value {raw!r} for {name}: must be true or false")
+                values["allow_everyone_if_no_acl_found"] = raw.lower() == "true"
             elif name == "broker.rack":
                 values["broker_rack"] = raw
             elif name in _GROUP_CONFIG_NAMES:
@@ -290,6 +313,13 @@ class BrokerConfig:
                 "group_max_session_timeout_ms", GROUP_MAX_SESSION_TIMEOUT_MS):
             raise InvalidConfigError("group.min.session.timeout.ms must not exceed group.max.session.timeout.ms")
         values.update(_security_settings(security, clustered=bool(values.get("zookeeper_connect"))))
+        if values.get("authorizer_class_name") and values.get("zookeeper_connect"):
+            # A cluster keeps its ACLs in ZooKeeper, watched by every broker; a file per broker
+            # would let the brokers disagree about who may do what.
+            raise InvalidConfigError(
+                "authorizer.class.name on a ZooKeeper cluster is not built yet: eos keeps ACLs in the data dir "
+                "of a single broker (the cluster's ACLs in ZooKeeper come later); run the authorizer on a "
+                "single broker, or a cluster without one")
         topic_overrides.update(_time_defaults(time_forms))
         try:
             topic_defaults = TopicConfig.from_overrides(topic_overrides)
@@ -556,6 +586,7 @@ class BrokerServer:
         self._txn_link: BrokerLink | None = None
         self._group_coordinator: GroupCoordinator | None = None
         self._cluster = None   # broker.cluster_node.ClusterNode when zookeeper.connect is set
+        self._authorizer: Authorizer | None = None
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._housekeeping_thread: threading.Thread | None = None
@@ -587,8 +618,18 @@ class BrokerServer:
         self._interceptor.observer = observer
 
     def _calls_need_identity(self) -> bool:
+        """With an authorizer every call needs its principal (an unauthenticated one is
+        User:ANONYMOUS, which ACLs may allow or not); without one, only a broker whose
+        listeners differ in what they tell about a call."""
+        if self.config.authorizer_class_name:
+            return True
         listeners = self.listeners
         return len(listeners) > 1 or any(listener.security_protocol != PLAINTEXT for listener in listeners)
+
+    @property
+    def authorizer(self) -> Authorizer | None:
+        """The ACLs and their checks; None without authorizer.class.name."""
+        return self._authorizer
 
     @property
     def certificates(self) -> ReloadingServerCertificates | None:
@@ -660,6 +701,12 @@ class BrokerServer:
             if str(directory) not in self._failed_log_dirs:
                 load_or_create_meta_properties(directory, self.node_id, cluster_id=self.cluster_id)
         cluster = self._cluster
+        if self.config.authorizer_class_name:
+            self._authorizer = Authorizer(self.data_dir, super_users=self.config.super_users,
+                                          allow_if_no_acl=self.config.allow_everyone_if_no_acl_found)
+            log.info("authorizer on: %d ACL(s) loaded from %s, super users %s, allow.everyone.if.no.acl.found=%s",
+                     self._authorizer.load(), self.data_dir, sorted(self.config.super_users) or "none",
+                     str(self.config.allow_everyone_if_no_acl_found).lower())
         self._registry = TopicRegistry(self.data_dir, default_config=self.config.topic_defaults,
                                        default_num_partitions=self.config.num_partitions)
         topics = self._registry.load()
@@ -739,7 +786,7 @@ class BrokerServer:
             metadata=None if cluster is None else cluster.metadata,
             replicas=None if cluster is None else cluster.replicas,
             topic_admin=None if cluster is None else cluster.topic_admin,
-            listener_nodes=self.listener_nodes)
+            listener_nodes=self.listener_nodes, authorizer=self._authorizer)
         broker_pb2_grpc.add_BrokerServicer_to_server(self._servicer, server)
         if cluster is not None:
             from broker.cluster_service import ClusterServicer
@@ -769,9 +816,9 @@ class BrokerServer:
             cluster.txn_coordinator = self._txn_coordinator
             self._group_coordinator.find_override = cluster.find_coordinator
         txn_pb2_grpc.add_TxnCoordinatorServicer_to_server(
-            TxnCoordinatorServicer(producer_ids, self._txn_coordinator), server)
+            TxnCoordinatorServicer(producer_ids, self._txn_coordinator, authorizer=self._authorizer), server)
         group_pb2_grpc.add_GroupCoordinatorServicer_to_server(GroupCoordinatorServicer(
-            self._group_coordinator, node_for_call=self._servicer.node_for_call), server)
+            self._group_coordinator, node_for_call=self._servicer.node_for_call, authorizer=self._authorizer), server)
         server.start()
         if cluster is None:
             threading.Thread(target=self._start_txn_coordinator, name="eos-txn-load", daemon=True).start()

@@ -87,6 +87,7 @@ from typing import Callable, NamedTuple
 
 import grpc
 
+from broker.acl import InvalidAclError, Operation, ResourceType
 from broker.purgatory import FetchPurgatory
 from broker.security import current_call
 from broker.topics import TopicInfo, TopicRegistry, is_internal_topic, validate_topic_name
@@ -97,6 +98,7 @@ from eos.errors import (
     StorageError,
     UnknownTopicOrPartitionError,
 )
+from eos.acl import binding_from_proto, binding_to_proto, filter_from_proto
 from eos.records.header import BatchHeader, iter_headers
 from eos.types import TopicPartition
 from eos.v1 import broker_pb2, broker_pb2_grpc, common_pb2
@@ -407,7 +409,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                  on_offsets_txn_marker: OffsetsTxnMarkerHook | None = None,
                  max_produce_streams: int = PRODUCE_STREAMS_MAX,
                  metadata=None, replicas=None, topic_admin=None,
-                 listener_nodes: dict[str, NodeAddress] | None = None):
+                 listener_nodes: dict[str, NodeAddress] | None = None, authorizer=None):
         """`verify_txn` asks the transaction coordinator whether partitions are registered in
         a producer's open transaction (None: no coordinator, transactional writes are not
         verified); `add_txn_partitions` adds them for a request that asks it (KIP-890 part 2;
@@ -415,7 +417,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         written to `__consumer_offsets` partitions. At most `max_produce_streams`
         ProduceStream calls are open at once (each holds a gRPC worker for its lifetime).
         `listener_nodes` is this node's advertised address per listener name: a call that
-        came in on a listener is answered with that listener's address (Kafka's rule)."""
+        came in on a listener is answered with that listener's address (Kafka's rule).
+        `authorizer` (broker.authorizer.Authorizer) checks each call's ACLs; None: no checks."""
         self._registry = registry
         self._log_manager = log_manager
         self._purgatory = purgatory
@@ -437,6 +440,18 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         self._admin_lock = threading.Lock()   # one topic change at a time (registry + logs)
         self._gate = _RequestGate()
         self._streams = _ProduceStreams(max_produce_streams)
+        self._authorizer = authorizer
+
+    # ---- authorization (see "Authorization" in the module doc) ---------------------------------
+
+    def _topic_denied(self, operation: Operation, topic: str) -> bool:
+        return not self._authorizer.allowed(operation, ResourceType.TOPIC, topic)
+
+    def _cluster_allows(self, *operations: Operation) -> bool:
+        return any(self._authorizer.allowed(operation, ResourceType.CLUSTER) for operation in operations)
+
+    def _denial(self, operation: Operation, what: str) -> str:
+        return f"{self._authorizer.principal()} is not authorized to {operation.name} {what}"
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -460,7 +475,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
 
     def _topic(self, topic: str, *, may_create: bool = False) -> TopicInfo:
         info = self._registry.get(topic)
-        if info is None and may_create and self._auto_create_topics:
+        if info is None and may_create and self._auto_create_topics and (
+                self._authorizer is None or self._cluster_allows(Operation.CREATE)
+                or not self._topic_denied(Operation.CREATE, topic)):
             info = self._auto_create(topic)
         if info is None:
             raise UnknownTopicOrPartitionError(f"topic {topic!r} does not exist")
@@ -568,10 +585,17 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             return _refuse_produce(request, ErrorCode.INVALID_REQUIRED_ACKS,
                                    f"acks must be 0, 1 or -1 (all), got {acks}")
         headers = [_parse_headers(p.records) for p in request.partitions]
+        denied: dict[int, tuple[int, str]] = {}
+        if self._authorizer is not None:
+            try:
+                denied = self._authorize_produce(request, headers)
+            except _RequestRefused as refused:
+                return _refuse_produce(request, refused.code, str(refused))
         try:
-            refusals = self._verify_transactional_writes(request, headers)
+            refusals = self._verify_transactional_writes(request, headers, skip=denied)
         except _RequestRefused as refused:
             return _refuse_produce(request, refused.code, str(refused))
+        refusals.update(denied)
         now_ms = self._now_ms()
         timeout_ms = request.timeout_ms if request.timeout_ms > 0 else PRODUCE_TIMEOUT_MS_DEFAULT
         results = [self._produce_partition(p, acks, now_ms, headers[i], timeout_ms,
@@ -580,15 +604,42 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                    for i, p in enumerate(request.partitions)]
         return broker_pb2.ProduceResponse(partitions=results)
 
+    def _authorize_produce(self, request: broker_pb2.ProduceRequest,
+                           headers: list[list[BatchHeader] | None]) -> dict[int, tuple[int, str]]:
+        """Kafka's checks of a Produce: transactional batches need WRITE on the request's
+        transactional id (else the whole request fails); every partition needs WRITE on its
+        topic (else that partition fails, before anything is verified or appended). An
+        idempotent producer needs nothing more (KIP-679: WRITE on the topic is enough)."""
+        if any(_transactional_producers(h) for h in headers):
+            tid = request.transactional_id
+            if not tid or not self._authorizer.allowed(Operation.WRITE, ResourceType.TRANSACTIONAL_ID, tid):
+                raise _RequestRefused(self._denial(Operation.WRITE, f"transactional id {tid!r}"),
+                                      ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+        decided: dict[str, bool] = {}
+        denied: dict[int, tuple[int, str]] = {}
+        for index, p in enumerate(request.partitions):
+            refused = decided.get(p.topic)
+            if refused is None:
+                refused = decided[p.topic] = self._topic_denied(Operation.WRITE, p.topic)
+            if refused:
+                denied[index] = (ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+                                 self._denial(Operation.WRITE, f"topic {p.topic!r}"))
+        return denied
+
     def _verify_transactional_writes(self, request: broker_pb2.ProduceRequest,
-                                     headers: list[list[BatchHeader] | None]) -> dict[int, tuple[int, str]]:
+                                     headers: list[list[BatchHeader] | None],
+                                     skip: dict[int, tuple[int, str]] | None = None) -> dict[int, tuple[int, str]]:
         """KIP-890 part 1: the partitions where a transactional batch would open its
         producer's transaction are checked with the transaction coordinator first. Returns
         the refused partitions as {index in request.partitions: (code, message)}; raises
-        _RequestRefused when the request as a whole is malformed (Kafka's rules)."""
+        _RequestRefused when the request as a whole is malformed (Kafka's rules). The
+        partitions in `skip` (refused already: not authorized) are neither verified nor
+        added to the transaction."""
         producers: set[tuple[int, int]] = set()
         candidates: list[tuple[int, broker_pb2.PartitionRecords]] = []
         for index, p in enumerate(request.partitions):
+            if skip and index in skip:
+                continue
             found = _transactional_producers(headers[index])
             if found:
                 producers |= found
@@ -695,6 +746,13 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     def Fetch(self, request: broker_pb2.FetchRequest, context) -> broker_pb2.FetchResponse:
         max_wait_ms = min(max(request.max_wait_ms, 0), self._fetch_max_wait_cap_ms)
         deadline_s = time.monotonic() + max_wait_ms / 1000.0
+        if self._authorizer is not None:
+            denied = self._fetch_denied(request)
+            if denied:
+                # Kafka answers the partitions it may not read and still reads the others;
+                # a fetch with a refusal in it does not wait (an error answers at once).
+                results, _, _ = self._read_all(request, denied=denied)
+                return broker_pb2.FetchResponse(partitions=results)
         results, bytes_read, has_error = self._read_all(request)
         if bytes_read >= request.min_bytes or max_wait_ms == 0 or has_error or not results:
             return broker_pb2.FetchResponse(partitions=results)
@@ -731,6 +789,18 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             results, _, _ = self._read_all(request, replica_reported=True)
         return broker_pb2.FetchResponse(partitions=results)
 
+    def _fetch_denied(self, request: broker_pb2.FetchRequest) -> dict[str, str]:
+        """{topic: why} for the topics this fetch may not read: READ on the topic for a
+        consumer; for a follower (is_replica), CLUSTER_ACTION on the cluster, refused for
+        every partition as Kafka does."""
+        if request.is_replica:
+            if self._cluster_allows(Operation.CLUSTER_ACTION):
+                return {}
+            why = self._denial(Operation.CLUSTER_ACTION, "the cluster (a follower fetch)")
+            return {fp.topic: why for fp in request.partitions}
+        return {fp.topic: self._denial(Operation.READ, f"topic {fp.topic!r}")
+                for fp in request.partitions if self._topic_denied(Operation.READ, fp.topic)}
+
     def _read_positions(self, results, isolation: int, refresh: bool = False, replica: bool = False) -> tuple:
         """The upper bound of each fetched partition: what the last read saw, or (refresh)
         what the logs say now. A change means there may be more to read. A follower reads up
@@ -751,10 +821,12 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             positions.append(-1 if partition_log is None else _upper_bound(partition_log, isolation))
         return tuple(positions)
 
-    def _read_all(self, request: broker_pb2.FetchRequest, replica_reported: bool = False):
+    def _read_all(self, request: broker_pb2.FetchRequest, replica_reported: bool = False,
+                  denied: dict[str, str] | None = None):
         """One pass over the requested partitions: (results, bytes read, any error).
         A follower's fetch offsets are its log ends: the first pass reports them to the
-        replica manager (`replica_reported` skips that on the re-reads of a long poll)."""
+        replica manager (`replica_reported` skips that on the re-reads of a long poll).
+        The topics in `denied` are answered TOPIC_AUTHORIZATION_FAILED, unread."""
         isolation = request.isolation_level
         max_bytes = request.max_bytes if request.max_bytes > 0 else FETCH_MAX_BYTES_DEFAULT
         budget_bytes = min(max_bytes, FETCH_RESPONSE_BYTES_MAX)
@@ -762,6 +834,12 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         bytes_read = 0
         has_error = False
         for fp in request.partitions:
+            if denied and fp.topic in denied:
+                has_error = True
+                results.append(broker_pb2.FetchedPartition(
+                    topic=fp.topic, partition=fp.partition, error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+                    error_message=denied[fp.topic], high_watermark=-1, last_stable_offset=-1, log_start_offset=-1))
+                continue
             result = self._read_partition(fp, isolation, budget_bytes - bytes_read,
                                           min_one_batch=bytes_read == 0, request=request,
                                           replica_reported=replica_reported)
@@ -840,6 +918,14 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
 
     @_gated
     def ListOffsets(self, request: broker_pb2.ListOffsetsRequest, context) -> broker_pb2.ListOffsetsResponse:
+        if self._authorizer is not None:
+            return broker_pb2.ListOffsetsResponse(partitions=[
+                broker_pb2.ListedOffset(topic=p.topic, partition=p.partition,
+                                        error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+                                        error_message=self._denial(Operation.DESCRIBE, f"topic {p.topic!r}"),
+                                        timestamp=-1, offset=-1)
+                if self._topic_denied(Operation.DESCRIBE, p.topic) else self._list_offset(p, request.isolation_level)
+                for p in request.partitions])
         return broker_pb2.ListOffsetsResponse(partitions=[
             self._list_offset(p, request.isolation_level) for p in request.partitions])
 
@@ -892,13 +978,22 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         if self._metadata is not None:
             return self._metadata_from_cache(request)
         topics = []
+        checked = self._authorizer is not None
         if request.topics:
             for name in request.topics:
+                if checked and self._topic_denied(Operation.DESCRIBE, name):
+                    # Asked by name: refused (Kafka's answer, whether the topic exists or not).
+                    topics.append(broker_pb2.TopicMetadata(
+                        name=name, error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+                        error_message=self._denial(Operation.DESCRIBE, f"topic {name!r}")))
+                    continue
                 topics.append(self._topic_metadata_by_name(name))
         else:
             for info in self._registry.topics():
                 if info.is_internal and not request.include_internal:
                     continue
+                if checked and self._topic_denied(Operation.DESCRIBE, info.name):
+                    continue    # all topics: the ones it may not describe do not exist for it
                 topics.append(self._topic_metadata(info))
         node = self.node_for_call()
         return broker_pb2.MetadataResponse(
@@ -998,7 +1093,14 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             return self._topic_admin.create_topics(request)
         counts = collections.Counter(t.name for t in request.topics)
         results = []
+        # Kafka: CREATE on the cluster, or else CREATE on each topic.
+        cluster_may_create = self._authorizer is None or self._cluster_allows(Operation.CREATE)
         for new_topic in request.topics:
+            if not cluster_may_create and self._topic_denied(Operation.CREATE, new_topic.name):
+                results.append(broker_pb2.TopicResult(
+                    name=new_topic.name, error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+                    error_message=self._denial(Operation.CREATE, f"topic {new_topic.name!r} (nor the cluster)")))
+                continue
             try:
                 if counts[new_topic.name] > 1:
                     raise InvalidRequestError(
@@ -1039,6 +1141,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             return self._topic_admin.delete_topics(request)
         results = []
         for name in request.names:
+            if self._authorizer is not None and self._topic_denied(Operation.DELETE, name):
+                results.append(broker_pb2.TopicResult(name=name, error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+                                                      error_message=self._denial(Operation.DELETE, f"topic {name!r}")))
+                continue
             try:
                 if name in PROTECTED_INTERNAL_TOPICS:
                     raise InvalidRequestError(
@@ -1070,6 +1176,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         counts = collections.Counter(t.name for t in request.topics)
         results = []
         for grow in request.topics:
+            if self._authorizer is not None and self._topic_denied(Operation.ALTER, grow.name):
+                results.append(broker_pb2.TopicResult(name=grow.name, error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+                                                      error_message=self._denial(Operation.ALTER, f"topic {grow.name!r}")))
+                continue
             try:
                 if counts[grow.name] > 1:
                     raise InvalidRequestError(
@@ -1104,6 +1214,15 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         """Append every marker, then (on a cluster) wait until the in-sync replicas have them
         all: Kafka writes markers with acks=-1, because a marker lost with its leader would
         leave the transaction open on that partition after the coordinator moved on."""
+        if self._authorizer is not None and not self._cluster_allows(Operation.CLUSTER_ACTION, Operation.ALTER):
+            # The coordinator's call (CLUSTER_ACTION), or an admin's abort of a hanging
+            # transaction (ALTER on the cluster, KIP-1037); refused whole, as in Kafka.
+            why = self._denial(Operation.CLUSTER_ACTION, "the cluster (nor ALTER it)")
+            return broker_pb2.WriteTxnMarkersResponse(markers=[
+                broker_pb2.TxnMarkerResult(producer_id=marker.producer_id, partitions=[
+                    broker_pb2.PartitionError(topic=tp.topic, partition=tp.partition,
+                                              error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED, error_message=why)
+                    for tp in marker.partitions]) for marker in request.markers])
         now_ms = self._now_ms()
         answers = [[self._write_marker(marker, tp, now_ms) for tp in marker.partitions] for marker in request.markers]
         results = [[wait() if callable(wait) else wait for wait in waits] for waits in answers]
@@ -1158,9 +1277,69 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                                              error_message=f"marker written, not yet replicated: {message}")
         return replicated
 
+    # ---- ACLs (Kafka's CreateAcls, DescribeAcls, DeleteAcls) ----------------------------------
+
+    def _acl_refusal(self, operation: Operation) -> tuple[int, str] | None:
+        """Why this call may not touch the ACLs, or None: SECURITY_DISABLED without an
+        authorizer (Kafka's answer), CLUSTER_AUTHORIZATION_FAILED without `operation` on the
+        cluster (ALTER to change them, DESCRIBE to read them)."""
+        if self._authorizer is None:
+            return ErrorCode.SECURITY_DISABLED, ("no authorizer is configured on this broker "
+                                                 "(authorizer.class.name): there are no ACLs")
+        if not self._cluster_allows(operation):
+            return ErrorCode.CLUSTER_AUTHORIZATION_FAILED, self._denial(operation, "the cluster")
+        return None
+
+    @_gated
+    def CreateAcls(self, request: broker_pb2.CreateAclsRequest, context) -> broker_pb2.CreateAclsResponse:
+        refusal = self._acl_refusal(Operation.ALTER)
+        if refusal is not None:
+            return broker_pb2.CreateAclsResponse(results=[
+                broker_pb2.AclCreationResult(error_code=refusal[0], error_message=refusal[1])
+                for _ in request.creations])
+        problems = self._authorizer.create([binding_from_proto(c) for c in request.creations])
+        return broker_pb2.CreateAclsResponse(results=[
+            broker_pb2.AclCreationResult(error_code=ErrorCode.NONE) if problem is None else
+            broker_pb2.AclCreationResult(error_code=ErrorCode.INVALID_REQUEST, error_message=problem)
+            for problem in problems])
+
+    @_gated
+    def DescribeAcls(self, request: broker_pb2.DescribeAclsRequest, context) -> broker_pb2.DescribeAclsResponse:
+        refusal = self._acl_refusal(Operation.DESCRIBE)
+        if refusal is not None:
+            return broker_pb2.DescribeAclsResponse(error_code=refusal[0], error_message=refusal[1])
+        try:
+            found = self._authorizer.describe(filter_from_proto(request.filter))
+        except InvalidAclError as exc:
+            return broker_pb2.DescribeAclsResponse(error_code=ErrorCode.INVALID_REQUEST, error_message=str(exc))
+        return broker_pb2.DescribeAclsResponse(error_code=ErrorCode.NONE,
+                                               acls=[binding_to_proto(b) for b in sorted(found)])
+
+    @_gated
+    def DeleteAcls(self, request: broker_pb2.DeleteAclsRequest, context) -> broker_pb2.DeleteAclsResponse:
+        refusal = self._acl_refusal(Operation.ALTER)
+        if refusal is not None:
+            return broker_pb2.DeleteAclsResponse(results=[
+                broker_pb2.DeleteAclsFilterResult(error_code=refusal[0], error_message=refusal[1])
+                for _ in request.filters])
+        outcomes = self._authorizer.delete([filter_from_proto(f) for f in request.filters])
+        return broker_pb2.DeleteAclsResponse(results=[
+            broker_pb2.DeleteAclsFilterResult(error_code=ErrorCode.NONE,
+                                              matching_acls=[binding_to_proto(b) for b in sorted(removed)])
+            if problem is None else
+            broker_pb2.DeleteAclsFilterResult(error_code=ErrorCode.INVALID_REQUEST, error_message=problem)
+            for problem, removed in outcomes])
+
     @_gated
     def DescribeProducers(self, request: broker_pb2.DescribeProducersRequest,
                           context) -> broker_pb2.DescribeProducersResponse:
+        if self._authorizer is not None:
+            return broker_pb2.DescribeProducersResponse(partitions=[
+                broker_pb2.PartitionProducers(topic=tp.topic, partition=tp.partition,
+                                              error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+                                              error_message=self._denial(Operation.READ, f"topic {tp.topic!r}"))
+                if self._topic_denied(Operation.READ, tp.topic) else self._describe_producers(tp)
+                for tp in request.partitions])
         return broker_pb2.DescribeProducersResponse(partitions=[
             self._describe_producers(tp) for tp in request.partitions])
 

@@ -21,6 +21,10 @@ kafka-transactions.sh find-hanging (KIP-664): DescribeProducers on the partition
 producer whose open transaction has had no write for longer than the maximum transaction
 timeout is hanging unless the coordinator lists that producer (as owner or participant)
 with an ongoing or completing transaction that includes the partition.
+
+ACLs (create_acls, describe_acls, delete_acls) are Kafka's CreateAcls, DescribeAcls and
+DeleteAcls, asked of the bootstrap broker; bindings and filters are `eos.acl.AclBinding`
+and `eos.acl.AclFilter`.
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ from typing import Callable
 import grpc
 
 from eos import net
+from eos.acl import AclBinding, AclFilter, binding_from_proto, binding_to_proto, filter_to_proto
 from eos.errors import EosError, ErrorCode, Reaction, error_for, reaction_for
 from eos.types import TopicPartition
 from eos.v1 import broker_pb2, cluster_pb2, cluster_pb2_grpc, common_pb2, group_pb2, group_pb2_grpc, txn_pb2
@@ -695,6 +700,45 @@ class Admin:
         return sorted(hanging, key=lambda h: (h["topic"], h["partition"], h["producer_id"]))
 
     # ---- lifecycle -----------------------------------------------------------------------
+
+    # ---- ACLs ----------------------------------------------------------------------------
+
+    def create_acls(self, acls) -> None:
+        """Add `acls` (AclBindings); raises for the first one the broker refused (the others
+        given are in force), e.g. CLUSTER_AUTHORIZATION_FAILED without ALTER on the cluster."""
+        acls = list(acls)
+        if not acls:
+            return
+        response = self._call("CreateAcls", lambda s: s.CreateAcls,
+                              broker_pb2.CreateAclsRequest(creations=[binding_to_proto(b) for b in acls]))
+        for binding, result in zip(acls, response.results):
+            if result.error_code != ErrorCode.NONE:
+                raise error_for(result.error_code, f"cannot create ACL {binding.describe()}: "
+                                                   f"{result.error_message or ErrorCode(result.error_code).name}")
+
+    def describe_acls(self, acl_filter: AclFilter = AclFilter()) -> list[AclBinding]:
+        """The ACLs `acl_filter` matches (by default: every ACL)."""
+        response = self._call("DescribeAcls", lambda s: s.DescribeAcls,
+                              broker_pb2.DescribeAclsRequest(filter=filter_to_proto(acl_filter)))
+        if response.error_code != ErrorCode.NONE:
+            raise error_for(response.error_code, f"cannot describe ACLs: "
+                                                 f"{response.error_message or ErrorCode(response.error_code).name}")
+        return [binding_from_proto(b) for b in response.acls]
+
+    def delete_acls(self, filters) -> list[AclBinding]:
+        """Remove every ACL one of `filters` matches; the ACLs removed."""
+        filters = list(filters)
+        if not filters:
+            return []
+        response = self._call("DeleteAcls", lambda s: s.DeleteAcls,
+                              broker_pb2.DeleteAclsRequest(filters=[filter_to_proto(f) for f in filters]))
+        removed: list[AclBinding] = []
+        for result in response.results:
+            if result.error_code != ErrorCode.NONE:
+                raise error_for(result.error_code, f"cannot delete ACLs: "
+                                                   f"{result.error_message or ErrorCode(result.error_code).name}")
+            removed.extend(binding_from_proto(b) for b in result.matching_acls)
+        return removed
 
     def close(self) -> None:
         self._metadata.close()

@@ -11,6 +11,7 @@
     eos dump-log FILE...                     batches and index entries of segment files
     eos groups list|describe|offsets ...     consumer groups, their members, offsets and lag
     eos txn list|describe|abort|find-hanging transactions (after kafka-transactions.sh)
+    eos acls --add|--list|--remove ...       ACLs, with kafka-acls.sh's flags
     eos demo                                 the end-to-end demo on an embedded broker
 
 Every client command takes --bootstrap-server (default $EOS_BOOTSTRAP or 127.0.0.1:9092) and,
@@ -487,6 +488,88 @@ def _txn_abort(admin, args) -> int:
     return 0
 
 
+# ---- ACLs (after kafka-acls.sh) ----------------------------------------------------------------
+
+def _acl_resources(args, default_pattern: str) -> list[tuple[int, str, int]]:
+    """(resource type, name, pattern type) for each --topic/--group/--transactional-id/--cluster."""
+    from eos.acl import CLUSTER_NAME, PatternType, ResourceType
+    pattern = PatternType[(args.resource_pattern_type or default_pattern).upper()]
+    resources = [(ResourceType.TOPIC, name, pattern) for name in args.topic or ()]
+    resources += [(ResourceType.GROUP, name, pattern) for name in args.group or ()]
+    resources += [(ResourceType.TRANSACTIONAL_ID, name, pattern) for name in args.transactional_id or ()]
+    if args.cluster:
+        resources.append((ResourceType.CLUSTER, CLUSTER_NAME, PatternType.LITERAL
+                          if pattern in (PatternType.PREFIXED,) else pattern))
+    return resources
+
+
+def _acl_entries(args) -> list[tuple[str, str, int, int]]:
+    """(principal, host, operation, permission) for each principal x operation given."""
+    from eos.acl import Permission, parse_operation
+    operations = [parse_operation(o) for o in args.operation or ["All"]]
+    allow_host = args.allow_host or args.host or "*"
+    deny_host = args.deny_host or args.host or "*"
+    entries = [(p, allow_host, o, Permission.ALLOW) for p in args.allow_principal or () for o in operations]
+    entries += [(p, deny_host, o, Permission.DENY) for p in args.deny_principal or () for o in operations]
+    return entries
+
+
+def _print_acls(title: str, bindings) -> None:
+    by_resource: dict = {}
+    for b in bindings:
+        by_resource.setdefault((b.resource_type, b.resource_name, b.pattern_type), []).append(b)
+    for (resource_type, name, pattern), found in sorted(by_resource.items()):
+        print(f"{title} `ResourcePattern(resourceType={resource_type.name}, name={name}, "
+              f"patternType={pattern.name})`:")
+        for b in sorted(found):
+            print(f" \t(principal={b.principal}, host={b.host}, operation={b.operation.name}, "
+                  f"permissionType={b.permission.name})")
+        print()
+
+
+def cmd_acls(args) -> int:
+    import eos
+    from eos.acl import AclBinding, AclFilter, InvalidAclError, Operation, PatternType, Permission, ResourceType
+    try:
+        with eos.Admin(bootstrap=args.bootstrap_server, config=client_config(args)) as admin:
+            if args.add:
+                resources, entries = _acl_resources(args, "literal"), _acl_entries(args)
+                if not resources or not entries:
+                    print("error: --add needs a resource (--topic, --group, --transactional-id or --cluster) and "
+                          "--allow-principal or --deny-principal", file=sys.stderr)
+                    return 2
+                bindings = [AclBinding(rt, name, pt, principal, host, op, perm)
+                            for rt, name, pt in resources for principal, host, op, perm in entries]
+                admin.create_acls(bindings)
+                _print_acls("Adding ACLs for resource", bindings)
+            elif args.remove:
+                resources = _acl_resources(args, "literal")
+                if not resources:
+                    print("error: --remove needs a resource (--topic, --group, --transactional-id or --cluster)",
+                          file=sys.stderr)
+                    return 2
+                if args.allow_principal or args.deny_principal:
+                    filters = [AclFilter(rt, name, pt, principal, host, op, perm)
+                               for rt, name, pt in resources for principal, host, op, perm in _acl_entries(args)]
+                else:   # kafka-acls.sh: no principal named removes every ACL of the resource
+                    filters = [AclFilter(rt, name, pt, operation=Operation.ANY, permission=Permission.ANY)
+                               for rt, name, pt in resources]
+                removed = admin.delete_acls(filters)
+                _print_acls("Removed ACLs for resource", removed)
+                if not removed:
+                    print("No ACL matched.")
+            else:   # --list
+                resources = _acl_resources(args, "any") or [(ResourceType.ANY, None, PatternType.ANY)]
+                found = []
+                for rt, name, pt in resources:
+                    found.extend(admin.describe_acls(AclFilter(rt, name, pt, principal=args.principal)))
+                _print_acls("Current ACLs for resource", sorted(set(found)))
+    except InvalidAclError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 # ---- demo -----------------------------------------------------------------------------------
 
 def cmd_demo(args) -> int:
@@ -610,6 +693,30 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--bootstrap-server", default=argparse.SUPPRESS, help="host:port of a broker")
         add_client_arguments(sub, suppress=True)
     txn.set_defaults(handler=cmd_txn)
+
+    acls = client_command("acls", help="add, list and remove ACLs (after kafka-acls.sh)")
+    action = acls.add_mutually_exclusive_group(required=True)
+    action.add_argument("--add", action="store_true", help="add the ACLs the other flags describe")
+    action.add_argument("--list", action="store_true", help="list ACLs (of the resources named, else all)")
+    action.add_argument("--remove", action="store_true",
+                        help="remove the ACLs the other flags describe (every ACL of the resource without a principal)")
+    acls.add_argument("--allow-principal", action="append", metavar="User:NAME", help="repeatable; User:* for anyone")
+    acls.add_argument("--deny-principal", action="append", metavar="User:NAME", help="repeatable")
+    acls.add_argument("--principal", metavar="User:NAME", help="--list: only this principal's ACLs")
+    acls.add_argument("--allow-host", metavar="IP", help="the host the allow ACLs apply to (default *)")
+    acls.add_argument("--deny-host", metavar="IP", help="the host the deny ACLs apply to (default *)")
+    acls.add_argument("--host", metavar="IP", help="both --allow-host and --deny-host")
+    acls.add_argument("--operation", action="append", metavar="OP",
+                      help="Read, Write, Create, Delete, Alter, Describe, ClusterAction, DescribeConfigs, "
+                           "AlterConfigs, IdempotentWrite or All (default All); repeatable")
+    acls.add_argument("--topic", action="append", metavar="NAME", help="a topic (* for every topic); repeatable")
+    acls.add_argument("--group", action="append", metavar="NAME", help="a consumer group; repeatable")
+    acls.add_argument("--transactional-id", action="append", metavar="ID", help="a transactional id; repeatable")
+    acls.add_argument("--cluster", action="store_true", help="the cluster resource")
+    acls.add_argument("--resource-pattern-type", choices=["literal", "prefixed", "any", "match"],
+                      help="literal (default for --add/--remove), prefixed, or for --list/--remove any or match")
+    acls.add_argument("--force", action="store_true", help="accepted for kafka-acls.sh compatibility (eos never asks)")
+    acls.set_defaults(handler=cmd_acls)
 
     demo = commands.add_parser("demo", help="run the end-to-end demo on an embedded broker")
     demo.add_argument("--records", type=int, default=200_000)

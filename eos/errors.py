@@ -59,6 +59,9 @@ class ErrorCode(enum.IntEnum):
     INVALID_SESSION_TIMEOUT = 26
     REBALANCE_IN_PROGRESS = 27
     INVALID_COMMIT_OFFSET_SIZE = 28
+    TOPIC_AUTHORIZATION_FAILED = 29
+    GROUP_AUTHORIZATION_FAILED = 30
+    CLUSTER_AUTHORIZATION_FAILED = 31
     INVALID_TIMESTAMP = 32
     UNSUPPORTED_VERSION = 35
     TOPIC_ALREADY_EXISTS = 36
@@ -78,6 +81,9 @@ class ErrorCode(enum.IntEnum):
     INVALID_TRANSACTION_TIMEOUT = 50
     CONCURRENT_TRANSACTIONS = 51
     TRANSACTION_COORDINATOR_FENCED = 52
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
+    SECURITY_DISABLED = 54
+    OPERATION_NOT_ATTEMPTED = 55
     KAFKA_STORAGE_ERROR = 56
     UNKNOWN_PRODUCER_ID = 59
     REASSIGNMENT_IN_PROGRESS = 60
@@ -216,6 +222,13 @@ EligibleLeadersNotAvailableError = _error_class("EligibleLeadersNotAvailableErro
 ElectionNotNeededError = _error_class("ElectionNotNeededError", ErrorCode.ELECTION_NOT_NEEDED)
 InconsistentClusterIdError = _error_class("InconsistentClusterIdError", ErrorCode.INCONSISTENT_CLUSTER_ID)
 StaleBrokerEpochError = _error_class("StaleBrokerEpochError", ErrorCode.STALE_BROKER_EPOCH)
+TopicAuthorizationFailedError = _error_class("TopicAuthorizationFailedError", ErrorCode.TOPIC_AUTHORIZATION_FAILED)
+GroupAuthorizationFailedError = _error_class("GroupAuthorizationFailedError", ErrorCode.GROUP_AUTHORIZATION_FAILED)
+ClusterAuthorizationFailedError = _error_class("ClusterAuthorizationFailedError",
+                                               ErrorCode.CLUSTER_AUTHORIZATION_FAILED)
+TransactionalIdAuthorizationFailedError = _error_class("TransactionalIdAuthorizationFailedError",
+                                                       ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+SecurityDisabledError = _error_class("SecurityDisabledError", ErrorCode.SECURITY_DISABLED)
 UnknownServerError = _error_class("UnknownServerError", ErrorCode.UNKNOWN_SERVER_ERROR)
 
 _BY_CODE: dict[ErrorCode, type[EosError]] = {}

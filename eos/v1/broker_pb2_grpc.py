@@ -84,6 +84,21 @@ class BrokerStub:
                 request_serializer=eos_dot_v1_dot_broker__pb2.DescribeProducersRequest.SerializeToString,
                 response_deserializer=eos_dot_v1_dot_broker__pb2.DescribeProducersResponse.FromString,
                 _registered_method=True)
+        self.CreateAcls = channel.unary_unary(
+                '/eos.v1.Broker/CreateAcls',
+                request_serializer=eos_dot_v1_dot_broker__pb2.CreateAclsRequest.SerializeToString,
+                response_deserializer=eos_dot_v1_dot_broker__pb2.CreateAclsResponse.FromString,
+                _registered_method=True)
+        self.DescribeAcls = channel.unary_unary(
+                '/eos.v1.Broker/DescribeAcls',
+                request_serializer=eos_dot_v1_dot_broker__pb2.DescribeAclsRequest.SerializeToString,
+                response_deserializer=eos_dot_v1_dot_broker__pb2.DescribeAclsResponse.FromString,
+                _registered_method=True)
+        self.DeleteAcls = channel.unary_unary(
+                '/eos.v1.Broker/DeleteAcls',
+                request_serializer=eos_dot_v1_dot_broker__pb2.DeleteAclsRequest.SerializeToString,
+                response_deserializer=eos_dot_v1_dot_broker__pb2.DeleteAclsResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -152,6 +167,26 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateAcls(self, request, context):
+        """Kafka's ACL administration (kafka-acls.sh): create and delete need ALTER on the
+        cluster, describe needs DESCRIBE on the cluster. SECURITY_DISABLED without an authorizer.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeAcls(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteAcls(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -204,6 +239,21 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.DescribeProducers,
                     request_deserializer=eos_dot_v1_dot_broker__pb2.DescribeProducersRequest.FromString,
                     response_serializer=eos_dot_v1_dot_broker__pb2.DescribeProducersResponse.SerializeToString,
+            ),
+            'CreateAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateAcls,
+                    request_deserializer=eos_dot_v1_dot_broker__pb2.CreateAclsRequest.FromString,
+                    response_serializer=eos_dot_v1_dot_broker__pb2.CreateAclsResponse.SerializeToString,
+            ),
+            'DescribeAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeAcls,
+                    request_deserializer=eos_dot_v1_dot_broker__pb2.DescribeAclsRequest.FromString,
+                    response_serializer=eos_dot_v1_dot_broker__pb2.DescribeAclsResponse.SerializeToString,
+            ),
+            'DeleteAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteAcls,
+                    request_deserializer=eos_dot_v1_dot_broker__pb2.DeleteAclsRequest.FromString,
+                    response_serializer=eos_dot_v1_dot_broker__pb2.DeleteAclsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -476,6 +526,87 @@ class Broker:
             '/eos.v1.Broker/DescribeProducers',
             eos_dot_v1_dot_broker__pb2.DescribeProducersRequest.SerializeToString,
             eos_dot_v1_dot_broker__pb2.DescribeProducersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/eos.v1.Broker/CreateAcls',
+            eos_dot_v1_dot_broker__pb2.CreateAclsRequest.SerializeToString,
+            eos_dot_v1_dot_broker__pb2.CreateAclsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/eos.v1.Broker/DescribeAcls',
+            eos_dot_v1_dot_broker__pb2.DescribeAclsRequest.SerializeToString,
+            eos_dot_v1_dot_broker__pb2.DescribeAclsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/eos.v1.Broker/DeleteAcls',
+            eos_dot_v1_dot_broker__pb2.DeleteAclsRequest.SerializeToString,
+            eos_dot_v1_dot_broker__pb2.DeleteAclsResponse.FromString,
             options,
             channel_credentials,
             insecure,

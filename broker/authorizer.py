@@ -1,0 +1,153 @@
+"""The broker's authorizer: ACLs kept in the data dir, checked for the call being served.
+
+Theory of operation
+-------------------
+`Authorizer` is the shell around the pure rule of `broker/acl.py`. It owns the ACLs of one
+broker: they live in `<data_dir>/acls.json`, written atomically (a crash leaves the old
+file or the new one, whole) before the in-memory index is swapped, so an ACL change that
+was answered survives a restart, and one that failed to write is not in force. Readers
+take no lock: the `AclIndex` is immutable and replaced whole on each change (ACLs change
+rarely; every call reads them).
+
+A handler asks `allowed(operation, resource_type, name)`. The principal and host are the
+current gRPC call's (`broker.security.current_call()`, put there by the identity
+interceptor, which a broker with an authorizer always installs). No call identity means an
+in-process call -- the broker's own transaction or group coordinator writing through the
+Broker service's handlers -- which acts as the broker itself and is not checked.
+
+A broker without `authorizer.class.name` has no Authorizer at all: the servicers hold None
+and skip every check, so an RPC costs nothing more than before ACLs existed.
+
+On a ZooKeeper cluster the ACLs would have to live in ZooKeeper (with a watch, so every
+broker sees a change); that is not built yet, so `BrokerConfig` refuses an authorizer on a
+cluster with an error that says so, rather than checking each broker against its own file.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from pathlib import Path
+from typing import Iterable
+
+from broker.acl import (CLUSTER_NAME, AclBinding, AclFilter, AclIndex, InvalidAclError, Operation, ResourceType,
+                        authorize, authorize_any, filter_matches, validate_binding, validate_filter)
+from broker.security import current_call
+from eos.errors import StorageError
+from eos.files import write_file_atomically
+
+log = logging.getLogger("eos.broker.authorizer")
+
+ACL_FILE_NAME = "acls.json"
+ACL_FILE_VERSION = 1
+# The names authorizer.class.name accepts: Kafka's two authorizers and eos's short name.
+AUTHORIZER_CLASS_NAMES = frozenset({
+    "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+    "kafka.security.authorizer.AclAuthorizer",
+    "kafka.security.auth.SimpleAclAuthorizer",
+    "eos.AclAuthorizer",
+})
+
+
+class Authorizer:
+    def __init__(self, data_dir: Path | str, *, super_users: frozenset[str], allow_if_no_acl: bool):
+        self._path = Path(data_dir) / ACL_FILE_NAME
+        self.super_users = super_users
+        self.allow_if_no_acl = allow_if_no_acl
+        self._index = AclIndex()
+        self._write_lock = threading.Lock()    # one change at a time: read, change, write, swap
+
+    # ---- storage -------------------------------------------------------------------------------
+
+    def load(self) -> int:
+        """Read the ACL file (none: no ACLs); return how many ACLs are in force."""
+        if not self._path.exists():
+            self._index = AclIndex()
+            return 0
+        try:
+            document = json.loads(self._path.read_text(encoding="utf-8"))
+            if document.get("version") != ACL_FILE_VERSION:
+                raise ValueError(f"version {document.get('version')!r}, expected {ACL_FILE_VERSION}")
+            bindings = [AclBinding.from_json(item) for item in document["acls"]]
+        except (ValueError, KeyError, TypeError, InvalidAclError) as exc:
+            # Refusing to start beats starting with fewer DENY rules than the operator wrote.
+            raise StorageError(f"{self._path}: not a readable ACL file ({exc}); the broker will not start "
+                               f"without its ACLs") from None
+        self._index = AclIndex(bindings)
+        return len(bindings)
+
+    def _store(self, bindings: Iterable[AclBinding]) -> None:
+        ordered = sorted(bindings, key=lambda b: (b.resource_type, b.resource_name, b.pattern_type, b.principal,
+                                                  b.host, b.operation, b.permission))
+        document = {"version": ACL_FILE_VERSION, "acls": [b.to_json() for b in ordered]}
+        write_file_atomically(self._path, json.dumps(document, indent=1).encode("utf-8"))
+        self._index = AclIndex(ordered)
+
+    @property
+    def acls(self) -> frozenset[AclBinding]:
+        return self._index.bindings
+
+    # ---- changes (CreateAcls, DeleteAcls) and DescribeAcls -------------------------------------
+
+    def create(self, bindings: list[AclBinding]) -> list[str | None]:
+        """Add the valid bindings (one write for all); per binding None or why it was refused."""
+        results: list[str | None] = []
+        valid: list[AclBinding] = []
+        for binding in bindings:
+            try:
+                valid.append(validate_binding(binding))
+                results.append(None)
+            except InvalidAclError as exc:
+                results.append(str(exc))
+        if valid:
+            with self._write_lock:
+                current = self._index.bindings
+                if not set(valid) <= current:
+                    self._store(current | set(valid))
+            log.info("ACLs added: %s", "; ".join(b.describe() for b in valid))
+        return results
+
+    def delete(self, filters: list[AclFilter]) -> list[tuple[str | None, list[AclBinding]]]:
+        """Remove every ACL a valid filter matches (one write); per filter (None or why it was
+        refused, the ACLs it removed)."""
+        results: list[tuple[str | None, list[AclBinding]]] = []
+        with self._write_lock:
+            current = self._index.bindings
+            removed: set[AclBinding] = set()
+            for acl_filter in filters:
+                try:
+                    validate_filter(acl_filter, for_delete=True)
+                except InvalidAclError as exc:
+                    results.append((str(exc), []))
+                    continue
+                matched = [b for b in current if filter_matches(acl_filter, b)]
+                removed.update(matched)
+                results.append((None, matched))
+            if removed:
+                self._store(current - removed)
+                log.info("ACLs removed: %s", "; ".join(b.describe() for b in removed))
+        return results
+
+    def describe(self, acl_filter: AclFilter) -> list[AclBinding]:
+        validate_filter(acl_filter)
+        return [b for b in self._index.bindings if filter_matches(acl_filter, b)]
+
+    # ---- checks for the call being served ------------------------------------------------------
+
+    def allowed(self, operation: Operation, resource_type: ResourceType, name: str = CLUSTER_NAME) -> bool:
+        call = current_call()
+        if call is None:
+            return True     # in-process: the broker's own coordinators act as the broker
+        return authorize(self._index, call.principal, call.host, operation, resource_type, name,
+                         super_users=self.super_users, allow_if_no_acl=self.allow_if_no_acl)
+
+    def allowed_on_any(self, operation: Operation, resource_type: ResourceType) -> bool:
+        call = current_call()
+        if call is None:
+            return True
+        return authorize_any(self._index, call.principal, call.host, operation, resource_type,
+                             super_users=self.super_users, allow_if_no_acl=self.allow_if_no_acl)
+
+    def principal(self) -> str:
+        call = current_call()
+        return "the broker" if call is None else call.principal
