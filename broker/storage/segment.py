@@ -27,6 +27,13 @@ bisection and one header read, with no scan.
 owned here; `recover()` rebuilds them, and both indexes, from the `.log` alone, cutting the
 file at the first thing that is not a whole, valid batch.
 
+Opening a sealed segment (`load` with the successor's base offset, Kafka's LazyIndex) reads
+nothing of its indexes: they are mapped and checked at their first lookup (see `index.py`),
+and the maximum timestamp, the time index's last entry, is read when first asked for. A
+sealed index found corrupt then is rebuilt from the `.log` (`_rebuild_indexes`: the entries
+`recover` would write, without cutting the log, which the segment's successors depend on).
+Only the active segment's indexes are read and checked at open.
+
 Legacy entries. A segment that an old Kafka wrote may hold v0/v1 message sets (see
 `eos.records.legacy`), possibly followed by v2 batches. Their first 12 bytes frame them as
 a v2 batch's do and byte 16 is their magic, so the one walk (`_scan`) tells them apart per
@@ -64,7 +71,7 @@ from eos.records.header import (
     BatchHeader,
     compute_crc,
 )
-from broker.storage.index import OffsetIndex, TimeIndex
+from broker.storage.index import LAZY_LOAD_LOCK, OffsetIndex, TimeIndex
 from broker.storage.txn_index import ENTRY_BYTES as TXN_INDEX_ENTRY_BYTES
 from broker.storage.txn_index import AbortedTxn, TransactionIndex, TxnIndexCorruptError
 
@@ -125,6 +132,43 @@ def _write_all(fd: int, data) -> None:
         view = view[written:]
 
 
+class _IndexEntries:
+    """The index entries of a segment's batches, added in file order: the entries the
+    appender would have written (see the module doc), as `recover` and `_rebuild_indexes`
+    rebuild them."""
+
+    def __init__(self, base_offset: int, index_interval_bytes: int, offset_entries_max: int,
+                 time_entries_max: int):
+        self.index_interval_bytes = index_interval_bytes
+        self.offset_entries_max = offset_entries_max
+        self.time_entries_max = time_entries_max
+        self.offset_entries: list[tuple[int, int]] = []
+        self.time_entries: list[tuple[int, int]] = []
+        self.max_timestamp_ms, self.offset_of_max_timestamp = -1, base_offset
+        self.bytes_since_last_entry = 0
+
+    def add(self, header: BatchHeader) -> None:
+        if header.max_timestamp > self.max_timestamp_ms:
+            self.max_timestamp_ms, self.offset_of_max_timestamp = header.max_timestamp, header.last_offset
+        time_entries = self.time_entries
+        if self.bytes_since_last_entry > self.index_interval_bytes and \
+                len(self.offset_entries) < self.offset_entries_max:
+            self.offset_entries.append((header.last_offset, header.position))
+            if self.max_timestamp_ms > (time_entries[-1][0] if time_entries else -1) and \
+                    len(time_entries) < self.time_entries_max:
+                time_entries.append((self.max_timestamp_ms, self.offset_of_max_timestamp))
+            self.bytes_since_last_entry = 0
+        self.bytes_since_last_entry += header.size_bytes
+
+    def finish(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """(offset entries, time entries); the time index ends with the segment's maximum,
+        as Kafka leaves it at roll and close."""
+        time_entries = self.time_entries
+        if self.max_timestamp_ms > (time_entries[-1][0] if time_entries else -1):
+            time_entries.append((self.max_timestamp_ms, self.offset_of_max_timestamp))
+        return self.offset_entries, time_entries
+
+
 class LogSegment:
     """The files of one segment and what is known about their contents."""
 
@@ -143,8 +187,10 @@ class LogSegment:
         self._fd = os.open(self.log_path, flags, 0o644)
         self.size_bytes = os.fstat(self._fd).st_size   # end of the valid bytes
         self.next_offset = base_offset                   # exclusive end offset
-        self.max_timestamp_ms = -1
-        self.offset_of_max_timestamp = base_offset
+        # The largest timestamp and the offset of its batch; None until first asked for when
+        # the segment was opened sealed (read from its time index then: `max_timestamp_ms`).
+        self._max_timestamp_ms: int | None = -1
+        self._offset_of_max_timestamp = base_offset
         # segment.ms counts from the largest timestamp of the first append (Kafka's rule),
         # or from creation when the segment is empty.
         self.rolling_base_timestamp_ms: int | None = None
@@ -185,10 +231,20 @@ class LogSegment:
         """Trust the files: read both indexes and find where the segment ends.
 
         `next_offset` is known for a segment that has a successor (the successor's base
-        offset); for the active segment pass None and the end is found by scanning the
-        headers after the last index entry. Raises IndexCorruptError or CorruptRecordError
-        when the files do not agree; the caller then runs `recover`.
+        offset): the segment is sealed and its indexes open lazily (checked, and rebuilt if
+        need be, at first use). For the active segment pass None: its indexes are read and
+        checked now, and the end is found by scanning the headers after the last index
+        entry. Raises IndexCorruptError or CorruptRecordError when the files do not agree;
+        the caller then runs `recover`.
         """
+        if next_offset is not None:
+            self.next_offset = next_offset
+            self.offset_index.open_lazily(self.size_bytes, self._rebuild_indexes)
+            self.time_index.open_lazily(next_offset if self.size_bytes else None, self._rebuild_indexes)
+            self._max_timestamp_ms = None     # the time index's last entry, when first asked for
+            # rolling_base_timestamp_ms stays None: only the active segment rolls, and a
+            # sealed one becomes active again only through `truncate_at`, which recovers it.
+            return
         self.offset_index.load(self.size_bytes)
         if next_offset is None:
             _, position = self.offset_index.last_entry()
@@ -197,7 +253,7 @@ class LogSegment:
                 next_offset = header.next_offset
         self.next_offset = next_offset
         self.time_index.load(next_offset if self.size_bytes else None)
-        self.max_timestamp_ms, self.offset_of_max_timestamp = self.time_index.last_entry()
+        self._max_timestamp_ms, self._offset_of_max_timestamp = self.time_index.last_entry()
         if self.size_bytes:
             first = next(self.iter_batches(0, self.size_bytes))
             self.rolling_base_timestamp_ms = first.max_timestamp
@@ -207,11 +263,16 @@ class LogSegment:
 
         Returns the number of bytes cut (0 when the whole file is valid).
         """
+        if self.offset_index.is_lazy or self.time_index.is_lazy:
+            # A reader may be loading (or rebuilding) them right now: not both at once.
+            with LAZY_LOAD_LOCK:
+                return self._recover_locked(verify_crc)
+        return self._recover_locked(verify_crc)
+
+    def _recover_locked(self, verify_crc: bool) -> int:
         file_size = os.fstat(self._fd).st_size
-        offset_entries: list[tuple[int, int]] = []
-        time_entries: list[tuple[int, int]] = []
-        max_timestamp, offset_of_max = -1, self.base_offset
-        bytes_since_entry = 0
+        entries = _IndexEntries(self.base_offset, self.index_interval_bytes, self.offset_index.max_entries,
+                                self.time_index.max_entries)
         next_offset = self.base_offset
         rolling_base: int | None = None
         valid_end = 0                  # the end of the last batch that passed every check
@@ -232,16 +293,7 @@ class LogSegment:
                         break
                 if rolling_base is None:
                     rolling_base = header.max_timestamp
-                if header.max_timestamp > max_timestamp:
-                    max_timestamp, offset_of_max = header.max_timestamp, header.last_offset
-                if bytes_since_entry > self.index_interval_bytes and \
-                        len(offset_entries) < self.offset_index.max_entries:
-                    offset_entries.append((header.last_offset, header.position))
-                    if max_timestamp > (time_entries[-1][0] if time_entries else -1) and \
-                            len(time_entries) < self.time_index.max_entries:
-                        time_entries.append((max_timestamp, offset_of_max))
-                    bytes_since_entry = 0
-                bytes_since_entry += header.size_bytes
+                entries.add(header)
                 next_offset = header.next_offset
                 valid_end = header.position + header.size_bytes
         except CorruptRecordError as e:
@@ -250,18 +302,37 @@ class LogSegment:
         if truncated:
             log.warning("%s: cutting %d bytes at byte %d: %s", self.log_path, truncated, valid_end, problem)
             os.ftruncate(self._fd, valid_end)
-        # The time index ends with the segment's maximum, as Kafka leaves it at roll and close.
-        if max_timestamp > (time_entries[-1][0] if time_entries else -1):
-            time_entries.append((max_timestamp, offset_of_max))
+        offset_entries, time_entries = entries.finish()
         self.offset_index.reset(offset_entries)
         self.time_index.reset(time_entries)
         self.size_bytes = valid_end
         self.next_offset = next_offset
-        self.max_timestamp_ms, self.offset_of_max_timestamp = max_timestamp, offset_of_max
+        self._offset_of_max_timestamp = entries.offset_of_max_timestamp
+        self._max_timestamp_ms = entries.max_timestamp_ms
         self.rolling_base_timestamp_ms = rolling_base
-        self._bytes_since_last_index_entry = bytes_since_entry
+        self._bytes_since_last_index_entry = entries.bytes_since_last_entry
         self._recent_batches = _RecentBatches([], [])   # positions past the cut may be gone
         return truncated
+
+    def _rebuild_indexes(self, reason: str) -> None:
+        """Rebuild both indexes of this sealed segment from its `.log` (a lazily opened
+        index failed its check at first use; called under `LAZY_LOAD_LOCK`). The log is
+        not cut: entries stop at the first batch that cannot be read, where a read would
+        stop too."""
+        log.warning("%s; rebuilding the indexes of %s from the log", reason, self.log_path)
+        entries = _IndexEntries(self.base_offset, self.index_interval_bytes, self.offset_index.max_entries,
+                                self.time_index.max_entries)
+        try:
+            for header, _, _ in self._scan(0, self.size_bytes, RECOVERY_BLOCK_BYTES):
+                entries.add(header)
+        except CorruptRecordError as e:
+            log.warning("%s: indexes rebuilt only up to the unreadable batch: %s", self.log_path, e)
+        offset_entries, time_entries = entries.finish()
+        self.offset_index.reset(offset_entries)
+        self.time_index.reset(time_entries)
+        if self._max_timestamp_ms is None:
+            self._offset_of_max_timestamp = entries.offset_of_max_timestamp
+            self._max_timestamp_ms = entries.max_timestamp_ms
 
     def _batch_problem(self, header: BatchHeader, expected_offset: int) -> str | None:
         """What recovery finds wrong with a batch whose header frame `_scan` accepted."""
@@ -278,6 +349,31 @@ class LogSegment:
     @property
     def is_empty(self) -> bool:
         return self.size_bytes == 0
+
+    @property
+    def max_timestamp_ms(self) -> int:
+        """The largest batch max timestamp in the segment (-1 when none has one)."""
+        value = self._max_timestamp_ms
+        if value is None:
+            value = self._read_max_timestamp()[0]
+        return value
+
+    @property
+    def offset_of_max_timestamp(self) -> int:
+        """The last offset of the batch holding `max_timestamp_ms`."""
+        if self._max_timestamp_ms is None:
+            return self._read_max_timestamp()[1]
+        return self._offset_of_max_timestamp
+
+    def _read_max_timestamp(self) -> tuple[int, int]:
+        """A sealed segment's maximum: its time index ends with it (seal writes it there).
+        Racing readers compute the same pair; the timestamp is stored last, so a reader that
+        finds it set finds the offset set too."""
+        timestamp_ms, offset = self.time_index.last_entry()
+        if self._max_timestamp_ms is None:       # a rebuild may have set it meanwhile
+            self._offset_of_max_timestamp = offset
+            self._max_timestamp_ms = timestamp_ms
+        return self._max_timestamp_ms, self._offset_of_max_timestamp
 
     @property
     def largest_timestamp_ms(self) -> int:
@@ -473,11 +569,11 @@ class LogSegment:
         if physical_position == 0:
             self.rolling_base_timestamp_ms = largest_timestamp_ms
         for header in headers:
-            if header.max_timestamp > self.max_timestamp_ms:
-                self.max_timestamp_ms, self.offset_of_max_timestamp = header.max_timestamp, header.last_offset
+            if header.max_timestamp > self._max_timestamp_ms:
+                self._max_timestamp_ms, self._offset_of_max_timestamp = header.max_timestamp, header.last_offset
             if self._bytes_since_last_index_entry > self.index_interval_bytes:
                 self.offset_index.append(header.last_offset, physical_position + header.position)
-                self.time_index.maybe_append(self.max_timestamp_ms, self.offset_of_max_timestamp)
+                self.time_index.maybe_append(self._max_timestamp_ms, self._offset_of_max_timestamp)
                 self._bytes_since_last_index_entry = 0
             self._bytes_since_last_index_entry += header.size_bytes
         self.size_bytes = physical_position + len(buf)
@@ -534,8 +630,12 @@ class LogSegment:
         self.txn_index_needs_rebuild = False
 
     def seal(self) -> None:
-        """The segment stops being active: record its maximum in the time index, close index fds."""
-        self.time_index.maybe_append(self.max_timestamp_ms, self.offset_of_max_timestamp, skip_full_check=True)
+        """The segment stops being active: record its maximum in the time index, close index fds.
+        (A segment opened sealed wrote its maximum when it was sealed before; its indexes
+        may not even be loaded.)"""
+        if self._max_timestamp_ms is not None and self.time_index.is_appendable:
+            self.time_index.maybe_append(self._max_timestamp_ms, self._offset_of_max_timestamp,
+                                         skip_full_check=True)
         self.offset_index.close()
         self.time_index.close()
         self.txn_index.close()
@@ -554,27 +654,34 @@ class LogSegment:
         self.seal()
         os.close(self._fd)
         self._closed = True
+        # Index maps stay for a reader still in flight; they go with the segment object.
 
     def paths(self) -> list[str]:
         base = os.path.join(self.directory, f"{self.base_offset:020d}")
         return [base + suffix for suffix in SEGMENT_SUFFIXES]
 
     def mark_deleted(self) -> None:
-        """Rename the files to `.deleted`; the descriptor stays open for readers in flight."""
+        """Rename the files to `.deleted`; the descriptor stays open for readers in flight,
+        and so do index maps; an index not used yet follows its file to the new name."""
         self.offset_index.close()
         self.time_index.close()
         self.txn_index.close()
-        for path in self.paths():
-            try:
-                os.rename(path, path + DELETED_SUFFIX)
-            except FileNotFoundError:
-                pass
+        with LAZY_LOAD_LOCK:      # no first load between a rename and the new name
+            for path in self.paths():
+                try:
+                    os.rename(path, path + DELETED_SUFFIX)
+                except FileNotFoundError:
+                    pass
+            self.offset_index.rename_to(self.offset_index.path + DELETED_SUFFIX)
+            self.time_index.rename_to(self.time_index.path + DELETED_SUFFIX)
 
     def destroy(self) -> None:
         """Close the descriptor and remove the `.deleted` files (after `mark_deleted`)."""
         if not self._closed:
             os.close(self._fd)
             self._closed = True
+        self.offset_index.release()
+        self.time_index.release()
         for path in self.paths():
             try:
                 os.unlink(path + DELETED_SUFFIX)
