@@ -148,6 +148,18 @@ class Authorizer:
         return authorize_any(self._index, call.principal, call.host, operation, resource_type,
                              super_users=self.super_users, allow_if_no_acl=self.allow_if_no_acl)
 
+    def refusal(self, operation: Operation, resource_type: ResourceType, name: str = CLUSTER_NAME) -> str | None:
+        """Why the current call may not `operation` the resource (the one wording every
+        service answers with), or None when it may."""
+        if self.allowed(operation, resource_type, name):
+            return None
+        return self.denial(operation, resource_type, name)
+
+    def denial(self, operation: Operation, resource_type: ResourceType, name: str = CLUSTER_NAME) -> str:
+        what = "the cluster" if resource_type is ResourceType.CLUSTER else \
+            f"{resource_type.name.lower().replace('_', ' ')} {name!r}"
+        return f"{self.principal()} is not authorized to {operation.name} {what}"
+
     def principal(self) -> str:
         call = current_call()
         return "the broker" if call is None else call.principal

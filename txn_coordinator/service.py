@@ -83,9 +83,7 @@ class TxnCoordinatorServicer(txn_pb2_grpc.TxnCoordinatorServicer):
 
     def _refuse_id(self, transactional_id: str, operation: Operation = Operation.WRITE) -> str | None:
         """Why the caller may not `operation` the transactional id, or None."""
-        if self._authorizer.allowed(operation, ResourceType.TRANSACTIONAL_ID, transactional_id):
-            return None
-        return f"{self._authorizer.principal()} is not authorized to {operation.name} transactional id {transactional_id!r}"
+        return self._authorizer.refusal(operation, ResourceType.TRANSACTIONAL_ID, transactional_id)
 
     def _refuse_topics(self, partitions: list[TopicPartition]) -> dict[TopicPartition, tuple[int, str]] | None:
         """None when the caller may WRITE every topic; else every partition's answer: the

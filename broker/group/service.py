@@ -103,9 +103,7 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServicer):
     # ---- authorization (see the module doc) ----------------------------------------------------
 
     def _refuse_group(self, group_id: str, operation: Operation = Operation.READ) -> str | None:
-        if self._authorizer.allowed(operation, ResourceType.GROUP, group_id):
-            return None
-        return f"{self._authorizer.principal()} is not authorized to {operation.name} group {group_id!r}"
+        return self._authorizer.refusal(operation, ResourceType.GROUP, group_id)
 
     def _refused_topics(self, topics, operation: Operation) -> dict[str, str]:
         who = self._authorizer.principal()
@@ -225,11 +223,10 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServicer):
         partitions=_commit_error(request, code, message)))
     def TxnOffsetCommit(self, request: group_pb2.TxnOffsetCommitRequest, context):
         if self._authorizer is not None:
-            if not self._authorizer.allowed(Operation.WRITE, ResourceType.TRANSACTIONAL_ID, request.transactional_id):
+            why = self._authorizer.refusal(Operation.WRITE, ResourceType.TRANSACTIONAL_ID, request.transactional_id)
+            if why is not None:
                 return group_pb2.TxnOffsetCommitResponse(partitions=_commit_error(
-                    request, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-                    f"{self._authorizer.principal()} is not authorized to WRITE transactional id "
-                    f"{request.transactional_id!r}"))
+                    request, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, why))
             why = self._refuse_group(request.group_id)
             if why is not None:
                 return group_pb2.TxnOffsetCommitResponse(
