@@ -48,6 +48,7 @@ from broker.storage.producer_state import CorruptSnapshotError, decode_snapshot
 from broker.storage.txn_index import read_txn_index_file
 from broker.topics import TOPICS_DIR_NAME, TopicRegistry
 from eos.errors import CorruptRecordError, EosError, StorageError
+from eos.files import fsync_directory
 from eos.records.header import NO_PRODUCER_ID, iter_headers, verify_crc
 from txn_coordinator.producer_ids import PRODUCER_IDS_FILE_NAME, ProducerIdManager
 
@@ -202,20 +203,26 @@ def adopt_topic(kafka_log_dir: str | os.PathLike, topic: str, data_dir: str | os
         staging = data_dir / f"{_STAGING_PREFIX}{topic}"
         shutil.rmtree(staging, ignore_errors=True)          # a staging left by a crash
         try:
-            for check, directory in zip(checks, directories):
-                progress(f"recovering {directory.name} as eos would")
-                _stage(directory, staging / directory.name, check, info.config, now_ms)
-            producer_ids = ProducerIdManager(data_dir / PRODUCER_IDS_FILE_NAME)
-            highest = max(c.max_producer_id for c in checks)
-            if highest >= 0:
-                producer_ids.advance_past(highest)
             for directory in directories:
                 target = data_dir / directory.name
                 if target.exists():
                     raise AdoptionRefused(f"{target} exists (a log no topic names: start the broker once "
                                           f"to sweep it, or remove it)")
+            highest = max(c.max_producer_id for c in checks)
+            for check, directory in zip(checks, directories):
+                progress(f"recovering {directory.name} as eos would")
+                # the producer state eos recovered holds the snapshots' producers too, some of
+                # which may have no batch left in the log
+                highest = max(highest, _stage(directory, staging / directory.name, check, info.config, now_ms))
+            fsync_directory(staging)
+            producer_ids = ProducerIdManager(data_dir / PRODUCER_IDS_FILE_NAME)
+            if highest >= 0:
+                producer_ids.advance_past(highest)
             for directory in directories:
                 os.rename(staging / directory.name, data_dir / directory.name)
+            # the renames are durable before the topic names them: a registry entry whose
+            # directories a power loss undid would be swept into empty logs at the next start
+            fsync_directory(data_dir)
             registry.commit(info)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
@@ -228,7 +235,9 @@ def adopt_topic(kafka_log_dir: str | os.PathLike, topic: str, data_dir: str | os
     return Adopted(topic, tuple(checks), producer_ids.peek_next_id())
 
 
-def _stage(source: Path, target: Path, check: PartitionCheck, config, now_ms: int) -> None:
+def _stage(source: Path, target: Path, check: PartitionCheck, config, now_ms: int) -> int:
+    """Copy and recover one partition in the staging dir (fsynced); returns the highest
+    producer id in the recovered producer state (-1: none)."""
     shutil.copytree(source, target)
     (target / "partition.metadata").unlink(missing_ok=True)   # Kafka's topic id file: eos keeps its own
     try:
@@ -246,6 +255,12 @@ def _stage(source: Path, target: Path, check: PartitionCheck, config, now_ms: in
                 f"{source}: producer {producer_id} has a transaction open since offset {first_offset}; its "
                 f"coordinator state is in Kafka's __transaction_state, which is not adopted, so it could never "
                 f"end here. Let Kafka commit or abort it (or expire it) first")
+        highest = max((entry.producer_id for entry in log.describe_producers()), default=NO_PRODUCER_ID)
     finally:
         log.close()
+    for path in target.iterdir():            # the copies are durable before they are renamed in
+        with open(path, "rb") as copied:
+            os.fsync(copied.fileno())
+    fsync_directory(target)
+    return highest
 

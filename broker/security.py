@@ -354,7 +354,7 @@ class CallIdentityInterceptor(grpc.ServerInterceptor):
             return handler._replace(stream_unary=self._wrap_unary(method, handler.stream_unary))
         return handler._replace(stream_stream=self._wrap_stream(method, handler.stream_stream))
 
-    def _enter(self, method: str, context) -> contextvars.Token:
+    def _enter(self, method: str, context) -> CallIdentity:
         try:
             identity = self.identify(context)
         except NoMatchingRule as exc:
@@ -363,32 +363,48 @@ class CallIdentityInterceptor(grpc.ServerInterceptor):
         observer = self.observer
         if observer is not None:
             observer(method, identity)
-        return _current_call.set(identity)
+        return identity
 
     def _wrap_unary(self, method: str, behaviour):
         def call(request, context):
-            token = self._enter(method, context)
+            token = _current_call.set(self._enter(method, context))
             try:
                 return behaviour(request, context)
             finally:
                 _current_call.reset(token)
         return call
 
-    @staticmethod
-    def _reset(token: contextvars.Token) -> None:
-        try:
-            _current_call.reset(token)
-        except ValueError:
-            _current_call.set(None)   # the generator was closed from another thread's context
-
     def _wrap_stream(self, method: str, behaviour):
         def call(request, context):
-            # A generator: the handler's body runs as gRPC iterates, on the worker thread.
-            token = self._enter(method, context)
+            # A generator that gRPC iterates on a worker thread. The identity is set only
+            # while the handler's code runs (each step) and never across a `yield`: a
+            # generator that gRPC drops without closing would otherwise restore a stale
+            # value into whatever call that thread (or the garbage collector) serves next,
+            # and no identity means "the broker itself" to the authorizer.
+            identity = self._enter(method, context)
+            token = _current_call.set(identity)
             try:
-                yield from behaviour(request, context)
+                steps = iter(behaviour(request, context))
             finally:
-                self._reset(token)
+                _current_call.reset(token)
+            try:
+                while True:
+                    token = _current_call.set(identity)
+                    try:
+                        item = next(steps)
+                    except StopIteration:
+                        return
+                    finally:
+                        _current_call.reset(token)
+                    yield item
+            finally:
+                close = getattr(steps, "close", None)
+                if close is not None:
+                    token = _current_call.set(identity)
+                    try:
+                        close()
+                    finally:
+                        _current_call.reset(token)
         return call
 
 

@@ -38,6 +38,7 @@ import base64
 import concurrent.futures
 import dataclasses
 import fcntl
+import json
 import logging
 import os
 import signal
@@ -430,6 +431,25 @@ def _time_defaults(time_forms: Mapping[str, str]) -> dict[str, str]:
     return resolved
 
 
+KNOWN_LOG_DIRS_FILE = "log-dirs.json"   # in the data dir: every other log dir this broker has used
+
+
+def _read_known_log_dirs(data_dir: Path) -> set[str]:
+    path = data_dir / KNOWN_LOG_DIRS_FILE
+    if not path.exists():
+        return set()
+    try:
+        return set(json.loads(path.read_text(encoding="utf-8"))["log_dirs"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise StorageError(f"{path} is unreadable ({exc}): it lists the log dirs this broker has used") from None
+
+
+def _write_known_log_dirs(data_dir: Path, log_dirs: set[str]) -> None:
+    if log_dirs or (data_dir / KNOWN_LOG_DIRS_FILE).exists():
+        write_file_atomically(data_dir / KNOWN_LOG_DIRS_FILE,
+                              json.dumps({"version": 1, "log_dirs": sorted(log_dirs)}).encode("utf-8") + b"\n")
+
+
 def rpc_pool_limits(config: BrokerConfig) -> tuple[int, int]:
     """(gRPC worker threads, gRPC maximum_concurrent_rpcs) for `config`. The pool holds the
     bound of each kind of call that keeps a worker for long (long polls, parked group and
@@ -557,6 +577,11 @@ class BrokerServer:
         # The data dir first, then every other directory of log.dirs (see BrokerConfig).
         self.log_dirs = [self.data_dir] + [d for d in dict.fromkeys(Path(p).resolve() for p in self.config.log_dirs)
                                            if d != self.data_dir]
+        if self.config.zookeeper_connect and len(self.log_dirs) > 1:
+            raise InvalidConfigError(
+                "log.dirs with several directories is not supported on a ZooKeeper cluster yet: a failed "
+                "directory is not reported to the controller (Kafka's LogDirEventNotification), so a replica "
+                "it held could be created again, empty, on another directory")
         # Listeners: Kafka's `listeners`, or one PLAINTEXT listener on host:port (`--port N`).
         self.listeners: tuple[Listener, ...] = self.config.listeners or (Listener(PLAINTEXT, PLAINTEXT, host, port),)
         check_plaintext_binds(self.listeners, self.config.allow_plaintext_remote)   # before any bind
@@ -696,10 +721,22 @@ class BrokerServer:
             load_or_create_meta_properties(self.data_dir, self.node_id, cluster_id=self.cluster_id)
         else:
             self.cluster_id = load_or_create_meta_properties(self.data_dir, self.node_id)
+        known_log_dirs = _read_known_log_dirs(self.data_dir)
         for directory in self.log_dirs[1:]:
+            if str(directory) in self._failed_log_dirs:
+                continue
+            if str(directory) in known_log_dirs and not (directory / META_PROPERTIES).exists():
+                # It held this broker's partitions before: an empty directory in its place is
+                # an unmounted or replaced disk, not a new one. Formatting it would let the
+                # start-up sweep create its partitions again, empty, from offset 0.
+                self._failed_log_dirs[str(directory)] = (
+                    "it was a log dir of this broker but holds no meta.properties now (an unmounted or "
+                    "replaced disk?); remove it from log.dirs to give its partitions up")
+                continue
             # Kafka's rule: every log dir says which cluster and node it belongs to.
-            if str(directory) not in self._failed_log_dirs:
-                load_or_create_meta_properties(directory, self.node_id, cluster_id=self.cluster_id)
+            load_or_create_meta_properties(directory, self.node_id, cluster_id=self.cluster_id)
+        _write_known_log_dirs(self.data_dir, known_log_dirs | {
+            str(d) for d in self.log_dirs[1:] if str(d) not in self._failed_log_dirs})
         cluster = self._cluster
         if self.config.authorizer_class_name:
             self._authorizer = Authorizer(self.data_dir, super_users=self.config.super_users,

@@ -1150,6 +1150,15 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                     raise InvalidRequestError(
                         f"topic {name!r} is internal: the coordinators keep their state in it")
                 with self._admin_lock:
+                    # A partition on a failed log dir keeps its files there: deleting the
+                    # topic now (and creating it again) would leave two copies for the next
+                    # start to refuse. It waits until the directory is back.
+                    topic = self._registry.get(name)
+                    for partition in range(topic.partition_count if topic is not None else 0):
+                        offline = self._log_manager.offline_reason(name, partition)
+                        if offline is not None:
+                            raise StorageError(f"topic {name!r} cannot be deleted while partition {partition} "
+                                               f"is offline: {offline}")
                     # Registry first: once the topic is gone from it nothing reads or writes
                     # the logs; a crash before the logs are deleted leaves them to the
                     # start-up sweep.

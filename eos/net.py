@@ -189,7 +189,7 @@ def _server_certificate_name(address: str, security: ChannelSecurity) -> str | N
     ssl.endpoint.identification.algorithm=none the gRPC channel is told to expect that name
     (grpc.ssl_target_name_override): gRPC has no switch to skip the name check, so the check
     is made to pass for whatever certificate the trusted CA signed. None if the broker
-    cannot be reached now (the channel then checks the address's host)."""
+    cannot be reached now (`open_channel` then refuses, and the caller tries again later)."""
     import socket
     import ssl
     from cryptography import x509
@@ -228,8 +228,12 @@ def open_channel(address: str, security: ChannelSecurity | None = None) -> grpc.
     options = CHANNEL_OPTIONS
     if not security.verify_hostname:
         name = _server_certificate_name(address, security)
-        if name is not None:
-            options = options + (("grpc.ssl_target_name_override", name),)
+        if name is None:
+            # Not cached by the caller: a channel made now would check the address's host
+            # for good, failing every handshake once the broker is up.
+            raise NetworkError(f"cannot reach {address} to learn the name its certificate holds "
+                               f"(ssl.endpoint.identification.algorithm=none); will retry")
+        options = options + (("grpc.ssl_target_name_override", name),)
     return grpc.secure_channel(address, credentials, options=options)
 
 
@@ -403,12 +407,20 @@ class ClusterMetadata:
     def channel(self, address: str) -> grpc.Channel:
         channel = self._channels.get(address)
         if channel is None:
+            # Opened outside the lock: over SSL without hostname checks it makes a TLS
+            # handshake first, which must not hold up this client's other threads.
+            if self._closed:
+                raise NetworkError("client is closed")
+            opened = open_channel(address, self.security)
             with self._channels_lock:
                 if self._closed:
+                    opened.close()
                     raise NetworkError("client is closed")
                 channel = self._channels.get(address)
                 if channel is None:
-                    channel = self._channels[address] = open_channel(address, self.security)
+                    channel = self._channels[address] = opened
+            if channel is not opened:
+                opened.close()      # another thread opened one first
         return channel
 
     def stub_at(self, address: str, stub_class):

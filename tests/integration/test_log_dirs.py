@@ -138,3 +138,45 @@ def test_cli_takes_several_data_dirs(tmp_path):
         process.terminate()
         process.wait(30)
     assert process.returncode == 0
+
+
+def test_a_known_log_dir_found_empty_is_offline_not_formatted_again(tmp_path):
+    # An unmounted disk leaves its empty mount point: formatting it would let the start-up
+    # sweep create its partitions again, empty, from offset 0.
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    config = {"log.dirs": ",".join(map(str, dirs))}
+    server = BrokerServer(dirs[0], port=0, config=config)
+    server.start()
+    try:
+        import grpc
+        from eos.v1 import broker_pb2_grpc
+        with grpc.insecure_channel(server.address) as channel:
+            create_topic(broker_pb2_grpc.BrokerStub(channel), "t", partitions=2)
+    finally:
+        server.stop()
+    [on_b] = [n for n in os.listdir(dirs[1]) if n.startswith("t-")]
+    shutil.rmtree(dirs[1])
+    dirs[1].mkdir()                                  # the empty mount point
+    server = BrokerServer(dirs[0], port=0, config=config)
+    server.start()
+    try:
+        import grpc
+        from eos.v1 import broker_pb2_grpc
+        with grpc.insecure_channel(server.address) as channel:
+            stub = broker_pb2_grpc.BrokerStub(channel)
+            partition = int(on_b.rsplit("-", 1)[1])
+            assert produce(stub, "t", partition, encode_batch([b"x"])).error_code == ErrorCode.KAFKA_STORAGE_ERROR
+            # nor can the topic be deleted while a partition's files are out of reach
+            from eos.v1 import broker_pb2
+            [result] = stub.DeleteTopics(broker_pb2.DeleteTopicsRequest(names=["t"]), timeout=30).topics
+            assert result.error_code == ErrorCode.KAFKA_STORAGE_ERROR and "offline" in result.error_message
+        assert not (dirs[1] / "meta.properties").exists() and not (dirs[1] / on_b).exists()
+    finally:
+        server.stop()
+
+
+def test_several_log_dirs_are_refused_on_a_zookeeper_cluster(tmp_path):
+    from eos.errors import InvalidConfigError
+    with pytest.raises(InvalidConfigError, match="LogDirEventNotification"):
+        BrokerServer(tmp_path / "a", port=0, config={"log.dirs": f"{tmp_path / 'a'},{tmp_path / 'b'}",
+                                                     "zookeeper.connect": "127.0.0.1:2181"})

@@ -247,3 +247,20 @@ def test_client_security_settings_are_checked(pki):
         eos.Consumer("127.0.0.1:9", config={"security.protocol": "SSL", "ssl.ca.location": "/nonexistent/ca.pem"})
     with pytest.raises(ValueError, match="https"):
         eos.Admin("127.0.0.1:9", config={"security.protocol": "SSL", "ssl.endpoint.identification.algorithm": "x"})
+
+
+def test_without_hostname_checks_an_unreachable_broker_is_retried_not_cached(pki):
+    # ssl.endpoint.identification.algorithm=none learns the name from the broker's
+    # certificate; a broker that is down then must not leave a channel behind that checks
+    # the address's host for good (every later handshake would fail).
+    from bench.kafka import free_port
+    from eos import net
+    from eos.errors import NetworkError
+
+    security = net.ChannelSecurity(net.SSL, ca_pem=pki["ca"].pem, verify_hostname=False)
+    metadata = net.ClusterMetadata(f"127.0.0.1:{free_port()}", security=security)
+    address = metadata.bootstrap_addresses[0]
+    with pytest.raises(NetworkError, match="will retry"):
+        metadata.channel(address)
+    assert address not in metadata._channels
+    metadata.close()
