@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 import eos
-from eos.errors import ErrorCode
+from eos.errors import EosError, ErrorCode
 from eos.local_cluster import LocalCluster
 from eos.net import open_channel
 from eos.v1 import cluster_pb2, cluster_pb2_grpc
@@ -35,8 +35,18 @@ def cluster(cluster_factory):
     return cluster_factory(CLUSTER_CONFIG)
 
 
-def describe(admin: eos.Admin, topic: str) -> list[dict]:
-    return admin.describe_topic(topic)["partitions"]
+def describe(admin: eos.Admin, topic: str, timeout_s: float = 30.0) -> list[dict]:
+    """The topic's partitions. A retriable error is asked again (bounded): a broker just
+    restarted answers UNKNOWN_TOPIC_OR_PARTITION until the controller's UpdateMetadata
+    reaches it, as a Kafka broker in ZooKeeper mode does."""
+    def known():
+        try:
+            return admin.describe_topic(topic)["partitions"]
+        except EosError as exc:
+            if not exc.retriable:
+                raise
+            return None
+    return wait_for(known, f"the metadata of {topic}", timeout_s)
 
 
 def wait_for_leader(admin, topic, partition=0, *, other_than=None, timeout_s=30.0) -> dict:

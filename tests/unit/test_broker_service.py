@@ -110,6 +110,9 @@ class FakeLogManager:
     def delete_log(self, topic, partition):
         self.logs.pop((topic, partition), None)
 
+    def offline_reason(self, topic, partition):
+        return None                     # one healthy directory
+
     def all_logs(self):
         return list(self.logs.values())
 
