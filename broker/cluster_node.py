@@ -194,12 +194,27 @@ class ClusterNode:
 
     def _write_isr(self, topic: str, partition: int, leader: int, leader_epoch: int, isr: tuple[int, ...],
                    controller_epoch: int, zk_version: int) -> int:
-        from broker.metadata.zk_store import LeaderIsr
+        from broker.metadata.zk_store import LeaderIsr, StateVersionConflict
 
+        tp = (topic, partition)
         results = self.store.update_partition_states(
-            {(topic, partition): (LeaderIsr(leader, leader_epoch, tuple(isr), controller_epoch), zk_version)},
-            epoch_zk_version=None)
-        result = results[(topic, partition)]
+            {tp: (LeaderIsr(leader, leader_epoch, tuple(isr), controller_epoch), zk_version)}, epoch_zk_version=None)
+        result = results[tp]
+        if isinstance(result, StateVersionConflict):
+            # The znode moved without this leadership ending (a new controller rewrites the
+            # states it finds, stamped with its epoch): only the version this leader cached
+            # is stale. Kafka's ZooKeeper-mode leader skipped the write and could stay stuck
+            # so (KAFKA-2729); read the state and write once more at its version while the
+            # leader and its epoch are still ours. A changed leadership still refuses.
+            current = self.store.partition_state(topic, partition)
+            if current is not None and current[0].leader == leader and current[0].leader_epoch == leader_epoch:
+                log.info("%s-%d: partition state version %d is now %d at the same leader epoch %d; "
+                         "writing the ISR change at the new version", topic, partition, zk_version, current[1],
+                         leader_epoch)
+                results = self.store.update_partition_states(
+                    {tp: (LeaderIsr(leader, leader_epoch, tuple(isr), max(controller_epoch, current[0].controller_epoch)),
+                          current[1])}, epoch_zk_version=None)
+                result = results[tp]
         if isinstance(result, Exception):
             raise result
         self.store.write_isr_change_notification([(topic, partition)])
