@@ -91,19 +91,26 @@ def test_a_removed_directory_takes_only_its_partitions_offline(tmp_path, caplog)
         server.stop()
 
 
-def test_a_partition_missing_while_a_directory_is_offline_is_not_recreated(tmp_path):
+def topic_over_two_dirs(tmp_path):
+    """A broker run once over log dirs a and b with a topic "t" of two partitions, stopped:
+    (the dirs, the broker config, the name of the partition directory that went to b)."""
+    import grpc
+    from eos.v1 import broker_pb2_grpc
     dirs = [tmp_path / "a", tmp_path / "b"]
     config = {"log.dirs": ",".join(map(str, dirs))}
     server = BrokerServer(dirs[0], port=0, config=config)
     server.start()
     try:
-        import grpc
-        from eos.v1 import broker_pb2_grpc
         with grpc.insecure_channel(server.address) as channel:
             create_topic(broker_pb2_grpc.BrokerStub(channel), "t", partitions=2)
     finally:
         server.stop()
     [on_b] = [n for n in os.listdir(dirs[1]) if n.startswith("t-")]
+    return dirs, config, on_b
+
+
+def test_a_partition_missing_while_a_directory_is_offline_is_not_recreated(tmp_path):
+    dirs, config, on_b = topic_over_two_dirs(tmp_path)
     shutil.rmtree(dirs[1])
     dirs[1].write_text("not a directory any more")  # the mount point is broken
     server = BrokerServer(dirs[0], port=0, config=config)
@@ -143,18 +150,7 @@ def test_cli_takes_several_data_dirs(tmp_path):
 def test_a_known_log_dir_found_empty_is_offline_not_formatted_again(tmp_path):
     # An unmounted disk leaves its empty mount point: formatting it would let the start-up
     # sweep create its partitions again, empty, from offset 0.
-    dirs = [tmp_path / "a", tmp_path / "b"]
-    config = {"log.dirs": ",".join(map(str, dirs))}
-    server = BrokerServer(dirs[0], port=0, config=config)
-    server.start()
-    try:
-        import grpc
-        from eos.v1 import broker_pb2_grpc
-        with grpc.insecure_channel(server.address) as channel:
-            create_topic(broker_pb2_grpc.BrokerStub(channel), "t", partitions=2)
-    finally:
-        server.stop()
-    [on_b] = [n for n in os.listdir(dirs[1]) if n.startswith("t-")]
+    dirs, config, on_b = topic_over_two_dirs(tmp_path)
     shutil.rmtree(dirs[1])
     dirs[1].mkdir()                                  # the empty mount point
     server = BrokerServer(dirs[0], port=0, config=config)
