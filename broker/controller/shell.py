@@ -163,6 +163,12 @@ class Controller:
                     log.warning("controller election failed (%s); trying again", exc)
                     self._stopping.wait(ELECT_RETRY_S)
                     self._put("elect")
+                elif event.kind == "brokers_changed":
+                    # (a ZooKeeper connection lost mid-read, say) a lost brokers_changed would
+                    # leave the ISRs unhealed until the next broker change: read them again
+                    log.warning("controller event brokers_changed failed (%s); trying again", exc)
+                    self._stopping.wait(ELECT_RETRY_S)
+                    self._put("brokers_changed")
                 elif event.future is None:
                     log.exception("controller event %s failed", event.kind)
         self._resign(delete_znode=True)
