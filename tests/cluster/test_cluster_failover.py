@@ -158,6 +158,36 @@ def test_kill_leader_elects_new_leader_from_isr_and_loses_nothing(cluster):
     admin.close()
 
 
+def test_a_consumer_asking_offsets_while_its_partition_has_no_leader_gets_them_once_one_is_back(cluster):
+    # Seen in CI's 3-broker demo: the consumer's ListOffsets failed at the dead leader, its
+    # refresh cached "no leader" for the partition, and it retried that cached answer, never
+    # refreshing again, until default.api.timeout.ms.
+    tp = eos.TopicPartition("lonely", 0)
+    consumer = eos.Consumer(bootstrap=cluster.bootstrap, group_id=None, default_api_timeout_ms=30_000)
+    outcome: dict = {}
+
+    def ask() -> None:
+        try:
+            outcome["offsets"] = consumer.beginning_offsets([tp])
+        except Exception as exc:   # reported below
+            outcome["error"] = exc
+    try:
+        with eos.Admin(bootstrap=cluster.bootstrap) as admin:
+            admin.create_topics([{"name": "lonely", "partitions": 1, "assignments": {0: [1]}}])
+            wait_for(lambda: describe(admin, "lonely")[0]["leader"] == 1, "broker 1 leading lonely-0")
+            assert consumer.beginning_offsets([tp]) == {tp: 0}       # the consumer caches leader 1
+            cluster.kill(1)
+            wait_for(lambda: describe(admin, "lonely")[0]["leader"] == -1, "lonely-0 without a leader", 60)
+        asking = threading.Thread(target=ask)
+        asking.start()
+        wait_for(lambda: consumer._metadata.leader("lonely", 0) == -1, "the consumer's metadata without a leader")
+        cluster.restart(1)
+        asking.join(60)
+    finally:
+        consumer.close()
+    assert outcome == {"offsets": {tp: 0}}, outcome
+
+
 # ---- controller failover and fencing ------------------------------------------------------------------
 
 def test_controller_failover_bumps_epoch_and_fences_the_old_controller(cluster):
