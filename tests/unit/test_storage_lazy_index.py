@@ -126,10 +126,16 @@ def test_readers_racing_to_the_first_use_load_it_once(tmp_path, access, monkeypa
     segment = log.segments[0]
     opened = []
     real_open = index_module._open_entries
+    second_load = threading.Event()
 
     def slow_open(path, layout, how):
         opened.append(path)
-        threading.Event().wait(0.05)      # both readers arrive while the first load runs
+        if len(opened) == 1:
+            # the first load holds on until a second one starts (which only a missing lock
+            # allows) or a bound passes: the other readers are all waiting by then
+            second_load.wait(2.0)
+        else:
+            second_load.set()
         return real_open(path, layout, how)
 
     monkeypatch.setattr(index_module, "_open_entries", slow_open)
