@@ -41,7 +41,7 @@ import shutil
 from pathlib import Path
 from typing import Callable, Mapping
 
-from broker.server import _DataDirLock
+from broker.data_dir import DataDirLock
 from broker.storage.index import IndexCorruptError, OffsetIndex, TimeIndex
 from broker.storage.leader_epoch import decode_checkpoint
 from broker.storage.log import Log
@@ -198,7 +198,7 @@ def adopt_topic(kafka_log_dir: str | os.PathLike, topic: str, data_dir: str | os
         raise AdoptionRefused(f"{kafka_log_dir} is not a directory")
     if not data_dir.is_dir():
         raise AdoptionRefused(f"{data_dir} is not a directory (start the broker once to create it)")
-    lock = _DataDirLock(data_dir)
+    lock = DataDirLock(data_dir)
     lock.acquire()                          # StorageError: a broker is running on it
     topics_dir = data_dir / TOPICS_DIR_NAME
     had_topics_dir = topics_dir.exists()

@@ -23,10 +23,8 @@ requests in flight, stop housekeeping, then close the logs
 prints one line "eos broker listening on HOST:PORT (data dir DIR)" once the port is bound
 and serving, and stops cleanly on SIGTERM or SIGINT.
 
-Broker config uses Kafka's broker names. The broker-level defaults of topic configs keep
-Kafka's broker spelling (`log.segment.bytes`, `log.retention.ms`, `message.max.bytes`, ...)
-and become the base every topic's overrides apply to. An unknown name is an error at start,
-not a silent no-op.
+Broker config uses Kafka's broker names (`broker/config.py`); the data dirs' own files
+(meta.properties, the lock, the log dirs used) are `broker/data_dir.py`'s.
 
 The gRPC worker pool is sized from the bounds of the calls that hold a worker for long
 (long polls, parked group requests, produce streams) plus `num.io.threads` workers left for
@@ -34,41 +32,30 @@ short calls, and `queued.max.requests` more calls may wait for one; see rpc_pool
 """
 from __future__ import annotations
 
-import base64
 import concurrent.futures
-import dataclasses
-import fcntl
-import json
 import logging
 import os
 import signal
 import sys
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Callable, Mapping
 
 import grpc
 
 from broker.group.coordinator import GroupCoordinator
-from broker.group.offsets import OFFSET_METADATA_MAX_BYTES
-from broker.group.records import OFFSETS_TOPIC_PARTITIONS
 from broker.group.service import GroupCoordinatorServicer
-from broker.group.state import (GROUP_INITIAL_REBALANCE_DELAY_MS, GROUP_MAX_SESSION_TIMEOUT_MS, GROUP_MAX_SIZE,
-                                GROUP_MIN_SESSION_TIMEOUT_MS)
+from broker.config import GRPC_MESSAGE_BYTES_MAX, RPC_WORKERS_FOR_SHORT_CALLS, BrokerConfig
+from broker.data_dir import (META_PROPERTIES, DataDirLock, load_or_create_meta_properties, new_cluster_id,
+                             read_data_dir_cluster_id, read_known_log_dirs, write_known_log_dirs)
 from broker.in_process import InProcessBrokerStub
-from broker.acl import InvalidAclError, parse_super_users
-from broker.authorizer import AUTHORIZER_CLASS_NAMES, Authorizer
+from broker.authorizer import Authorizer
 from broker.purgatory import FetchPurgatory
-from broker.security import (CLIENT_AUTH_VALUES, PLAINTEXT, SSL, CallIdentityInterceptor, Listener, PrincipalRule,
-                             ReloadingServerCertificates, advertised_host, check_plaintext_binds,
-                             parse_advertised, parse_listeners, parse_principal_mapping_rules,
-                             parse_protocol_map)
+from broker.security import (PLAINTEXT, SSL, CallIdentityInterceptor, Listener, ReloadingServerCertificates,
+                             advertised_host, check_plaintext_binds, parse_advertised)
 from broker.service import FETCH_MAX_WAIT_CAP_MS, BrokerServicer, NodeAddress
 from broker.topics import TopicRegistry
-from eos.files import write_file_atomically
-from eos.config import TopicConfig
 from eos.errors import EosError, ErrorCode, InvalidConfigError, StorageError
 from eos.types import TopicPartition
 from eos.v1 import broker_pb2_grpc, cluster_pb2_grpc, group_pb2_grpc, txn_pb2_grpc
@@ -78,8 +65,6 @@ from txn_coordinator.service import TxnCoordinatorServicer
 
 log = logging.getLogger("eos.broker")
 
-MIB = 1024 * 1024
-GRPC_MESSAGE_BYTES_MAX = 100 * MIB
 # Four kinds of call hold a gRPC worker for a while: long-poll fetches (up to 30 s), parked
 # JoinGroup/SyncGroup (a rebalance), produce streams (their whole life) and transactional
 # requests waiting for their id's previous transaction to complete (up to 100 ms). Each kind
@@ -89,365 +74,11 @@ FETCH_WAITERS_MAX = 32
 GROUP_PARKED_REQUESTS_MAX = 32
 PRODUCE_STREAMS_MAX = 32
 TXN_PARKED_REQUESTS_MAX = 16
-# num.io.threads: the workers only short calls can take (Kafka's request handler threads;
-# Kafka's default is 8, eos's 16 because a Python handler holds its worker for the whole
-# call, fsync and replication wait included, where Kafka's hands those to purgatory).
-RPC_WORKERS_FOR_SHORT_CALLS = 16
+# num.io.threads (broker/config.py): the workers only short calls can take
 RPC_WORKER_THREADS = (FETCH_WAITERS_MAX + GROUP_PARKED_REQUESTS_MAX + PRODUCE_STREAMS_MAX
                       + TXN_PARKED_REQUESTS_MAX + RPC_WORKERS_FOR_SHORT_CALLS)
-QUEUED_MAX_REQUESTS = 500          # Kafka's queued.max.requests default
 STOP_GRACE_S = 10.0
 HOUSEKEEPING_JOIN_TIMEOUT_S = 60.0
-
-META_PROPERTIES = "meta.properties"
-LOCK_FILE_NAME = ".lock"
-
-# Kafka broker-level names of topic config defaults -> the topic-level name they set.
-_TOPIC_DEFAULT_NAMES = {
-    "log.segment.bytes": "segment.bytes",
-    "log.index.size.max.bytes": "segment.index.bytes",
-    "log.index.interval.bytes": "index.interval.bytes",
-    "log.retention.bytes": "retention.bytes",
-    "log.flush.interval.messages": "flush.messages",
-    "log.flush.interval.ms": "flush.ms",
-    "message.max.bytes": "max.message.bytes",
-    "log.message.timestamp.type": "message.timestamp.type",
-    "compression.type": "compression.type",
-    "log.cleanup.policy": "cleanup.policy",
-    "log.cleaner.delete.retention.ms": "delete.retention.ms",
-    "log.cleaner.min.cleanable.ratio": "min.cleanable.dirty.ratio",
-    "log.cleaner.min.compaction.lag.ms": "min.compaction.lag.ms",
-    "log.cleaner.max.compaction.lag.ms": "max.compaction.lag.ms",
-    "min.insync.replicas": "min.insync.replicas",
-    "log.segment.delete.delay.ms": "file.delete.delay.ms",
-    "unclean.leader.election.enable": "unclean.leader.election.enable",
-}
-
-# Kafka's coarser spellings of two time defaults, in Kafka's precedence: the first form set
-# wins (`log.retention.ms` over `.minutes` over `.hours`; `log.roll.ms` over `.hours`), each
-# converted to the topic-level milliseconds. A negative retention in any form means forever.
-_TIME_DEFAULT_FORMS = {
-    "retention.ms": (("log.retention.ms", 1), ("log.retention.minutes", 60_000), ("log.retention.hours", 3_600_000)),
-    "segment.ms": (("log.roll.ms", 1), ("log.roll.hours", 3_600_000)),
-}
-_TIME_FORM_NAMES = {name for forms in _TIME_DEFAULT_FORMS.values() for name, _ in forms}
-
-
-# Group coordinator settings (Kafka's names) -> BrokerConfig fields.
-_GROUP_CONFIG_NAMES = {
-    "group.initial.rebalance.delay.ms": "group_initial_rebalance_delay_ms",
-    "group.min.session.timeout.ms": "group_min_session_timeout_ms",
-    "group.max.session.timeout.ms": "group_max_session_timeout_ms",
-    "group.max.size": "group_max_size",
-    "offset.metadata.max.bytes": "offset_metadata_max_bytes",
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class BrokerConfig:
-    """Broker settings (Kafka's names, dots to underscores)."""
-
-    num_partitions: int = 1
-    # Kafka's default is true, but an exactly-once system should not invent topics from
-    # typos: a producer writing to "ordres" gets UNKNOWN_TOPIC_OR_PARTITION, not a new topic.
-    auto_create_topics_enable: bool = False
-    # Kafka's default is 300000; 5 s here because the same tick drives flush.ms and
-    # segment.ms, which users expect to act within seconds, and a tick is cheap.
-    log_retention_check_interval_ms: int = 5000
-    socket_request_max_bytes: int = GRPC_MESSAGE_BYTES_MAX
-    producer_id_expiration_ms: int = 86400000
-    transaction_state_log_num_partitions: int = 50
-    # How often the coordinator aborts transactions open past their timeout (Kafka's name
-    # and default); tests make it short to see a hanging transaction aborted.
-    transaction_abort_timed_out_transaction_cleanup_interval_ms: int = 10000
-    transaction_max_timeout_ms: int = 900000          # Kafka's transaction.max.timeout.ms
-    transactional_id_expiration_ms: int = 604800000   # Kafka's transactional.id.expiration.ms (7 days)
-    group_initial_rebalance_delay_ms: int = GROUP_INITIAL_REBALANCE_DELAY_MS
-    group_min_session_timeout_ms: int = GROUP_MIN_SESSION_TIMEOUT_MS
-    group_max_session_timeout_ms: int = GROUP_MAX_SESSION_TIMEOUT_MS
-    group_max_size: int = GROUP_MAX_SIZE
-    offset_metadata_max_bytes: int = OFFSET_METADATA_MAX_BYTES
-    # Partitions of __consumer_offsets when the broker creates it; a topic that exists keeps
-    # its count (the group coordinator uses and logs the count it finds, as Kafka does).
-    offsets_topic_num_partitions: int = OFFSETS_TOPIC_PARTITIONS
-    offsets_topic_segment_bytes: int = 100 * 1024 * 1024   # Kafka's offsets.topic.segment.bytes
-    topic_defaults: TopicConfig = TopicConfig()
-    # ---- log compaction (Kafka's LogCleaner settings and defaults) ----
-    log_cleaner_enable: bool = True
-    log_cleaner_threads: int = 1
-    log_cleaner_dedupe_buffer_size: int = 134217728   # bytes for all threads' key maps
-    log_cleaner_io_buffer_load_factor: float = 0.9    # how full a key map may get
-    log_cleaner_backoff_ms: int = 15000               # sleep when no log needs cleaning
-    # ---- the cluster (ZooKeeper mode); none of these matter on a cluster of one ----
-    zookeeper_connect: str = ""                 # empty: a cluster of one, no ZooKeeper
-    zookeeper_session_timeout_ms: int = 18000
-    broker_rack: str = ""
-    default_replication_factor: int = 1
-    replica_lag_time_max_ms: int = 30000
-    auto_leader_rebalance_enable: bool = True
-    leader_imbalance_per_broker_percentage: int = 10
-    leader_imbalance_check_interval_seconds: int = 300
-    controlled_shutdown_enable: bool = True
-    controlled_shutdown_max_retries: int = 3
-    controlled_shutdown_retry_backoff_ms: int = 5000
-    # Kafka's log.dirs: more directories for partitions (JBOD) besides the data dir, which
-    # keeps the broker's own files (meta.properties, the topic registry, producer ids) and
-    # is always the first log dir.
-    log_dirs: tuple[str, ...] = ()
-    # ---- threads (see rpc_pool_limits) ----
-    num_io_threads: int = RPC_WORKERS_FOR_SHORT_CALLS
-    queued_max_requests: int = QUEUED_MAX_REQUESTS
-    # ---- listeners and TLS (broker/security.py) ----
-    # Kafka's listeners; empty: one PLAINTEXT listener on the host and port BrokerServer is given.
-    listeners: tuple[Listener, ...] = ()
-    advertised_listeners: str = ""             # parsed against the listeners at start
-    inter_broker_listener_name: str = ""       # empty: the first listener
-    ssl_certificate_location: str = ""         # PEM certificate (chain) of the SSL listener
-    ssl_key_location: str = ""                 # its unencrypted PEM private key
-    ssl_ca_location: str = ""                  # PEM CA bundle that client certificates must chain to
-    ssl_client_auth: str = "none"              # Kafka's none | required ("requested": see from_dict)
-    ssl_principal_mapping_rules: tuple[PrincipalRule, ...] = parse_principal_mapping_rules("DEFAULT")
-    # eos's safe default: a PLAINTEXT listener reachable from other machines is refused unless allowed.
-    allow_plaintext_remote: bool = False
-    # ---- authorization (broker/authorizer.py, broker/acl.py) ----
-    authorizer_class_name: str = ""            # empty: no authorizer, every call allowed
-    super_users: frozenset[str] = frozenset()  # Kafka's super.users, "User:a;User:b"
-    allow_everyone_if_no_acl_found: bool = False
-
-    @classmethod
-    def from_dict(cls, config: Mapping[str, str] | None) -> "BrokerConfig":
-        values: dict = {}
-        security: dict[str, str] = {}
-        topic_overrides: dict[str, str] = {}
-        time_forms: dict[str, str] = {}
-        for name, raw in (config or {}).items():
-            raw = str(raw).strip()
-            if name in _TIME_FORM_NAMES:
-                time_forms[name] = raw
-            elif name in _TOPIC_DEFAULT_NAMES:
-                topic_overrides[_TOPIC_DEFAULT_NAMES[name]] = raw
-            elif name == "num.partitions":
-                values["num_partitions"] = _parse_int(name, raw, minimum=1)
-            elif name == "auto.create.topics.enable":
-                if raw.lower() not in ("true", "false"):
-                    raise InvalidConfigError(f"invalid value {raw!r} for {name}: must be true or false")
-                values["auto_create_topics_enable"] = raw.lower() == "true"
-            elif name == "log.retention.check.interval.ms":
-                values["log_retention_check_interval_ms"] = _parse_int(name, raw, minimum=1)
-            elif name == "socket.request.max.bytes":
-                values["socket_request_max_bytes"] = _parse_int(name, raw, minimum=1,
-                                                                maximum=GRPC_MESSAGE_BYTES_MAX * 20)
-            elif name == "producer.id.expiration.ms":
-                values["producer_id_expiration_ms"] = _parse_int(name, raw, minimum=1)
-            elif name == "offsets.topic.segment.bytes":
-                values["offsets_topic_segment_bytes"] = _parse_int(name, raw, minimum=1024)
-            elif name == "offsets.topic.num.partitions":
-                values["offsets_topic_num_partitions"] = _parse_int(name, raw, minimum=1)
-            elif name == "transaction.state.log.num.partitions":
-                values["transaction_state_log_num_partitions"] = _parse_int(name, raw, minimum=1)
-            elif name == "transaction.abort.timed.out.transaction.cleanup.interval.ms":
-                values["transaction_abort_timed_out_transaction_cleanup_interval_ms"] = _parse_int(
-                    name, raw, minimum=1)
-            elif name == "transaction.max.timeout.ms":
-                values["transaction_max_timeout_ms"] = _parse_int(name, raw, minimum=1)
-            elif name == "transactional.id.expiration.ms":
-                values["transactional_id_expiration_ms"] = _parse_int(name, raw, minimum=1)
-            elif name in _CLUSTER_INT_NAMES:
-                attribute, minimum = _CLUSTER_INT_NAMES[name]
-                values[attribute] = _parse_int(name, raw, minimum=minimum)
-            elif name in _CLEANER_INT_NAMES:
-                attribute, minimum = _CLEANER_INT_NAMES[name]
-                values[attribute] = _parse_int(name, raw, minimum=minimum)
-            elif name == "log.cleaner.io.buffer.load.factor":
-                try:
-                    factor = float(raw)
-                except ValueError:
-                    raise InvalidConfigError(f"invalid value {raw!r} for {name}") from None
-                if not 0.0 < factor <= 1.0:
-                    raise InvalidConfigError(f"invalid value {raw!r} for {name}: must be in (0, 1]")
-                values["log_cleaner_io_buffer_load_factor"] = factor
-            elif name in _CLUSTER_BOOL_NAMES:
-                if raw.lower() not in ("true", "false"):
-                    raise InvalidConfigError(f"invalid value {raw!r} for {name}: must be true or false")
-                values[_CLUSTER_BOOL_NAMES[name]] = raw.lower() == "true"
-            elif name in ("log.dirs", "log.dir"):
-                values["log_dirs"] = tuple(part.strip() for part in raw.split(",") if part.strip())
-                if not values["log_dirs"]:
-                    raise InvalidConfigError(f"invalid value {raw!r} for {name}: no directory")
-            elif name == "num.io.threads":
-                values["num_io_threads"] = _parse_int(name, raw, minimum=1, maximum=1024)
-            elif name == "queued.max.requests":
-                values["queued_max_requests"] = _parse_int(name, raw, minimum=1)
-            elif name == "num.network.threads":
-                raise InvalidConfigError(
-                    "num.network.threads is not a setting of eos: gRPC's C core does the network I/O "
-                    "(its completion-queue threads have no size setting); num.io.threads sizes the "
-                    "request handlers and queued.max.requests the requests that may wait for one")
-            elif name == "zookeeper.connect":
-                values["zookeeper_connect"] = raw
-            elif name in _SECURITY_NAMES:
-                security[name] = raw
-            elif name == "authorizer.class.name":
-                if raw and raw not in AUTHORIZER_CLASS_NAMES:
-                    raise InvalidConfigError(
-                        f"authorizer.class.name {raw!r} is not an authorizer eos has: use "
-                        f"org.apache.kafka.metadata.authorizer.StandardAuthorizer, "
-                        f"kafka.security.authorizer.AclAuthorizer or eos.AclAuthorizer (all the same ACL "
-                        f"authorizer), or leave it empty for none")
-                values["authorizer_class_name"] = raw
-            elif name == "super.users":
-                try:
-                    values["super_users"] = parse_super_users(raw)
-                except InvalidAclError as exc:
-                    raise InvalidConfigError(f"invalid super.users {raw!r}: {exc}") from None
-            elif name == "allow.everyone.if.no.acl.found":
-                if raw.lower() not in ("true", "false"):
-                    raise InvalidConfigError(f"invalid value {raw!r} for {name}: must be true or false")
-                values["allow_everyone_if_no_acl_found"] = raw.lower() == "true"
-            elif name == "broker.rack":
-                values["broker_rack"] = raw
-            elif name in _GROUP_CONFIG_NAMES:
-                values[_GROUP_CONFIG_NAMES[name]] = _parse_int(name, raw, minimum=0 if name.endswith("delay.ms") else 1)
-            else:
-                raise InvalidConfigError(f"unknown broker config {name!r}")
-        if values.get("group_min_session_timeout_ms", GROUP_MIN_SESSION_TIMEOUT_MS) > values.get(
-                "group_max_session_timeout_ms", GROUP_MAX_SESSION_TIMEOUT_MS):
-            raise InvalidConfigError("group.min.session.timeout.ms must not exceed group.max.session.timeout.ms")
-        values.update(_security_settings(security, clustered=bool(values.get("zookeeper_connect"))))
-        if values.get("authorizer_class_name") and values.get("zookeeper_connect"):
-            # A cluster keeps its ACLs in ZooKeeper, watched by every broker; a file per broker
-            # would let the brokers disagree about who may do what.
-            raise InvalidConfigError(
-                "authorizer.class.name on a ZooKeeper cluster is not built yet: eos keeps ACLs in the data dir "
-                "of a single broker (the cluster's ACLs in ZooKeeper come later); run the authorizer on a "
-                "single broker, or a cluster without one")
-        topic_overrides.update(_time_defaults(time_forms))
-        try:
-            topic_defaults = TopicConfig.from_overrides(topic_overrides)
-        except InvalidConfigError as exc:
-            raise InvalidConfigError(f"broker default topic config: {exc}") from None
-        return cls(topic_defaults=topic_defaults, **values)
-
-
-_SECURITY_NAMES = frozenset({
-    "listeners", "advertised.listeners", "listener.security.protocol.map", "inter.broker.listener.name",
-    "ssl.certificate.location", "ssl.key.location", "ssl.ca.location", "ssl.client.auth",
-    "ssl.principal.mapping.rules", "allow.plaintext.remote",
-})
-
-
-def _security_settings(raw: Mapping[str, str], *, clustered: bool) -> dict:
-    """The listener and TLS settings as BrokerConfig fields, checked together (no I/O: the
-    PEM files are read when the broker starts)."""
-    values: dict = {}
-    if "allow.plaintext.remote" in raw:
-        text = raw["allow.plaintext.remote"].lower()
-        if text not in ("true", "false"):
-            raise InvalidConfigError(f"invalid value {raw['allow.plaintext.remote']!r} for allow.plaintext.remote: "
-                                     f"must be true or false")
-        values["allow_plaintext_remote"] = text == "true"
-    listeners: tuple[Listener, ...] = ()
-    if "listeners" in raw:
-        listeners = parse_listeners(raw["listeners"], parse_protocol_map(raw.get("listener.security.protocol.map")))
-        values["listeners"] = listeners
-    elif "listener.security.protocol.map" in raw:
-        parse_protocol_map(raw["listener.security.protocol.map"])   # checked even if unused
-    if "advertised.listeners" in raw:
-        values["advertised_listeners"] = raw["advertised.listeners"]
-    names = [listener.name for listener in listeners] or [PLAINTEXT]
-    inter_broker = raw.get("inter.broker.listener.name", "").upper()
-    if inter_broker:
-        if inter_broker not in names:
-            raise InvalidConfigError(f"inter.broker.listener.name {inter_broker} is not one of the listeners "
-                                     f"({', '.join(names)})")
-        values["inter_broker_listener_name"] = inter_broker
-    client_auth = raw.get("ssl.client.auth", "none").lower()
-    if client_auth not in CLIENT_AUTH_VALUES:
-        raise InvalidConfigError(f"invalid value {raw['ssl.client.auth']!r} for ssl.client.auth: must be one of "
-                                 f"{', '.join(CLIENT_AUTH_VALUES)}")
-    if client_auth == "requested":
-        # Kafka's "requested" asks for a certificate and accepts a client without one; gRPC's
-        # Python API offers "do not ask" and "ask and require" only.
-        raise InvalidConfigError("ssl.client.auth=requested is not available in eos (gRPC's Python server "
-                                 "credentials either do not ask for a client certificate or require one): "
-                                 "use required or none")
-    values["ssl_client_auth"] = client_auth
-    for name in ("ssl.certificate.location", "ssl.key.location", "ssl.ca.location"):
-        if name in raw:
-            values[name.replace(".", "_")] = raw[name]
-    if "ssl.principal.mapping.rules" in raw:
-        values["ssl_principal_mapping_rules"] = parse_principal_mapping_rules(raw["ssl.principal.mapping.rules"])
-    if any(listener.security_protocol == SSL for listener in listeners):
-        missing = [name for name in ("ssl.certificate.location", "ssl.key.location") if not raw.get(name)]
-        if missing:
-            raise InvalidConfigError(f"an SSL listener needs {' and '.join(missing)} (PEM files)")
-        if client_auth == "required" and not raw.get("ssl.ca.location"):
-            raise InvalidConfigError("ssl.client.auth=required needs ssl.ca.location: the CA bundle that client "
-                                     "certificates are checked against")
-        if clustered:
-            # A cluster broker's Metadata answers come from the controller's UpdateMetadata,
-            # which carries one address per broker; per-listener endpoints are not in it yet.
-            raise InvalidConfigError("SSL listeners on a ZooKeeper cluster are not built yet: a cluster's "
-                                     "brokers listen on PLAINTEXT (an SSL listener works on a single broker)")
-    return values
-
-
-_CLUSTER_INT_NAMES = {
-    "zookeeper.session.timeout.ms": ("zookeeper_session_timeout_ms", 1000),
-    "default.replication.factor": ("default_replication_factor", 1),
-    "replica.lag.time.max.ms": ("replica_lag_time_max_ms", 1),
-    "leader.imbalance.per.broker.percentage": ("leader_imbalance_per_broker_percentage", 0),
-    "leader.imbalance.check.interval.seconds": ("leader_imbalance_check_interval_seconds", 1),
-    "controlled.shutdown.max.retries": ("controlled_shutdown_max_retries", 0),
-    "controlled.shutdown.retry.backoff.ms": ("controlled_shutdown_retry_backoff_ms", 0),
-}
-_CLEANER_INT_NAMES = {
-    "log.cleaner.threads": ("log_cleaner_threads", 0),
-    "log.cleaner.dedupe.buffer.size": ("log_cleaner_dedupe_buffer_size", 1024),
-    "log.cleaner.backoff.ms": ("log_cleaner_backoff_ms", 1),
-}
-_CLUSTER_BOOL_NAMES = {
-    "log.cleaner.enable": "log_cleaner_enable",
-    "auto.leader.rebalance.enable": "auto_leader_rebalance_enable",
-    "controlled.shutdown.enable": "controlled_shutdown_enable",
-}
-
-
-def _time_defaults(time_forms: Mapping[str, str]) -> dict[str, str]:
-    """The topic-level `retention.ms` / `segment.ms` defaults the broker's time settings give,
-    by Kafka's precedence; every form given is validated, the ones outranked included."""
-    resolved: dict[str, str] = {}
-    for topic_name, forms in _TIME_DEFAULT_FORMS.items():
-        chosen_ms = None
-        for name, unit_ms in forms:
-            if name not in time_forms:
-                continue
-            minimum = -1 if topic_name == "retention.ms" else 1
-            value = _parse_int(name, time_forms[name], minimum=minimum)
-            if chosen_ms is None:
-                chosen_ms = -1 if value < 0 else value * unit_ms
-        if chosen_ms is not None:
-            resolved[topic_name] = str(chosen_ms)
-    return resolved
-
-
-KNOWN_LOG_DIRS_FILE = "log-dirs.json"   # in the data dir: every other log dir this broker has used
-
-
-def _read_known_log_dirs(data_dir: Path) -> set[str]:
-    path = data_dir / KNOWN_LOG_DIRS_FILE
-    if not path.exists():
-        return set()
-    try:
-        return set(json.loads(path.read_text(encoding="utf-8"))["log_dirs"])
-    except (ValueError, KeyError, TypeError) as exc:
-        raise StorageError(f"{path} is unreadable ({exc}): it lists the log dirs this broker has used") from None
-
-
-def _write_known_log_dirs(data_dir: Path, log_dirs: set[str]) -> None:
-    if log_dirs or (data_dir / KNOWN_LOG_DIRS_FILE).exists():
-        write_file_atomically(data_dir / KNOWN_LOG_DIRS_FILE,
-                              json.dumps({"version": 1, "log_dirs": sorted(log_dirs)}).encode("utf-8") + b"\n")
 
 
 def rpc_pool_limits(config: BrokerConfig) -> tuple[int, int]:
@@ -463,97 +94,12 @@ def rpc_pool_limits(config: BrokerConfig) -> tuple[int, int]:
     return workers, workers + config.queued_max_requests
 
 
-def _parse_int(name: str, raw: str, *, minimum: int, maximum: int | None = None) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        raise InvalidConfigError(f"invalid value {raw!r} for {name}: not an integer") from None
-    if value < minimum or (maximum is not None and value > maximum):
-        bound = f">= {minimum}" if maximum is None else f"between {minimum} and {maximum}"
-        raise InvalidConfigError(f"invalid value {raw!r} for {name}: must be {bound}")
-    return value
-
-
 def _wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
 def _format_host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-# ---- meta.properties ----------------------------------------------------------------------
-
-def new_cluster_id() -> str:
-    """Kafka's form: a random UUID as 22 characters of URL-safe base64."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
-
-
-def read_meta_properties(path: Path) -> dict[str, str]:
-    properties = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        key, sep, value = line.partition("=")
-        if not sep:
-            raise StorageError(f"{path}: line {line!r} is not key=value")
-        properties[key.strip()] = value.strip()
-    return properties
-
-
-def read_data_dir_cluster_id(data_dir: Path) -> str | None:
-    """The cluster id in the data dir's meta.properties, or None for a new data dir."""
-    path = data_dir / META_PROPERTIES
-    if not path.exists():
-        return None
-    return read_meta_properties(path).get("cluster.id") or None
-
-
-def load_or_create_meta_properties(data_dir: Path, node_id: int, cluster_id: str | None = None) -> str:
-    """The cluster id of this data dir, creating `meta.properties` on first start (with
-    `cluster_id` when given: a cluster's id from ZooKeeper); refuse a data dir that belongs
-    to another node (as Kafka does)."""
-    path = data_dir / META_PROPERTIES
-    if path.exists():
-        properties = read_meta_properties(path)
-        cluster_id = properties.get("cluster.id", "")
-        if properties.get("version") != "1" or not cluster_id:
-            raise StorageError(f"{path} is not a version 1 meta.properties with a cluster.id")
-        if properties.get("node.id") != str(node_id):
-            raise StorageError(f"{path} belongs to node.id {properties.get('node.id')}, "
-                               f"this broker is node.id {node_id}")
-        return cluster_id
-    cluster_id = cluster_id or new_cluster_id()
-    text = (f"#\n#{time.strftime('%a %b %d %H:%M:%S UTC %Y', time.gmtime())}\n"
-            f"cluster.id={cluster_id}\nnode.id={node_id}\nversion=1\n")
-    write_file_atomically(path, text.encode("utf-8"))
-    return cluster_id
-
-
-class _DataDirLock:
-    """An exclusive flock on `<data_dir>/.lock`: two brokers on one data dir would
-    interleave appends and destroy both logs. The kernel drops it when the process dies."""
-
-    def __init__(self, data_dir: Path):
-        self._path = data_dir / LOCK_FILE_NAME
-        self._fd: int | None = None
-
-    def acquire(self) -> None:
-        fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise StorageError(f"data dir {self._path.parent} is in use by another broker "
-                               f"(lock {self._path} is held)") from None
-        self._fd = fd
-
-    def release(self) -> None:
-        if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
 
 
 # ---- the server -------------------------------------------------------------------------------
@@ -599,7 +145,7 @@ class BrokerServer:
         self._interceptor = CallIdentityInterceptor(self.listeners, self.config.ssl_principal_mapping_rules)
         self.cluster_id: str | None = None
         self._now_ms = now_ms_fn
-        self._locks = [_DataDirLock(d) for d in self.log_dirs]
+        self._locks = [DataDirLock(d) for d in self.log_dirs]
         self._failed_log_dirs: dict[str, str] = {}      # log.dirs that could not be prepared
         self._log_manager = None
         self._log_cleaner = None
@@ -712,8 +258,22 @@ class BrokerServer:
         return self
 
     def _start_locked(self) -> None:
-        from broker.storage.log_dirs import LogDirs  # storage is the heavy import
+        """Data dirs, storage, the gRPC server, the services, then serving (in that order: each
+        step needs the ones before it)."""
+        self._prepare_data_dirs()
+        self._open_storage()
+        server = self._new_grpc_server()
+        # What this node advertises on the inter-broker listener (its bound port unless
+        # advertised.listeners says otherwise): the group coordinator's and a cluster's address.
+        bound_port = self.listener_nodes[self.inter_broker_listener.name].port
+        self._start_services(server, bound_port)
+        self._housekeeping_thread = threading.Thread(
+            target=self._housekeeping_loop, name="eos-broker-housekeeping", daemon=True)
+        self._housekeeping_thread.start()
 
+    def _prepare_data_dirs(self) -> None:
+        """meta.properties in every log dir (joining the cluster first when there is one), and
+        the list of log dirs this broker has used."""
         if self.config.zookeeper_connect:
             from broker.cluster_node import ClusterNode
             self._cluster = ClusterNode(self.node_id, self.config, host=self.host, now_ms_fn=self._now_ms)
@@ -721,7 +281,7 @@ class BrokerServer:
             load_or_create_meta_properties(self.data_dir, self.node_id, cluster_id=self.cluster_id)
         else:
             self.cluster_id = load_or_create_meta_properties(self.data_dir, self.node_id)
-        known_log_dirs = _read_known_log_dirs(self.data_dir)
+        known_log_dirs = read_known_log_dirs(self.data_dir)
         for directory in self.log_dirs[1:]:
             if str(directory) in self._failed_log_dirs:
                 continue
@@ -735,8 +295,14 @@ class BrokerServer:
                 continue
             # Kafka's rule: every log dir says which cluster and node it belongs to.
             load_or_create_meta_properties(directory, self.node_id, cluster_id=self.cluster_id)
-        _write_known_log_dirs(self.data_dir, known_log_dirs | {
+        write_known_log_dirs(self.data_dir, known_log_dirs | {
             str(d) for d in self.log_dirs[1:] if str(d) not in self._failed_log_dirs})
+
+    def _open_storage(self) -> None:
+        """ACLs, the topic registry, the logs of every log dir, the cleaner, and (on a cluster
+        of one) the logs swept against the registry and the producer-id file."""
+        from broker.storage.log_dirs import LogDirs  # storage is the heavy import
+
         cluster = self._cluster
         if self.config.authorizer_class_name:
             self._authorizer = Authorizer(self.data_dir, super_users=self.config.super_users,
@@ -770,6 +336,9 @@ class BrokerServer:
             producer_ids = cluster.producer_ids
         self._producer_ids = producer_ids
 
+    def _new_grpc_server(self) -> grpc.Server:
+        """The one gRPC server, its pool sized by rpc_pool_limits, bound to every listener."""
+        config = self.config
         worker_threads, concurrent_rpcs_max = rpc_pool_limits(config)
         server = grpc.server(
             concurrent.futures.ThreadPoolExecutor(max_workers=worker_threads,
@@ -787,11 +356,15 @@ class BrokerServer:
             # call on every RPC, which the latency rows would pay for nothing).
             interceptors=[self._interceptor] if self._calls_need_identity() else None)
         self._bind_listeners(server)
-        # What this node advertises on the inter-broker listener (its bound port unless
-        # advertised.listeners says otherwise): the group coordinator's and a cluster's address.
-        bound_port = self.listener_nodes[self.inter_broker_listener.name].port
         self._grpc_server = server
+        return server
 
+    def _start_services(self, server: grpc.Server, bound_port: int) -> None:
+        """The group coordinator, the Broker, Cluster, TxnCoordinator and GroupCoordinator
+        services on `server`, then serving; the transaction coordinator loads after."""
+        config = self.config
+        cluster = self._cluster
+        producer_ids = self._producer_ids
         # Loaded before the server serves: it creates __consumer_offsets without the Broker
         # service's admin lock, which is safe only while no RPC can create topics.
         purgatory = FetchPurgatory(max_waiters=FETCH_WAITERS_MAX)
@@ -862,10 +435,6 @@ class BrokerServer:
         else:
             self._txn_coordinator.start()     # threads only: partitions load with leadership
             cluster.join(bound_port)
-
-        self._housekeeping_thread = threading.Thread(
-            target=self._housekeeping_loop, name="eos-broker-housekeeping", daemon=True)
-        self._housekeeping_thread.start()
 
     def _bind_listeners(self, server: grpc.Server) -> None:
         """One port per listener on the one gRPC server: PLAINTEXT insecure, SSL with TLS

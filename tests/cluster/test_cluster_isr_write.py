@@ -10,7 +10,7 @@ import pytest
 from broker.cluster_node import ClusterNode
 from broker.metadata.types import LeaderIsr
 from broker.metadata.zk_store import StateVersionConflict, ZkStore, decode_leader_isr, encode_leader_isr, state_path
-from broker.server import BrokerConfig
+from broker.config import BrokerConfig
 
 
 @pytest.fixture

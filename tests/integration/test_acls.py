@@ -10,7 +10,8 @@ import pytest
 
 import eos
 from broker.acl import CLUSTER_NAME, AclBinding, AclFilter, Operation, PatternType, Permission, ResourceType
-from broker.server import BrokerConfig, BrokerServer
+from broker.config import BrokerConfig
+from broker.server import BrokerServer
 from eos import TopicPartition
 from eos.errors import EosError, ErrorCode, InvalidConfigError
 from tests.integration.test_acl_matrix import ADMIN, ALICE, ANONYMOUS, BOB, broker_config, grant, make_pki

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.server import BrokerConfig
+from broker.config import BrokerConfig
 from eos.errors import InvalidConfigError
 
 

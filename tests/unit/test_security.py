@@ -7,7 +7,7 @@ import pytest
 from broker.security import (ANONYMOUS, Listener, NoMatchingRule, check_plaintext_binds, map_distinguished_name,
                              parse_advertised, parse_listeners, parse_principal_mapping_rules, parse_protocol_map,
                              principal_for)
-from broker.server import BrokerConfig
+from broker.config import BrokerConfig
 from eos.errors import InvalidConfigError
 
 DN = "CN=alice,OU=Eng,O=Acme\\, Inc,C=US"
