@@ -28,7 +28,7 @@ import threading
 import time
 from typing import Callable
 
-from broker.topics import PARTITIONS_PER_TOPIC_MAX, validate_topic_name
+from broker.topics import PARTITIONS_PER_TOPIC_MAX, PROTECTED_INTERNAL_TOPICS, validate_topic_name
 from eos.config import TopicConfig
 from eos.errors import (
     EosError,
@@ -45,7 +45,6 @@ log = logging.getLogger("eos.broker.admin")
 
 CREATE_WAIT_DEFAULT_MS = 30_000
 WAIT_POLL_S = 0.05
-PROTECTED_INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
 
 
 def _describe(exc: BaseException) -> tuple[int, str]:

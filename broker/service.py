@@ -30,7 +30,8 @@ of one stream are handled one at a time, in arrival order, by `_produce` -- the 
 function a unary Produce runs -- and answered in that order, each response echoing its
 request's correlation_id. A bad request is answered with its per-partition errors and the
 stream goes on; only what gRPC itself cannot read (a message over
-socket.request.max.bytes) fails the whole stream. A reader thread per stream takes the
+socket.request.max.bytes) fails the whole stream. A reader thread per stream
+(`broker/produce_streams.py`) takes the
 requests out of gRPC's iterator and hands them to the handler, so the handler waits where
 shutdown can wake it: on stop the request being handled is answered, later ones are not
 (the client retries them, as after a closed Kafka connection), and the stream ends with
@@ -90,6 +91,8 @@ import grpc
 from broker.acl import InvalidAclError, Operation, ResourceType
 from broker.purgatory import FetchPurgatory
 from broker.security import current_call
+from broker.local_topic_admin import LocalTopicAdmin
+from broker.produce_streams import NOTHING_YET, ProduceStreams, ProduceStreamSession
 from broker.topics import TopicInfo, TopicRegistry, is_internal_topic, validate_topic_name
 from eos.errors import (
     EosError,
@@ -97,6 +100,7 @@ from eos.errors import (
     InvalidRequestError,
     StorageError,
     UnknownTopicOrPartitionError,
+    error_code_and_message,
 )
 from eos.acl import binding_from_proto, binding_to_proto, filter_from_proto
 from eos.records.header import BatchHeader, iter_headers
@@ -115,13 +119,10 @@ FETCH_MAX_WAIT_CAP_MS = 30000                 # a long poll never holds a worker
 # A produce stream holds a gRPC worker for its lifetime, so their number is bounded; the
 # broker sizes its worker pool for this many streams (broker/server.py).
 PRODUCE_STREAMS_MAX = 32
-# Requests of one stream read ahead of the one being handled (a client pipelines 5).
-STREAM_REQUESTS_RECEIVED_MAX = 16
 # acks=all requests of one produce stream appended but not yet answered (waiting for the
 # in-sync replicas): the handler appends the next requests meanwhile and answers in order,
 # so one replication round trip covers several requests (Kafka's max.in.flight is 5).
 STREAM_REPLICATION_PIPELINE_MAX = 5
-_NOTHING_YET = object()
 # Trailing metadata of a ProduceStream refused at open: "resource_exhausted" (too many
 # streams: fall back to unary Produce) or "unavailable" (the broker is stopping), so a
 # client can tell the refusal from gRPC's own RESOURCE_EXHAUSTED (a message too large).
@@ -131,8 +132,6 @@ LATEST_TIMESTAMP = -1
 EARLIEST_TIMESTAMP = -2
 MAX_TIMESTAMP = -3
 
-# Topics the coordinators live on; deleting them would break every transaction and group.
-PROTECTED_INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
 
 OFFSETS_TOPIC = "__consumer_offsets"
 
@@ -218,138 +217,6 @@ def _gated(handler):
 
 # ---- produce streams ---------------------------------------------------------------------
 
-class _ProduceStreamSession:
-    """The requests of one ProduceStream, handed in arrival order from a reader thread to
-    the handler. The reader exists so that the handler never blocks inside gRPC's request
-    iterator: waiting here instead, it can be woken to end the stream when the broker
-    stops, which a thread parked in the iterator cannot."""
-
-    def __init__(self, request_iterator):
-        self._request_iterator = request_iterator
-        self._condition = threading.Condition()
-        self._received: collections.deque = collections.deque()
-        self._client_closed = False   # the client half-closed: no more requests will come
-        self._broken = False          # the call is over (cancelled, failed, or finished here)
-        self.stopping = False         # the broker is stopping: take no further request
-        self._reader: threading.Thread | None = None
-
-    def start_reading(self) -> None:
-        self._reader = threading.Thread(target=self._read, name="eos-produce-stream-reader", daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        try:
-            for request in self._request_iterator:
-                with self._condition:
-                    # Bounded: a client that pipelines too deep is held back by gRPC's flow
-                    # control instead of filling the broker's memory.
-                    while (len(self._received) >= STREAM_REQUESTS_RECEIVED_MAX
-                           and not (self._broken or self.stopping)):
-                        self._condition.wait()
-                    if self._broken or self.stopping:
-                        return
-                    self._received.append(request)
-                    self._condition.notify_all()
-        except grpc.RpcError:
-            self.rpc_done()   # the client cancelled or the connection broke
-            return
-        except Exception:
-            log.exception("reading a produce stream failed")
-            self.rpc_done()
-            return
-        with self._condition:
-            self._client_closed = True
-            self._condition.notify_all()
-
-    def next_request(self, wait: bool = True):
-        """The next request in arrival order; None when the stream is to end (the client
-        closed it and every request was taken, or the call is over, or the broker stops);
-        with wait=False, _NOTHING_YET when no request has arrived yet."""
-        with self._condition:
-            while True:
-                if self._broken or self.stopping:
-                    return None
-                if self._received:
-                    request = self._received.popleft()
-                    self._condition.notify_all()   # room for the reader
-                    return request
-                if self._client_closed:
-                    return None
-                if not wait:
-                    return _NOTHING_YET
-                self._condition.wait()
-
-    def push_back(self, request) -> None:
-        """Return a request taken too early; it is the next one again."""
-        with self._condition:
-            self._received.appendleft(request)
-            self._condition.notify_all()
-
-    def rpc_done(self) -> None:
-        """The call ended (a gRPC callback, or the reader saw it fail): stop at once."""
-        with self._condition:
-            self._broken = True
-            self._condition.notify_all()
-
-    def stop(self) -> None:
-        """The broker stops: the request being handled is answered, nothing after it."""
-        with self._condition:
-            self.stopping = True
-            self._condition.notify_all()
-
-    def finish(self) -> None:
-        """The handler is done: the reader takes nothing more. It leaves gRPC's iterator
-        when the call is over, which the handler's return brings about."""
-        self.rpc_done()
-
-
-class _ProduceStreams:
-    """The open produce streams: at most `max_streams`, and all stopped at shutdown."""
-
-    def __init__(self, max_streams: int):
-        if max_streams < 0:
-            raise ValueError(f"max_streams must be >= 0, got {max_streams}")
-        self.max_streams = max_streams
-        self._lock = threading.Lock()
-        self._open: set[_ProduceStreamSession] = set()
-        self._closed = False
-
-    @property
-    def count(self) -> int:
-        return len(self._open)
-
-    def register(self, session: _ProduceStreamSession) -> tuple[grpc.StatusCode, str] | None:
-        """None when the session may run; else the status that refuses the call."""
-        with self._lock:
-            if self._closed:
-                return grpc.StatusCode.UNAVAILABLE, "the broker is shutting down"
-            if len(self._open) >= self.max_streams:
-                return grpc.StatusCode.RESOURCE_EXHAUSTED, (
-                    f"too many produce streams: this broker serves at most {self.max_streams} at once; "
-                    f"use unary Produce or retry later")
-            self._open.add(session)
-        return None
-
-    def unregister(self, session: _ProduceStreamSession) -> None:
-        with self._lock:
-            self._open.discard(session)
-
-    def close(self) -> None:
-        """Shutdown: refuse new streams; each open one ends after its request in flight."""
-        with self._lock:
-            self._closed = True
-            sessions = list(self._open)
-        for session in sessions:
-            session.stop()
-
-
-def _describe(exc: BaseException) -> tuple[int, str]:
-    """(error code, message) for an exception raised while serving one partition."""
-    if isinstance(exc, EosError):
-        return int(exc.code), str(exc)
-    return int(ErrorCode.UNKNOWN_SERVER_ERROR), f"unexpected {type(exc).__name__}: {exc}"
-
-
 class _RequestRefused(EosError):
     """A produce request refused as a whole: every partition gets this code."""
 
@@ -432,14 +299,15 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         self._add_txn_partitions = add_txn_partitions
         self._on_offsets_txn_marker = on_offsets_txn_marker
         # Cluster mode (see "The cluster" in the module doc): the metadata cache answers
-        # Metadata, the replica manager decides who leads and replicates, and topic changes go
-        # to ZooKeeper through `topic_admin`. None of the three on a cluster of one.
+        # Metadata and the replica manager decides who leads and replicates (both None on a
+        # cluster of one); topic changes go to ZooKeeper through the cluster's `topic_admin`,
+        # or, on a cluster of one, to this broker's registry and logs (LocalTopicAdmin).
         self._metadata = metadata
         self._replicas = replicas
-        self._topic_admin = topic_admin
-        self._admin_lock = threading.Lock()   # one topic change at a time (registry + logs)
+        self._topic_admin = topic_admin if topic_admin is not None else LocalTopicAdmin(
+            registry, log_manager, node_id=node.node_id, notify=purgatory.notify, authorizer=authorizer)
         self._gate = _RequestGate()
-        self._streams = _ProduceStreams(max_produce_streams)
+        self._streams = ProduceStreams(max_produce_streams)
         self._authorizer = authorizer
 
     # ---- authorization (see "Authorization" in the module doc) ---------------------------------
@@ -478,7 +346,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         if info is None and may_create and self._auto_create_topics and (
                 self._authorizer is None or self._cluster_allows(Operation.CREATE)
                 or not self._topic_denied(Operation.CREATE, topic)):
-            info = self._auto_create(topic)
+            info = self._topic_admin.auto_create(topic)
         if info is None:
             raise UnknownTopicOrPartitionError(f"topic {topic!r} does not exist")
         return info
@@ -507,7 +375,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         """Produce over one ordered stream (see "Produce streams" in the module doc): each
         request goes through `_produce`, as a unary Produce does, one at a time in arrival
         order, and its response, echoing the correlation_id, is yielded in the same order."""
-        session = _ProduceStreamSession(request_iterator)
+        session = ProduceStreamSession(request_iterator)
         refusal = self._streams.register(session)
         if refusal is not None:
             code, message = refusal
@@ -527,8 +395,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             answering: collections.deque = collections.deque()
             while True:
                 request = session.next_request(wait=not answering)
-                if request is _NOTHING_YET or request is None or len(answering) >= STREAM_REPLICATION_PIPELINE_MAX:
-                    if request is not _NOTHING_YET and request is not None:
+                if request is NOTHING_YET or request is None or len(answering) >= STREAM_REPLICATION_PIPELINE_MAX:
+                    if request is not NOTHING_YET and request is not None:
                         session.push_back(request)
                     if not answering:
                         break
@@ -712,7 +580,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                 if replicas is not None and not append.duplicate:
                     replicas.on_leader_append(p.topic, p.partition, partition_log)
         except Exception as exc:
-            code, message = _describe(exc)
+            code, message = error_code_and_message(exc)
             self._log_partition_error("Produce", p.topic, p.partition, exc)
             return _produce_error(p, code, message)
         if not append.duplicate:
@@ -879,7 +747,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                 fp.fetch_offset, max(0, min(partition_max_bytes, budget_bytes)),
                 min_one_batch=min_one_batch, isolation_committed=isolation == common_pb2.READ_COMMITTED)
         except Exception as exc:
-            code, message = _describe(exc)
+            code, message = error_code_and_message(exc)
             self._log_partition_error("Fetch", fp.topic, fp.partition, exc)
             result = broker_pb2.FetchedPartition(
                 topic=fp.topic, partition=fp.partition, error_code=code, error_message=message,
@@ -936,7 +804,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             partition_log = self._log_for(p.topic, p.partition)
             timestamp_ms, offset = self._find_offset(partition_log, p.timestamp, isolation)
         except Exception as exc:
-            code, message = _describe(exc)
+            code, message = error_code_and_message(exc)
             self._log_partition_error("ListOffsets", p.topic, p.partition, exc)
             return broker_pb2.ListedOffset(topic=p.topic, partition=p.partition, error_code=code,
                                            error_message=message, timestamp=-1, offset=-1)
@@ -1042,7 +910,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             validate_topic_name(name)
             info = self._topic(name, may_create=True)
         except Exception as exc:
-            code, message = _describe(exc)
+            code, message = error_code_and_message(exc)
             self._log_partition_error("Metadata", name, -1, exc)
             return broker_pb2.TopicMetadata(name=name, error_code=code, error_message=message)
         return self._topic_metadata(info)
@@ -1057,163 +925,20 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             name=info.name, error_code=ErrorCode.NONE, is_internal=info.is_internal,
             partitions=partitions, configs=dict(info.config_overrides))
 
-    # ---- topic administration ----------------------------------------------------------------
-
-    def _auto_create(self, name: str) -> TopicInfo | None:
-        """auto.create.topics.enable: make a topic with the defaults (off by default)."""
-        validate_topic_name(name)
-        with self._admin_lock:
-            existing = self._registry.get(name)
-            if existing is not None:
-                return existing
-            info = self._registry.prepare_create(name, -1, -1, {})
-            self._create_topic_logs(info, range(info.partition_count))
-            self._registry.commit(info)
-        log.info("auto-created topic %s with %d partitions", name, info.partition_count)
-        return info
-
-    def _create_topic_logs(self, info: TopicInfo, partitions) -> None:
-        """Create the logs of `partitions`; on failure delete the ones made, then raise."""
-        created = []
-        try:
-            for partition in partitions:
-                self._log_manager.create_log(info.name, partition, info.config)
-                created.append(partition)
-        except BaseException:
-            for partition in created:
-                try:
-                    self._log_manager.delete_log(info.name, partition)
-                except Exception:
-                    log.exception("could not remove log %s-%d after a failed create", info.name, partition)
-            raise
+    # ---- topic administration (a ZooKeeper cluster's controller, or broker/local_topic_admin.py) ----
 
     @_gated
     def CreateTopics(self, request: broker_pb2.CreateTopicsRequest, context) -> broker_pb2.CreateTopicsResponse:
-        if self._topic_admin is not None:
-            return self._topic_admin.create_topics(request)
-        counts = collections.Counter(t.name for t in request.topics)
-        results = []
-        # Kafka: CREATE on the cluster, or else CREATE on each topic.
-        cluster_may_create = self._authorizer is None or self._cluster_allows(Operation.CREATE)
-        for new_topic in request.topics:
-            if not cluster_may_create and self._topic_denied(Operation.CREATE, new_topic.name):
-                results.append(broker_pb2.TopicResult(
-                    name=new_topic.name, error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED,
-                    error_message=self._denial(Operation.CREATE, f"topic {new_topic.name!r} (nor the cluster)")))
-                continue
-            try:
-                if counts[new_topic.name] > 1:
-                    raise InvalidRequestError(
-                        f"topic {new_topic.name!r} appears {counts[new_topic.name]} times in one request")
-                strangers = sorted({b for a in new_topic.assignments for b in a.broker_ids} - {self._node.node_id})
-                if strangers:
-                    raise EosError(f"the assignment of topic {new_topic.name!r} names brokers {strangers}; this "
-                                   f"cluster is broker {self._node.node_id} alone", ErrorCode.INVALID_REPLICA_ASSIGNMENT)
-                with self._admin_lock:
-                    # Logs first, registry second: a topic is visible only once its logs
-                    # exist, and a crash in between leaves logs the start-up sweep removes.
-                    info = self._registry.prepare_create(
-                        new_topic.name, new_topic.num_partitions, new_topic.replication_factor,
-                        dict(new_topic.configs))
-                    if not request.validate_only:
-                        self._create_topic_logs(info, range(info.partition_count))
-                        try:
-                            self._registry.commit(info)
-                        except BaseException:
-                            for partition in range(info.partition_count):
-                                self._log_manager.delete_log(info.name, partition)
-                            raise
-                if not request.validate_only:
-                    log.info("created topic %s with %d partitions, overrides %s",
-                             info.name, info.partition_count, dict(info.config_overrides))
-            except Exception as exc:
-                code, message = _describe(exc)
-                self._log_partition_error("CreateTopics", new_topic.name, -1, exc)
-                results.append(broker_pb2.TopicResult(name=new_topic.name, error_code=code,
-                                                      error_message=message))
-                continue
-            results.append(broker_pb2.TopicResult(name=new_topic.name, error_code=ErrorCode.NONE))
-        return broker_pb2.CreateTopicsResponse(topics=results)
+        return self._topic_admin.create_topics(request)
 
     @_gated
     def DeleteTopics(self, request: broker_pb2.DeleteTopicsRequest, context) -> broker_pb2.DeleteTopicsResponse:
-        if self._topic_admin is not None:
-            return self._topic_admin.delete_topics(request)
-        results = []
-        for name in request.names:
-            if self._authorizer is not None and self._topic_denied(Operation.DELETE, name):
-                results.append(broker_pb2.TopicResult(name=name, error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED,
-                                                      error_message=self._denial(Operation.DELETE, f"topic {name!r}")))
-                continue
-            try:
-                if name in PROTECTED_INTERNAL_TOPICS:
-                    raise InvalidRequestError(
-                        f"topic {name!r} is internal: the coordinators keep their state in it")
-                with self._admin_lock:
-                    # A partition on a failed log dir keeps its files there: deleting the
-                    # topic now (and creating it again) would leave two copies for the next
-                    # start to refuse. It waits until the directory is back.
-                    topic = self._registry.get(name)
-                    for partition in range(topic.partition_count if topic is not None else 0):
-                        offline = self._log_manager.offline_reason(name, partition)
-                        if offline is not None:
-                            raise StorageError(f"topic {name!r} cannot be deleted while partition {partition} "
-                                               f"is offline: {offline}")
-                    # Registry first: once the topic is gone from it nothing reads or writes
-                    # the logs; a crash before the logs are deleted leaves them to the
-                    # start-up sweep.
-                    info = self._registry.remove(name)
-                    for partition in range(info.partition_count):
-                        self._log_manager.delete_log(name, partition)
-                for partition in range(info.partition_count):
-                    # long polls on the topic re-read now and see it is gone
-                    self._purgatory.notify(TopicPartition(name, partition))
-                log.info("deleted topic %s", name)
-            except Exception as exc:
-                code, message = _describe(exc)
-                self._log_partition_error("DeleteTopics", name, -1, exc)
-                results.append(broker_pb2.TopicResult(name=name, error_code=code, error_message=message))
-                continue
-            results.append(broker_pb2.TopicResult(name=name, error_code=ErrorCode.NONE))
-        return broker_pb2.DeleteTopicsResponse(topics=results)
+        return self._topic_admin.delete_topics(request)
 
     @_gated
     def CreatePartitions(self, request: broker_pb2.CreatePartitionsRequest,
                          context) -> broker_pb2.CreatePartitionsResponse:
-        if self._topic_admin is not None:
-            return self._topic_admin.create_partitions(request)
-        counts = collections.Counter(t.name for t in request.topics)
-        results = []
-        for grow in request.topics:
-            if self._authorizer is not None and self._topic_denied(Operation.ALTER, grow.name):
-                results.append(broker_pb2.TopicResult(name=grow.name, error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED,
-                                                      error_message=self._denial(Operation.ALTER, f"topic {grow.name!r}")))
-                continue
-            try:
-                if counts[grow.name] > 1:
-                    raise InvalidRequestError(
-                        f"topic {grow.name!r} appears {counts[grow.name]} times in one request")
-                with self._admin_lock:
-                    current = self._registry.get(grow.name)
-                    info = self._registry.prepare_grow(grow.name, grow.count)
-                    if not request.validate_only:
-                        new_partitions = range(current.partition_count, info.partition_count)
-                        self._create_topic_logs(info, new_partitions)
-                        try:
-                            self._registry.commit(info)
-                        except BaseException:
-                            for partition in new_partitions:
-                                self._log_manager.delete_log(info.name, partition)
-                            raise
-                if not request.validate_only:
-                    log.info("topic %s now has %d partitions", info.name, info.partition_count)
-            except Exception as exc:
-                code, message = _describe(exc)
-                self._log_partition_error("CreatePartitions", grow.name, -1, exc)
-                results.append(broker_pb2.TopicResult(name=grow.name, error_code=code, error_message=message))
-                continue
-            results.append(broker_pb2.TopicResult(name=grow.name, error_code=ErrorCode.NONE))
-        return broker_pb2.CreatePartitionsResponse(topics=results)
+        return self._topic_admin.create_partitions(request)
 
     # ---- transactions ------------------------------------------------------------------------
 
@@ -1253,7 +978,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                 if replicas is not None:
                     replicas.on_leader_append(tp.topic, tp.partition, partition_log)
         except Exception as exc:
-            code, message = _describe(exc)
+            code, message = error_code_and_message(exc)
             self._log_partition_error("WriteTxnMarkers", tp.topic, tp.partition, exc)
             return broker_pb2.PartitionError(topic=tp.topic, partition=tp.partition, error_code=code,
                                              error_message=message)
@@ -1363,7 +1088,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                     current_txn_start_offset=entry.current_txn_first_offset)
                 for entry in partition_log.describe_producers()]
         except Exception as exc:
-            code, message = _describe(exc)
+            code, message = error_code_and_message(exc)
             self._log_partition_error("DescribeProducers", tp.topic, tp.partition, exc)
             return broker_pb2.PartitionProducers(topic=tp.topic, partition=tp.partition,
                                                  error_code=code, error_message=message)

@@ -58,6 +58,8 @@ TOPIC_FILE_VERSION = 1
 TOPIC_NAME_MAX_CHARS = 249
 INTERNAL_TOPIC_PREFIX = "__"
 INTERNAL_TOPIC_CONFIG = {"cleanup.policy": "compact"}
+# Topics the coordinators keep their state in: no one deletes them.
+PROTECTED_INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
 # A bound on what one CreateTopics/CreatePartitions may ask for: every partition is a
 # directory with open files, and a typo of 1000000 should be an error, not a full disk.
 PARTITIONS_PER_TOPIC_MAX = 10000

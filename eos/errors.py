@@ -249,3 +249,11 @@ def error_for(code: int, message: str = "") -> EosError:
 class InvariantError(Exception):
     """An internal invariant broke: a bug, never bad input. Raised instead of `assert`
     so that the check survives `python -O`."""
+
+
+def error_code_and_message(exc: BaseException) -> tuple[int, str]:
+    """(error code, message) to answer for an exception raised while serving one partition
+    or topic: an EosError's own, else UNKNOWN_SERVER_ERROR naming the exception."""
+    if isinstance(exc, EosError):
+        return int(exc.code), str(exc)
+    return int(ErrorCode.UNKNOWN_SERVER_ERROR), f"unexpected {type(exc).__name__}: {exc}"
