@@ -579,16 +579,8 @@ def cmd_demo(args) -> int:
 
 # ---- parser ---------------------------------------------------------------------------------
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="eos", description="eos: exactly-once streaming for PySpark")
-    commands = parser.add_subparsers(dest="command", required=True)
-
-    def client_command(name: str, **kwargs) -> argparse.ArgumentParser:
-        p = commands.add_parser(name, **kwargs)
-        p.add_argument("--bootstrap-server", default=DEFAULT_BOOTSTRAP, help="host:port of a broker")
-        add_client_arguments(p)
-        return p
-
+def _add_broker_command(commands) -> None:
+    """eos broker start."""
     broker = commands.add_parser("broker", help="run a broker")
     broker_actions = broker.add_subparsers(dest="action", required=True)
     start = broker_actions.add_parser("start", help="start an embedded broker in the foreground")
@@ -609,6 +601,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "(allow.plaintext.remote=true; refused by default)")
     start.set_defaults(handler=cmd_broker_start)
 
+
+def _add_topics_command(client_command) -> None:
+    """eos topics create|list|describe|delete|adopt (after kafka-topics.sh)."""
     topics = client_command("topics", help="create, list, describe, delete topics; adopt Kafka's partitions")
     topics.add_argument("action", choices=["create", "list", "describe", "delete", "adopt"])
     topics.add_argument("topic", nargs="?")
@@ -625,9 +620,9 @@ def build_parser() -> argparse.ArgumentParser:
     topics.add_argument("--data-dir", help="adopt: the data dir of the stopped eos broker that takes the topic over")
     topics.set_defaults(handler=cmd_topics)
 
-    from eos.cli_cluster import add_commands as add_cluster_commands
-    add_cluster_commands(commands, client_command, _parse_config_pairs)
 
+def _add_data_commands(commands, client_command) -> None:
+    """eos produce, consume and dump-log."""
     produce = client_command("produce", help="produce lines from stdin or a file")
     produce.add_argument("topic")
     produce.add_argument("--file")
@@ -660,6 +655,9 @@ def build_parser() -> argparse.ArgumentParser:
     dump.add_argument("--print-data-log", action="store_true", help="also print each record")
     dump.set_defaults(handler=cmd_dump_log)
 
+
+def _add_groups_command(client_command) -> None:
+    """eos groups (after kafka-consumer-groups.sh)."""
     groups = client_command("groups", help="list consumer groups, describe their members, offsets and lag")
     groups.add_argument("action", choices=["list", "describe", "offsets"])
     groups.add_argument("group", nargs="?")
@@ -672,6 +670,9 @@ def build_parser() -> argparse.ArgumentParser:
     groups.add_argument("--members", action="store_true", help="describe: the members and their assignments")
     groups.set_defaults(handler=cmd_groups)
 
+
+def _add_txn_command(client_command) -> None:
+    """eos txn (after kafka-transactions.sh)."""
     txn = client_command("txn", help="list, describe, abort and find hanging transactions")
     txn_actions = txn.add_subparsers(dest="action", required=True)
     txn_list = txn_actions.add_parser("list", help="every transactional id the coordinator knows")
@@ -694,6 +695,9 @@ def build_parser() -> argparse.ArgumentParser:
         add_client_arguments(sub, suppress=True)
     txn.set_defaults(handler=cmd_txn)
 
+
+def _add_acls_command(client_command) -> None:
+    """eos acls (after kafka-acls.sh)."""
     acls = client_command("acls", help="add, list and remove ACLs (after kafka-acls.sh)")
     action = acls.add_mutually_exclusive_group(required=True)
     action.add_argument("--add", action="store_true", help="add the ACLs the other flags describe")
@@ -718,6 +722,9 @@ def build_parser() -> argparse.ArgumentParser:
     acls.add_argument("--force", action="store_true", help="accepted for kafka-acls.sh compatibility (eos never asks)")
     acls.set_defaults(handler=cmd_acls)
 
+
+def _add_demo_command(commands) -> None:
+    """eos demo."""
     demo = commands.add_parser("demo", help="run the end-to-end demo on an embedded broker")
     demo.add_argument("--records", type=int, default=200_000)
     demo.add_argument("--keep-data", action="store_true")
@@ -725,6 +732,27 @@ def build_parser() -> argparse.ArgumentParser:
                       help="1: an embedded broker (default); 3: a local 3-broker cluster with ZooKeeper, and one of "
                            "its brokers killed with SIGKILL mid-transaction too")
     demo.set_defaults(handler=cmd_demo)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="eos", description="eos: exactly-once streaming for PySpark")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    def client_command(name: str, **kwargs) -> argparse.ArgumentParser:
+        p = commands.add_parser(name, **kwargs)
+        p.add_argument("--bootstrap-server", default=DEFAULT_BOOTSTRAP, help="host:port of a broker")
+        add_client_arguments(p)
+        return p
+
+    _add_broker_command(commands)
+    _add_topics_command(client_command)
+    from eos.cli_cluster import add_commands as add_cluster_commands
+    add_cluster_commands(commands, client_command, _parse_config_pairs)
+    _add_data_commands(commands, client_command)
+    _add_groups_command(client_command)
+    _add_txn_command(client_command)
+    _add_acls_command(client_command)
+    _add_demo_command(commands)
     return parser
 
 
