@@ -46,7 +46,7 @@ import grpc
 
 from broker.group.coordinator import GroupCoordinator
 from broker.group.service import GroupCoordinatorServicer
-from broker.config import GRPC_MESSAGE_BYTES_MAX, RPC_WORKERS_FOR_SHORT_CALLS, BrokerConfig
+from broker.config import GRPC_MESSAGE_BYTES_MAX, BrokerConfig
 from broker.data_dir import (META_PROPERTIES, DataDirLock, load_or_create_meta_properties, new_cluster_id,
                              read_data_dir_cluster_id, read_known_log_dirs, write_known_log_dirs)
 from broker.in_process import InProcessBrokerStub
@@ -74,9 +74,7 @@ FETCH_WAITERS_MAX = 32
 GROUP_PARKED_REQUESTS_MAX = 32
 PRODUCE_STREAMS_MAX = 32
 TXN_PARKED_REQUESTS_MAX = 16
-# num.io.threads (broker/config.py): the workers only short calls can take
-RPC_WORKER_THREADS = (FETCH_WAITERS_MAX + GROUP_PARKED_REQUESTS_MAX + PRODUCE_STREAMS_MAX
-                      + TXN_PARKED_REQUESTS_MAX + RPC_WORKERS_FOR_SHORT_CALLS)
+# (and num.io.threads more, broker/config.py: see rpc_pool_limits)
 STOP_GRACE_S = 10.0
 HOUSEKEEPING_JOIN_TIMEOUT_S = 60.0
 

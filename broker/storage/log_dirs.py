@@ -96,10 +96,6 @@ class LogDirs:
         with self._lock:
             return bool(self._offline_dirs)
 
-    @property
-    def had_clean_shutdown(self) -> bool:
-        return all(m.had_clean_shutdown for m in self._online())
-
     # ---- loading ----------------------------------------------------------------------
 
     def load(self, configs: dict[str, TopicConfig]) -> None:
