@@ -36,6 +36,9 @@ log = logging.getLogger("eos.controller")
 EVENT_QUEUE_MAX = 10_000
 LEADER_IMBALANCE_CHECK_INTERVAL_MS = 300_000   # leader.imbalance.check.interval.seconds = 300
 CALL_TIMEOUT_S = 30.0
+# Events a ZooKeeper watch raises; each handler reads the znode again and sets the next watch.
+_WATCHED_EVENTS = frozenset({"brokers_changed", "topics_changed", "isr_change", "delete_topics",
+                             "preferred_znode", "reassign_znode"})
 ELECT_RETRY_S = 0.5          # after an election that failed (ZooKeeper unreachable, session expired)
 STATE_WRITE_ROUNDS_MAX = 10
 
@@ -163,12 +166,14 @@ class Controller:
                     log.warning("controller election failed (%s); trying again", exc)
                     self._stopping.wait(ELECT_RETRY_S)
                     self._put("elect")
-                elif event.kind == "brokers_changed":
-                    # (a ZooKeeper connection lost mid-read, say) a lost brokers_changed would
-                    # leave the ISRs unhealed until the next broker change: read them again
-                    log.warning("controller event brokers_changed failed (%s); trying again", exc)
+                elif event.kind in _WATCHED_EVENTS and self._core is not None:
+                    # A watch fires once, and the read that failed (a ZooKeeper connection lost
+                    # mid-read, say) was also the one that set it again: dropping the event
+                    # would leave that change, and every later one, unseen (ISRs unhealed,
+                    # topics not created) until something else moved. Read it again.
+                    log.warning("controller event %s failed (%s); trying again", event.kind, exc)
                     self._stopping.wait(ELECT_RETRY_S)
-                    self._put("brokers_changed")
+                    self._put(event.kind)
                 elif event.future is None:
                     log.exception("controller event %s failed", event.kind)
         self._resign(delete_znode=True)
