@@ -301,9 +301,13 @@ class Controller:
         names = self._store.isr_change_notifications(watch=lambda *_: self._put("isr_change"))
         if not names:
             return
-        changed = self._store.read_and_delete_isr_changes(names)
+        # Deleted only once applied: a read cut short (ZooKeeper lost mid-way) is retried from
+        # the same notifications, where deleting them first lost those partitions' ISR changes
+        # for good (the brokers' metadata kept a shrunk ISR that had healed).
+        changed = self._store.read_isr_changes(names)
         states = {tp: found for tp, found in self._store.partition_states(list(changed)).items() if found is not None}
         self._execute(self._core.isr_changed(states))
+        self._store.delete_isr_changes(names, epoch_zk_version=self._epoch_zk_version)
 
     def _on_delete_topics(self, _payload) -> None:
         names = self._store.topics_to_delete(watch=lambda *_: self._put("delete_topics"))
@@ -316,7 +320,7 @@ class Controller:
             return
         results, effects = self._core.elect_leaders("preferred", set(tps) or None)
         self._execute(effects)
-        self._store.delete_preferred_election_request()
+        self._store.delete_preferred_election_request(epoch_zk_version=self._epoch_zk_version)
 
     def _on_reassign_znode(self, _payload) -> None:
         plan = self._store.reassignment_request(watch=lambda *_: self._put("reassign_znode")) or {}
@@ -401,7 +405,7 @@ class Controller:
             elif isinstance(effect, c.RemoveReassignmentRequest):
                 current = self._store.reassignment_request() or {}
                 left = {tp: r for tp, r in current.items() if tp not in set(effect.partitions)}
-                self._store.set_reassignment_request(left or None)
+                self._store.set_reassignment_request(left or None, epoch_zk_version=self._epoch_zk_version)
             elif isinstance(effect, c.DeleteTopicZnodes):
                 self._store.delete_topic(effect.topic, epoch_zk_version=self._epoch_zk_version)
                 self._topic_configs.pop(effect.topic, None)

@@ -560,18 +560,17 @@ class ZkStore:
             return None
         return decode_reassignment(data)
 
-    def set_reassignment_request(self, plan: dict[TP, tuple[int, ...]] | None) -> None:
-        from kazoo.exceptions import NoNodeError
+    def set_reassignment_request(self, plan: dict[TP, tuple[int, ...]] | None, *, epoch_zk_version: int) -> None:
+        """The controller's rewrite of what is left to reassign (None: all done); fenced."""
         if not plan:
-            try:
-                self.client.delete(REASSIGN_PATH)
-            except NoNodeError:
-                pass
+            if self.client.exists(REASSIGN_PATH) is not None:
+                self._fenced(epoch_zk_version, lambda t: t.delete(REASSIGN_PATH))
             return
         if self.client.exists(REASSIGN_PATH) is None:
-            self.client.create(REASSIGN_PATH, encode_reassignment(plan), makepath=True)
+            self.client.ensure_path(REASSIGN_PATH.rsplit("/", 1)[0])
+            self._fenced(epoch_zk_version, lambda t: t.create(REASSIGN_PATH, encode_reassignment(plan)))
         else:
-            self.client.set(REASSIGN_PATH, encode_reassignment(plan))
+            self._fenced(epoch_zk_version, lambda t: t.set_data(REASSIGN_PATH, encode_reassignment(plan)))
 
     def preferred_election_request(self, watch: Callable | None = None) -> list[TP] | None:
         from kazoo.exceptions import NoNodeError
@@ -586,12 +585,9 @@ class ZkStore:
     def set_preferred_election_request(self, partitions: Iterable[TP]) -> None:
         self.client.create(PREFERRED_ELECTION_PATH, encode_partitions_list(partitions), makepath=True)
 
-    def delete_preferred_election_request(self) -> None:
-        from kazoo.exceptions import NoNodeError
-        try:
-            self.client.delete(PREFERRED_ELECTION_PATH)
-        except NoNodeError:
-            pass
+    def delete_preferred_election_request(self, *, epoch_zk_version: int) -> None:
+        if self.client.exists(PREFERRED_ELECTION_PATH) is not None:
+            self._fenced(epoch_zk_version, lambda t: t.delete(PREFERRED_ELECTION_PATH))
 
     def write_isr_change_notification(self, partitions: Iterable[TP]) -> None:
         self.client.create(f"{ISR_CHANGE_PATH}/{ISR_CHANGE_PREFIX}", encode_partitions_list(partitions),
@@ -601,15 +597,23 @@ class ZkStore:
         return sorted(c for c in self.client.get_children(ISR_CHANGE_PATH, watch=watch)
                       if c.startswith(ISR_CHANGE_PREFIX))
 
-    def read_and_delete_isr_changes(self, names: list[str]) -> set[TP]:
+    def read_isr_changes(self, names: list[str]) -> set[TP]:
+        """The partitions the notifications `names` announce (a notification gone is skipped)."""
         from kazoo.exceptions import NoNodeError
         changed: set[TP] = set()
         for name in names:
-            path = f"{ISR_CHANGE_PATH}/{name}"
             try:
-                data, _ = self.client.get(path)
-                changed.update(decode_partitions_list(data))
-                self.client.delete(path)
+                data, _ = self.client.get(f"{ISR_CHANGE_PATH}/{name}")
             except NoNodeError:
                 continue
+            changed.update(decode_partitions_list(data))
         return changed
+
+    def delete_isr_changes(self, names: list[str], *, epoch_zk_version: int) -> None:
+        """Fenced, as Kafka's controller deletes them: a controller that lost its term (paused
+        past its session, say) must not take notifications away from the one that replaced it."""
+        paths = [f"{ISR_CHANGE_PATH}/{name}" for name in names]
+        for start in range(0, len(paths), WRITE_BATCH_OPS):
+            chunk = [path for path in paths[start:start + WRITE_BATCH_OPS] if self.client.exists(path) is not None]
+            if chunk:
+                self._fenced(epoch_zk_version, lambda t, chunk=chunk: [t.delete(path) for path in chunk])

@@ -161,8 +161,24 @@ class Nemesis(threading.Thread):
                 if not lagging:
                     return
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"the cluster did not heal within {HEAL_TIMEOUT_S} s: {lagging[:5]}")
+                    stuck = lagging[0].split()[0]
+                    raise TimeoutError(f"the cluster did not heal within {HEAL_TIMEOUT_S} s: {lagging[:5]}\n"
+                                       f"what the brokers logged about {stuck} and the controller's warnings:\n"
+                                       + self._log_lines_about(stuck))
                 time.sleep(0.2)
+
+    def _log_lines_about(self, partition: str, lines_per_broker: int = 8) -> str:
+        """The last lines of each broker's log naming `partition` or warning from the controller."""
+        parts = []
+        for broker_id, proc in sorted(self.cluster.processes.items()):
+            try:
+                text = proc.log_path.read_text(encoding="utf-8", errors="replace").splitlines()
+            except OSError:
+                text = []
+            about = [line for line in text if f"{partition}:" in line or f"{partition} " in line
+                     or ("eos.controller" in line and "WARNING" in line)]
+            parts.append(f"--- broker {broker_id} ---\n" + "\n".join(about[-lines_per_broker:]))
+        return "\n".join(parts)
 
     def _lagging(self, admin) -> list[str]:
         lagging = []

@@ -1,15 +1,30 @@
-"""A leader's ISR write that meets a moved znode version (ClusterNode._write_isr), against
-the module's real ZooKeeper: the state znode is rewritten behind the leader's back, as a new
-controller does, and the leader must write over it while the leadership is still its own."""
+"""Both ends of an ISR change, against the module's real ZooKeeper.
+
+The leader's write (ClusterNode._write_isr) that meets a moved znode version: the state
+znode is rewritten behind the leader's back, as a new controller does, and the leader must
+write over it while the leadership is still its own.
+
+The controller's read of the change notifications (Controller._on_isr_change) that loses
+ZooKeeper half-way: the change must still reach the controller once it reads again (the
+brokers' metadata is what the controller learns; a change it misses stays unseen). And a
+controller whose term ended cannot delete the notifications (nor the admin requests) that
+its successor has to read.
+"""
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 
 import pytest
+from kazoo.exceptions import ConnectionLoss
 
 from broker.cluster_node import ClusterNode
+from broker.controller.core import ControllerConfig
+from broker.controller.shell import Controller
+from eos.local_cluster import _ensure_chroot
 from broker.metadata.types import LeaderIsr
-from broker.metadata.zk_store import StateVersionConflict, ZkStore, decode_leader_isr, encode_leader_isr, state_path
+from broker.metadata.zk_store import BrokerRegistration, ControllerMoved, StateVersionConflict, ZkStore, decode_leader_isr, encode_leader_isr, state_path
 from broker.config import BrokerConfig
 
 
@@ -52,3 +67,77 @@ def test_a_changed_leadership_still_refuses_the_write(store, moved):
     with pytest.raises(StateVersionConflict):
         leader_node(store)._write_isr(*tp, 0, 5, (0, 1, 2), 3, 0)
     assert state_now(store, tp) == (moved, 1)
+
+
+@pytest.fixture
+def rooted_store(zookeeper):
+    """A store in a chroot of its own, with the base paths a cluster creates."""
+    chroot = f"/eos-{uuid.uuid4().hex[:8]}"
+    _ensure_chroot(zookeeper.connect_string, chroot)
+    opened = ZkStore(zookeeper.connect_string + chroot)
+    opened.start()
+    opened.ensure_paths()
+    yield opened
+    opened.close()
+
+
+def test_a_controller_whose_term_ended_deletes_no_notification_and_no_admin_request(rooted_store):
+    store = rooted_store
+    _, stale_version = store.try_become_controller(0)
+    store.resign_controller(0)
+    store.try_become_controller(1)                              # the successor's election moves the epoch
+    store.write_isr_change_notification([("t", 0)])
+    store.set_preferred_election_request([("t", 0)])
+    names = store.isr_change_notifications()
+    with pytest.raises(ControllerMoved):
+        store.delete_isr_changes(names, epoch_zk_version=stale_version)
+    with pytest.raises(ControllerMoved):
+        store.delete_preferred_election_request(epoch_zk_version=stale_version)
+    with pytest.raises(ControllerMoved):
+        store.set_reassignment_request({("t", 0): (1, 2)}, epoch_zk_version=stale_version)
+    assert store.isr_change_notifications() == names and store.read_isr_changes(names) == {("t", 0)}
+    assert store.preferred_election_request() == [("t", 0)] and store.reassignment_request() is None
+
+
+def wait_for(condition, timeout_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+def test_an_isr_change_read_cut_short_reaches_the_controller_when_it_reads_again(rooted_store, monkeypatch):
+    store = rooted_store
+    controller = Controller(0, store, config=ControllerConfig(auto_leader_rebalance_enable=False),
+                            now_ms_fn=lambda: int(time.time() * 1000))
+    try:
+        store.register_broker(BrokerRegistration(0, "127.0.0.1", 1))   # nothing listens: requests retry
+        store.create_topic("t", {0: (0,)}, {})
+        controller.start()
+        tp = ("t", 0)
+        assert wait_for(lambda: controller.is_active and tp in controller._core.states)
+        state, version = controller._core.states[tp]
+
+        # The read of the partition states after the notification fails once, as when
+        # ZooKeeper goes away mid-read; the change is the leader's (a new ISR at its epoch).
+        lose_once = threading.Event()
+        real_partition_states = store.partition_states
+
+        def partition_states_losing_once(partitions):
+            if not lose_once.is_set() and list(partitions) == [tp]:
+                lose_once.set()
+                raise ConnectionLoss()
+            return real_partition_states(partitions)
+
+        monkeypatch.setattr(store, "partition_states", partition_states_losing_once)
+        changed = LeaderIsr(state.leader, state.leader_epoch, (0,), state.controller_epoch)
+        new_version = store.update_partition_states({tp: (changed, version)}, epoch_zk_version=None)[tp]
+        store.write_isr_change_notification([tp])
+
+        assert wait_for(lambda: lose_once.is_set() and controller._core.states[tp][1] == new_version), \
+            f"the controller kept {controller._core.states[tp]} after the change to version {new_version}"
+        assert wait_for(lambda: not store.isr_change_notifications()), "the notification was not deleted once applied"
+    finally:
+        controller.stop()
