@@ -63,6 +63,8 @@ class ErrorCode(enum.IntEnum):
     GROUP_AUTHORIZATION_FAILED = 30
     CLUSTER_AUTHORIZATION_FAILED = 31
     INVALID_TIMESTAMP = 32
+    UNSUPPORTED_SASL_MECHANISM = 33
+    ILLEGAL_SASL_STATE = 34
     UNSUPPORTED_VERSION = 35
     TOPIC_ALREADY_EXISTS = 36
     INVALID_PARTITIONS = 37
@@ -85,6 +87,7 @@ class ErrorCode(enum.IntEnum):
     SECURITY_DISABLED = 54
     OPERATION_NOT_ATTEMPTED = 55
     KAFKA_STORAGE_ERROR = 56
+    SASL_AUTHENTICATION_FAILED = 58
     UNKNOWN_PRODUCER_ID = 59
     REASSIGNMENT_IN_PROGRESS = 60
     NON_EMPTY_GROUP = 68
@@ -102,6 +105,7 @@ class ErrorCode(enum.IntEnum):
     INVALID_RECORD = 87
     UNSTABLE_OFFSET_COMMIT = 88
     PRODUCER_FENCED = 90
+    RESOURCE_NOT_FOUND = 91
     INCONSISTENT_CLUSTER_ID = 104
     TRANSACTIONAL_ID_NOT_FOUND = 105
     TRANSACTION_ABORTABLE = 120
@@ -228,6 +232,7 @@ ClusterAuthorizationFailedError = _error_class("ClusterAuthorizationFailedError"
                                                ErrorCode.CLUSTER_AUTHORIZATION_FAILED)
 TransactionalIdAuthorizationFailedError = _error_class("TransactionalIdAuthorizationFailedError",
                                                        ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+SaslAuthenticationError = _error_class("SaslAuthenticationError", ErrorCode.SASL_AUTHENTICATION_FAILED)
 SecurityDisabledError = _error_class("SecurityDisabledError", ErrorCode.SECURITY_DISABLED)
 UnknownServerError = _error_class("UnknownServerError", ErrorCode.UNKNOWN_SERVER_ERROR)
 

@@ -41,6 +41,8 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     GROUP_AUTHORIZATION_FAILED: _ClassVar[ErrorCode]
     CLUSTER_AUTHORIZATION_FAILED: _ClassVar[ErrorCode]
     INVALID_TIMESTAMP: _ClassVar[ErrorCode]
+    UNSUPPORTED_SASL_MECHANISM: _ClassVar[ErrorCode]
+    ILLEGAL_SASL_STATE: _ClassVar[ErrorCode]
     UNSUPPORTED_VERSION: _ClassVar[ErrorCode]
     TOPIC_ALREADY_EXISTS: _ClassVar[ErrorCode]
     INVALID_PARTITIONS: _ClassVar[ErrorCode]
@@ -63,6 +65,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SECURITY_DISABLED: _ClassVar[ErrorCode]
     OPERATION_NOT_ATTEMPTED: _ClassVar[ErrorCode]
     KAFKA_STORAGE_ERROR: _ClassVar[ErrorCode]
+    SASL_AUTHENTICATION_FAILED: _ClassVar[ErrorCode]
     UNKNOWN_PRODUCER_ID: _ClassVar[ErrorCode]
     REASSIGNMENT_IN_PROGRESS: _ClassVar[ErrorCode]
     NON_EMPTY_GROUP: _ClassVar[ErrorCode]
@@ -80,6 +83,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INVALID_RECORD: _ClassVar[ErrorCode]
     UNSTABLE_OFFSET_COMMIT: _ClassVar[ErrorCode]
     PRODUCER_FENCED: _ClassVar[ErrorCode]
+    RESOURCE_NOT_FOUND: _ClassVar[ErrorCode]
     INCONSISTENT_CLUSTER_ID: _ClassVar[ErrorCode]
     TRANSACTIONAL_ID_NOT_FOUND: _ClassVar[ErrorCode]
     TRANSACTION_ABORTABLE: _ClassVar[ErrorCode]
@@ -122,6 +126,8 @@ TOPIC_AUTHORIZATION_FAILED: ErrorCode
 GROUP_AUTHORIZATION_FAILED: ErrorCode
 CLUSTER_AUTHORIZATION_FAILED: ErrorCode
 INVALID_TIMESTAMP: ErrorCode
+UNSUPPORTED_SASL_MECHANISM: ErrorCode
+ILLEGAL_SASL_STATE: ErrorCode
 UNSUPPORTED_VERSION: ErrorCode
 TOPIC_ALREADY_EXISTS: ErrorCode
 INVALID_PARTITIONS: ErrorCode
@@ -144,6 +150,7 @@ TRANSACTIONAL_ID_AUTHORIZATION_FAILED: ErrorCode
 SECURITY_DISABLED: ErrorCode
 OPERATION_NOT_ATTEMPTED: ErrorCode
 KAFKA_STORAGE_ERROR: ErrorCode
+SASL_AUTHENTICATION_FAILED: ErrorCode
 UNKNOWN_PRODUCER_ID: ErrorCode
 REASSIGNMENT_IN_PROGRESS: ErrorCode
 NON_EMPTY_GROUP: ErrorCode
@@ -161,6 +168,7 @@ NO_REASSIGNMENT_IN_PROGRESS: ErrorCode
 INVALID_RECORD: ErrorCode
 UNSTABLE_OFFSET_COMMIT: ErrorCode
 PRODUCER_FENCED: ErrorCode
+RESOURCE_NOT_FOUND: ErrorCode
 INCONSISTENT_CLUSTER_ID: ErrorCode
 TRANSACTIONAL_ID_NOT_FOUND: ErrorCode
 TRANSACTION_ABORTABLE: ErrorCode
