@@ -23,9 +23,10 @@ from broker.group.records import OFFSETS_TOPIC_PARTITIONS
 from broker.group.state import (GROUP_INITIAL_REBALANCE_DELAY_MS, GROUP_MAX_SESSION_TIMEOUT_MS, GROUP_MAX_SIZE,
                                 GROUP_MIN_SESSION_TIMEOUT_MS)
 from broker.security import (CLIENT_AUTH_VALUES, PLAINTEXT, SSL, Listener, PrincipalRule, parse_listeners,
-                             parse_principal_mapping_rules, parse_protocol_map)
+                             parse_principal_mapping_rules, parse_protocol_map, transport_of)
 from eos.config import TopicConfig
 from eos.errors import InvalidConfigError
+from eos.scram import MECHANISMS as SCRAM_MECHANISMS
 
 MIB = 1024 * 1024
 GRPC_MESSAGE_BYTES_MAX = 100 * MIB
@@ -136,6 +137,9 @@ class BrokerConfig:
     authorizer_class_name: str = ""            # empty: no authorizer, every call allowed
     super_users: frozenset[str] = frozenset()  # Kafka's super.users, "User:a;User:b"
     allow_everyone_if_no_acl_found: bool = False
+    # ---- SASL/SCRAM (broker/security_service.py, broker/scram_users.py) ----
+    sasl_enabled_mechanisms: tuple[str, ...] = ("SCRAM-SHA-256", "SCRAM-SHA-512")
+    connections_max_reauth_ms: int = 0         # Kafka's: 0 = a session lasts (eos: one hour, then again)
 
     @classmethod
     def from_dict(cls, config: Mapping[str, str] | None) -> "BrokerConfig":
@@ -184,7 +188,7 @@ class BrokerConfig:
 _SECURITY_NAMES = frozenset({
     "listeners", "advertised.listeners", "listener.security.protocol.map", "inter.broker.listener.name",
     "ssl.certificate.location", "ssl.key.location", "ssl.ca.location", "ssl.client.auth",
-    "ssl.principal.mapping.rules", "allow.plaintext.remote",
+    "ssl.principal.mapping.rules", "allow.plaintext.remote", "sasl.enabled.mechanisms", "connections.max.reauth.ms",
 })
 
 
@@ -229,18 +233,33 @@ def _security_settings(raw: Mapping[str, str], *, clustered: bool) -> dict:
             values[name.replace(".", "_")] = raw[name]
     if "ssl.principal.mapping.rules" in raw:
         values["ssl_principal_mapping_rules"] = parse_principal_mapping_rules(raw["ssl.principal.mapping.rules"])
-    if any(listener.security_protocol == SSL for listener in listeners):
+    if "sasl.enabled.mechanisms" in raw:
+        mechanisms = tuple(m.strip().upper() for m in raw["sasl.enabled.mechanisms"].split(",") if m.strip())
+        unknown = [m for m in mechanisms if m not in SCRAM_MECHANISMS]
+        if unknown or not mechanisms:
+            raise InvalidConfigError(f"sasl.enabled.mechanisms: eos offers {', '.join(sorted(SCRAM_MECHANISMS))}"
+                                     + (f", not {', '.join(unknown)}" if unknown else ""))
+        values["sasl_enabled_mechanisms"] = mechanisms
+    if "connections.max.reauth.ms" in raw:
+        try:
+            values["connections_max_reauth_ms"] = int(raw["connections.max.reauth.ms"])
+        except ValueError:
+            values["connections_max_reauth_ms"] = -1
+        if values["connections_max_reauth_ms"] < 0:
+            raise InvalidConfigError(f"invalid value {raw['connections.max.reauth.ms']!r} for "
+                                     f"connections.max.reauth.ms: must be an integer >= 0")
+    if any(transport_of(listener.security_protocol) == SSL for listener in listeners):
         missing = [name for name in ("ssl.certificate.location", "ssl.key.location") if not raw.get(name)]
         if missing:
-            raise InvalidConfigError(f"an SSL listener needs {' and '.join(missing)} (PEM files)")
+            raise InvalidConfigError(f"an SSL or SASL_SSL listener needs {' and '.join(missing)} (PEM files)")
         if client_auth == "required" and not raw.get("ssl.ca.location"):
             raise InvalidConfigError("ssl.client.auth=required needs ssl.ca.location: the CA bundle that client "
                                      "certificates are checked against")
         if clustered:
             # A cluster broker's Metadata answers come from the controller's UpdateMetadata,
             # which carries one address per broker; per-listener endpoints are not in it yet.
-            raise InvalidConfigError("SSL listeners on a ZooKeeper cluster are not built yet: a cluster's "
-                                     "brokers listen on PLAINTEXT (an SSL listener works on a single broker)")
+            raise InvalidConfigError("SSL and SASL_SSL listeners on a ZooKeeper cluster are not built yet: a "
+                                     "cluster's brokers listen on PLAINTEXT (they work on a single broker)")
     return values
 
 

@@ -50,6 +50,7 @@ from typing import Callable, NamedTuple
 import grpc
 
 from eos.errors import InvalidConfigError
+from eos.sasl import REAUTHENTICATE_MARK, SASL_TOKEN_KEY
 
 log = logging.getLogger("eos.broker.security")
 
@@ -60,6 +61,9 @@ DEFAULT_PROTOCOL_MAP = {name: name for name in SECURITY_PROTOCOLS}
 # auth_context()["transport_security_type"] -> the security protocol of the connection
 _TRANSPORT_PROTOCOL = {b"insecure": PLAINTEXT, b"ssl": SSL}
 CLIENT_AUTH_VALUES = ("none", "requested", "required")
+SASL_AUTHENTICATE_METHOD = "/eos.v1.Security/SaslAuthenticate"
+# REAUTHENTICATE_MARK starts the UNAUTHENTICATED message of a call whose token this connection
+# does not know (a reconnect, an expired session): the client authenticates again and retries.
 _LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
 
 
@@ -104,8 +108,8 @@ def _split_endpoint(setting: str, item: str) -> tuple[str, str, int]:
 
 def parse_listeners(text: str, protocol_map: dict[str, str]) -> tuple[Listener, ...]:
     """`listeners=PLAINTEXT://127.0.0.1:9092,SSL://127.0.0.1:9093` -> Listeners, checked:
-    names and ports unique, a known protocol, SASL refused until it is built, and at most one
-    listener per protocol (see the theory of operation)."""
+    names and ports unique, a known protocol (SASL_PLAINTEXT refused: a session token must
+    not travel in clear), and at most one listener per transport (see the theory of operation)."""
     listeners: list[Listener] = []
     for item in text.split(","):
         if not item.strip():
@@ -115,18 +119,18 @@ def parse_listeners(text: str, protocol_map: dict[str, str]) -> tuple[Listener, 
         if protocol is None:
             raise InvalidConfigError(f"listener {name} has no security protocol: name it PLAINTEXT or SSL, "
                                      f"or map it in listener.security.protocol.map")
-        if protocol in (SASL_PLAINTEXT, SASL_SSL):
-            raise InvalidConfigError(f"listener {name}: security protocol {protocol} is not built yet in eos "
-                                     f"(SASL/SCRAM comes with a later part); use PLAINTEXT or SSL")
+        if protocol == SASL_PLAINTEXT:
+            raise InvalidConfigError(f"listener {name}: eos does not offer SASL_PLAINTEXT: its session token "
+                                     f"would cross the network in clear; use SASL_SSL")
         listeners.append(Listener(name, protocol, host, port))
     if not listeners:
         raise InvalidConfigError(f"listeners names no listener: {text!r}")
-    for field, what in ((lambda l: l.name, "name"), (lambda l: l.security_protocol, "security protocol")):
+    for field, what in ((lambda l: l.name, "name"), (lambda l: transport_of(l.security_protocol), "transport")):
         values = [field(listener) for listener in listeners]
         repeated = sorted({v for v in values if values.count(v) > 1})
         if repeated:
             extra = (" (the listener of a call is known by its transport security, so eos takes one "
-                     "listener per protocol)" if what == "security protocol" else "")
+                     "listener in clear (PLAINTEXT) and one over TLS (SSL or SASL_SSL))" if what == "transport" else "")
             raise InvalidConfigError(f"listeners: more than one listener with {what} {', '.join(repeated)}{extra}")
     ports = [listener.port for listener in listeners if listener.port]
     if len(ports) != len(set(ports)):
@@ -175,6 +179,10 @@ def check_plaintext_binds(listeners: tuple[Listener, ...], allow_plaintext_remot
 
 
 # ---- principal mapping (pure): Kafka's ssl.principal.mapping.rules ----------------------------
+
+class NotAuthenticated(Exception):
+    """A call on a SASL_SSL listener without a valid session token of its connection."""
+
 
 class NoMatchingRule(Exception):
     """No ssl.principal.mapping.rules rule maps the DN (Kafka's NoMatchingRule)."""
@@ -274,6 +282,11 @@ def distinguished_name_of(auth_context: dict) -> str | None:
     return subject[0].decode("utf-8", "replace") if subject else None
 
 
+def transport_of(security_protocol: str) -> str:
+    """The transport a listener's protocol runs on: PLAINTEXT (in clear) or SSL (TLS)."""
+    return SSL if security_protocol in (SSL, SASL_SSL) else PLAINTEXT
+
+
 def protocol_of(auth_context: dict) -> str:
     """PLAINTEXT or SSL: the transport security of the connection a call came in on."""
     kind = auth_context.get("transport_security_type")
@@ -330,16 +343,32 @@ class CallIdentityInterceptor(grpc.ServerInterceptor):
     """Wraps every handler so the call's listener and principal are known before it runs."""
 
     def __init__(self, listeners: tuple[Listener, ...], rules: tuple[PrincipalRule, ...],
-                 observer: Callable[[str, CallIdentity], None] | None = None):
-        self._by_protocol = {listener.security_protocol: listener for listener in listeners}
+                 observer: Callable[[str, CallIdentity], None] | None = None, sessions=None):
+        self._by_transport = {transport_of(listener.security_protocol): listener for listener in listeners}
         self._rules = rules
+        self._sessions = sessions      # broker.scram_users.SessionTokens, for SASL_SSL listeners
         self.observer = observer
 
-    def identify(self, context) -> CallIdentity:
+    def identify(self, context, method: str = "") -> CallIdentity:
         auth_context = context.auth_context()
-        protocol = protocol_of(auth_context)
-        listener = self._by_protocol.get(protocol) or next(iter(self._by_protocol.values()))
-        return CallIdentity(listener, principal_for(auth_context, listener, self._rules), host_of_peer(context.peer()))
+        listener = self._by_transport.get(protocol_of(auth_context)) or next(iter(self._by_transport.values()))
+        peer = context.peer()
+        if listener.security_protocol == SASL_SSL and method != SASL_AUTHENTICATE_METHOD:
+            return CallIdentity(listener, self._session_principal(context, peer), host_of_peer(peer))
+        return CallIdentity(listener, principal_for(auth_context, listener, self._rules), host_of_peer(peer))
+
+    def _session_principal(self, context, peer: str) -> str:
+        """The principal of a SASL_SSL call: its session token's, when the token was issued
+        on this very connection; else the call is not authenticated."""
+        token = next((value for key, value in (context.invocation_metadata() or ()) if key == SASL_TOKEN_KEY), None)
+        if token is None:
+            raise NotAuthenticated("this SASL_SSL listener needs a SASL/SCRAM authentication first "
+                                   "(security.protocol=SASL_SSL, sasl.mechanism, sasl.username, sasl.password)")
+        principal = None if self._sessions is None else self._sessions.principal_of(token, peer)
+        if principal is None:
+            raise NotAuthenticated(f"{REAUTHENTICATE_MARK} the SASL session token is not valid on this connection "
+                                   f"(expired, or issued on another connection)")
+        return principal
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
@@ -356,8 +385,8 @@ class CallIdentityInterceptor(grpc.ServerInterceptor):
 
     def _enter(self, method: str, context) -> CallIdentity:
         try:
-            identity = self.identify(context)
-        except NoMatchingRule as exc:
+            identity = self.identify(context, method)
+        except (NoMatchingRule, NotAuthenticated) as exc:
             log.warning("refused a call to %s from %s: %s", method, context.peer(), exc)
             context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
         observer = self.observer

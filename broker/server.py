@@ -53,12 +53,14 @@ from broker.in_process import InProcessBrokerStub
 from broker.authorizer import Authorizer
 from broker.purgatory import FetchPurgatory
 from broker.security import (PLAINTEXT, SSL, CallIdentityInterceptor, Listener, ReloadingServerCertificates,
-                             advertised_host, check_plaintext_binds, parse_advertised)
+                             advertised_host, check_plaintext_binds, parse_advertised, transport_of)
+from broker.scram_users import SESSION_LIFETIME_MS_DEFAULT, ScramUsers, SessionTokens
+from broker.security_service import SecurityServicer
 from broker.service import FETCH_MAX_WAIT_CAP_MS, BrokerServicer, NodeAddress
 from broker.topics import TopicRegistry
 from eos.errors import EosError, ErrorCode, InvalidConfigError, StorageError
 from eos.types import TopicPartition
-from eos.v1 import broker_pb2_grpc, cluster_pb2_grpc, group_pb2_grpc, txn_pb2_grpc
+from eos.v1 import broker_pb2_grpc, cluster_pb2_grpc, group_pb2_grpc, security_pb2_grpc, txn_pb2_grpc
 from txn_coordinator.producer_ids import PRODUCER_IDS_FILE_NAME, ProducerIdManager
 from txn_coordinator.coordinator import BrokerLink, RoutingBrokerLink, TransactionCoordinator
 from txn_coordinator.service import TxnCoordinatorServicer
@@ -140,7 +142,12 @@ class BrokerServer:
         self.bound_ports: dict[str, int] = {}           # listener name -> the port it bound
         self.listener_nodes: dict[str, NodeAddress] = {}  # listener name -> advertised address
         self._certificates: ReloadingServerCertificates | None = None
-        self._interceptor = CallIdentityInterceptor(self.listeners, self.config.ssl_principal_mapping_rules)
+        # SASL/SCRAM: the users' credentials (read from the data dir when a client
+        # authenticates) and the session tokens the Security service issues.
+        self._scram_users = ScramUsers(self.data_dir)
+        self._sessions = SessionTokens(self.config.connections_max_reauth_ms or SESSION_LIFETIME_MS_DEFAULT)
+        self._interceptor = CallIdentityInterceptor(self.listeners, self.config.ssl_principal_mapping_rules,
+                                                    sessions=self._sessions)
         self.cluster_id: str | None = None
         self._now_ms = now_ms_fn
         self._locks = [DataDirLock(d) for d in self.log_dirs]
@@ -427,6 +434,9 @@ class BrokerServer:
             TxnCoordinatorServicer(producer_ids, self._txn_coordinator, authorizer=self._authorizer), server)
         group_pb2_grpc.add_GroupCoordinatorServicer_to_server(GroupCoordinatorServicer(
             self._group_coordinator, node_for_call=self._servicer.node_for_call, authorizer=self._authorizer), server)
+        security_pb2_grpc.add_SecurityServicer_to_server(SecurityServicer(
+            self._scram_users, self._sessions, enabled_mechanisms=config.sasl_enabled_mechanisms,
+            authorizer=self._authorizer), server)
         server.start()
         if cluster is None:
             threading.Thread(target=self._start_txn_coordinator, name="eos-txn-load", daemon=True).start()
@@ -440,7 +450,7 @@ class BrokerServer:
         config = self.config
         for listener in self.listeners:
             bind_address = _format_host_port(listener.host or "::", listener.port)
-            if listener.security_protocol == SSL:
+            if transport_of(listener.security_protocol) == SSL:
                 if self._certificates is None:
                     self._certificates = ReloadingServerCertificates(
                         config.ssl_certificate_location, config.ssl_key_location, config.ssl_ca_location or None,

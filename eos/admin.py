@@ -33,7 +33,7 @@ from typing import Callable
 
 import grpc
 
-from eos import net
+from eos import net, scram
 from eos.acl import AclBinding, AclFilter, binding_from_proto, binding_to_proto, filter_to_proto
 from eos.errors import EosError, ErrorCode, Reaction, error_for, reaction_for
 from eos.types import TopicPartition
@@ -739,6 +739,56 @@ class Admin:
                                                    f"{result.error_message or ErrorCode(result.error_code).name}")
             removed.extend(binding_from_proto(b) for b in result.matching_acls)
         return removed
+
+    # ---- SCRAM users (Kafka's AlterUserScramCredentials / DescribeUserScramCredentials) ----------
+
+    def _security_stub(self):
+        from eos.v1 import security_pb2_grpc
+        return self._metadata.stub_at(self._metadata.bootstrap_address, security_pb2_grpc.SecurityStub)
+
+    def upsert_scram_credential(self, user: str, password: str, *, mechanism: str = "SCRAM-SHA-512",
+                                iterations: int = scram.DEFAULT_ITERATIONS) -> None:
+        """Set `user`'s credential for `mechanism`. The password is salted and hashed here;
+        the broker receives the salt and the salted password, never the password."""
+        import secrets
+        from eos.v1 import security_pb2
+        scram.hash_name(mechanism)
+        scram.check_iterations(iterations)
+        salt = secrets.token_bytes(32)
+        self._alter_scram(security_pb2.AlterUserScramCredentialsRequest(upsertions=[
+            security_pb2.ScramCredentialUpsertion(
+                name=user, mechanism=mechanism, iterations=iterations, salt=salt,
+                salted_password=scram.salted_password(mechanism, password, salt, iterations))]))
+
+    def delete_scram_credential(self, user: str, *, mechanism: str = "SCRAM-SHA-512") -> None:
+        from eos.v1 import security_pb2
+        self._alter_scram(security_pb2.AlterUserScramCredentialsRequest(deletions=[
+            security_pb2.ScramCredentialDeletion(name=user, mechanism=mechanism)]))
+
+    def _alter_scram(self, request) -> None:
+        response = self._call("AlterUserScramCredentials", lambda s: s.AlterUserScramCredentials, request,
+                              stub=self._security_stub)
+        for result in response.results:
+            if result.error_code != ErrorCode.NONE:
+                raise error_for(result.error_code, f"cannot alter the SCRAM credentials of {result.user!r}: "
+                                                   f"{result.error_message or ErrorCode(result.error_code).name}")
+
+    def describe_user_scram_credentials(self, users=None) -> dict[str, dict[str, int]]:
+        """{user: {mechanism: iterations}} for `users` (None: every user). A user named
+        without a credential raises RESOURCE_NOT_FOUND."""
+        from eos.v1 import security_pb2
+        response = self._call("DescribeUserScramCredentials", lambda s: s.DescribeUserScramCredentials,
+                              security_pb2.DescribeUserScramCredentialsRequest(users=list(users or [])),
+                              stub=self._security_stub)
+        if response.error_code != ErrorCode.NONE:
+            raise error_for(response.error_code, f"cannot describe SCRAM credentials: "
+                                                 f"{response.error_message or ErrorCode(response.error_code).name}")
+        found = {}
+        for result in response.results:
+            if result.error_code != ErrorCode.NONE:
+                raise error_for(result.error_code, result.error_message or ErrorCode(result.error_code).name)
+            found[result.user] = {info.mechanism: info.iterations for info in result.credential_infos}
+        return found
 
     def close(self) -> None:
         self._metadata.close()

@@ -12,12 +12,14 @@
     eos groups list|describe|offsets ...     consumer groups, their members, offsets and lag
     eos txn list|describe|abort|find-hanging transactions (after kafka-transactions.sh)
     eos acls --add|--list|--remove ...       ACLs, with kafka-acls.sh's flags
+    eos users add|list|remove ...            SCRAM users (eos/cli_users.py)
     eos demo                                 the end-to-end demo on an embedded broker
 
 Every client command takes --bootstrap-server (default $EOS_BOOTSTRAP or 127.0.0.1:9092) and,
 as Kafka's tools, --command-config FILE: client settings in a properties file (e.g.
-security.protocol=SSL, ssl.ca.location=ca.pem); --security-protocol and --ssl-*-location
-set the same and win over the file.
+security.protocol=SSL, ssl.ca.location=ca.pem); --security-protocol, --ssl-*-location and
+--sasl-mechanism/--sasl-username set the same and win over the file (a SASL password comes
+from the file or $EOS_SASL_PASSWORD, never from a flag).
 Errors print one line to stderr and exit 1; usage errors exit 2, as argparse does.
 """
 from __future__ import annotations
@@ -46,7 +48,8 @@ def _parse_config_pairs(pairs: list[str] | None) -> dict[str, str]:
 
 _SECURITY_FLAGS = (("security_protocol", "security.protocol"), ("ssl_ca_location", "ssl.ca.location"),
                    ("ssl_certificate_location", "ssl.certificate.location"), ("ssl_key_location", "ssl.key.location"),
-                   ("ssl_endpoint_identification_algorithm", "ssl.endpoint.identification.algorithm"))
+                   ("ssl_endpoint_identification_algorithm", "ssl.endpoint.identification.algorithm"),
+                   ("sasl_mechanism", "sasl.mechanism"), ("sasl_username", "sasl.username"))
 
 
 def read_properties(path: str) -> dict[str, str]:
@@ -72,6 +75,8 @@ def client_config(args) -> dict[str, str]:
         value = getattr(args, attribute, None)
         if value is not None:
             config[name] = value
+    if "sasl.password" not in config and os.environ.get("EOS_SASL_PASSWORD"):
+        config["sasl.password"] = os.environ["EOS_SASL_PASSWORD"]   # not a flag: ps would show it
     return config
 
 
@@ -80,8 +85,13 @@ def add_client_arguments(parser: argparse.ArgumentParser, *, suppress: bool = Fa
     default = {"default": argparse.SUPPRESS} if suppress else {}
     parser.add_argument("--command-config", metavar="FILE", **default,
                         help="client settings in a properties file (Kafka's names, e.g. security.protocol=SSL)")
-    parser.add_argument("--security-protocol", choices=["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"], **default,
-                        help="security.protocol (SASL is not built yet)")
+    parser.add_argument("--security-protocol", choices=["PLAINTEXT", "SSL", "SASL_SSL"], **default,
+                        help="security.protocol")
+    parser.add_argument("--sasl-mechanism", choices=["SCRAM-SHA-256", "SCRAM-SHA-512"], **default,
+                        help="sasl.mechanism (default SCRAM-SHA-512)")
+    parser.add_argument("--sasl-username", metavar="NAME", **default,
+                        help="sasl.username; the password comes from --command-config (sasl.password) "
+                             "or $EOS_SASL_PASSWORD")
     parser.add_argument("--ssl-ca-location", metavar="PEM", **default, help="ssl.ca.location: CA bundle to trust")
     parser.add_argument("--ssl-certificate-location", metavar="PEM", **default,
                         help="ssl.certificate.location: client certificate for mutual TLS")
@@ -752,6 +762,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_groups_command(client_command)
     _add_txn_command(client_command)
     _add_acls_command(client_command)
+    from eos.cli_users import add_commands as add_users_commands
+    add_users_commands(commands, client_command)
     _add_demo_command(commands)
     return parser
 

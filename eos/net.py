@@ -38,7 +38,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from typing import Iterable, NamedTuple
+from typing import TYPE_CHECKING, Iterable, NamedTuple
 
 import grpc
 
@@ -47,6 +47,7 @@ from eos.errors import (
     ErrorCode,
     NetworkError,
     RequestTimedOutError,
+    SaslAuthenticationError,
     UnknownServerError,
     UnknownTopicOrPartitionError,
     error_for,
@@ -54,6 +55,9 @@ from eos.errors import (
     Reaction,
 )
 from eos.v1 import broker_pb2, broker_pb2_grpc, group_pb2, group_pb2_grpc, txn_pb2_grpc
+
+if TYPE_CHECKING:
+    from eos.sasl import SaslSettings
 
 MESSAGE_BYTES_MAX = 100 * 1024 * 1024
 # 6 minutes: above gRPC servers' default minimum ping interval without data (5 minutes),
@@ -106,19 +110,28 @@ def parse_bootstrap(bootstrap) -> list[str]:
 
 # ---- security: TLS settings of a client (Kafka's and librdkafka's names) ---------------------
 
-PLAINTEXT, SSL = "PLAINTEXT", "SSL"
-_SASL_PROTOCOLS = ("SASL_PLAINTEXT", "SASL_SSL")
+PLAINTEXT, SSL, SASL_SSL = "PLAINTEXT", "SSL", "SASL_SSL"
 TLS_PROBE_TIMEOUT_S = 10.0
+SASL_MECHANISM_DEFAULT = "SCRAM-SHA-512"
 
 
 def _security_protocol(name: str, value) -> str:
     text = str(value).strip().upper()
-    if text in (PLAINTEXT, SSL):
+    if text in (PLAINTEXT, SSL, SASL_SSL):
         return text
-    if text in _SASL_PROTOCOLS:
-        raise ValueError(f"{name}={text} is not built yet in eos (SASL/SCRAM comes with a later part); "
-                         f"use PLAINTEXT or SSL")
-    raise ValueError(f"{name} must be PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL, got {value!r}")
+    if text == "SASL_PLAINTEXT":
+        raise ValueError(f"{name}=SASL_PLAINTEXT is not offered by eos (the session token would cross the "
+                         f"network in clear); use SASL_SSL")
+    raise ValueError(f"{name} must be PLAINTEXT, SSL or SASL_SSL, got {value!r}")
+
+
+def _sasl_mechanism(name: str, value) -> str:
+    from eos.scram import MECHANISMS
+    text = str(value).strip().upper()
+    if text not in MECHANISMS:
+        raise ValueError(f"{name} must be {' or '.join(sorted(MECHANISMS))} (eos does not offer GSSAPI, PLAIN "
+                         f"or OAUTHBEARER), got {value!r}")
+    return text
 
 
 def _endpoint_identification(name: str, value) -> str:
@@ -142,10 +155,11 @@ class ChannelSecurity(NamedTuple):
     verify_hostname: bool = True              # ssl.endpoint.identification.algorithm=https
     certificate_location: str | None = None
     key_location: str | None = None
+    sasl: "SaslSettings | None" = None        # SASL_SSL: the SCRAM mechanism, user and password
 
     @property
     def is_tls(self) -> bool:
-        return self.protocol == SSL
+        return self.protocol in (SSL, SASL_SSL)
 
 
 PLAINTEXT_SECURITY = ChannelSecurity()
@@ -154,7 +168,18 @@ PLAINTEXT_SECURITY = ChannelSecurity()
 def channel_security(settings: dict) -> ChannelSecurity:
     """The ChannelSecurity of a client's resolved settings; reads the PEM files (a missing
     or unreadable file fails the client's constructor, naming the setting)."""
+    from eos.sasl import SaslSettings
     protocol = settings["security.protocol"]
+    sasl = None
+    if protocol == SASL_SSL:
+        missing = [name for name in ("sasl.username", "sasl.password") if not settings[name]]
+        if missing:
+            raise ValueError(f"security.protocol=SASL_SSL needs {' and '.join(missing)}")
+        sasl = SaslSettings(settings["sasl.mechanism"], settings["sasl.username"], settings["sasl.password"])
+    elif settings["sasl.username"] or settings["sasl.password"]:
+        # Kafka's clients ignore them; a client meant to authenticate would then go anonymous.
+        raise ValueError(f"sasl.username/sasl.password given but security.protocol is {protocol}: "
+                         f"set security.protocol=SASL_SSL to authenticate with them")
     given = [name for name in ("ssl.ca.location", "ssl.certificate.location", "ssl.key.location") if settings[name]]
     if protocol == PLAINTEXT:
         if given:
@@ -177,10 +202,10 @@ def channel_security(settings: dict) -> ChannelSecurity:
         except OSError as exc:
             raise ValueError(f"{name} {path}: cannot read it: {exc}") from None
 
-    return ChannelSecurity(SSL, read("ssl.ca.location"), read("ssl.certificate.location"),
+    return ChannelSecurity(protocol, read("ssl.ca.location"), read("ssl.certificate.location"),
                            read("ssl.key.location"),
                            settings["ssl.endpoint.identification.algorithm"] == "https",
-                           certificate_location, key_location)
+                           certificate_location, key_location, sasl)
 
 
 def _server_certificate_name(address: str, security: ChannelSecurity) -> str | None:
@@ -234,7 +259,48 @@ def open_channel(address: str, security: ChannelSecurity | None = None) -> grpc.
             raise NetworkError(f"cannot reach {address} to learn the name its certificate holds "
                                f"(ssl.endpoint.identification.algorithm=none); will retry")
         options = options + (("grpc.ssl_target_name_override", name),)
-    return grpc.secure_channel(address, credentials, options=options)
+    channel = grpc.secure_channel(address, credentials, options=options)
+    if security.sasl is not None:
+        from eos.sasl import SaslChannelInterceptor
+        return _SaslChannel(channel, SaslChannelInterceptor(channel, security.sasl))
+    return channel
+
+
+class _SaslChannel(grpc.Channel):
+    """The intercepted channel of a SASL_SSL client; `close()` reaches the real channel
+    (grpc.intercept_channel's wrapper cannot be closed)."""
+
+    def __init__(self, channel: grpc.Channel, interceptor):
+        self._channel = channel
+        self._intercepted = grpc.intercept_channel(channel, interceptor)
+
+    def subscribe(self, callback, try_to_connect=False):
+        self._channel.subscribe(callback, try_to_connect)
+
+    def unsubscribe(self, callback):
+        self._channel.unsubscribe(callback)
+
+    def unary_unary(self, method, *args, **kwargs):
+        return self._intercepted.unary_unary(method, *args, **kwargs)
+
+    def unary_stream(self, method, *args, **kwargs):
+        return self._intercepted.unary_stream(method, *args, **kwargs)
+
+    def stream_unary(self, method, *args, **kwargs):
+        return self._intercepted.stream_unary(method, *args, **kwargs)
+
+    def stream_stream(self, method, *args, **kwargs):
+        return self._intercepted.stream_stream(method, *args, **kwargs)
+
+    def close(self):
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+        return False
 
 
 TLS_FAILURE_HINT = (" (over SSL this is also how a failed TLS handshake looks: check that ssl.ca.location "
@@ -251,6 +317,12 @@ def error_from_rpc(exc: grpc.RpcError, what: str, security: ChannelSecurity | No
         message += TLS_FAILURE_HINT
     if code is grpc.StatusCode.DEADLINE_EXCEEDED:
         return RequestTimedOutError(message)
+    if code is grpc.StatusCode.UNAUTHENTICATED:
+        from eos.sasl import REAUTHENTICATE_MARK
+        if (details or "").startswith(REAUTHENTICATE_MARK):
+            # this connection's session is gone (a reconnect): the next call authenticates again
+            return NetworkError(message)
+        return SaslAuthenticationError(message)
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED):
         # The connection broke or the server went away mid-call: the request may or may
         # not have been handled, which is what NETWORK_EXCEPTION means to a Kafka client.
@@ -702,7 +774,28 @@ CLIENT_SECURITY_CONFIG.update({
     "ssl.certificate.location": ConfigSpec(None, as_optional_str),
     "ssl.key.location": ConfigSpec(None, as_optional_str),
     "ssl.endpoint.identification.algorithm": ConfigSpec("https", _endpoint_identification),
+    "sasl.mechanism": ConfigSpec(SASL_MECHANISM_DEFAULT, _sasl_mechanism),
+    "sasl.username": ConfigSpec(None, as_optional_str),
+    "sasl.password": ConfigSpec(None, as_optional_str),
 })
+
+
+def security_settings(what: str, config: dict | None) -> dict:
+    """Only the security settings (security.protocol, ssl.*, sasl.*) of a component whose
+    clients it makes itself (the Spark source and sink), checked: ValueError names an
+    unknown or bad one. Returns them by Kafka name, as given."""
+    given = {str(name).replace("_", "."): value for name, value in (config or {}).items()}
+    unknown = sorted(name for name in given if name not in CLIENT_SECURITY_CONFIG)
+    if unknown:
+        raise ValueError(f"{what}: {', '.join(unknown)} are not security settings "
+                         f"(known: {', '.join(sorted(CLIENT_SECURITY_CONFIG))})")
+    channel_security(resolve_config(what, CLIENT_SECURITY_CONFIG, given, {})[0])    # files readable, pairs whole
+    return given
+
+
+def security_of(config: dict | None) -> ChannelSecurity:
+    """The ChannelSecurity of security settings checked by `security_settings`."""
+    return channel_security(resolve_config("client", CLIENT_SECURITY_CONFIG, dict(config or {}), {})[0])
 
 
 def resolve_config(what: str, spec: dict[str, ConfigSpec], config: dict | None,

@@ -72,9 +72,12 @@ class App:
     def __init__(self, bootstrap: str = net.DEFAULT_BOOTSTRAP, *, spark=None,
                  checkpoint_dir: str = "eos-checkpoints", master: str = "local[2]",
                  trigger_interval: str | None = None, max_records_per_trigger: int | None = None,
-                 transaction_timeout_ms: int = 60_000, spark_config: dict | None = None):
+                 transaction_timeout_ms: int = 60_000, spark_config: dict | None = None,
+                 client_config: dict | None = None):
         net.parse_bootstrap(bootstrap)
         self.bootstrap = bootstrap
+        # security.protocol, ssl.*, sasl.*: for the source (as kafka.* options), the sinks and the app's admin
+        self.client_config = net.security_settings("client_config", client_config)
         self.checkpoint_dir = str(checkpoint_dir)
         self.master = master
         self.trigger_interval = trigger_interval
@@ -229,7 +232,8 @@ class App:
         checkpoint = self.checkpoint_of(stage)
         stream = (spark.readStream.format("eos").option("bootstrap", self.bootstrap)
                   .option("subscribe", stage.source)
-                  .option("startingOffsets", self._starting_offsets(stage, checkpoint)))
+                  .option("startingOffsets", self._starting_offsets(stage, checkpoint))
+                  .options(**{f"kafka.{name}": str(value) for name, value in self.client_config.items()}))
         if stage.max_records_per_trigger:
             stream = stream.option("maxRecordsPerTrigger", str(stage.max_records_per_trigger))
         output = stage.function(stream.load())
@@ -238,7 +242,7 @@ class App:
             sink = self.sinks[stage.name] = ExactlyOnceSink(
                 self.bootstrap, stage.sink, transactional_id=stage.transactional_id, group_id=stage.group,
                 checkpoint_location=checkpoint, key_column=stage.key_column, value_column=stage.value_column,
-                transaction_timeout_ms=self.transaction_timeout_ms)
+                transaction_timeout_ms=self.transaction_timeout_ms, client_config=self.client_config)
         writer = (output.writeStream.foreachBatch(sink).queryName(stage.name)
                   .option("checkpointLocation", checkpoint).outputMode(stage.output_mode))
         if available_now:
@@ -255,7 +259,7 @@ class App:
         from eos.admin import Admin
         from eos.errors import UnknownTopicOrPartitionError
 
-        with Admin(self.bootstrap) as admin:
+        with Admin(self.bootstrap, config=self.client_config) as admin:
             try:
                 described = admin.describe_topic(topic)
             except UnknownTopicOrPartitionError:
@@ -268,7 +272,7 @@ class App:
         from eos.admin import Admin
 
         count = stage.sink_partitions or len(self._partitions(stage.source) or [None])
-        with Admin(self.bootstrap) as admin:
+        with Admin(self.bootstrap, config=self.client_config) as admin:
             try:
                 admin.create_topic(stage.sink, partitions=count)
                 log.info("created sink topic %s with %d partitions", stage.sink, count)
@@ -288,7 +292,7 @@ class App:
         partitions = self._partitions(stage.source)
         if not partitions:
             return "earliest"
-        committed = group_offsets(self.bootstrap, stage.group, partitions)
+        committed = group_offsets(self.bootstrap, stage.group, partitions, client_config=self.client_config)
         if not committed:
             return "earliest"
         return json.dumps({stage.source: {str(tp.partition): committed.get(tp, -2) for tp in partitions}})

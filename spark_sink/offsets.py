@@ -44,6 +44,7 @@ import json
 from typing import Mapping, NamedTuple
 
 from eos.errors import OffsetOutOfRangeError
+from eos.net import security_settings
 from eos.types import TopicPartition
 
 EARLIEST = -2   # Kafka's sentinel in startingOffsets / endingOffsets JSON
@@ -58,6 +59,9 @@ KNOWN_OPTIONS = (
     "maxRecordsPerPartition", "minPartitions", "numPartitions", "isolation", "failOnDataLoss",
     "pollTimeoutMs",
 )
+
+
+CLIENT_OPTION_PREFIX = "kafka."
 
 
 class SourceOptionError(ValueError):
@@ -95,6 +99,9 @@ class SourceOptions(NamedTuple):
     poll_timeout_ms: int
     min_partitions: int | None = None
     num_partitions: int | None = None
+    # Spark's Kafka source convention: kafka.<setting> options carry the clients' security
+    # settings (kafka.security.protocol, kafka.ssl.ca.location, kafka.sasl.username, ...).
+    client_config: tuple[tuple[str, str], ...] = ()
 
 
 class OffsetRange(NamedTuple):
@@ -217,12 +224,18 @@ def parse_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptio
     """Check every option of a read (`streaming` for readStream) before anything runs."""
     given = _lookup(options)
     known = {name.lower(): name for name in KNOWN_OPTIONS}
+    client_config = {name[len(CLIENT_OPTION_PREFIX):]: value for name, value in given.items()
+                     if name.startswith(CLIENT_OPTION_PREFIX)}
+    try:
+        security_settings("the eos source's kafka.* options", client_config)
+    except ValueError as exc:
+        raise SourceOptionError(str(exc)) from None
     # Spark adds "path" for load(path); we have no use for it and say so.
-    unknown = sorted(set(given) - set(known))
+    unknown = sorted(name for name in set(given) - set(known) if not name.startswith(CLIENT_OPTION_PREFIX))
     if unknown:
         raise SourceOptionError(
             f"unknown option(s) of the eos source: {', '.join(unknown)} "
-            f"(known: {', '.join(KNOWN_OPTIONS)})")
+            f"(known: {', '.join(KNOWN_OPTIONS)}, and kafka.<security setting>)")
     bootstrap = str(given.get("bootstrap", "")).strip()
     if not bootstrap:
         raise SourceOptionError(
@@ -274,7 +287,8 @@ def parse_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptio
     fail_on_data_loss = _boolean("failOnDataLoss", given.get("failondataloss", "true"))
     poll_timeout_ms = _positive_int("pollTimeoutMs", given.get("polltimeoutms", POLL_TIMEOUT_MS_DEFAULT))
     return SourceOptions(bootstrap, topics, starting, ending, max_per_trigger, max_per_partition,
-                         isolation, fail_on_data_loss, poll_timeout_ms, min_partitions, num_partitions)
+                         isolation, fail_on_data_loss, poll_timeout_ms, min_partitions, num_partitions,
+                         tuple(sorted(client_config.items())))
 
 
 # ---- resolving and checking offsets -------------------------------------------------------

@@ -99,9 +99,9 @@ def fetch_committed(groups: group_pb2_grpc.GroupCoordinatorStub, group_id: str, 
 
 
 def group_offsets(bootstrap: str, group_id: str, partitions: list[TopicPartition], *,
-                  require_stable: bool = True) -> dict[TopicPartition, int]:
+                  require_stable: bool = True, client_config: dict | None = None) -> dict[TopicPartition, int]:
     """The group's committed offsets of `partitions` (those it has), by a short-lived client."""
-    metadata = net.ClusterMetadata(bootstrap)
+    metadata = net.ClusterMetadata(bootstrap, security=net.security_of(client_config))
     try:
         stub = metadata.group_coordinator_stub(group_id)
         return {tp: offset for tp, (offset, _) in
@@ -115,7 +115,7 @@ class TransactionOwner:
 
     def __init__(self, bootstrap: str, transactional_id: str, *,
                  transaction_timeout_ms: int = TRANSACTION_TIMEOUT_MS_DEFAULT,
-                 request_timeout_ms: int = REQUEST_TIMEOUT_MS_DEFAULT):
+                 request_timeout_ms: int = REQUEST_TIMEOUT_MS_DEFAULT, client_config: dict | None = None):
         if not transactional_id:
             raise ValueError("transactional_id must be a non-empty string")
         self.bootstrap = bootstrap
@@ -124,7 +124,7 @@ class TransactionOwner:
         self.request_timeout_ms = request_timeout_ms
         self.producer_id = -1
         self.producer_epoch = -1
-        self._metadata = net.ClusterMetadata(bootstrap)
+        self._metadata = net.ClusterMetadata(bootstrap, security=net.security_of(client_config))
         self._txn = self._metadata.txn_coordinator_stub(transactional_id)
 
     def identity(self) -> OwnerIdentity:

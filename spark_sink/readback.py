@@ -20,12 +20,13 @@ def _partitions(admin, topic: str) -> list[TopicPartition]:
     return [TopicPartition(topic, p["partition"]) for p in admin.describe_topic(topic)["partitions"]]
 
 
-def settled_end_offsets(bootstrap: str, topic: str, *, timeout_s: float = 60.0) -> dict[TopicPartition, int]:
+def settled_end_offsets(bootstrap: str, topic: str, *, timeout_s: float = 60.0,
+                        client_config: dict | None = None) -> dict[TopicPartition, int]:
     """{partition: end offset} once the read_committed end equals the log end everywhere."""
     from eos.admin import Admin
 
     deadline = time.monotonic() + timeout_s
-    with Admin(bootstrap) as admin:
+    with Admin(bootstrap, config=client_config) as admin:
         tps = _partitions(admin, topic)
         while True:
             committed = admin.list_offsets({tp: "latest" for tp in tps}, isolation_level="read_committed")
@@ -41,15 +42,18 @@ def settled_end_offsets(bootstrap: str, topic: str, *, timeout_s: float = 60.0) 
 
 
 def read_committed(bootstrap: str, topic: str, *, timeout_s: float = 60.0,
-                   end_offsets: dict[TopicPartition, int] | None = None) -> list[Record]:
+                   end_offsets: dict[TopicPartition, int] | None = None,
+                   client_config: dict | None = None) -> list[Record]:
     """Every record of `topic` a read_committed consumer sees, partition by partition in
     offset order (after `settled_end_offsets`, unless `end_offsets` is given)."""
     from consumer import Consumer
 
-    ends = end_offsets if end_offsets is not None else settled_end_offsets(bootstrap, topic, timeout_s=timeout_s)
+    ends = end_offsets if end_offsets is not None else settled_end_offsets(bootstrap, topic, timeout_s=timeout_s,
+                                                                           client_config=client_config)
     deadline = time.monotonic() + timeout_s
     records: list[Record] = []
-    with Consumer(bootstrap, isolation_level="read_committed", auto_offset_reset="earliest") as consumer:
+    with Consumer(bootstrap, isolation_level="read_committed", auto_offset_reset="earliest",
+                  config=client_config) as consumer:
         wanted = [tp for tp, end in ends.items() if end > 0]
         if not wanted:
             return records

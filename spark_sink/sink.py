@@ -62,6 +62,7 @@ import time
 from pathlib import Path
 
 from eos.errors import EosError, ErrorCode
+from eos.net import security_settings
 from eos.types import TopicPartition
 from spark_sink.owner import TRANSACTION_TIMEOUT_MS_DEFAULT, TransactionOwner
 from spark_sink.participant import TIMEOUT_MS_DEFAULT, OwnerIdentity, producer_settings, write_arrow_batches
@@ -213,14 +214,16 @@ class BatchReport:
 
 class _SinkBase:
     def __init__(self, bootstrap: str, topic: str, *, key_column: str, value_column: str,
-                 task_timeout_ms: int, producer_config: dict | None):
+                 task_timeout_ms: int, producer_config: dict | None, client_config: dict | None):
         self.bootstrap = bootstrap
         self.topic = topic
         self.key_column = key_column
         self.value_column = value_column
         self.task_timeout_ms = task_timeout_ms
-        producer_settings(task_timeout_ms, producer_config)     # bad settings fail here, not in the tasks
-        self.producer_config = dict(producer_config or {})
+        # The security settings every client of the sink uses (driver and tasks).
+        self.client_config = security_settings("client_config", client_config)
+        self.producer_config = {**self.client_config, **(producer_config or {})}
+        producer_settings(task_timeout_ms, self.producer_config)     # bad settings fail here, not in the tasks
         self.reports: collections.deque[BatchReport] = collections.deque(maxlen=STATS_KEPT_MAX)
         self._topic_checked = False
 
@@ -243,7 +246,7 @@ class _SinkBase:
         from eos.admin import Admin
         from eos.errors import UnknownTopicOrPartitionError
 
-        with Admin(self.bootstrap) as admin:
+        with Admin(self.bootstrap, config=self.client_config) as admin:
             try:
                 admin.describe_topic(self.topic)
             except UnknownTopicOrPartitionError:
@@ -267,15 +270,17 @@ class ExactlyOnceSink(_SinkBase):
     def __init__(self, bootstrap: str, topic: str, *, transactional_id: str, group_id: str,
                  checkpoint_location: str | None = None, key_column: str = "key", value_column: str = "value",
                  transaction_timeout_ms: int = TRANSACTION_TIMEOUT_MS_DEFAULT,
-                 task_timeout_ms: int = TIMEOUT_MS_DEFAULT, producer_config: dict | None = None):
+                 task_timeout_ms: int = TIMEOUT_MS_DEFAULT, producer_config: dict | None = None,
+                 client_config: dict | None = None):
         if not group_id:
             raise ValueError("group_id must be a non-empty string: the input offsets are committed to it")
         super().__init__(bootstrap, topic, key_column=key_column, value_column=value_column,
-                         task_timeout_ms=task_timeout_ms, producer_config=producer_config)
+                         task_timeout_ms=task_timeout_ms, producer_config=producer_config, client_config=client_config)
         self.transactional_id = transactional_id
         self.group_id = group_id
         self.checkpoint_location = checkpoint_location
-        self._owner = TransactionOwner(bootstrap, transactional_id, transaction_timeout_ms=transaction_timeout_ms)
+        self._owner = TransactionOwner(bootstrap, transactional_id, transaction_timeout_ms=transaction_timeout_ms,
+                                       client_config=self.client_config)
         self._initialised = False
 
     def __call__(self, df, batch_id: int) -> None:
@@ -332,9 +337,10 @@ class AtLeastOnceSink(_SinkBase):
     written again. The baseline the exactly-once sink is measured against."""
 
     def __init__(self, bootstrap: str, topic: str, *, key_column: str = "key", value_column: str = "value",
-                 task_timeout_ms: int = TIMEOUT_MS_DEFAULT, producer_config: dict | None = None):
+                 task_timeout_ms: int = TIMEOUT_MS_DEFAULT, producer_config: dict | None = None,
+                 client_config: dict | None = None):
         super().__init__(bootstrap, topic, key_column=key_column, value_column=value_column,
-                         task_timeout_ms=task_timeout_ms, producer_config=producer_config)
+                         task_timeout_ms=task_timeout_ms, producer_config=producer_config, client_config=client_config)
 
     def __call__(self, df, batch_id: int) -> None:
         started = time.perf_counter()

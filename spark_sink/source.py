@@ -177,7 +177,7 @@ class _BrokerOffsets:
     def _client(self):
         if self._admin is None:
             from eos.admin import Admin
-            self._admin = Admin(self.options.bootstrap)
+            self._admin = Admin(self.options.bootstrap, config=dict(self.options.client_config))
         return self._admin
 
     def partitions(self) -> list[TopicPartition]:
@@ -339,7 +339,7 @@ def read_ranges(options: SourceOptions, offset_ranges) -> Iterator:
     arrow_schema = to_arrow_schema(SCHEMA, timezone="UTC")
     consumer = Consumer(options.bootstrap, isolation_level=options.isolation,
                         auto_offset_reset="none", fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
-                        max_partition_fetch_bytes=4 * 1024 * 1024)
+                        max_partition_fetch_bytes=4 * 1024 * 1024, config=dict(options.client_config))
     try:
         for offset_range in offset_ranges:
             yield from _read_range(consumer, options, offset_range, arrow_schema, pa)

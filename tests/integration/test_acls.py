@@ -80,17 +80,9 @@ def _read_all(pki, broker, topic, partitions=1, *, isolation="read_committed") -
 
 # ---- a transactional copier with exactly the ACLs it needs ---------------------------------------
 
-def test_transactional_copier_with_exactly_its_acls(broker, pki):
-    with _admin(pki, broker) as admin:
-        admin.create_topic("input", partitions=2)
-        admin.create_topic("output", partitions=2)
-        # What kafka-acls.sh --consumer and --producer --transactional-id would give, and no more.
-        admin.create_acls(grant(T, "input", O.READ) + grant(G, "copier", O.READ)
-                          + grant(T, "output", O.WRITE) + grant(X, "copier-0", O.WRITE))
-    expected = [f"record-{i}".encode() for i in range(60)]
-    _produce(pki, broker, ADMIN, "input", expected)
-
-    bootstrap, config = _client(pki, broker, ALICE)
+def copy_input_to_output(bootstrap: str, config: dict, count: int) -> None:
+    """Copy `count` records from "input" to "output" (same partition) as group "copier" with
+    transactional id "copier-0", offsets committed in each transaction (KIP-98's loop)."""
     copied = 0
     with eos.Consumer(bootstrap, group_id="copier", config={
             **config, "isolation.level": "read_committed", "auto.offset.reset": "earliest",
@@ -110,8 +102,21 @@ def test_transactional_copier_with_exactly_its_acls(broker, pki):
                         {TopicPartition(r.topic, r.partition): r.offset + 1 for r in records},
                         consumer.group_metadata())
                 copied += len(records)
-            return copied >= len(expected)
+            return copied >= count
         wait_for(copy_some, "the copier copied every input record")
+
+
+def test_transactional_copier_with_exactly_its_acls(broker, pki):
+    with _admin(pki, broker) as admin:
+        admin.create_topic("input", partitions=2)
+        admin.create_topic("output", partitions=2)
+        # What kafka-acls.sh --consumer and --producer --transactional-id would give, and no more.
+        admin.create_acls(grant(T, "input", O.READ) + grant(G, "copier", O.READ)
+                          + grant(T, "output", O.WRITE) + grant(X, "copier-0", O.WRITE))
+    expected = [f"record-{i}".encode() for i in range(60)]
+    _produce(pki, broker, ADMIN, "input", expected)
+
+    copy_input_to_output(*_client(pki, broker, ALICE), len(expected))
 
     assert sorted(_read_all(pki, broker, "output", 2)) == sorted(expected)
     with _admin(pki, broker) as admin:

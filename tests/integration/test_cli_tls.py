@@ -90,10 +90,15 @@ def test_a_client_without_a_certificate_gets_a_clear_error(tls_broker, tmp_path)
     assert "TLS handshake" in failed.stderr
 
 
-def test_sasl_is_refused_by_name(tls_broker):
+def test_sasl_needs_a_user_and_sasl_plaintext_is_refused_by_name(tls_broker, tmp_path):
     failed = _cli("topics", "list", "--bootstrap-server", tls_broker["address"], "--security-protocol", "SASL_SSL",
                   expect_code=2)
-    assert "not built yet" in failed.stderr
+    assert "needs sasl.username and sasl.password" in failed.stderr
+    settings = tmp_path / "sasl-plaintext.properties"
+    settings.write_text("security.protocol=SASL_PLAINTEXT\n")
+    failed = _cli("topics", "list", "--bootstrap-server", tls_broker["address"], "--command-config", str(settings),
+                  expect_code=2)
+    assert "SASL_PLAINTEXT is not offered" in failed.stderr
 
 
 def test_broker_refuses_plaintext_on_every_interface_without_consent(tmp_path):

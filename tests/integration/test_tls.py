@@ -236,8 +236,10 @@ def test_plaintext_on_a_remote_address_is_refused_before_binding(tmp_path):
 
 
 def test_client_security_settings_are_checked(pki):
-    with pytest.raises(ValueError, match="not built yet"):
+    with pytest.raises(ValueError, match="needs sasl.username and sasl.password"):
         eos.Admin("127.0.0.1:9", config={"security.protocol": "SASL_SSL"})
+    with pytest.raises(ValueError, match="SASL_PLAINTEXT is not offered"):
+        eos.Admin("127.0.0.1:9", config={"security.protocol": "SASL_PLAINTEXT"})
     with pytest.raises(ValueError, match="security.protocol=SSL"):
         eos.Admin("127.0.0.1:9", config={"ssl.ca.location": str(pki["ca_path"])})
     with pytest.raises(ValueError, match="go together"):

@@ -70,9 +70,10 @@ def test_listeners_parse_with_kafkas_names():
 @pytest.mark.parametrize("text, protocol_map, message", [
     ("PLAINTEXT://127.0.0.1", None, "NAME://host:port"),
     ("FOO://127.0.0.1:1", None, "no security protocol"),
-    ("SASL_SSL://127.0.0.1:1", None, "not built yet"),
+    ("SASL_PLAINTEXT://127.0.0.1:1", None, "does not offer SASL_PLAINTEXT"),
+    ("SSL://127.0.0.1:1,SASL_SSL://127.0.0.1:2", None, "more than one listener with transport SSL"),
     ("PLAINTEXT://127.0.0.1:1,PLAINTEXT://127.0.0.1:2", None, "more than one listener with name"),
-    ("A://127.0.0.1:1,B://127.0.0.1:2", "A:SSL,B:SSL", "one listener per protocol"),
+    ("A://127.0.0.1:1,B://127.0.0.1:2", "A:SSL,B:SSL", "one listener in clear .PLAINTEXT. and one over TLS"),
     ("PLAINTEXT://127.0.0.1:1,SSL://127.0.0.1:1", None, "two listeners on one port"),
     ("PLAINTEXT://127.0.0.1:70000", None, "outside"),
 ])

@@ -1,0 +1,133 @@
+"""The SCRAM credentials of a cluster of one, and the session tokens SASL authentication issues.
+
+Theory of operation
+-------------------
+`ScramUsers` owns `<data_dir>/scram-credentials.json`: per user and mechanism Kafka's text
+form of a `ScramCredential` (salt, StoredKey, ServerKey, iterations; never a password). It
+is written atomically (a crash leaves the old file or the new one) and read again when its
+mtime or size changed, so `eos users add --data-dir` on a stopped broker and the
+AlterUserScramCredentials RPC on a running one keep one store. (Kafka keeps them in
+ZooKeeper under /config/users on a cluster; eos's cluster has no SASL listener yet, so the
+file is the only store.)
+
+`SessionTokens` owns the tokens a successful SCRAM exchange hands out. A token is bound to
+the connection it was issued on (gRPC's peer address of the call, `ipv4:127.0.0.1:54321`:
+one per TCP connection) and to a lifetime (Kafka's connections.max.reauth.ms when set,
+else one hour; the client authenticates again when it is refused). A token presented from
+another connection is refused and stays valid on its own connection: a copied token is
+worth nothing to whoever copied it. Tokens idle past their lifetime are pruned as new ones
+are issued, so the map stays as small as the live connections.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import threading
+import time
+from pathlib import Path
+from typing import Callable, NamedTuple
+
+from eos.files import write_file_atomically
+from eos.scram import MECHANISMS, ScramCredential, ScramError
+
+SCRAM_FILE_NAME = "scram-credentials.json"
+SCRAM_FILE_VERSION = 1
+SESSION_LIFETIME_MS_DEFAULT = 3_600_000
+
+
+class ScramUsers:
+    """See the module doc. Thread-safe."""
+
+    def __init__(self, data_dir: Path | str):
+        self._path = Path(data_dir) / SCRAM_FILE_NAME
+        self._lock = threading.Lock()
+        self._users: dict[str, dict[str, ScramCredential]] = {}
+        self._stamp: tuple[int, int] | None = None
+
+    def _refresh(self) -> None:
+        """Read the file again if it changed (called with the lock held)."""
+        try:
+            stat = self._path.stat()
+        except FileNotFoundError:
+            self._users, self._stamp = {}, None
+            return
+        stamp = (stat.st_mtime_ns, stat.st_size)
+        if stamp == self._stamp:
+            return
+        try:
+            document = json.loads(self._path.read_text(encoding="utf-8"))
+            if document.get("version") != SCRAM_FILE_VERSION:
+                raise ValueError(f"version {document.get('version')!r}, expected {SCRAM_FILE_VERSION}")
+            users = {str(name): {mechanism: ScramCredential.from_text(text) for mechanism, text in entry.items()}
+                     for name, entry in document["users"].items()}
+        except (OSError, ValueError, KeyError, AttributeError, ScramError) as exc:
+            raise ScramError(f"{self._path}: unreadable SCRAM credentials ({exc}); fix or remove the file") from None
+        self._users, self._stamp = users, stamp
+
+    def _write(self, users: dict[str, dict[str, ScramCredential]]) -> None:
+        document = {"version": SCRAM_FILE_VERSION,
+                    "users": {name: {m: c.to_text() for m, c in sorted(entry.items())}
+                              for name, entry in sorted(users.items()) if entry}}
+        write_file_atomically(self._path, json.dumps(document, indent=1).encode("utf-8"))
+        os.chmod(self._path, 0o600)     # the keys let anyone pose as the broker to its users
+        self._stamp = None
+        self._refresh()
+
+    def credential(self, user: str, mechanism: str) -> ScramCredential | None:
+        with self._lock:
+            self._refresh()
+            return self._users.get(user, {}).get(mechanism)
+
+    def describe(self) -> dict[str, dict[str, int]]:
+        """user -> {mechanism: iterations}."""
+        with self._lock:
+            self._refresh()
+            return {name: {m: c.iterations for m, c in entry.items()} for name, entry in self._users.items()}
+
+    def alter(self, upsertions: dict[tuple[str, str], ScramCredential], deletions: set[tuple[str, str]]) -> None:
+        """Apply all of them in one write, or none (a deletion of a credential that does not
+        exist raises before anything is written)."""
+        with self._lock:
+            self._refresh()
+            users = {name: dict(entry) for name, entry in self._users.items()}
+            for user, mechanism in sorted(deletions):
+                if mechanism not in users.get(user, {}):
+                    raise KeyError(f"user {user!r} has no {mechanism} credential")
+                del users[user][mechanism]
+            for (user, mechanism), credential in upsertions.items():
+                if mechanism not in MECHANISMS:
+                    raise ScramError(f"unsupported SASL mechanism {mechanism!r}")
+                users.setdefault(user, {})[mechanism] = credential
+            self._write(users)
+
+
+class Session(NamedTuple):
+    principal: str
+    peer: str
+    expires_at_ms: int
+
+
+class SessionTokens:
+    """See the module doc. Thread-safe."""
+
+    def __init__(self, lifetime_ms: int = SESSION_LIFETIME_MS_DEFAULT, now_ms_fn: Callable[[], int] | None = None):
+        self.lifetime_ms = lifetime_ms
+        self._now_ms = now_ms_fn or (lambda: time.time_ns() // 1_000_000)
+        self._sessions: dict[str, Session] = {}
+        self._lock = threading.Lock()
+
+    def issue(self, principal: str, peer: str) -> str:
+        now_ms = self._now_ms()
+        token = secrets.token_urlsafe(32)
+        with self._lock:
+            self._sessions = {t: s for t, s in self._sessions.items() if s.expires_at_ms > now_ms}
+            self._sessions[token] = Session(principal, peer, now_ms + self.lifetime_ms)
+        return token
+
+    def principal_of(self, token: str, peer: str) -> str | None:
+        """The token's principal if it was issued on this connection and has not expired."""
+        session = self._sessions.get(token)
+        if session is None or session.peer != peer or session.expires_at_ms <= self._now_ms():
+            return None
+        return session.principal
