@@ -39,6 +39,7 @@ import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 KAFKA_GROUP = "org.apache.kafka"
 KAFKA_ARTIFACT = "kafka_2.13"
@@ -320,6 +321,14 @@ def _tail(path: Path, lines: int = 30) -> str:
         return "(no log)"
 
 
+class KafkaSsl(NamedTuple):
+    """PEM files of an SSL listener: the server's certificate and key, the CA clients chain to."""
+    certificate_path: Path
+    key_path: Path
+    ca_path: Path
+    client_auth: str = "none"          # Kafka's ssl.client.auth: none | required
+
+
 class KafkaBroker:
     """One Kafka 4.x node in KRaft mode (broker + controller) on free 127.0.0.1 ports.
 
@@ -329,15 +338,21 @@ class KafkaBroker:
     """
 
     def __init__(self, dist: KafkaDist, *, heap: str = HEAP, base_dir: str | None = None,
-                 start_timeout_s: float = START_TIMEOUT_S):
+                 start_timeout_s: float = START_TIMEOUT_S, ssl: "KafkaSsl | None" = None):
         self.dist = dist
         self.heap = heap
         self.base_dir = base_dir
         self.start_timeout_s = start_timeout_s
+        self.ssl = ssl                     # an SSL listener beside PLAINTEXT (bench/tls.py)
         self.proc: subprocess.Popen | None = None
         self.tmp: Path | None = None
         self.port = 0
         self.controller_port = 0
+        self.ssl_port = 0
+
+    @property
+    def ssl_bootstrap(self) -> str:
+        return f"127.0.0.1:{self.ssl_port}"
 
     @property
     def bootstrap(self) -> str:
@@ -376,6 +391,18 @@ class KafkaBroker:
             "group.initial.rebalance.delay.ms": "0",
             "auto.create.topics.enable": "false",
         }
+        if self.ssl is not None:
+            # PEM stores (KIP-651): the key (PKCS#8, unencrypted) and its certificate in one file.
+            keystore = self.tmp / "server-keystore.pem"
+            keystore.write_bytes(self.ssl.key_path.read_bytes() + self.ssl.certificate_path.read_bytes())
+            props.update({
+                "listeners": props["listeners"] + f",SSL://127.0.0.1:{self.ssl_port}",
+                "advertised.listeners": props["advertised.listeners"] + f",SSL://127.0.0.1:{self.ssl_port}",
+                "listener.security.protocol.map": props["listener.security.protocol.map"] + ",SSL:SSL",
+                "ssl.keystore.type": "PEM", "ssl.keystore.location": str(keystore),
+                "ssl.truststore.type": "PEM", "ssl.truststore.location": str(self.ssl.ca_path),
+                "ssl.client.auth": self.ssl.client_auth,
+            })
         return "".join(f"{key}={value}\n" for key, value in props.items())
 
     def _java(self, main: str, *args: str, heap: str = "-Xmx256m") -> list[str]:
@@ -395,6 +422,10 @@ class KafkaBroker:
         self.port, self.controller_port = free_port(), free_port()
         while self.controller_port == self.port:
             self.controller_port = free_port()
+        if self.ssl is not None:
+            self.ssl_port = free_port()
+            while self.ssl_port in (self.port, self.controller_port):
+                self.ssl_port = free_port()
         self.log_dir.mkdir()
         config = self.tmp / "server.properties"
         config.write_text(self._properties())
