@@ -165,12 +165,23 @@ class LogDirs:
                 home = min(online, key=lambda m: counts[m.data_dir])     # min keeps the first of ties
                 self._home[key] = home
         try:
-            return home.create_log(topic, partition, config)
+            created = home.create_log(topic, partition, config)
         except BaseException:
             with self._lock:
                 if home.get_log(topic, partition) is None and self._home.get(key) is home:
                     del self._home[key]
             raise
+        with self._lock:
+            # The directory may have failed while the log was being made: `_fail` closed the
+            # logs it saw, not this one, and marked the partition offline. Hand out no log on it.
+            reason = self._offline_dirs.get(home.data_dir)
+        if reason is not None:
+            try:
+                created.close(clean=False)
+            except Exception:   # the directory is failing: closing may fail too, and is moot
+                pass
+            raise StorageError(f"partition {topic}-{partition} is offline: {reason}")
+        return created
 
     def delete_log(self, topic: str, partition: int) -> bool:
         key = (topic, partition)

@@ -45,6 +45,26 @@ def test_new_partitions_go_to_the_directory_with_the_fewest(tmp_path):
     again.shutdown()
 
 
+def test_a_directory_failing_while_a_partition_is_created_hands_out_no_log(tmp_path):
+    """The housekeeping probe fails the directory between the placement and the log's
+    creation (here: inside it, deterministically); the new log must not be handed out."""
+    log_dirs = LogDirs([str(tmp_path / "a"), str(tmp_path / "b")])
+    log_dirs.load({})
+    first = next(m for m in log_dirs._managers if m.data_dir == str(tmp_path / "a"))
+    real_create = first.create_log
+
+    def create_while_failing(*args, **kwargs):
+        log_dirs._fail(first, "the disk went away")        # what a concurrent probe does
+        return real_create(*args, **kwargs)
+
+    first.create_log = create_while_failing
+    with pytest.raises(StorageError, match="offline.*the disk went away"):
+        log_dirs.create_log("t", 0, TopicConfig())
+    assert log_dirs.get_log("t", 0) is None and "the disk went away" in log_dirs.offline_reason("t", 0)
+    assert log_dirs.create_log("u", 0, TopicConfig()).directory.startswith(str(tmp_path / "b"))
+    log_dirs.shutdown()
+
+
 def test_a_partition_in_two_directories_is_refused_at_load(tmp_path):
     first = LogDirs([str(tmp_path / "a")])
     first.load({})
