@@ -1283,8 +1283,17 @@ class Log:
             segments = self._segments[first:last + 1]
             unflushed = self._unflushed_records
         # fsync outside the lock: appends continue meanwhile (the files only grow)
-        for segment in segments:
-            segment.flush()
+        try:
+            for segment in segments:
+                segment.flush()
+        except (OSError, ValueError):
+            with self._lock:
+                closed = self._closed
+            if closed:
+                # Deleted meanwhile (delete_log closes and removes the files): not a disk
+                # failure, which would take the whole log dir offline.
+                raise StorageError(f"{self.name}: the log was closed while it was being flushed") from None
+            raise
         with self._lock:
             if target > self.recovery_point:
                 self.recovery_point = target
