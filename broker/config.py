@@ -20,6 +20,7 @@ from broker.acl import InvalidAclError, parse_super_users
 from broker.authorizer import AUTHORIZER_CLASS_NAMES
 from broker.group.offsets import OFFSET_METADATA_MAX_BYTES
 from broker.group.records import OFFSETS_TOPIC_PARTITIONS
+from broker.quotas import QUOTA_WINDOW_NUM, QUOTA_WINDOW_SIZE_MS
 from broker.group.state import (GROUP_INITIAL_REBALANCE_DELAY_MS, GROUP_MAX_SESSION_TIMEOUT_MS, GROUP_MAX_SIZE,
                                 GROUP_MIN_SESSION_TIMEOUT_MS)
 from broker.security import (CLIENT_AUTH_VALUES, PLAINTEXT, SSL, Listener, PrincipalRule, parse_listeners,
@@ -27,6 +28,8 @@ from broker.security import (CLIENT_AUTH_VALUES, PLAINTEXT, SSL, Listener, Princ
 from eos.config import TopicConfig
 from eos.errors import InvalidConfigError
 from eos.scram import MECHANISMS as SCRAM_MECHANISMS
+
+REAUTH_MS_MIN = 10_000
 
 MIB = 1024 * 1024
 GRPC_MESSAGE_BYTES_MAX = 100 * MIB
@@ -137,6 +140,9 @@ class BrokerConfig:
     authorizer_class_name: str = ""            # empty: no authorizer, every call allowed
     super_users: frozenset[str] = frozenset()  # Kafka's super.users, "User:a;User:b"
     allow_everyone_if_no_acl_found: bool = False
+    # ---- client quotas (broker/quotas.py): Kafka's sampled rate window ----
+    quota_window_num: int = QUOTA_WINDOW_NUM
+    quota_window_size_seconds: int = QUOTA_WINDOW_SIZE_MS // 1000
     # ---- SASL/SCRAM (broker/security_service.py, broker/scram_users.py) ----
     sasl_enabled_mechanisms: tuple[str, ...] = ("SCRAM-SHA-256", "SCRAM-SHA-512")
     connections_max_reauth_ms: int = 0         # Kafka's: 0 = a session lasts (eos: one hour, then again)
@@ -245,9 +251,10 @@ def _security_settings(raw: Mapping[str, str], *, clustered: bool) -> dict:
             values["connections_max_reauth_ms"] = int(raw["connections.max.reauth.ms"])
         except ValueError:
             values["connections_max_reauth_ms"] = -1
-        if values["connections_max_reauth_ms"] < 0:
+        if values["connections_max_reauth_ms"] < 0 or 0 < values["connections_max_reauth_ms"] < REAUTH_MS_MIN:
             raise InvalidConfigError(f"invalid value {raw['connections.max.reauth.ms']!r} for "
-                                     f"connections.max.reauth.ms: must be an integer >= 0")
+                                     f"connections.max.reauth.ms: 0 (sessions of one hour) or at least "
+                                     f"{REAUTH_MS_MIN} ms (a shorter session would be renewed all the time)")
     if any(transport_of(listener.security_protocol) == SSL for listener in listeners):
         missing = [name for name in ("ssl.certificate.location", "ssl.key.location") if not raw.get(name)]
         if missing:
@@ -278,6 +285,8 @@ _INT_SETTINGS = {
     "transaction.max.timeout.ms": ("transaction_max_timeout_ms", 1, None),
     "transactional.id.expiration.ms": ("transactional_id_expiration_ms", 1, None),
     "num.io.threads": ("num_io_threads", 1, 1024),
+    "quota.window.num": ("quota_window_num", 2, 1000),
+    "quota.window.size.seconds": ("quota_window_size_seconds", 1, 3600),
     "queued.max.requests": ("queued_max_requests", 1, None),
     "zookeeper.session.timeout.ms": ("zookeeper_session_timeout_ms", 1000, None),
     "default.replication.factor": ("default_replication_factor", 1, None),

@@ -21,7 +21,6 @@ are issued, so the map stays as small as the live connections.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import threading
 import time
@@ -34,6 +33,7 @@ from eos.scram import MECHANISMS, ScramCredential, ScramError
 SCRAM_FILE_NAME = "scram-credentials.json"
 SCRAM_FILE_VERSION = 1
 SESSION_LIFETIME_MS_DEFAULT = 3_600_000
+PRUNE_INTERVAL_MS = 60_000
 
 
 class ScramUsers:
@@ -69,8 +69,8 @@ class ScramUsers:
         document = {"version": SCRAM_FILE_VERSION,
                     "users": {name: {m: c.to_text() for m, c in sorted(entry.items())}
                               for name, entry in sorted(users.items()) if entry}}
-        write_file_atomically(self._path, json.dumps(document, indent=1).encode("utf-8"))
-        os.chmod(self._path, 0o600)     # the keys let anyone pose as the broker to its users
+        # 0600 from its creation: the keys let anyone pose as the broker to its users
+        write_file_atomically(self._path, json.dumps(document, indent=1).encode("utf-8"), mode=0o600)
         self._stamp = None
         self._refresh()
 
@@ -116,14 +116,26 @@ class SessionTokens:
         self._now_ms = now_ms_fn or (lambda: time.time_ns() // 1_000_000)
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
+        self._pruned_at_ms = 0
 
     def issue(self, principal: str, peer: str) -> str:
         now_ms = self._now_ms()
         token = secrets.token_urlsafe(32)
         with self._lock:
-            self._sessions = {t: s for t, s in self._sessions.items() if s.expires_at_ms > now_ms}
+            # expired sessions go now and then (a pass over all of them), not at every login
+            if now_ms - self._pruned_at_ms >= min(self.lifetime_ms, PRUNE_INTERVAL_MS):
+                self._sessions = {t: s for t, s in self._sessions.items() if s.expires_at_ms > now_ms}
+                self._pruned_at_ms = now_ms
             self._sessions[token] = Session(principal, peer, now_ms + self.lifetime_ms)
         return token
+
+    def revoke(self, principal: str) -> int:
+        """End every session of `principal` (its user was deleted); how many there were."""
+        with self._lock:
+            kept = {t: s for t, s in self._sessions.items() if s.principal != principal}
+            ended = len(self._sessions) - len(kept)
+            self._sessions = kept
+        return ended
 
     def principal_of(self, token: str, peer: str) -> str | None:
         """The token's principal if it was issued on this connection and has not expired."""

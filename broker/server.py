@@ -52,8 +52,9 @@ from broker.data_dir import (META_PROPERTIES, DataDirLock, load_or_create_meta_p
 from broker.in_process import InProcessBrokerStub
 from broker.authorizer import Authorizer
 from broker.purgatory import FetchPurgatory
-from broker.security import (PLAINTEXT, SSL, CallIdentityInterceptor, Listener, ReloadingServerCertificates,
+from broker.security import (PLAINTEXT, SASL_SSL, SSL, CallIdentityInterceptor, Listener, ReloadingServerCertificates,
                              advertised_host, check_plaintext_binds, parse_advertised, transport_of)
+from broker.client_quotas import ClientQuotas
 from broker.scram_users import SESSION_LIFETIME_MS_DEFAULT, ScramUsers, SessionTokens
 from broker.security_service import SecurityServicer
 from broker.service import FETCH_MAX_WAIT_CAP_MS, BrokerServicer, NodeAddress
@@ -146,6 +147,8 @@ class BrokerServer:
         # authenticates) and the session tokens the Security service issues.
         self._scram_users = ScramUsers(self.data_dir)
         self._sessions = SessionTokens(self.config.connections_max_reauth_ms or SESSION_LIFETIME_MS_DEFAULT)
+        self._quotas = ClientQuotas(self.data_dir, window_num=self.config.quota_window_num,
+                                    window_size_ms=self.config.quota_window_size_seconds * 1000)
         self._interceptor = CallIdentityInterceptor(self.listeners, self.config.ssl_principal_mapping_rules,
                                                     sessions=self._sessions)
         self.cluster_id: str | None = None
@@ -315,6 +318,10 @@ class BrokerServer:
             log.info("authorizer on: %d ACL(s) loaded from %s, super users %s, allow.everyone.if.no.acl.found=%s",
                      self._authorizer.load(), self.data_dir, sorted(self.config.super_users) or "none",
                      str(self.config.allow_everyone_if_no_acl_found).lower())
+        quota_entities = self._quotas.load()
+        if quota_entities:
+            log.info("client quotas: %d entit%s with quotas, from %s", quota_entities,
+                     "y" if quota_entities == 1 else "ies", self.data_dir)
         self._registry = TopicRegistry(self.data_dir, default_config=self.config.topic_defaults,
                                        default_num_partitions=self.config.num_partitions)
         topics = self._registry.load()
@@ -401,7 +408,7 @@ class BrokerServer:
             metadata=None if cluster is None else cluster.metadata,
             replicas=None if cluster is None else cluster.replicas,
             topic_admin=None if cluster is None else cluster.topic_admin,
-            listener_nodes=self.listener_nodes, authorizer=self._authorizer)
+            listener_nodes=self.listener_nodes, authorizer=self._authorizer, quotas=self._quotas)
         broker_pb2_grpc.add_BrokerServicer_to_server(self._servicer, server)
         if cluster is not None:
             from broker.cluster_service import ClusterServicer
@@ -436,7 +443,10 @@ class BrokerServer:
             self._group_coordinator, node_for_call=self._servicer.node_for_call, authorizer=self._authorizer), server)
         security_pb2_grpc.add_SecurityServicer_to_server(SecurityServicer(
             self._scram_users, self._sessions, enabled_mechanisms=config.sasl_enabled_mechanisms,
-            authorizer=self._authorizer), server)
+            authorizer=self._authorizer, sasl_listener=any(l.security_protocol == SASL_SSL for l in self.listeners),
+            quotas=self._quotas, quotas_refusal=None if cluster is None else (
+                "client quotas on a ZooKeeper cluster are not built yet (each broker would need them: "
+                "Kafka keeps them in ZooKeeper under /config/users and /config/clients)")), server)
         server.start()
         if cluster is None:
             threading.Thread(target=self._start_txn_coordinator, name="eos-txn-load", daemon=True).start()

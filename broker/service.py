@@ -90,6 +90,7 @@ import grpc
 
 from broker.acl import InvalidAclError, Operation, ResourceType
 from broker.purgatory import FetchPurgatory
+from broker.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
 from broker.security import current_call
 from broker.local_topic_admin import LocalTopicAdmin
 from broker.produce_streams import NOTHING_YET, ProduceStreams, ProduceStreamSession
@@ -276,7 +277,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                  on_offsets_txn_marker: OffsetsTxnMarkerHook | None = None,
                  max_produce_streams: int = PRODUCE_STREAMS_MAX,
                  metadata=None, replicas=None, topic_admin=None,
-                 listener_nodes: dict[str, NodeAddress] | None = None, authorizer=None):
+                 listener_nodes: dict[str, NodeAddress] | None = None, authorizer=None, quotas=None):
         """`verify_txn` asks the transaction coordinator whether partitions are registered in
         a producer's open transaction (None: no coordinator, transactional writes are not
         verified); `add_txn_partitions` adds them for a request that asks it (KIP-890 part 2;
@@ -285,7 +286,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         ProduceStream calls are open at once (each holds a gRPC worker for its lifetime).
         `listener_nodes` is this node's advertised address per listener name: a call that
         came in on a listener is answered with that listener's address (Kafka's rule).
-        `authorizer` (broker.authorizer.Authorizer) checks each call's ACLs; None: no checks."""
+        `authorizer` (broker.authorizer.Authorizer) checks each call's ACLs; None: no checks.
+        `quotas` (broker.client_quotas.ClientQuotas) holds clients to their byte rates; None: none."""
         self._registry = registry
         self._log_manager = log_manager
         self._purgatory = purgatory
@@ -309,6 +311,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         self._gate = _RequestGate()
         self._streams = ProduceStreams(max_produce_streams)
         self._authorizer = authorizer
+        self._quotas = quotas
 
     # ---- authorization (see "Authorization" in the module doc) ---------------------------------
 
@@ -369,7 +372,20 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
 
     @_gated
     def Produce(self, request: broker_pb2.ProduceRequest, context) -> broker_pb2.ProduceResponse:
-        return self._produce(request)
+        return self._produce_within_quota(request, context)
+
+    def _produce_within_quota(self, request: broker_pb2.ProduceRequest, context,
+                              waits: list | None = None) -> broker_pb2.ProduceResponse:
+        """`_produce` after the producer's throttle (if any) is over; the response carries
+        the throttle its bytes earn (Kafka appends first and throttles after: see
+        broker/client_quotas.py)."""
+        if self._quotas is None:
+            return self._produce(request, waits)
+        who = self._quotas.hold(PRODUCER_BYTE_RATE, context)
+        response = self._produce(request, waits)
+        response.throttle_time_ms = self._quotas.charge(
+            PRODUCER_BYTE_RATE, who, sum(len(p.records) for p in request.partitions))
+        return response
 
     def ProduceStream(self, request_iterator, context):
         """Produce over one ordered stream (see "Produce streams" in the module doc): each
@@ -408,7 +424,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                     break
                 try:
                     waits: list = []
-                    response = self._produce(request, waits)
+                    response = self._produce_within_quota(request, context, waits)
                 finally:
                     self._gate.exit()
                 answering.append((response, waits))
@@ -612,6 +628,23 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
 
     @_gated
     def Fetch(self, request: broker_pb2.FetchRequest, context) -> broker_pb2.FetchResponse:
+        if self._quotas is None or request.is_replica:
+            return self._fetch(request, context)
+        who = self._quotas.hold(CONSUMER_BYTE_RATE, context)
+        response = self._fetch(request, context)
+        read = sum(len(p.records) for p in response.partitions)
+        throttle_ms = self._quotas.charge(CONSUMER_BYTE_RATE, who, read)
+        if throttle_ms > 0:
+            # Kafka's rule: a fetch over the quota is answered without its records (a read
+            # changes nothing, the consumer asks again after the throttle), and they are
+            # not counted.
+            self._quotas.refund(CONSUMER_BYTE_RATE, who, read)
+            for partition in response.partitions:
+                partition.records = b""
+            response.throttle_time_ms = throttle_ms
+        return response
+
+    def _fetch(self, request: broker_pb2.FetchRequest, context) -> broker_pb2.FetchResponse:
         max_wait_ms = min(max(request.max_wait_ms, 0), self._fetch_max_wait_cap_ms)
         deadline_s = time.monotonic() + max_wait_ms / 1000.0
         if self._authorizer is not None:

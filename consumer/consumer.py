@@ -179,7 +179,8 @@ class Consumer:
             fetch_max_bytes=settings["fetch.max.bytes"],
             max_partition_fetch_bytes=settings["max.partition.fetch.bytes"],
             check_crcs=settings["check.crcs"], request_timeout_ms=settings["request.timeout.ms"],
-            backoff=net.Backoff(settings["retry.backoff.ms"], settings["retry.backoff.max.ms"]))
+            backoff=net.Backoff(settings["retry.backoff.ms"], settings["retry.backoff.max.ms"]),
+            client_id=settings["client.id"])
         self._group: ConsumerCoordinator | None = None
         if self.group_id is not None:
             self._group = ConsumerCoordinator(

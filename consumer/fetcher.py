@@ -145,8 +145,10 @@ class Fetcher:
     def __init__(self, metadata: net.ClusterMetadata, *, isolation_level: int,
                  auto_offset_reset: str, fetch_min_bytes: int, fetch_max_wait_ms: int,
                  fetch_max_bytes: int, max_partition_fetch_bytes: int, check_crcs: bool,
-                 request_timeout_ms: int, backoff: net.Backoff, clock: Callable[[], int] = net.now_ms):
+                 request_timeout_ms: int, backoff: net.Backoff, clock: Callable[[], int] = net.now_ms,
+                 client_id: str = ""):
         self._metadata = metadata
+        self._call_metadata = net.client_id_metadata(client_id)   # the broker's client quotas read it
         self.isolation_level = isolation_level
         self.auto_offset_reset = auto_offset_reset
         self._fetch_min_bytes = fetch_min_bytes
@@ -344,7 +346,8 @@ class Fetcher:
                 s.in_flight = True
                 epochs[s.tp] = (s.fetch_epoch, s.fetch_offset)
             timeout_s = (self._request_timeout_ms + self._fetch_max_wait_ms) / 1000
-            call = self._callers.submit(node, stub.Fetch, request, timeout=timeout_s)
+            call = self._callers.submit(node, stub.Fetch, request, timeout=timeout_s,
+                                        metadata=self._call_metadata or None)
             self._in_flight[node] = _FetchInFlight(node, epochs, call)
             call.add_done_callback(lambda _f, node=node: self._on_done(node))
 
@@ -396,6 +399,13 @@ class Fetcher:
             if not error.retriable:
                 self._pending_error = error
             return
+        if response.throttle_time_ms > 0:
+            # Over a client quota (KIP-219): the broker answered without data; ask it again
+            # only when the throttle is over.
+            for tp in in_flight.epochs:
+                state = self.states.get(tp)
+                if state is not None:
+                    state.retry_at_ms = max(state.retry_at_ms, now + response.throttle_time_ms)
         for fetched in response.partitions:
             tp = TopicPartition(fetched.topic, fetched.partition)
             state = self.states.get(tp)

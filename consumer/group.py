@@ -110,7 +110,7 @@ __all__ = ["ConsumerCoordinator", "ConsumerGroupMetadata", "OffsetAndMetadata", 
 
 NO_GENERATION = -1
 NO_MEMBER_ID = ""
-CLIENT_ID_METADATA_KEY = "client-id"    # the gRPC metadata key the coordinator reads (Kafka's header field)
+CLIENT_ID_METADATA_KEY = net.CLIENT_ID_METADATA_KEY    # re-exported: tests and tools import it from here
 JOIN_TIMEOUT_MARGIN_MS = 5_000          # JoinGroup/SyncGroup wait the rebalance timeout plus this (Kafka's)
 LEAVE_TIMEOUT_MS = 5_000                # a LeaveGroup on close or poll timeout is best effort
 HEARTBEAT_IDLE_WAIT_S = 1.0             # the heartbeat thread looks at the state at least this often
@@ -254,7 +254,7 @@ class ConsumerCoordinator:
         self._sleep_ms = sleep_ms or (lambda ms: threading.Event().wait(ms / 1000))
         self._stub_for = stub_for or (lambda address: group_pb2_grpc.GroupCoordinatorStub(metadata.channel(address)))
         self._start_heartbeat_thread = start_heartbeat_thread
-        self._call_metadata = ((CLIENT_ID_METADATA_KEY, client_id),) if client_id else ()
+        self._call_metadata = net.client_id_metadata(client_id)
 
         # Shared with the heartbeat thread (under _lock).
         self._lock = threading.Lock()

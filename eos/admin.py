@@ -790,6 +790,40 @@ class Admin:
             found[result.user] = {info.mechanism: info.iterations for info in result.credential_infos}
         return found
 
+    # ---- client quotas (Kafka's AlterClientQuotas / DescribeClientQuotas) -------------------------
+
+    def alter_client_quotas(self, alterations, *, validate_only: bool = False) -> None:
+        """`alterations`: [(entity, {key: value, or None to remove it})], where an entity is
+        {"user": name or None, "client-id": name or None} and None names the default
+        (`<default>`). Kafka's keys: producer_byte_rate, consumer_byte_rate (bytes/s). All
+        are applied, or none (the first refusal raises)."""
+        from eos.v1 import security_pb2
+        entries = [security_pb2.QuotaAlteration(
+            entity=_quota_entity_to_proto(entity),
+            ops=[security_pb2.QuotaOp(key=key, remove=True) if value is None
+                 else security_pb2.QuotaOp(key=key, value=float(value)) for key, value in changes.items()])
+            for entity, changes in alterations]
+        response = self._call("AlterClientQuotas", lambda s: s.AlterClientQuotas,
+                              security_pb2.AlterClientQuotasRequest(entries=entries, validate_only=validate_only),
+                              stub=self._security_stub)
+        for result in response.results:
+            if result.error_code != ErrorCode.NONE:
+                raise error_for(result.error_code, f"cannot alter the client quotas of "
+                                                   f"{_quota_entity_text(result.entity)}: "
+                                                   f"{result.error_message or ErrorCode(result.error_code).name}")
+
+    def describe_client_quotas(self) -> list[tuple[dict, dict[str, float]]]:
+        """Every entity with quotas: [({"user": ..., "client-id": ...}, {key: value})], the
+        default as "<default>"; an entity part it does not name is absent."""
+        from eos.v1 import security_pb2
+        response = self._call("DescribeClientQuotas", lambda s: s.DescribeClientQuotas,
+                              security_pb2.DescribeClientQuotasRequest(), stub=self._security_stub)
+        if response.error_code != ErrorCode.NONE:
+            raise error_for(response.error_code, f"cannot describe client quotas: "
+                                                 f"{response.error_message or ErrorCode(response.error_code).name}")
+        return [({c.entity_type: "<default>" if c.is_default else c.name for c in entry.entity}, dict(entry.values))
+                for entry in response.entries]
+
     def close(self) -> None:
         self._metadata.close()
 
@@ -798,3 +832,16 @@ class Admin:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+
+def _quota_entity_to_proto(entity: dict) -> list:
+    from eos.v1 import security_pb2
+    unknown = sorted(set(entity) - {"user", "client-id"})
+    if unknown or not entity:
+        raise ValueError(f"a quota entity is {{'user': ..., 'client-id': ...}} (None for the default), got {entity!r}")
+    return [security_pb2.QuotaEntityComponent(entity_type=kind, name=name or "", is_default=name is None)
+            for kind, name in entity.items()]
+
+
+def _quota_entity_text(components) -> str:
+    return ", ".join(f"{c.entity_type}={'<default>' if c.is_default else c.name}" for c in components)

@@ -13,6 +13,7 @@
     eos txn list|describe|abort|find-hanging transactions (after kafka-transactions.sh)
     eos acls --add|--list|--remove ...       ACLs, with kafka-acls.sh's flags
     eos users add|list|remove ...            SCRAM users (eos/cli_users.py)
+    eos configs --alter|--describe ...       client quotas, kafka-configs.sh's flags (eos/cli_configs.py)
     eos demo                                 the end-to-end demo on an embedded broker
 
 Every client command takes --bootstrap-server (default $EOS_BOOTSTRAP or 127.0.0.1:9092) and,
@@ -75,7 +76,8 @@ def client_config(args) -> dict[str, str]:
         value = getattr(args, attribute, None)
         if value is not None:
             config[name] = value
-    if "sasl.password" not in config and os.environ.get("EOS_SASL_PASSWORD"):
+    if (str(config.get("security.protocol", "")).upper() == "SASL_SSL" and "sasl.password" not in config
+            and os.environ.get("EOS_SASL_PASSWORD")):
         config["sasl.password"] = os.environ["EOS_SASL_PASSWORD"]   # not a flag: ps would show it
     return config
 
@@ -764,6 +766,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_acls_command(client_command)
     from eos.cli_users import add_commands as add_users_commands
     add_users_commands(commands, client_command)
+    from eos.cli_configs import add_commands as add_configs_commands
+    add_configs_commands(client_command)
     _add_demo_command(commands)
     return parser
 

@@ -18,10 +18,16 @@ def fsync_directory(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def write_file_atomically(path: str | os.PathLike, data: bytes) -> None:
+def write_file_atomically(path: str | os.PathLike, data: bytes, *, mode: int = 0o644) -> None:
+    """`mode` is the file's from its creation (a secret is never readable by others, not
+    even between the write and a later chmod)."""
     path = os.fspath(path)
     temp_path = path + ".tmp"
-    fd = os.open(temp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.unlink(temp_path)      # a leftover with a wider mode would keep it: O_CREAT ignores mode then
+    except FileNotFoundError:
+        pass
+    fd = os.open(temp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)   # the umask only narrows it
     try:
         view = memoryview(data)
         while view:

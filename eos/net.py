@@ -59,6 +59,16 @@ from eos.v1 import broker_pb2, broker_pb2_grpc, group_pb2, group_pb2_grpc, txn_p
 if TYPE_CHECKING:
     from eos.sasl import SaslSettings
 
+# The gRPC metadata key a client's client.id travels in (Kafka's request header field): the
+# group coordinator and the client quotas read it.
+CLIENT_ID_METADATA_KEY = "client-id"
+
+
+def client_id_metadata(client_id: str) -> tuple:
+    """The call metadata that names `client_id` (none for an empty one)."""
+    return ((CLIENT_ID_METADATA_KEY, client_id),) if client_id else ()
+
+
 MESSAGE_BYTES_MAX = 100 * 1024 * 1024
 # 6 minutes: above gRPC servers' default minimum ping interval without data (5 minutes),
 # so a stock server never answers our pings with GOAWAY "too_many_pings".
@@ -123,6 +133,13 @@ def _security_protocol(name: str, value) -> str:
         raise ValueError(f"{name}=SASL_PLAINTEXT is not offered by eos (the session token would cross the "
                          f"network in clear); use SASL_SSL")
     raise ValueError(f"{name} must be PLAINTEXT, SSL or SASL_SSL, got {value!r}")
+
+
+def _secret(name: str, value) -> str | None:
+    """A password: checked like a string, never echoed in the error."""
+    if value is None or isinstance(value, str):
+        return value or None
+    raise ValueError(f"{name} must be a string (a {type(value).__name__} was given)")
 
 
 def _sasl_mechanism(name: str, value) -> str:
@@ -776,7 +793,7 @@ CLIENT_SECURITY_CONFIG.update({
     "ssl.endpoint.identification.algorithm": ConfigSpec("https", _endpoint_identification),
     "sasl.mechanism": ConfigSpec(SASL_MECHANISM_DEFAULT, _sasl_mechanism),
     "sasl.username": ConfigSpec(None, as_optional_str),
-    "sasl.password": ConfigSpec(None, as_optional_str),
+    "sasl.password": ConfigSpec(None, _secret),
 })
 
 

@@ -39,16 +39,22 @@ class SaslSettings(NamedTuple):
     username: str
     password: str
 
+    def __repr__(self) -> str:       # never the password, in a log or a traceback
+        return f"SaslSettings(mechanism={self.mechanism!r}, username={self.username!r}, password=***)"
+
 
 class AuthenticationRefused(grpc.RpcError):
-    """The broker refused the SCRAM exchange: raised from the call that needed it."""
+    """The SCRAM exchange failed: raised from the call that needed it. UNAUTHENTICATED when
+    the broker refused it (not retried); DEADLINE_EXCEEDED when it could not finish in the
+    call's time (retried as the call would be)."""
 
-    def __init__(self, message: str):
+    def __init__(self, message: str, code: grpc.StatusCode = grpc.StatusCode.UNAUTHENTICATED):
         super().__init__(message)
         self._message = message
+        self._code = code
 
     def code(self):
-        return grpc.StatusCode.UNAUTHENTICATED
+        return self._code
 
     def details(self):
         return self._message
@@ -71,25 +77,49 @@ class SaslChannelInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamC
         from eos.v1 import security_pb2_grpc
         self._stub = security_pb2_grpc.SecurityStub(channel)
         self._settings = settings
+        # Two locks: `_lock` guards the token and is never held across I/O (gRPC's channel
+        # thread takes it in `_drop`, and that thread is the one that delivers the exchange's
+        # answers); `_authenticating` lets one thread at a time run the exchange.
         self._lock = threading.Lock()
+        self._authenticating = threading.Lock()
         self._token: str | None = None
         self._renew_at_s = 0.0
 
     # ---- the session ---------------------------------------------------------------------------
 
-    def token(self) -> str:
+    def _valid_token(self) -> str | None:
         with self._lock:
-            if self._token is None or time.monotonic() >= self._renew_at_s:
-                self._token, lifetime_ms = self._authenticate()
+            return self._token if self._token is not None and time.monotonic() < self._renew_at_s else None
+
+    def token(self, timeout_s: float | None = None) -> str:
+        """The session's token, authenticating first if there is none (within `timeout_s`,
+        the call's own deadline, at most AUTHENTICATE_TIMEOUT_S)."""
+        token = self._valid_token()
+        if token is not None:
+            return token
+        budget_s = AUTHENTICATE_TIMEOUT_S if timeout_s is None else max(0.001, min(timeout_s, AUTHENTICATE_TIMEOUT_S))
+        deadline_s = time.monotonic() + budget_s
+        if not self._authenticating.acquire(timeout=budget_s):
+            raise AuthenticationRefused("SASL authentication by another call did not finish in time",
+                                        grpc.StatusCode.DEADLINE_EXCEEDED)
+        try:
+            token = self._valid_token()      # another call may have just authenticated
+            if token is not None:
+                return token
+            token, lifetime_ms = self._authenticate(max(0.001, deadline_s - time.monotonic()))
+            with self._lock:
+                self._token = token
                 self._renew_at_s = time.monotonic() + lifetime_ms / 1000.0 * RENEW_AT_FRACTION
-            return self._token
+            return token
+        finally:
+            self._authenticating.release()
 
     def _drop(self, token: str) -> None:
         with self._lock:
             if self._token == token:
                 self._token = None
 
-    def _authenticate(self) -> tuple[str, int]:
+    def _authenticate(self, timeout_s: float) -> tuple[str, int]:
         from eos.v1 import security_pb2
         settings = self._settings
         exchange = ScramClient(settings.mechanism, settings.username, settings.password)
@@ -101,14 +131,14 @@ class SaslChannelInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamC
             sent = 0
             while True:
                 with ready:
-                    ready.wait_for(lambda: len(outgoing) > sent, timeout=AUTHENTICATE_TIMEOUT_S)
+                    ready.wait_for(lambda: len(outgoing) > sent, timeout=timeout_s)
                     if len(outgoing) <= sent or outgoing[sent] is None:
                         return
                     item = outgoing[sent]
                 sent += 1
                 yield item
 
-        answers = self._stub.SaslAuthenticate(requests(), timeout=AUTHENTICATE_TIMEOUT_S)
+        answers = self._stub.SaslAuthenticate(requests(), timeout=timeout_s)
         try:
             server_first = self._answer(next(answers, None))
             try:
@@ -143,7 +173,7 @@ class SaslChannelInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamC
     # ---- the calls -----------------------------------------------------------------------------
 
     def _tagged(self, details) -> tuple[_CallDetails, str]:
-        token = self.token()
+        token = self.token(details.timeout)
         metadata = tuple(details.metadata or ()) + ((SASL_TOKEN_KEY, token),)
         return _CallDetails(details.method, details.timeout, metadata, details.credentials,
                             details.wait_for_ready, details.compression), token

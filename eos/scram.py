@@ -27,6 +27,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import re
 import secrets
 from typing import NamedTuple
 
@@ -34,6 +35,8 @@ MECHANISMS = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}
 MIN_ITERATIONS = 4096          # Kafka's minimum for both mechanisms
 MAX_ITERATIONS = 16384         # and its maximum
 DEFAULT_ITERATIONS = 4096
+# What a client computes at most for a server's asking (a hostile server could ask millions).
+CLIENT_MAX_ITERATIONS = MAX_ITERATIONS
 _GS2_HEADER = "n,,"            # no channel binding, no authorization identity
 _CHANNEL_BINDING = base64.b64encode(_GS2_HEADER.encode()).decode()   # "biws"
 _UNKNOWN_USER_SECRET = secrets.token_bytes(32)
@@ -116,8 +119,11 @@ def escape_username(name: str) -> str:
     return name.replace("=", "=3D").replace(",", "=2C")
 
 
+_ESCAPED_NAME = re.compile(r"(?:[^=,]|=3D|=2C)*")
+
+
 def unescape_username(text: str) -> str:
-    if "=" in text.replace("=3D", "").replace("=2C", ""):
+    if not _ESCAPED_NAME.fullmatch(text):
         raise ScramError("malformed user name in the SCRAM message")
     return text.replace("=2C", ",").replace("=3D", "=")
 
@@ -196,14 +202,18 @@ class ScramClient:
     def final(self, server_first: str) -> str:
         fields = _attributes(server_first)
         client_nonce = _attributes(self._client_first_bare)["r"]
-        if not fields.get("r", "").startswith(client_nonce) or "s" not in fields or "i" not in fields:
+        nonce = fields.get("r", "")
+        # the server's nonce extends ours with its own part (RFC 5802 5.1)
+        if not nonce.startswith(client_nonce) or len(nonce) <= len(client_nonce) or "s" not in fields \
+                or "i" not in fields:
             raise ScramError("the server-first message does not continue this exchange")
         try:
             salt, iterations = base64.b64decode(fields["s"], validate=True), int(fields["i"])
         except ValueError:
             raise ScramError("malformed salt or iteration count in the server-first message") from None
-        if iterations < MIN_ITERATIONS:
-            raise ScramError(f"the server asks for {iterations} iterations, under the minimum {MIN_ITERATIONS}")
+        if not MIN_ITERATIONS <= iterations <= CLIENT_MAX_ITERATIONS:
+            raise ScramError(f"the server asks for {iterations} iterations, outside "
+                             f"{MIN_ITERATIONS}..{CLIENT_MAX_ITERATIONS}")
         salted = salted_password(self._mechanism, self._password, salt, iterations)
         client_key = hmac.digest(salted, b"Client Key", self._hash)
         stored_key = hashlib.new(self._hash, client_key).digest()
@@ -217,6 +227,9 @@ class ScramClient:
         fields = _attributes(server_final)
         if "e" in fields:
             raise ScramError(f"the broker refused the authentication: {fields['e']}")
-        if self._server_signature is None or not hmac.compare_digest(
-                base64.b64decode(fields.get("v", "")), self._server_signature):
+        try:
+            signature = base64.b64decode(fields.get("v", ""), validate=True)
+        except ValueError:
+            raise ScramError("the broker's signature is not base64") from None
+        if self._server_signature is None or not hmac.compare_digest(signature, self._server_signature):
             raise ScramError("the broker's signature does not match: it does not hold this user's credential")

@@ -203,6 +203,8 @@ class Sender(threading.Thread):
         self._txn = txn
         self._txn_lock = txn_lock if txn_lock is not None else threading.Condition()
         self._add_partitions_in_flight = False
+        self._throttled_until_ms: dict[int, int] = {}   # node -> when its quota throttle ends
+        self._call_metadata = net.client_id_metadata(client_id)   # the broker's client quotas read it
         self._call_threads = CallThreads(f"eos-producer-calls{'-' + client_id if client_id else ''}")
         self._add_partitions_attempts = 0
         self._add_partitions_retry_at_ms = 0
@@ -286,7 +288,12 @@ class Sender(threading.Thread):
         if topics and now >= self._metadata_retry_at_ms:
             self._refresh_metadata(topics, now)
         self._topics_without_leader = set()
-        take, slots_by_node = self._make_taker()
+        throttled = {node for node, until in self._throttled_until_ms.items() if until > now}
+        if throttled:
+            wait_ms = min(wait_ms, min(self._throttled_until_ms[node] for node in throttled) - now)
+        elif self._throttled_until_ms:
+            self._throttled_until_ms.clear()
+        take, slots_by_node = self._make_taker(throttled)
         batches, next_ready_ms = acc.drain(now, take, self._batch_bytes_max)
         if batches:
             self._send(slots_by_node, now)
@@ -428,7 +435,7 @@ class Sender(threading.Thread):
         """Whether requests to `node` go on its ProduceStream (which keeps their order)."""
         return self._use_streams and self._acks != 0 and node not in self._unary_nodes
 
-    def _make_taker(self):
+    def _make_taker(self, throttled_nodes: set[int]):
         metadata = self._metadata
         idem = self._idempotence
         slots_by_node: dict[int, list[_RequestSlot]] = {}
@@ -449,6 +456,8 @@ class Sender(threading.Thread):
             node = metadata.leader(batch.topic, batch.partition)
             if node == net.NO_LEADER or metadata.address_of(node) is None:
                 self._topics_without_leader.add(batch.topic)
+                return False
+            if node in throttled_nodes:
                 return False
             ordered = ordered_by_node.get(node)
             if ordered is None:
@@ -573,7 +582,7 @@ class Sender(threading.Thread):
                             f"could not open a produce stream to node {node}"))))
                     continue
                 try:
-                    call = stub.Produce.future(request, timeout=timeout_s)
+                    call = stub.Produce.future(request, timeout=timeout_s, metadata=self._call_metadata)
                 except Exception as exc:  # the channel refused before sending (closed)
                     self._acc.post((request_id, _FailedCall(exc)))
                     continue
@@ -591,7 +600,8 @@ class Sender(threading.Thread):
             if stream is None or stream.closed:
                 try:
                     stream = self._streams[node] = ProduceStream(
-                        stub, node, in_flight_max=self._max_in_flight, on_answer=self._post_answer)
+                        stub, node, in_flight_max=self._max_in_flight, on_answer=self._post_answer,
+                        metadata=self._call_metadata)
                 except Exception as exc:  # the channel is closed
                     log.info("opening a produce stream to node %d failed: %r", node, exc)
                     return False
@@ -671,6 +681,11 @@ class Sender(threading.Thread):
             for batch in in_flight.batches:
                 self._on_batch_error(batch, error.code, str(error), NO_OFFSET, now)
             return
+        if response.throttle_time_ms > 0:
+            # A client quota (KIP-219): send this broker nothing more until the time is over
+            # (the broker would hold the next request for that long anyway).
+            self._throttled_until_ms[in_flight.node_id] = max(
+                self._throttled_until_ms.get(in_flight.node_id, 0), now + response.throttle_time_ms)
         results = {(r.topic, r.partition): r for r in response.partitions}
         next_offset_by_tp: dict[tuple, int] = {}   # several batches of a partition: consecutive
         for batch in in_flight.batches:

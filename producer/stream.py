@@ -92,7 +92,7 @@ class ProduceStream:
     """One ProduceStream call to `node_id`; see the module doc."""
 
     def __init__(self, stub, node_id: int, *, in_flight_max: int,
-                 on_answer: Callable[[int, StreamAnswer], None]):
+                 on_answer: Callable[[int, StreamAnswer], None], metadata: tuple = ()):
         self.node_id = node_id
         self._on_answer = on_answer
         self._in_flight_max = in_flight_max
@@ -105,7 +105,7 @@ class ProduceStream:
         self._abort_error: EosError | None = None
         self.unimplemented = False      # the broker has no ProduceStream
         self.refused = False            # the broker had no room for another stream
-        self._call = stub.ProduceStream(self._request_iterator())
+        self._call = stub.ProduceStream(self._request_iterator(), metadata=metadata or None)
         self._reader = threading.Thread(target=self._read, name=f"eos-produce-stream-{node_id}", daemon=True)
         self._reader.start()
 

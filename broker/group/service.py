@@ -33,12 +33,11 @@ from broker.group.coordinator import GroupCoordinator
 from broker.group.records import OffsetAndMetadata
 from eos.acl import Operation, ResourceType
 from eos.errors import ErrorCode
+from eos.net import CLIENT_ID_METADATA_KEY   # Kafka's request header field
 from eos.types import TopicPartition
 from eos.v1 import group_pb2, group_pb2_grpc
 
 log = logging.getLogger("eos.group_coordinator")
-
-CLIENT_ID_METADATA_KEY = "client-id"
 
 
 def _unexpected(build_error):

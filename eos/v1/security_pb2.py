@@ -25,13 +25,15 @@ _sym_db = _symbol_database.Default()
 from eos.v1 import common_pb2 as eos_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x65os/v1/security.proto\x12\x06\x65os.v1\x1a\x13\x65os/v1/common.proto\"@\n\x17SaslAuthenticateRequest\x12\x11\n\tmechanism\x18\x01 \x01(\t\x12\x12\n\nauth_bytes\x18\x02 \x01(\x0c\"\xa0\x01\n\x18SaslAuthenticateResponse\x12%\n\nerror_code\x18\x01 \x01(\x0e\x32\x11.eos.v1.ErrorCode\x12\x15\n\rerror_message\x18\x02 \x01(\t\x12\x12\n\nauth_bytes\x18\x03 \x01(\x0c\x12\x15\n\rsession_token\x18\x04 \x01(\t\x12\x1b\n\x13session_lifetime_ms\x18\x05 \x01(\x03\"v\n\x18ScramCredentialUpsertion\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tmechanism\x18\x02 \x01(\t\x12\x12\n\niterations\x18\x03 \x01(\x05\x12\x0c\n\x04salt\x18\x04 \x01(\x0c\x12\x17\n\x0fsalted_password\x18\x05 \x01(\x0c\":\n\x17ScramCredentialDeletion\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tmechanism\x18\x02 \x01(\t\"\x8c\x01\n AlterUserScramCredentialsRequest\x12\x32\n\tdeletions\x18\x01 \x03(\x0b\x32\x1f.eos.v1.ScramCredentialDeletion\x12\x34\n\nupsertions\x18\x02 \x03(\x0b\x32 .eos.v1.ScramCredentialUpsertion\"m\n\x1f\x41lterUserScramCredentialsResult\x12\x0c\n\x04user\x18\x01 \x01(\t\x12%\n\nerror_code\x18\x02 \x01(\x0e\x32\x11.eos.v1.ErrorCode\x12\x15\n\rerror_message\x18\x03 \x01(\t\"]\n!AlterUserScramCredentialsResponse\x12\x38\n\x07results\x18\x01 \x03(\x0b\x32\'.eos.v1.AlterUserScramCredentialsResult\"4\n#DescribeUserScramCredentialsRequest\x12\r\n\x05users\x18\x01 \x03(\t\"7\n\x0e\x43redentialInfo\x12\x11\n\tmechanism\x18\x01 \x01(\t\x12\x12\n\niterations\x18\x02 \x01(\x05\"\xa2\x01\n\"DescribeUserScramCredentialsResult\x12\x0c\n\x04user\x18\x01 \x01(\t\x12%\n\nerror_code\x18\x02 \x01(\x0e\x32\x11.eos.v1.ErrorCode\x12\x15\n\rerror_message\x18\x03 \x01(\t\x12\x30\n\x10\x63redential_infos\x18\x04 \x03(\x0b\x32\x16.eos.v1.CredentialInfo\"\xa1\x01\n$DescribeUserScramCredentialsResponse\x12%\n\nerror_code\x18\x01 \x01(\x0e\x32\x11.eos.v1.ErrorCode\x12\x15\n\rerror_message\x18\x02 \x01(\t\x12;\n\x07results\x18\x03 \x03(\x0b\x32*.eos.v1.DescribeUserScramCredentialsResult2\xd2\x02\n\x08Security\x12Y\n\x10SaslAuthenticate\x12\x1f.eos.v1.SaslAuthenticateRequest\x1a .eos.v1.SaslAuthenticateResponse(\x01\x30\x01\x12p\n\x19\x41lterUserScramCredentials\x12(.eos.v1.AlterUserScramCredentialsRequest\x1a).eos.v1.AlterUserScramCredentialsResponse\x12y\n\x1c\x44\x65scribeUserScramCredentials\x12+.eos.v1.DescribeUserScramCredentialsRequest\x1a,.eos.v1.DescribeUserScramCredentialsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x65os/v1/security.proto\x12\x06\x65os.v1\x1a\x13\x65os/v1/common.proto\"@\n\x17SaslAuthenticateRequest\x12\x11\n\tmechanism\x18\x01 \x01(\t\x12\x12\n\nauth_bytes\x18\x02 \x01(\x0c\"\xa0\x01\n\x18SaslAuthenticateResponse\x12%\n\nerror_code\x18\x01 \x01(\x0e\x32\x11.eos.v1.ErrorCode\x12\x15\n\rerror_message\x18\x02 \x01(\t\x12\x12\n\nauth_bytes\x18\x03 \x01(\x0c\x12\x15\n\rsession_token\x18\x04 \x01(\t\x12\x1b\n\x13session_lifetime_ms\x18\x05 \x01(\x03\"v\n\x18ScramCredentialUpsertion\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tmechanism\x18\x02 \x01(\t\x12\x12\n\niterations\x18\x03 \x01(\x05\x12\x0c\n\x04salt\x18\x04 \x01(\x0c\x12\x17\n\x0fsalted_password\x18\x05 \x01(\x0c\":\n\x17ScramCredentialDeletion\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tmechanism\x18\x02 \x01(\t\"\x8c\x01\n AlterUserScramCredentialsRequest\x12\x32\n\tdeletions\x18\x01 \x03(\x0b\x32\x1f.eos.v1.ScramCredentialDeletion\x12\x34\n\nupsertions\x18\x02 \x03(\x0b\x32 .eos.v1.ScramCredentialUpsertion\"m\n\x1f\x41lterUserScramCredentialsResult\x12\x0c\n\x04user\x18\x01 \x01(\t\x12%\n\nerror_code\x18\x02 \x01(\x0e\x32\x11.eos.v1.ErrorCode\x12\x15\n\rerror_message\x18\x03 \x01(\t\"]\n!AlterUserScramCredentialsResponse\x12\x38\n\x07results\x18\x01 \x03(\x0b\x32\'.eos.v1.AlterUserScramCredentialsResult\"4\n#DescribeUserScramCredentialsRequest\x12\r\n\x05users\x18\x01 \x03(\t\"7\n\x0e\x43redentialInfo\x12\x11\n\tmechanism\x18\x01 \x01(\t\x12\x12\n\niterations\x18\x02 \x01(\x05\"\xa2\x01\n\"DescribeUserScramCredentialsResult\x12\x0c\n\x04user\x18\x01 \x01(\t\x12%\n\nerror_code\x18\x02 \x01(\x0e\x32\x11.eos.v1.ErrorCode\x12\x15\n\rerror_message\x18\x03 \x01(\t\x12\x30\n\x10\x63redential_infos\x18\x04 \x03(\x0b\x32\x16.eos.v1.CredentialInfo\"\xa1\x01\n$DescribeUserScramCredentialsResponse\x12%\n\nerror_code\x18\x01 \x01(\x0e\x32\x11.eos.v1.ErrorCode\x12\x15\n\rerror_message\x18\x02 \x01(\t\x12;\n\x07results\x18\x03 \x03(\x0b\x32*.eos.v1.DescribeUserScramCredentialsResult\"M\n\x14QuotaEntityComponent\x12\x13\n\x0b\x65ntity_type\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x12\n\nis_default\x18\x03 \x01(\x08\"5\n\x07QuotaOp\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01\x12\x0e\n\x06remove\x18\x03 \x01(\x08\"]\n\x0fQuotaAlteration\x12,\n\x06\x65ntity\x18\x01 \x03(\x0b\x32\x1c.eos.v1.QuotaEntityComponent\x12\x1c\n\x03ops\x18\x02 \x03(\x0b\x32\x0f.eos.v1.QuotaOp\"[\n\x18\x41lterClientQuotasRequest\x12(\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x17.eos.v1.QuotaAlteration\x12\x15\n\rvalidate_only\x18\x02 \x01(\x08\"\x85\x01\n\x17\x41lterClientQuotasResult\x12%\n\nerror_code\x18\x01 \x01(\x0e\x32\x11.eos.v1.ErrorCode\x12\x15\n\rerror_message\x18\x02 \x01(\t\x12,\n\x06\x65ntity\x18\x03 \x03(\x0b\x32\x1c.eos.v1.QuotaEntityComponent\"M\n\x19\x41lterClientQuotasResponse\x12\x30\n\x07results\x18\x01 \x03(\x0b\x32\x1f.eos.v1.AlterClientQuotasResult\"\x1d\n\x1b\x44\x65scribeClientQuotasRequest\"\x99\x01\n\nQuotaEntry\x12,\n\x06\x65ntity\x18\x01 \x03(\x0b\x32\x1c.eos.v1.QuotaEntityComponent\x12.\n\x06values\x18\x02 \x03(\x0b\x32\x1e.eos.v1.QuotaEntry.ValuesEntry\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x81\x01\n\x1c\x44\x65scribeClientQuotasResponse\x12%\n\nerror_code\x18\x01 \x01(\x0e\x32\x11.eos.v1.ErrorCode\x12\x15\n\rerror_message\x18\x02 \x01(\t\x12#\n\x07\x65ntries\x18\x03 \x03(\x0b\x32\x12.eos.v1.QuotaEntry2\x8f\x04\n\x08Security\x12Y\n\x10SaslAuthenticate\x12\x1f.eos.v1.SaslAuthenticateRequest\x1a .eos.v1.SaslAuthenticateResponse(\x01\x30\x01\x12p\n\x19\x41lterUserScramCredentials\x12(.eos.v1.AlterUserScramCredentialsRequest\x1a).eos.v1.AlterUserScramCredentialsResponse\x12y\n\x1c\x44\x65scribeUserScramCredentials\x12+.eos.v1.DescribeUserScramCredentialsRequest\x1a,.eos.v1.DescribeUserScramCredentialsResponse\x12X\n\x11\x41lterClientQuotas\x12 .eos.v1.AlterClientQuotasRequest\x1a!.eos.v1.AlterClientQuotasResponse\x12\x61\n\x14\x44\x65scribeClientQuotas\x12#.eos.v1.DescribeClientQuotasRequest\x1a$.eos.v1.DescribeClientQuotasResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'eos.v1.security_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_QUOTAENTRY_VALUESENTRY']._loaded_options = None
+  _globals['_QUOTAENTRY_VALUESENTRY']._serialized_options = b'8\001'
   _globals['_SASLAUTHENTICATEREQUEST']._serialized_start=54
   _globals['_SASLAUTHENTICATEREQUEST']._serialized_end=118
   _globals['_SASLAUTHENTICATERESPONSE']._serialized_start=121
@@ -54,6 +56,26 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DESCRIBEUSERSCRAMCREDENTIALSRESULT']._serialized_end=1086
   _globals['_DESCRIBEUSERSCRAMCREDENTIALSRESPONSE']._serialized_start=1089
   _globals['_DESCRIBEUSERSCRAMCREDENTIALSRESPONSE']._serialized_end=1250
-  _globals['_SECURITY']._serialized_start=1253
-  _globals['_SECURITY']._serialized_end=1591
+  _globals['_QUOTAENTITYCOMPONENT']._serialized_start=1252
+  _globals['_QUOTAENTITYCOMPONENT']._serialized_end=1329
+  _globals['_QUOTAOP']._serialized_start=1331
+  _globals['_QUOTAOP']._serialized_end=1384
+  _globals['_QUOTAALTERATION']._serialized_start=1386
+  _globals['_QUOTAALTERATION']._serialized_end=1479
+  _globals['_ALTERCLIENTQUOTASREQUEST']._serialized_start=1481
+  _globals['_ALTERCLIENTQUOTASREQUEST']._serialized_end=1572
+  _globals['_ALTERCLIENTQUOTASRESULT']._serialized_start=1575
+  _globals['_ALTERCLIENTQUOTASRESULT']._serialized_end=1708
+  _globals['_ALTERCLIENTQUOTASRESPONSE']._serialized_start=1710
+  _globals['_ALTERCLIENTQUOTASRESPONSE']._serialized_end=1787
+  _globals['_DESCRIBECLIENTQUOTASREQUEST']._serialized_start=1789
+  _globals['_DESCRIBECLIENTQUOTASREQUEST']._serialized_end=1818
+  _globals['_QUOTAENTRY']._serialized_start=1821
+  _globals['_QUOTAENTRY']._serialized_end=1974
+  _globals['_QUOTAENTRY_VALUESENTRY']._serialized_start=1929
+  _globals['_QUOTAENTRY_VALUESENTRY']._serialized_end=1974
+  _globals['_DESCRIBECLIENTQUOTASRESPONSE']._serialized_start=1977
+  _globals['_DESCRIBECLIENTQUOTASRESPONSE']._serialized_end=2106
+  _globals['_SECURITY']._serialized_start=2109
+  _globals['_SECURITY']._serialized_end=2636
 # @@protoc_insertion_point(module_scope)

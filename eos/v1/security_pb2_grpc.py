@@ -49,6 +49,16 @@ class SecurityStub:
                 request_serializer=eos_dot_v1_dot_security__pb2.DescribeUserScramCredentialsRequest.SerializeToString,
                 response_deserializer=eos_dot_v1_dot_security__pb2.DescribeUserScramCredentialsResponse.FromString,
                 _registered_method=True)
+        self.AlterClientQuotas = channel.unary_unary(
+                '/eos.v1.Security/AlterClientQuotas',
+                request_serializer=eos_dot_v1_dot_security__pb2.AlterClientQuotasRequest.SerializeToString,
+                response_deserializer=eos_dot_v1_dot_security__pb2.AlterClientQuotasResponse.FromString,
+                _registered_method=True)
+        self.DescribeClientQuotas = channel.unary_unary(
+                '/eos.v1.Security/DescribeClientQuotas',
+                request_serializer=eos_dot_v1_dot_security__pb2.DescribeClientQuotasRequest.SerializeToString,
+                response_deserializer=eos_dot_v1_dot_security__pb2.DescribeClientQuotasResponse.FromString,
+                _registered_method=True)
 
 
 class SecurityServicer:
@@ -72,6 +82,18 @@ class SecurityServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AlterClientQuotas(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeClientQuotas(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SecurityServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -89,6 +111,16 @@ def add_SecurityServicer_to_server(servicer, server):
                     servicer.DescribeUserScramCredentials,
                     request_deserializer=eos_dot_v1_dot_security__pb2.DescribeUserScramCredentialsRequest.FromString,
                     response_serializer=eos_dot_v1_dot_security__pb2.DescribeUserScramCredentialsResponse.SerializeToString,
+            ),
+            'AlterClientQuotas': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterClientQuotas,
+                    request_deserializer=eos_dot_v1_dot_security__pb2.AlterClientQuotasRequest.FromString,
+                    response_serializer=eos_dot_v1_dot_security__pb2.AlterClientQuotasResponse.SerializeToString,
+            ),
+            'DescribeClientQuotas': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeClientQuotas,
+                    request_deserializer=eos_dot_v1_dot_security__pb2.DescribeClientQuotasRequest.FromString,
+                    response_serializer=eos_dot_v1_dot_security__pb2.DescribeClientQuotasResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -172,6 +204,60 @@ class Security:
             '/eos.v1.Security/DescribeUserScramCredentials',
             eos_dot_v1_dot_security__pb2.DescribeUserScramCredentialsRequest.SerializeToString,
             eos_dot_v1_dot_security__pb2.DescribeUserScramCredentialsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterClientQuotas(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/eos.v1.Security/AlterClientQuotas',
+            eos_dot_v1_dot_security__pb2.AlterClientQuotasRequest.SerializeToString,
+            eos_dot_v1_dot_security__pb2.AlterClientQuotasResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeClientQuotas(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/eos.v1.Security/DescribeClientQuotas',
+            eos_dot_v1_dot_security__pb2.DescribeClientQuotasRequest.SerializeToString,
+            eos_dot_v1_dot_security__pb2.DescribeClientQuotasResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -9,6 +9,8 @@ Certificates are made at run time (tests/certs.py); the users are User:alice, Us
 User:admin (the super user)."""
 from __future__ import annotations
 
+import threading
+
 import grpc
 import pytest
 
@@ -263,3 +265,101 @@ def test_a_mechanism_the_broker_does_not_enable_is_refused(tmp_path, pki):
                 admin.describe_cluster()
     finally:
         broker.stop()
+
+
+# ---- what the review found -------------------------------------------------------------------
+
+def test_stalled_exchanges_are_bounded_in_number_and_in_time(tmp_path):
+    """Clients that open SaslAuthenticate and never finish cannot hold the broker's workers:
+    beyond the cap they are refused, and each is cut off after the exchange's time limit."""
+    from concurrent import futures
+
+    from broker.scram_users import SessionTokens
+    from broker.security_service import SecurityServicer
+    from eos.v1 import security_pb2, security_pb2_grpc
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    security_pb2_grpc.add_SecurityServicer_to_server(SecurityServicer(
+        ScramUsers(tmp_path), SessionTokens(), enabled_mechanisms=("SCRAM-SHA-512",), exchanges_max=2,
+        exchange_timeout_s=5.0), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        stub = security_pb2_grpc.SecurityStub(channel)
+        never = threading.Event()
+
+        def silent():                         # a client that sends nothing and never ends
+            never.wait(30)
+            return
+            yield
+
+        stalled = [stub.SaslAuthenticate(silent(), timeout=30) for _ in range(2)]
+
+        def third_refused() -> bool:          # once the broker holds both, a third is refused
+            try:
+                next(stub.SaslAuthenticate(iter([security_pb2.SaslAuthenticateRequest(mechanism="SCRAM-SHA-512")]),
+                                           timeout=10))
+            except grpc.RpcError as refused:
+                assert refused.code() is grpc.StatusCode.RESOURCE_EXHAUSTED, refused
+                return True
+            return False
+        wait_for(third_refused, "a third exchange refused while two are stalled")
+        for call in stalled:                  # the time limit ends them, without the client's help
+            with pytest.raises(grpc.RpcError) as ended:
+                next(call)
+            assert ended.value.code() is grpc.StatusCode.CANCELLED
+        never.set()
+        answer = next(stub.SaslAuthenticate(iter([security_pb2.SaslAuthenticateRequest(
+            mechanism="SCRAM-SHA-512", auth_bytes=b"n,,n=nobody,r=abc")]), timeout=10))
+        assert answer.error_code == 0 and answer.auth_bytes.startswith(b"r=abc")   # room again
+    finally:
+        channel.close()
+        server.stop(0)
+
+
+def test_calls_racing_a_reauthentication_all_finish(broker, pki):
+    """A token the broker no longer knows (a reconnect), eight calls at once on the channel:
+    each failed call's done-callback drops the token on gRPC's channel thread while another
+    call authenticates on that channel. None may wait on the other."""
+    with eos.Admin(broker.address_of("SASL_SSL"), config=sasl(pki, "admin")) as admin:
+        admin.create_topic("t", partitions=1)
+    credentials = grpc.ssl_channel_credentials(root_certificates=pki["ca_path"].read_bytes())
+    raw = grpc.secure_channel(broker.address_of("SASL_SSL"), credentials)
+    interceptor = SaslChannelInterceptor(raw, SaslSettings("SCRAM-SHA-512", "admin", PASSWORDS["admin"]))
+    channel = grpc.intercept_channel(raw, interceptor)
+    try:
+        interceptor.token()
+        with interceptor._lock:
+            interceptor._token = "unknown-to-the-broker"
+        stub = broker_pb2_grpc.BrokerStub(channel)
+        request = broker_pb2.MetadataRequest(topics=["t"])
+        first = [stub.Metadata.future(request, timeout=20) for _ in range(8)]
+        refused = 0
+        for call in first:     # those sent before a callback dropped the stale token are refused
+            try:
+                call.result(timeout=20)
+            except grpc.RpcError as stale:
+                assert REAUTHENTICATE_MARK in stale.details()
+                refused += 1
+        assert refused >= 1
+        again = [stub.Metadata.future(request, timeout=20) for _ in range(8)]
+        assert all(call.result(timeout=20).topics[0].name == "t" for call in again)
+    finally:
+        raw.close()
+
+
+def test_a_deleted_users_sessions_end_at_once(broker, pki):
+    with eos.Admin(broker.address_of("SASL_SSL"), config=sasl(pki, "admin")) as admin:
+        admin.upsert_scram_credential("carol", "carol-secret")
+    with eos.Admin(broker.address_of("SASL_SSL"), config={**sasl(pki, "carol", "carol-secret"), **FAIL_FAST}) as carol:
+        assert carol.describe_cluster()["cluster_id"]
+        with eos.Admin(broker.address_of("SASL_SSL"), config=sasl(pki, "admin")) as admin:
+            admin.delete_scram_credential("carol")
+        with pytest.raises(SaslAuthenticationError, match="invalid credentials"):
+            carol.describe_cluster()          # the session is gone; logging in again fails
+
+
+def test_the_sasl_password_variable_does_not_touch_other_protocols(broker, monkeypatch, capsys):
+    monkeypatch.setenv("EOS_SASL_PASSWORD", "irrelevant")
+    assert eos_main(["topics", "list", "--bootstrap-server", broker.address_of("PLAINTEXT")]) == 0

@@ -100,3 +100,28 @@ def test_credentials_keep_kafkas_text_form_and_iteration_bounds():
     with pytest.raises(ScramError, match="unsupported SASL mechanism"):
         make_credential("PLAIN", "pw")
     assert unescape_username(escape_username("a=b,c")) == "a=b,c"
+
+
+@pytest.mark.parametrize("server_first, why", [
+    ("r=abc,s=QUJD,i=4096", "does not continue"),               # no nonce part of the server's own
+    ("r=abcdef,s=QUJD,i=100000000", "outside 4096..16384"),     # a hostile server's cost
+    ("r=abcdef,s=not base64!,i=4096", "malformed salt"),
+])
+def test_the_client_refuses_a_server_first_it_should_not_trust(server_first, why):
+    with pytest.raises(ScramError, match=why):
+        ScramClient("SCRAM-SHA-256", "u", "pw", nonce="abc").final(server_first)
+
+
+def test_a_server_final_that_is_not_base64_is_refused():
+    client = ScramClient("SCRAM-SHA-256", "u", "pw", nonce="abc")
+    client.final("r=abcdef,s=QUJD,i=4096")
+    with pytest.raises(ScramError, match="not base64"):
+        client.check_server_final("v=%%%")
+
+
+def test_only_well_formed_escapes_are_taken_in_user_names():
+    with pytest.raises(ScramError, match="malformed user name"):
+        unescape_username("=2=3DC")
+    with pytest.raises(ScramError, match="malformed user name"):
+        unescape_username("a,b")
+    assert unescape_username("=3D=2C") == "=,"

@@ -1,0 +1,149 @@
+"""Client quotas on a broker: where they are kept, and holding a client to its quota.
+
+Theory of operation
+-------------------
+`ClientQuotas` owns `<data_dir>/client-quotas.json` (written atomically; Kafka keeps them in
+ZooKeeper under /config/users and /config/clients, which a cluster of one does not have)
+and the pure `broker/quotas.ClientQuotaManager` that measures the rates. Calls come from
+many gRPC threads, so every call into the manager holds one lock, never across a wait.
+
+A Produce (unary or on a stream) or a client's Fetch goes through `hold(key)` before it is
+handled and `charge(key, amount)` after: `hold` waits out a throttle the entity earned
+before (Kafka mutes the connection for that long), `charge` counts the request's bytes (a
+Produce's record bytes, a Fetch's response record bytes) and gives the `throttle_time_ms`
+for the response. The user is the call's principal name (`User:alice` -> `alice`), the
+client id the `client-id` metadata the clients send. Replica fetches and in-process calls
+(the broker's own coordinators, whose context carries no metadata) are not counted, as
+Kafka's replication is not. Without any quota both are a check of an empty dict.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Iterable
+
+from broker.quotas import (CLIENT_ID, DEFAULT, QUOTA_WINDOW_NUM, QUOTA_WINDOW_SIZE_MS, USER, ClientQuotaManager,
+                           QuotaEntity, QuotaError, check_entity, check_quota)
+from broker.security import ANONYMOUS, current_call
+from eos.errors import InvalidConfigError
+from eos.files import write_file_atomically
+from eos.net import CLIENT_ID_METADATA_KEY
+
+QUOTA_FILE_NAME = "client-quotas.json"
+QUOTA_FILE_VERSION = 1
+HOLD_MAX_MS = 30_000                        # a hold never exceeds the quota window (11 s by default) by much
+
+
+class ClientQuotas:
+    """See the module doc. Thread-safe."""
+
+    def __init__(self, data_dir: Path | str, *, window_num: int = QUOTA_WINDOW_NUM,
+                 window_size_ms: int = QUOTA_WINDOW_SIZE_MS, now_ms_fn: Callable[[], int] | None = None,
+                 sleep_fn: Callable[[float], None] = time.sleep):
+        self._path = Path(data_dir) / QUOTA_FILE_NAME
+        self._now_ms = now_ms_fn or (lambda: time.monotonic_ns() // 1_000_000)
+        self._sleep = sleep_fn
+        self._lock = threading.Lock()
+        self._manager = ClientQuotaManager(window_num=window_num, window_size_ms=window_size_ms)
+
+    # ---- the quotas ---------------------------------------------------------------------------
+
+    def load(self) -> int:
+        """Read the file (if any); the number of entities with quotas. A bad file stops the
+        broker: running without the quotas an operator set would be silent."""
+        if not self._path.exists():
+            return 0
+        try:
+            document = json.loads(self._path.read_text(encoding="utf-8"))
+            if document.get("version") != QUOTA_FILE_VERSION:
+                raise ValueError(f"version {document.get('version')!r}, expected {QUOTA_FILE_VERSION}")
+            quotas = {_entity_from_json(item["entity"]): dict(item["quotas"]) for item in document["entries"]}
+            with self._lock:
+                self._manager.replace_quotas(quotas)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise InvalidConfigError(f"{self._path}: unreadable client quotas ({exc}); fix or remove the file") \
+                from None
+        return len(quotas)
+
+    def describe(self) -> dict[QuotaEntity, dict[str, float]]:
+        with self._lock:
+            return self._manager.quotas
+
+    def alter(self, alterations: Iterable[tuple[QuotaEntity, dict[str, float | None]]], *,
+              validate_only: bool = False) -> None:
+        """Set (a value) or remove (None) quota keys of entities, all or none; QuotaError
+        names what is wrong before anything changes."""
+        with self._lock:
+            quotas = self._manager.quotas
+            for entity, changes in alterations:
+                values = quotas.setdefault(check_entity(entity), {})
+                for key, value in changes.items():
+                    if value is None:
+                        check_quota(key, 1.0)          # a known key, even to remove it
+                        values.pop(key, None)
+                    else:
+                        values[key] = check_quota(key, value)
+            quotas = {entity: values for entity, values in quotas.items() if values}
+            ClientQuotaManager(quotas)                 # the whole set checked again
+            if validate_only:
+                return
+            document = {"version": QUOTA_FILE_VERSION, "entries": [
+                {"entity": _entity_to_json(entity), "quotas": values}
+                for entity, values in sorted(quotas.items(), key=lambda item: item[0].describe())]}
+            write_file_atomically(self._path, json.dumps(document, indent=1).encode("utf-8"))
+            self._manager.replace_quotas(quotas)
+
+    # ---- holding clients to them ---------------------------------------------------------------
+
+    def _who(self, context) -> tuple[str, str] | None:
+        metadata = getattr(context, "invocation_metadata", None)
+        if metadata is None:
+            return None          # in process: the broker's own coordinators, never throttled
+        call = current_call()
+        # no call identity on a real call: a broker whose one PLAINTEXT listener needs none
+        # (broker/server.py), where every client is User:ANONYMOUS
+        principal = call.principal if call is not None else ANONYMOUS
+        user = principal.split(":", 1)[1] if ":" in principal else principal
+        client_id = next((value for key, value in (metadata() or ()) if key == CLIENT_ID_METADATA_KEY), "")
+        return user, client_id
+
+    def hold(self, key: str, context) -> tuple[str, str] | None:
+        """Wait out the entity's throttle; who the call is (None: not counted)."""
+        if not self._manager.any_quota():
+            return None
+        who = self._who(context)
+        if who is None:
+            return None
+        with self._lock:
+            delay_ms = self._manager.delay_ms(key, *who, self._now_ms())
+        if delay_ms > 0:
+            self._sleep(min(delay_ms, HOLD_MAX_MS) / 1000.0)
+        return who
+
+    def charge(self, key: str, who: tuple[str, str] | None, amount: int) -> int:
+        """Count `amount` bytes for `who` (from `hold`); the throttle time for the response."""
+        if who is None:
+            return 0
+        with self._lock:
+            return self._manager.record(key, *who, amount, self._now_ms())
+
+
+    def refund(self, key: str, who: tuple[str, str] | None, amount: int) -> None:
+        """Take back what `charge` counted for a response sent without its data."""
+        if who is None:
+            return
+        with self._lock:
+            self._manager.unrecord(key, *who, amount, self._now_ms())
+
+
+def _entity_to_json(entity: QuotaEntity) -> dict:
+    return {USER: entity.user, CLIENT_ID: entity.client_id}
+
+
+def _entity_from_json(item: dict) -> QuotaEntity:
+    return check_entity(QuotaEntity(item.get(USER), item.get(CLIENT_ID)))
+
+
+__all__ = ["ClientQuotas", "DEFAULT", "QuotaEntity", "QuotaError"]

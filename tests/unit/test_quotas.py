@@ -1,0 +1,77 @@
+"""Client quotas' pure core (broker/quotas.py) under a simulated clock: Kafka's precedence of
+entities, one allowance per user under a default, the throttle formula, and a client that
+honours its throttle times held to its byte rate."""
+from __future__ import annotations
+
+import pytest
+
+from broker.quotas import (CONSUMER_BYTE_RATE, DEFAULT, PRODUCER_BYTE_RATE, ClientQuotaManager, QuotaEntity,
+                           QuotaError, precedence)
+
+P = PRODUCER_BYTE_RATE
+
+
+def test_the_most_specific_entity_governs_in_kafkas_order():
+    order = [QuotaEntity("alice", "app"), QuotaEntity("alice", DEFAULT), QuotaEntity("alice", None),
+             QuotaEntity(DEFAULT, "app"), QuotaEntity(DEFAULT, DEFAULT), QuotaEntity(DEFAULT, None),
+             QuotaEntity(None, "app"), QuotaEntity(None, DEFAULT)]
+    assert list(precedence("alice", "app")) == order
+    quotas = {entity: {P: float(1000 * (rank + 1))} for rank, entity in enumerate(order)}
+    for rank, entity in enumerate(order):
+        manager = ClientQuotaManager({e: v for e, v in quotas.items() if order.index(e) >= rank})
+        assert manager.governing(P, "alice", "app") == (entity, 1000.0 * (rank + 1))
+    assert ClientQuotaManager({QuotaEntity("bob", None): {P: 1.0}}).governing(P, "alice", "app") is None
+    assert ClientQuotaManager({QuotaEntity("alice", None): {CONSUMER_BYTE_RATE: 5.0}}).governing(P, "alice", "") \
+        is None
+
+
+def test_a_user_quota_is_shared_by_its_client_ids_and_a_default_is_per_user():
+    manager = ClientQuotaManager({QuotaEntity("alice", None): {P: 1000.0}, QuotaEntity(DEFAULT, None): {P: 1000.0}})
+    # alice's two client ids share one allowance: 10 s x 1000 B/s before the window fills
+    assert manager.record(P, "alice", "a", 6000, now_ms=0) == 0
+    assert manager.record(P, "alice", "b", 6000, now_ms=0) > 0
+    # under <default>, bob and carol each have their own
+    assert manager.record(P, "bob", "a", 6000, now_ms=0) == 0
+    assert manager.record(P, "carol", "a", 6000, now_ms=0) == 0
+
+
+def test_the_throttle_is_the_time_back_to_the_bound():
+    manager = ClientQuotaManager({QuotaEntity(None, "app"): {P: 1000.0}})
+    # 20,000 bytes at once: 2,000 B/s over the 10 s minimum span -> (2000-1000)/1000 * 10 s
+    assert manager.record(P, "u", "app", 20_000, now_ms=0) == 10_000
+    assert manager.delay_ms(P, "u", "app", now_ms=4_000) == 6_000     # the next request waits the rest
+    assert manager.delay_ms(P, "u", "other", now_ms=4_000) == 0       # another client id is not held
+    assert manager.delay_ms(P, "u", "app", now_ms=10_000) == 0
+    # a huge request is throttled at most the whole window (11 s)
+    assert ClientQuotaManager({QuotaEntity(None, "app"): {P: 1.0}}).record(P, "u", "app", 10**9, 0) == 11_000
+
+
+def test_unrecorded_bytes_no_longer_count():
+    manager = ClientQuotaManager({QuotaEntity(None, "app"): {CONSUMER_BYTE_RATE: 1000.0}})
+    assert manager.record(CONSUMER_BYTE_RATE, "u", "app", 20_000, now_ms=0) > 0
+    manager.unrecord(CONSUMER_BYTE_RATE, "u", "app", 20_000, now_ms=0)
+    assert manager.rate(CONSUMER_BYTE_RATE, "u", "app", now_ms=0) == 0
+    assert manager.record(CONSUMER_BYTE_RATE, "u", "app", 5_000, now_ms=1) == 0
+
+
+@pytest.mark.parametrize("bound, request_bytes", [(50_000, 16_384), (1_000_000, 100_000), (200_000, 1_000_000)])
+def test_a_client_that_honours_its_throttles_is_held_within_ten_percent_of_its_rate(bound, request_bytes):
+    """A producer that would send as fast as it can, waiting out each throttle time it is
+    told: over 120 simulated seconds its rate is the quota's, within 10%."""
+    manager = ClientQuotaManager({QuotaEntity("alice", None): {P: float(bound)}})
+    now_ms, sent = 0, 0
+    while now_ms < 120_000:
+        throttle_ms = manager.record(P, "alice", "app", request_bytes, now_ms)
+        sent += request_bytes
+        now_ms += max(1, throttle_ms)       # a request takes at least a millisecond
+    rate = sent * 1000 / now_ms
+    assert abs(rate - bound) <= 0.1 * bound, (rate, bound)
+
+
+def test_bad_quotas_are_refused():
+    for quotas, why in (({QuotaEntity(None, None): {P: 1.0}}, "names a user, a client id"),
+                        ({QuotaEntity("", None): {P: 1.0}}, "needs a name"),
+                        ({QuotaEntity("a", None): {"request_percentage": 50.0}}, "not built yet"),
+                        ({QuotaEntity("a", None): {P: 0.0}}, "positive")):
+        with pytest.raises(QuotaError, match=why):
+            ClientQuotaManager(quotas)
