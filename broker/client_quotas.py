@@ -9,9 +9,11 @@ many gRPC threads, so every call into the manager holds one lock, never across a
 
 A Produce (unary or on a stream) or a client's Fetch goes through `hold(key)` before it is
 handled and `charge(key, amount)` after: `hold` waits out a throttle the entity earned
-before (Kafka mutes the connection for that long), `charge` counts the request's bytes (a
-Produce's record bytes, a Fetch's response record bytes) and gives the `throttle_time_ms`
-for the response. The user is the call's principal name (`User:alice` -> `alice`), the
+before (Kafka mutes the connection for that long; here a gRPC worker waits, so at most one
+call per sensor and HOLDS_MAX in all are held, and others are refused at once with the
+throttle time), `charge` counts the request's bytes (a Produce's record bytes, a Fetch's
+response record bytes) and gives the `throttle_time_ms` for the response. A fetch is cut to
+what one quota window allows (`fetch_bytes_max`). The user is the call's principal name (`User:alice` -> `alice`), the
 client id the `client-id` metadata the clients send. Replica fetches and in-process calls
 (the broker's own coordinators, whose context carries no metadata) are not counted, as
 Kafka's replication is not. Without any quota both are a check of an empty dict.
@@ -24,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable
 
-from broker.quotas import (CLIENT_ID, DEFAULT, QUOTA_WINDOW_NUM, QUOTA_WINDOW_SIZE_MS, USER, ClientQuotaManager,
+from broker.quotas import (CLIENT_ID, CONSUMER_BYTE_RATE, DEFAULT, QUOTA_WINDOW_NUM, QUOTA_WINDOW_SIZE_MS, USER, ClientQuotaManager,
                            QuotaEntity, QuotaError, check_entity, check_quota)
 from broker.security import ANONYMOUS, current_call
 from eos.errors import InvalidConfigError
@@ -33,20 +35,21 @@ from eos.net import CLIENT_ID_METADATA_KEY
 
 QUOTA_FILE_NAME = "client-quotas.json"
 QUOTA_FILE_VERSION = 1
-HOLD_MAX_MS = 30_000                        # a hold never exceeds the quota window (11 s by default) by much
+HOLD_MAX_MS = 30_000                        # the longest one call is held (the rest of a throttle is the client's)
+HOLDS_MAX = 8                               # calls held at once, over all clients (each holds a gRPC worker)
 
 
 class ClientQuotas:
     """See the module doc. Thread-safe."""
 
     def __init__(self, data_dir: Path | str, *, window_num: int = QUOTA_WINDOW_NUM,
-                 window_size_ms: int = QUOTA_WINDOW_SIZE_MS, now_ms_fn: Callable[[], int] | None = None,
-                 sleep_fn: Callable[[float], None] = time.sleep):
+                 window_size_ms: int = QUOTA_WINDOW_SIZE_MS, now_ms_fn: Callable[[], int] | None = None):
         self._path = Path(data_dir) / QUOTA_FILE_NAME
         self._now_ms = now_ms_fn or (lambda: time.monotonic_ns() // 1_000_000)
-        self._sleep = sleep_fn
         self._lock = threading.Lock()
         self._manager = ClientQuotaManager(window_num=window_num, window_size_ms=window_size_ms)
+        self._holding: set[tuple] = set()           # the sensors with a call held now
+        self._closing = threading.Event()
 
     # ---- the quotas ---------------------------------------------------------------------------
 
@@ -109,33 +112,69 @@ class ClientQuotas:
         client_id = next((value for key, value in (metadata() or ()) if key == CLIENT_ID_METADATA_KEY), "")
         return user, client_id
 
-    def hold(self, key: str, context) -> tuple[str, str] | None:
-        """Wait out the entity's throttle; who the call is (None: not counted)."""
+    def hold(self, key: str, context) -> tuple[tuple[str, str] | None, bool]:
+        """Wait out the entity's throttle. Returns (who the call is, None: not counted; and
+        whether the call may go on). A hold occupies a gRPC worker, so there is at most one
+        per sensor and HOLDS_MAX in all, and the broker's shutdown ends them: a call that
+        would need another is not held but refused at once (THROTTLING_QUOTA_EXCEEDED, or
+        an empty fetch), with the throttle time -- a client that waits as told never is."""
         if not self._manager.any_quota():
-            return None
+            return None, True
         who = self._who(context)
         if who is None:
-            return None
+            return None, True
         with self._lock:
             delay_ms = self._manager.delay_ms(key, *who, self._now_ms())
-        if delay_ms > 0:
-            self._sleep(min(delay_ms, HOLD_MAX_MS) / 1000.0)
-        return who
+            if delay_ms <= 0:
+                return who, True
+            sensor = self._manager.sensor(key, *who)
+            if sensor in self._holding or len(self._holding) >= HOLDS_MAX:
+                return who, False
+            self._holding.add(sensor)
+        try:
+            self._closing.wait(min(delay_ms, HOLD_MAX_MS) / 1000.0)
+        finally:
+            with self._lock:
+                self._holding.discard(sensor)
+        return who, True
 
-    def charge(self, key: str, who: tuple[str, str] | None, amount: int) -> int:
-        """Count `amount` bytes for `who` (from `hold`); the throttle time for the response."""
+    def owed_ms(self, key: str, who: tuple[str, str] | None) -> int:
+        """The throttle `who` still owes (for a refused call's answer)."""
         if who is None:
             return 0
         with self._lock:
-            return self._manager.record(key, *who, amount, self._now_ms())
+            return self._manager.delay_ms(key, *who, self._now_ms())
 
+    def would_hold(self, key: str, context) -> bool:
+        """Whether a call now would be held (a produce stream answers what it has first)."""
+        if not self._manager.any_quota():
+            return False
+        who = self._who(context)
+        return who is not None and self.owed_ms(key, who) > 0
 
-    def refund(self, key: str, who: tuple[str, str] | None, amount: int) -> None:
-        """Take back what `charge` counted for a response sent without its data."""
+    def charge(self, key: str, who: tuple[str, str] | None, amount: int, *, refund_if_throttled: bool = False) -> int:
+        """Count `amount` bytes for `who` (from `hold`); the throttle time for the response.
+        `refund_if_throttled`: a fetch over its quota is answered without its data, so its
+        bytes are taken back at once, at the same instant (Kafka's unrecordQuotaSensor)."""
         if who is None:
-            return
+            return 0
         with self._lock:
-            self._manager.unrecord(key, *who, amount, self._now_ms())
+            now_ms = self._now_ms()
+            throttle_ms = self._manager.record(key, *who, amount, now_ms)
+            if throttle_ms > 0 and refund_if_throttled:
+                self._manager.unrecord(key, *who, amount, now_ms)
+            return throttle_ms
+
+    def fetch_bytes_max(self, who: tuple[str, str] | None) -> int | None:
+        """The most a fetch of `who` may carry: what one quota window allows (None: no quota)."""
+        if who is None:
+            return None
+        with self._lock:
+            return self._manager.window_bytes_max(CONSUMER_BYTE_RATE, *who)
+
+    def close(self) -> None:
+        """Shutdown: every held call goes on now."""
+        self._closing.set()
 
 
 def _entity_to_json(entity: QuotaEntity) -> dict:

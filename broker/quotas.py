@@ -21,7 +21,9 @@ Each rate is Kafka's Rate over `quota.window.num` (11) samples of `quota.window.
 (window.num - 1) windows, so a new client is measured over 10 s and a short burst passes.
 When a request takes the rate over the bound, its throttle time is how long the client must
 stay idle for the rate to fall back to the bound, (rate - bound) / bound * window span
-(Kafka's QuotaUtils.throttleTime), at most the whole window. The broker answers the request
+(Kafka's QuotaUtils.throttleTime, not capped for byte rates). A fetch is cut to what one
+window allows (`window_bytes_max`), or a large one would be refused again and again. Rates
+with no sample left and holds that are over are swept once a window. The broker answers the request
 at once with that `throttle_time_ms` (KIP-219) and holds the entity's next request until the
 time is over (Kafka mutes the connection); a well-behaved client waits by itself.
 
@@ -32,6 +34,7 @@ rates measured so far are kept. No I/O, no locks: the broker's shell serializes 
 """
 from __future__ import annotations
 
+import math
 from typing import Mapping, NamedTuple
 
 PRODUCER_BYTE_RATE = "producer_byte_rate"
@@ -71,8 +74,8 @@ def check_quota(key: str, value: float) -> float:
     if key not in QUOTA_KEYS:
         raise QuotaError(f"unknown quota {key!r} (eos enforces {', '.join(QUOTA_KEYS)}; Kafka's "
                          f"request_percentage is not built yet)")
-    if not value > 0:
-        raise QuotaError(f"{key} must be a positive number of bytes per second, got {value!r}")
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 1 and value == int(value)):
+        raise QuotaError(f"{key} must be a whole number of bytes per second, at least 1, got {value!r}")
     return float(value)
 
 
@@ -100,8 +103,8 @@ class _Rate:
         self.samples[-1][1] += amount
 
     def _purge(self, now_ms: int) -> None:
-        horizon = now_ms - self.num * self.size_ms
-        while self.samples and self.samples[0][0] + self.size_ms <= horizon:
+        # Kafka's purgeObsoleteSamples: a sample `num` windows old is gone
+        while self.samples and now_ms - self.samples[0][0] >= self.num * self.size_ms:
             self.samples.pop(0)
 
     def span_ms(self, now_ms: int) -> float:
@@ -124,6 +127,7 @@ class ClientQuotaManager:
         self._quotas: dict[QuotaEntity, dict[str, float]] = {}
         self._rates: dict[tuple, _Rate] = {}
         self._held_until_ms: dict[tuple, int] = {}
+        self._swept_at_ms = 0
         self.replace_quotas(quotas or {})
 
     @property
@@ -148,12 +152,20 @@ class ClientQuotaManager:
     def _sensor_key(self, key: str, entity: QuotaEntity, user: str, client_id: str) -> tuple:
         return (key, user if entity.user is not None else "", client_id if entity.client_id is not None else "")
 
+    def sensor(self, key: str, user: str, client_id: str) -> tuple | None:
+        """The rate a request of this user and client id counts against (None: no quota)."""
+        found = self.governing(key, user, client_id)
+        return None if found is None else self._sensor_key(key, found[0], user, client_id)
+
     def record(self, key: str, user: str, client_id: str, amount: float, now_ms: int) -> int:
-        """Count `amount` bytes of one request; its throttle time in ms (0: within the quota)."""
+        """Count `amount` bytes of one request; its throttle time in ms (0: within the quota).
+        Not capped (Kafka caps only request-time quotas): a request larger than a window's
+        allowance earns the whole time it takes to pay it back."""
         found = self.governing(key, user, client_id)
         if found is None:
             return 0
         entity, bound = found
+        self._sweep(now_ms)
         sensor_key = self._sensor_key(key, entity, user, client_id)
         rate = self._rates.get(sensor_key)
         if rate is None:
@@ -162,9 +174,29 @@ class ClientQuotaManager:
         observed = rate.per_second(now_ms)
         if observed <= bound:
             return 0
-        throttle_ms = int(min((observed - bound) / bound * rate.span_ms(now_ms), self.window_num * self.window_size_ms))
+        throttle_ms = int((observed - bound) / bound * rate.span_ms(now_ms))
         self._held_until_ms[sensor_key] = max(self._held_until_ms.get(sensor_key, 0), now_ms + throttle_ms)
         return throttle_ms
+
+    def window_bytes_max(self, key: str, user: str, client_id: str) -> int | None:
+        """The most bytes a window can allow (Kafka's getMaxValueInQuotaWindow: the bound over
+        num - 1 windows): a fetch is cut to it, or one over it would never be answered."""
+        found = self.governing(key, user, client_id)
+        if found is None:
+            return None
+        return max(1, int(found[1] * (self.window_num - 1) * self.window_size_ms / 1000))
+
+    def _sweep(self, now_ms: int) -> None:
+        """Forget rates with no sample left and holds that are over (Kafka expires idle
+        sensors), so clients that come and go leave nothing behind."""
+        if now_ms - self._swept_at_ms < self.window_num * self.window_size_ms:
+            return
+        self._swept_at_ms = now_ms
+        for sensor_key, rate in list(self._rates.items()):
+            rate._purge(now_ms)
+            if not rate.samples:
+                del self._rates[sensor_key]
+        self._held_until_ms = {k: until for k, until in self._held_until_ms.items() if until > now_ms}
 
     def unrecord(self, key: str, user: str, client_id: str, amount: float, now_ms: int) -> None:
         """Take back `amount` bytes counted for a request whose data was not sent after all

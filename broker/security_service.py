@@ -205,7 +205,8 @@ class SecurityServicer(security_pb2_grpc.SecurityServicer):
             except QuotaError as exc:
                 problems[index] = str(exc)
         if problems:   # all or none, as one write
-            return answer(ErrorCode.NONE, "nothing was changed: another entry of the request was refused", problems)
+            return answer(ErrorCode.OPERATION_NOT_ATTEMPTED,
+                          "nothing was changed: another entry of the request was refused", problems)
         self._quotas.alter(alterations, validate_only=request.validate_only)
         if not request.validate_only:
             log.info("client quotas altered: %s", "; ".join(

@@ -599,6 +599,7 @@ class BrokerServer:
             if self._group_coordinator is not None:
                 self._group_coordinator.stop()   # answers parked JoinGroup/SyncGroup at once
             stopped_event = self._grpc_server.stop(grace_s)  # refuses new RPCs at once
+            self._quotas.close()                 # calls held for a quota throttle go on now
             if not self._servicer.close_and_drain(grace_s):
                 log.warning("requests still running after %.1f s; closing the logs anyway", grace_s)
             stopped_event.wait(grace_s)

@@ -381,7 +381,13 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         broker/client_quotas.py)."""
         if self._quotas is None:
             return self._produce(request, waits)
-        who = self._quotas.hold(PRODUCER_BYTE_RATE, context)
+        who, go_on = self._quotas.hold(PRODUCER_BYTE_RATE, context)
+        if not go_on:      # not held (see ClientQuotas.hold): refused, nothing appended
+            response = _refuse_produce(request, ErrorCode.THROTTLING_QUOTA_EXCEEDED,
+                                       "over the client's produce quota: wait throttle_time_ms before sending")
+            response.correlation_id = request.correlation_id
+            response.throttle_time_ms = self._quotas.owed_ms(PRODUCER_BYTE_RATE, who)
+            return response
         response = self._produce(request, waits)
         response.throttle_time_ms = self._quotas.charge(
             PRODUCER_BYTE_RATE, who, sum(len(p.records) for p in request.partitions))
@@ -411,7 +417,11 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             answering: collections.deque = collections.deque()
             while True:
                 request = session.next_request(wait=not answering)
-                if request is NOTHING_YET or request is None or len(answering) >= STREAM_REPLICATION_PIPELINE_MAX:
+                if (request is NOTHING_YET or request is None or len(answering) >= STREAM_REPLICATION_PIPELINE_MAX
+                        or (answering and self._quotas is not None
+                            and self._quotas.would_hold(PRODUCER_BYTE_RATE, context))):
+                    # (the last: answers already appended go out before the next request waits
+                    # out a quota throttle, or they would be late by it)
                     if request is not NOTHING_YET and request is not None:
                         session.push_back(request)
                     if not answering:
@@ -630,17 +640,27 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     def Fetch(self, request: broker_pb2.FetchRequest, context) -> broker_pb2.FetchResponse:
         if self._quotas is None or request.is_replica:
             return self._fetch(request, context)
-        who = self._quotas.hold(CONSUMER_BYTE_RATE, context)
+        who, go_on = self._quotas.hold(CONSUMER_BYTE_RATE, context)
+        if not go_on:      # not held (see ClientQuotas.hold): an empty answer, as a throttled fetch's
+            return broker_pb2.FetchResponse(throttle_time_ms=self._quotas.owed_ms(CONSUMER_BYTE_RATE, who))
+        window_bytes = self._quotas.fetch_bytes_max(who)
+        if window_bytes is not None and request.max_bytes > window_bytes:
+            # Kafka's rule: no fetch carries more than a quota window allows, or it would be
+            # refused (answered empty) again and again.
+            request = broker_pb2.FetchRequest.FromString(request.SerializeToString())
+            request.max_bytes = window_bytes
         response = self._fetch(request, context)
         read = sum(len(p.records) for p in response.partitions)
-        throttle_ms = self._quotas.charge(CONSUMER_BYTE_RATE, who, read)
+        # Kafka's rule: a fetch over the quota is answered without its records (a read changes
+        # nothing, the consumer asks again after the throttle), and they are not counted. But
+        # one batch larger than a whole window (a fetch returns at least one) would be refused
+        # for good: that one goes out, and its throttle pays it back.
+        whole_window = window_bytes is not None and read > window_bytes
+        throttle_ms = self._quotas.charge(CONSUMER_BYTE_RATE, who, read, refund_if_throttled=not whole_window)
         if throttle_ms > 0:
-            # Kafka's rule: a fetch over the quota is answered without its records (a read
-            # changes nothing, the consumer asks again after the throttle), and they are
-            # not counted.
-            self._quotas.refund(CONSUMER_BYTE_RATE, who, read)
-            for partition in response.partitions:
-                partition.records = b""
+            if not whole_window:
+                for partition in response.partitions:
+                    partition.records = b""
             response.throttle_time_ms = throttle_ms
         return response
 

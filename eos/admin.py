@@ -806,7 +806,8 @@ class Admin:
         response = self._call("AlterClientQuotas", lambda s: s.AlterClientQuotas,
                               security_pb2.AlterClientQuotasRequest(entries=entries, validate_only=validate_only),
                               stub=self._security_stub)
-        for result in response.results:
+        # the refused entry first: the others only say they were not attempted because of it
+        for result in sorted(response.results, key=lambda r: r.error_code == ErrorCode.OPERATION_NOT_ATTEMPTED):
             if result.error_code != ErrorCode.NONE:
                 raise error_for(result.error_code, f"cannot alter the client quotas of "
                                                    f"{_quota_entity_text(result.entity)}: "

@@ -104,6 +104,7 @@ class ErrorCode(enum.IntEnum):
     NO_REASSIGNMENT_IN_PROGRESS = 85
     INVALID_RECORD = 87
     UNSTABLE_OFFSET_COMMIT = 88
+    THROTTLING_QUOTA_EXCEEDED = 89
     PRODUCER_FENCED = 90
     RESOURCE_NOT_FOUND = 91
     INCONSISTENT_CLUSTER_ID = 104
@@ -128,6 +129,7 @@ _RETRIABLE = {
     ErrorCode.CONCURRENT_TRANSACTIONS,
     ErrorCode.KAFKA_STORAGE_ERROR,
     ErrorCode.UNSTABLE_OFFSET_COMMIT,
+    ErrorCode.THROTTLING_QUOTA_EXCEEDED,       # a client quota: try again after throttle_time_ms
     ErrorCode.REBALANCE_IN_PROGRESS,
     ErrorCode.NOT_CONTROLLER,                   # the controller moved: ask the new one
     ErrorCode.FENCED_LEADER_EPOCH,              # the client's metadata is older than the leader's

@@ -667,6 +667,10 @@ class Sender(threading.Thread):
                 if not flying:
                     del self._in_flight_tps[batch.tp]
         if self._acks == 0:
+            try:      # nothing to complete, but a quota throttle to respect all the same
+                self._note_throttle(in_flight.node_id, call.result().throttle_time_ms, now)
+            except Exception:
+                pass
             return
         try:
             response = call.result()
@@ -681,11 +685,7 @@ class Sender(threading.Thread):
             for batch in in_flight.batches:
                 self._on_batch_error(batch, error.code, str(error), NO_OFFSET, now)
             return
-        if response.throttle_time_ms > 0:
-            # A client quota (KIP-219): send this broker nothing more until the time is over
-            # (the broker would hold the next request for that long anyway).
-            self._throttled_until_ms[in_flight.node_id] = max(
-                self._throttled_until_ms.get(in_flight.node_id, 0), now + response.throttle_time_ms)
+        self._note_throttle(in_flight.node_id, response.throttle_time_ms, now)
         results = {(r.topic, r.partition): r for r in response.partitions}
         next_offset_by_tp: dict[tuple, int] = {}   # several batches of a partition: consecutive
         for batch in in_flight.batches:
@@ -702,6 +702,12 @@ class Sender(threading.Thread):
             else:
                 self._on_batch_error(batch, result.error_code, result.error_message,
                                      result.base_offset, now)
+
+    def _note_throttle(self, node: int, throttle_time_ms: int, now: int) -> None:
+        """A client quota (KIP-219): send this broker nothing more until the time is over (it
+        would hold or refuse what comes earlier)."""
+        if throttle_time_ms > 0:
+            self._throttled_until_ms[node] = max(self._throttled_until_ms.get(node, 0), now + throttle_time_ms)
 
     def _on_batch_error(self, batch: ProducerBatch, code: int, message: str, base_offset: int,
                         now: int) -> None:

@@ -10,7 +10,7 @@ import pytest
 import eos
 from broker.server import BrokerServer
 from eos.cli import main as eos_main
-from eos.errors import ClusterAuthorizationFailedError, EosError, InvalidConfigError
+from eos.errors import ClusterAuthorizationFailedError, EosError, ErrorCode, InvalidConfigError
 from eos.net import CLIENT_ID_METADATA_KEY
 from eos.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 from tests.storage_batches import make_batch
@@ -35,10 +35,10 @@ def _produce(stub, topic: str, client_id: str, value_bytes: int):
     return stub.Produce(request, timeout=30, metadata=((CLIENT_ID_METADATA_KEY, client_id),))
 
 
-def _fetch(stub, topic: str, client_id: str):
+def _fetch(stub, topic: str, client_id: str, offset: int = 0):
     request = broker_pb2.FetchRequest(max_wait_ms=0, min_bytes=1, max_bytes=50 * 1024 * 1024,
                                       isolation_level=common_pb2.READ_UNCOMMITTED, partitions=[
-                                          broker_pb2.FetchPartition(topic=topic, partition=0, fetch_offset=0,
+                                          broker_pb2.FetchPartition(topic=topic, partition=0, fetch_offset=offset,
                                                                     partition_max_bytes=50 * 1024 * 1024)])
     return stub.Fetch(request, timeout=30, metadata=((CLIENT_ID_METADATA_KEY, client_id),))
 
@@ -55,11 +55,43 @@ def test_produce_and_fetch_over_their_quota_are_throttled_and_other_clients_are_
         throttled = _produce(stub, "q", "slow", 40 * KB)
         assert throttled.partitions[0].error_code == 0 and throttled.throttle_time_ms > 1_000
         assert _produce(stub, "q", "fast", 300 * KB).throttle_time_ms == 0     # another client id
-        # a fetch that would take "slow" over its consumer rate comes back empty, throttled
-        fetched = _fetch(stub, "q", "slow")
+        assert _produce(stub, "q", "fast", 4 * KB).throttle_time_ms == 0       # offset 3
+        # a fetch is cut to what the window allows (20 KB: the first batch only, 15 KB) ...
+        first = _fetch(stub, "q", "slow")
+        assert first.throttle_time_ms == 0 and 15 * KB < sum(len(p.records) for p in first.partitions) < 20 * KB
+        # ... one that would take "slow" over its consumer rate comes back empty, throttled ...
+        assert _fetch(stub, "q", "slow", offset=3).throttle_time_ms == 0        # 19 KB of the 20
+        fetched = _fetch(stub, "q", "slow", offset=3)
         assert fetched.throttle_time_ms > 0 and all(not p.records for p in fetched.partitions)
+        # ... but a batch larger than a whole window is delivered (else never), throttled to pay it back
+        whole = _fetch(stub, "q", "slow", offset=1)
+        assert whole.throttle_time_ms > 0 and sum(len(p.records) for p in whole.partitions) > 40 * KB
         full = _fetch(stub, "q", "fast")
         assert full.throttle_time_ms == 0 and sum(len(p.records) for p in full.partitions) > 350 * KB
+
+
+def test_a_call_that_would_need_a_second_hold_is_refused_at_once_and_appends_nothing(broker):
+    """A hold occupies a gRPC worker: one per client at a time. Two early calls of a throttled
+    client at once: one waits, the other is refused THROTTLING_QUOTA_EXCEEDED, unwritten."""
+    import threading
+    with eos.Admin(broker.address) as admin:
+        admin.create_topic("r", partitions=1)
+        admin.alter_client_quotas([({"client-id": "greedy"}, {"producer_byte_rate": 10 * KB})])
+    with grpc.insecure_channel(broker.address) as channel:
+        stub = broker_pb2_grpc.BrokerStub(channel)
+        assert _produce(stub, "r", "greedy", 60 * KB).throttle_time_ms > 1_000    # throttled from here on
+        answers = []
+        callers = [threading.Thread(target=lambda: answers.append(_produce(stub, "r", "greedy", 1 * KB)))
+                   for _ in range(2)]
+        for caller in callers:
+            caller.start()
+        for caller in callers:
+            caller.join(60)
+        held, refused = sorted(answers, key=lambda a: a.partitions[0].error_code)
+        assert held.partitions[0].error_code == 0
+        assert refused.partitions[0].error_code == ErrorCode.THROTTLING_QUOTA_EXCEEDED and refused.throttle_time_ms > 0
+    with eos.Admin(broker.address) as admin:
+        assert admin.list_offsets({("r", 0): "latest"})[eos.TopicPartition("r", 0)] == 2
 
 
 def test_eos_clients_honour_their_throttle(broker, monkeypatch):
@@ -68,9 +100,18 @@ def test_eos_clients_honour_their_throttle(broker, monkeypatch):
     holds a request that comes too early, held them for much less than it throttled them."""
     quotas = broker._quotas
     held_s, throttled_ms = [], []
-    monkeypatch.setattr(quotas, "_sleep", held_s.append)            # a hold records, does not sleep
+
+    class RecordingWait:                       # a hold records how long it would wait, and does not
+        def wait(self, timeout_s):
+            held_s.append(timeout_s)
+            return False
+
+        def set(self):
+            pass
+    monkeypatch.setattr(quotas, "_closing", RecordingWait())
     real_charge = quotas.charge
-    monkeypatch.setattr(quotas, "charge", lambda *a: throttled_ms.append(real_charge(*a)) or throttled_ms[-1])
+    monkeypatch.setattr(quotas, "charge",
+                        lambda *a, **k: throttled_ms.append(real_charge(*a, **k)) or throttled_ms[-1])
     with eos.Admin(broker.address) as admin:
         admin.create_topic("h", partitions=1)
         admin.alter_client_quotas([({"client-id": "slow"}, {"producer_byte_rate": 100 * KB,
@@ -81,8 +122,9 @@ def test_eos_clients_honour_their_throttle(broker, monkeypatch):
         futures = [producer.send("h", value=v) for v in values]
         producer.flush()
         assert all(f.result(timeout=60).offset >= 0 for f in futures)
-    with eos.Consumer(broker.address, config={"client.id": "slow", "auto.offset.reset": "earliest",
-                                              "max.partition.fetch.bytes": 64 * KB, "fetch.max.bytes": 64 * KB}) as consumer:
+    # the consumer's default fetch sizes (1 MB a partition) are over the window's 200 KB: the
+    # broker cuts each fetch to it, or the consumer would be answered empty for good
+    with eos.Consumer(broker.address, config={"client.id": "slow", "auto.offset.reset": "earliest"}) as consumer:
         consumer.assign([("h", 0)])
         read = []
         wait_for(lambda: read.extend(r.value for r in consumer.poll(500)) or len(read) >= len(values),
@@ -104,9 +146,13 @@ def test_quotas_are_kept_across_a_restart_and_the_cli_alters_and_describes_them(
                          "--add-config", "producer_byte_rate=4096"]) == 0
         assert eos_main(["configs", "--bootstrap-server", address, "--alter", "--entity-type", "users",
                          "--entity-name", "alice", "--delete-config", "consumer_byte_rate"]) == 0
-        with pytest.raises(EosError, match="unknown quota 'request_rate'"):
-            with eos.Admin(address) as admin:
-                admin.alter_client_quotas([({"user": "alice"}, {"request_rate": 5})])
+        with eos.Admin(address) as admin:      # all or nothing: bob's good entry is not applied either
+            with pytest.raises(EosError, match="unknown quota 'request_rate'"):
+                admin.alter_client_quotas([({"user": "bob"}, {"producer_byte_rate": 1024}),
+                                           ({"user": "alice"}, {"request_rate": 5})])
+            with pytest.raises(EosError, match="whole number"):
+                admin.alter_client_quotas([({"user": "bob"}, {"producer_byte_rate": 1.5})])
+            assert all(entity.get("user") != "bob" for entity, _ in admin.describe_client_quotas())
     finally:
         server.stop()
     server = BrokerServer(data, port=0).start()
