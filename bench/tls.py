@@ -34,8 +34,6 @@ from typing import NamedTuple
 from bench.eos_server import EosBroker
 from bench.kafka import free_port
 
-KAFKA_QUEUE_CHUNK = 10_000     # records handed to librdkafka's produce_batch at once
-
 
 def _produce(eos, bootstrap: str, config: dict, topic: str, records: int, value: bytes) -> float:
     producer = eos.Producer(bootstrap, config={**config, "batch.size": 1048576, "linger.ms": 5})
@@ -71,16 +69,11 @@ def _kafka_produce(bootstrap: str, config: dict, topic: str, records: int, value
     from confluent_kafka import Producer
 
     from bench.workloads.clients import kafka_producer_config
-    from bench.workloads.produce import kafka_queue_all
+    from bench.workloads.produce import kafka_send_bulk
     producer = Producer(kafka_producer_config(bootstrap, acks="all", idempotent=True, linger_ms=5,
                                               **{"batch.size": 1048576, **config}))
     started = time.perf_counter()
-    sent = 0
-    while sent < records:
-        chunk = min(KAFKA_QUEUE_CHUNK, records - sent)
-        kafka_queue_all(producer, topic, [{"value": value} for _ in range(chunk)])
-        sent += chunk
-        producer.poll(0)
+    kafka_send_bulk(producer, topic, value, records, deadline=float("inf"))
     if producer.flush(300) != 0:
         raise RuntimeError(f"Kafka producer: records still unsent to {topic} after 300 s")
     return records / (time.perf_counter() - started)

@@ -116,7 +116,7 @@ def kafka_queue_all(producer, topic: str, messages: list[dict]) -> None:
         producer.poll(0.001)
 
 
-def _kafka_send_bulk(producer, topic: str, value: bytes, count: int, deadline: float) -> int:
+def kafka_send_bulk(producer, topic: str, value: bytes, count: int, deadline: float) -> int:
     sent = 0
     while sent < count:
         chunk = min(BULK_RECORDS, count - sent)
@@ -142,7 +142,7 @@ def kafka_produce(ctx: RunContext, config: ProduceConfig) -> ProduceRun:
         # Every message still gets exactly one report; only failures reach Python, so the
         # count of acknowledged records is sent - failures once flush() leaves 0 behind.
         **{"delivery.report.only.error": True, "on_delivery": on_delivery}))
-    send = _kafka_send_each if config.path == "send" else _kafka_send_bulk
+    send = _kafka_send_each if config.path == "send" else kafka_send_bulk
     value = b"v" * ctx.sizes.value_bytes
     warmup = ctx.topic_name("warmup")
     kafka_create_topic(ctx.bootstrap, warmup)
