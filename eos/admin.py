@@ -241,9 +241,7 @@ class Admin:
         for topic in response.topics:
             if topic.name != name:
                 continue
-            if topic.error_code != ErrorCode.NONE:
-                raise error_for(topic.error_code,
-                                f"cannot describe topic {name!r}: {topic.error_message or ErrorCode(topic.error_code).name}")
+            _raise_if_error(topic, f"cannot describe topic {name!r}")
             return {
                 "name": topic.name,
                 "internal": topic.is_internal,
@@ -279,8 +277,7 @@ class Admin:
 
     @staticmethod
     def _partition_results(response, what: str) -> dict[TopicPartition, EosError | None]:
-        if response.error_code != ErrorCode.NONE:
-            raise error_for(response.error_code, f"{what}: {response.error_message or ErrorCode(response.error_code).name}")
+        _raise_if_error(response, what)
         return {TopicPartition(r.topic, r.partition): (None if r.error_code == ErrorCode.NONE else error_for(
                     r.error_code, f"{what} {r.topic}-{r.partition}: {r.error_message or ErrorCode(r.error_code).name}"))
                 for r in response.partitions}
@@ -347,9 +344,7 @@ class Admin:
             return {}
         result = {}
         for listed in self._list_offsets_at_leaders(level, partitions):
-            if listed.error_code != ErrorCode.NONE:
-                raise error_for(listed.error_code, f"cannot list offsets of {listed.topic}-{listed.partition}: "
-                                f"{listed.error_message or ErrorCode(listed.error_code).name}")
+            _raise_if_error(listed, f"cannot list offsets of {listed.topic}-{listed.partition}")
             result[TopicPartition(listed.topic, listed.partition)] = listed.offset
         return result
 
@@ -486,8 +481,7 @@ class Admin:
         g = found[0]
         if g.error_code == ErrorCode.GROUP_ID_NOT_FOUND:
             raise error_for(g.error_code, f"consumer group {group_id!r} does not exist")
-        if g.error_code != ErrorCode.NONE:
-            raise error_for(g.error_code, f"cannot describe group {group_id!r}: {g.error_message or ErrorCode(g.error_code).name}")
+        _raise_if_error(g, f"cannot describe group {group_id!r}")
         members = []
         for m in g.members:
             assignment: list[TopicPartition] = []
@@ -518,9 +512,7 @@ class Admin:
                               group_pb2.OffsetFetchRequest(group_id=group_id, partitions=wanted,
                                                            require_stable=require_stable),
                               stub=stub, answer_code=unstable_or_group_code)
-        if response.error_code != ErrorCode.NONE:
-            raise error_for(response.error_code, f"cannot fetch offsets of group {group_id!r}: "
-                                                 f"{response.error_message or ErrorCode(response.error_code).name}")
+        _raise_if_error(response, f"cannot fetch offsets of group {group_id!r}")
         result = {}
         for p in response.partitions:
             if p.error_code != ErrorCode.NONE:
@@ -596,9 +588,7 @@ class Admin:
         if not found:
             raise EosError(f"DescribeTransactions did not answer for {transactional_id!r}", ErrorCode.UNKNOWN_SERVER_ERROR)
         t = found[0]
-        if t.error_code != ErrorCode.NONE:
-            raise error_for(t.error_code, f"cannot describe transactional id {transactional_id!r}: "
-                                          f"{t.error_message or ErrorCode(t.error_code).name}")
+        _raise_if_error(t, f"cannot describe transactional id {transactional_id!r}")
         return {"transactional_id": t.transactional_id, "state": t.state, "producer_id": t.producer_id,
                 "producer_epoch": t.producer_epoch, "timeout_ms": t.transaction_timeout_ms,
                 "start_time_ms": t.transaction_start_time_ms if t.transaction_start_time_ms >= 0 else None,
@@ -627,9 +617,7 @@ class Admin:
         response = self._txn_call("AbortTransaction", lambda s: s.AbortTransaction, txn_pb2.AbortTransactionRequest(
             partition=common_pb2.TopicPartition(topic=topic, partition=partition), producer_id=producer_id,
             producer_epoch=producer_epoch + 1, coordinator_epoch=max(0, coordinator_epoch)))
-        if response.error_code != ErrorCode.NONE:
-            raise error_for(response.error_code, f"cannot abort the transaction of producer {producer_id} in "
-                                                 f"{topic}-{partition}: {response.error_message or ErrorCode(response.error_code).name}")
+        _raise_if_error(response, f"cannot abort the transaction of producer {producer_id} in {topic}-{partition}")
 
     def describe_producers(self, partitions) -> dict[TopicPartition, list[dict]]:
         """The active producers of each partition: {tp: [{"producer_id", "producer_epoch",
@@ -642,9 +630,7 @@ class Admin:
                               broker_pb2.DescribeProducersRequest(partitions=_tps(partitions)))
         result = {}
         for p in response.partitions:
-            if p.error_code != ErrorCode.NONE:
-                raise error_for(p.error_code, f"cannot describe the producers of {p.topic}-{p.partition}: "
-                                              f"{p.error_message or ErrorCode(p.error_code).name}")
+            _raise_if_error(p, f"cannot describe the producers of {p.topic}-{p.partition}")
             result[TopicPartition(p.topic, p.partition)] = [
                 {"producer_id": s.producer_id, "producer_epoch": s.producer_epoch, "last_sequence": s.last_sequence,
                  "last_timestamp_ms": s.last_timestamp_ms, "coordinator_epoch": s.coordinator_epoch,
@@ -712,17 +698,13 @@ class Admin:
         response = self._call("CreateAcls", lambda s: s.CreateAcls,
                               broker_pb2.CreateAclsRequest(creations=[binding_to_proto(b) for b in acls]))
         for binding, result in zip(acls, response.results):
-            if result.error_code != ErrorCode.NONE:
-                raise error_for(result.error_code, f"cannot create ACL {binding.describe()}: "
-                                                   f"{result.error_message or ErrorCode(result.error_code).name}")
+            _raise_if_error(result, f"cannot create ACL {binding.describe()}")
 
     def describe_acls(self, acl_filter: AclFilter = AclFilter()) -> list[AclBinding]:
         """The ACLs `acl_filter` matches (by default: every ACL)."""
         response = self._call("DescribeAcls", lambda s: s.DescribeAcls,
                               broker_pb2.DescribeAclsRequest(filter=filter_to_proto(acl_filter)))
-        if response.error_code != ErrorCode.NONE:
-            raise error_for(response.error_code, f"cannot describe ACLs: "
-                                                 f"{response.error_message or ErrorCode(response.error_code).name}")
+        _raise_if_error(response, "cannot describe ACLs")
         return [binding_from_proto(b) for b in response.acls]
 
     def delete_acls(self, filters) -> list[AclBinding]:
@@ -734,9 +716,7 @@ class Admin:
                               broker_pb2.DeleteAclsRequest(filters=[filter_to_proto(f) for f in filters]))
         removed: list[AclBinding] = []
         for result in response.results:
-            if result.error_code != ErrorCode.NONE:
-                raise error_for(result.error_code, f"cannot delete ACLs: "
-                                                   f"{result.error_message or ErrorCode(result.error_code).name}")
+            _raise_if_error(result, "cannot delete ACLs")
             removed.extend(binding_from_proto(b) for b in result.matching_acls)
         return removed
 
@@ -769,9 +749,7 @@ class Admin:
         response = self._call("AlterUserScramCredentials", lambda s: s.AlterUserScramCredentials, request,
                               stub=self._security_stub)
         for result in response.results:
-            if result.error_code != ErrorCode.NONE:
-                raise error_for(result.error_code, f"cannot alter the SCRAM credentials of {result.user!r}: "
-                                                   f"{result.error_message or ErrorCode(result.error_code).name}")
+            _raise_if_error(result, f"cannot alter the SCRAM credentials of {result.user!r}")
 
     def describe_user_scram_credentials(self, users=None) -> dict[str, dict[str, int]]:
         """{user: {mechanism: iterations}} for `users` (None: every user). A user named
@@ -780,13 +758,10 @@ class Admin:
         response = self._call("DescribeUserScramCredentials", lambda s: s.DescribeUserScramCredentials,
                               security_pb2.DescribeUserScramCredentialsRequest(users=list(users or [])),
                               stub=self._security_stub)
-        if response.error_code != ErrorCode.NONE:
-            raise error_for(response.error_code, f"cannot describe SCRAM credentials: "
-                                                 f"{response.error_message or ErrorCode(response.error_code).name}")
+        _raise_if_error(response, "cannot describe SCRAM credentials")
         found = {}
         for result in response.results:
-            if result.error_code != ErrorCode.NONE:
-                raise error_for(result.error_code, result.error_message or ErrorCode(result.error_code).name)
+            _raise_if_error(result, f"cannot describe the SCRAM credentials of {result.user!r}")
             found[result.user] = {info.mechanism: info.iterations for info in result.credential_infos}
         return found
 
@@ -808,10 +783,7 @@ class Admin:
                               stub=self._security_stub)
         # the refused entry first: the others only say they were not attempted because of it
         for result in sorted(response.results, key=lambda r: r.error_code == ErrorCode.OPERATION_NOT_ATTEMPTED):
-            if result.error_code != ErrorCode.NONE:
-                raise error_for(result.error_code, f"cannot alter the client quotas of "
-                                                   f"{_quota_entity_text(result.entity)}: "
-                                                   f"{result.error_message or ErrorCode(result.error_code).name}")
+            _raise_if_error(result, f"cannot alter the client quotas of {_quota_entity_text(result.entity)}")
 
     def describe_client_quotas(self) -> list[tuple[dict, dict[str, float]]]:
         """Every entity with quotas: [({"user": ..., "client-id": ...}, {key: value})], the
@@ -819,9 +791,7 @@ class Admin:
         from eos.v1 import security_pb2
         response = self._call("DescribeClientQuotas", lambda s: s.DescribeClientQuotas,
                               security_pb2.DescribeClientQuotasRequest(), stub=self._security_stub)
-        if response.error_code != ErrorCode.NONE:
-            raise error_for(response.error_code, f"cannot describe client quotas: "
-                                                 f"{response.error_message or ErrorCode(response.error_code).name}")
+        _raise_if_error(response, "cannot describe client quotas")
         return [({c.entity_type: "<default>" if c.is_default else c.name for c in entry.entity}, dict(entry.values))
                 for entry in response.entries]
 
@@ -846,3 +816,9 @@ def _quota_entity_to_proto(entity: dict) -> list:
 
 def _quota_entity_text(components) -> str:
     return ", ".join(f"{c.entity_type}={'<default>' if c.is_default else c.name}" for c in components)
+
+
+def _raise_if_error(answer, what: str) -> None:
+    """An answer's error (its error_code and error_message) as the eos error, `what` first."""
+    if answer.error_code != ErrorCode.NONE:
+        raise error_for(answer.error_code, f"{what}: {answer.error_message or ErrorCode(answer.error_code).name}")
