@@ -23,11 +23,12 @@ def write_file_atomically(path: str | os.PathLike, data: bytes, *, mode: int = 0
     even between the write and a later chmod)."""
     path = os.fspath(path)
     temp_path = path + ".tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
     try:
-        os.unlink(temp_path)      # a leftover with a wider mode would keep it: O_CREAT ignores mode then
-    except FileNotFoundError:
-        pass
-    fd = os.open(temp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)   # the umask only narrows it
+        fd = os.open(temp_path, flags, mode)   # new, so `mode` holds (the umask only narrows it)
+    except FileExistsError:                     # a leftover of a crash, whose mode would stay
+        os.unlink(temp_path)
+        fd = os.open(temp_path, flags, mode)
     try:
         view = memoryview(data)
         while view:
