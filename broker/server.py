@@ -57,7 +57,8 @@ from broker.security import (PLAINTEXT, SASL_SSL, SSL, CallIdentityInterceptor, 
 from broker.client_quotas import ClientQuotas
 from broker.scram_users import SESSION_LIFETIME_MS_DEFAULT, ScramUsers, SessionTokens
 from broker.security_service import SecurityServicer
-from broker.service import FETCH_MAX_WAIT_CAP_MS, BrokerServicer, NodeAddress
+from broker.reads import FETCH_MAX_WAIT_CAP_MS
+from broker.service import BrokerServicer, NodeAddress
 from broker.topics import TopicRegistry
 from eos.errors import EosError, ErrorCode, InvalidConfigError, StorageError
 from eos.types import TopicPartition

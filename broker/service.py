@@ -44,19 +44,8 @@ appends up to STREAM_REPLICATION_PIPELINE_MAX further requests meanwhile (in ord
 sequences stay in order) and answers each once the replicas have it, in arrival order, so one
 replication round trip serves several requests.
 
-Fetch reads each partition up to min(partition_max_bytes, what is left of max_bytes). The
-first batch of the response is returned whole even when it is larger (as Kafka does since
-KIP-74), so a consumer can never be stuck behind one big batch. How far a reader may see
-is `_upper_bound(log, isolation)`: the high watermark for read_uncommitted, the last stable
-offset (LSO: the first offset of the earliest open transaction, else the high watermark)
-for read_committed. A read_committed read is bounded by the LSO of the same log snapshot
-its bytes come from and carries the aborted transactions (producer id, first offset) that
-overlap them, so the consumer can drop aborted batches. Every response carries the LSO.
-When the response holds fewer than min_bytes (counting only what the reader may see) and
-max_wait_ms > 0, the fetch waits in the purgatory (woken by appends and transaction markers
-on its partitions, its deadline, its RPC being cancelled, or shutdown) and reads again. A
-wait that ends without a wake-up reads again only if a partition's bound moved meanwhile;
-otherwise its last read is the answer. No lock is held while reading or appending.
+Fetch and ListOffsets (what a reader may see, long polls, client quotas on fetches, offsets by
+timestamp) are `broker/reads.py`'s `ReadHandlers`, which this servicer inherits.
 
 Transactions (KIP-98, KIP-890 part 1). WriteTxnMarkers, sent by the transaction
 coordinator, appends one COMMIT or ABORT control batch per partition; the log checks the
@@ -82,7 +71,6 @@ import collections
 import contextlib
 import functools
 import logging
-import threading
 import time
 from typing import Callable, NamedTuple
 
@@ -90,15 +78,16 @@ import grpc
 
 from broker.acl import InvalidAclError, Operation, ResourceType
 from broker.purgatory import FetchPurgatory
-from broker.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
+from broker.quotas import PRODUCER_BYTE_RATE
 from broker.security import current_call
 from broker.local_topic_admin import LocalTopicAdmin
 from broker.produce_streams import NOTHING_YET, ProduceStreams, ProduceStreamSession
+from broker.reads import FETCH_MAX_WAIT_CAP_MS, ReadHandlers
+from broker.request_gate import RequestGate, gated
 from broker.topics import TopicInfo, TopicRegistry, is_internal_topic, validate_topic_name
 from eos.errors import (
     EosError,
     ErrorCode,
-    InvalidRequestError,
     StorageError,
     UnknownTopicOrPartitionError,
     error_code_and_message,
@@ -106,17 +95,11 @@ from eos.errors import (
 from eos.acl import binding_from_proto, binding_to_proto, filter_from_proto
 from eos.records.header import BatchHeader, iter_headers
 from eos.types import TopicPartition
-from eos.v1 import broker_pb2, broker_pb2_grpc, common_pb2
+from eos.v1 import broker_pb2, broker_pb2_grpc
 
 log = logging.getLogger("eos.broker")
 
-# Kafka's client defaults, used when a request leaves a size at proto3's 0.
-FETCH_MAX_BYTES_DEFAULT = 52428800            # fetch.max.bytes
-PARTITION_FETCH_MAX_BYTES_DEFAULT = 1048576   # max.partition.fetch.bytes
-# A response must fit in one gRPC message (100 MiB); leave room for the envelope.
-FETCH_RESPONSE_BYTES_MAX = 90 * 1024 * 1024
 PRODUCE_TIMEOUT_MS_DEFAULT = 30000             # request.timeout.ms: how long acks=all waits
-FETCH_MAX_WAIT_CAP_MS = 30000                 # a long poll never holds a worker longer
 # A produce stream holds a gRPC worker for its lifetime, so their number is bounded; the
 # broker sizes its worker pool for this many streams (broker/server.py).
 PRODUCE_STREAMS_MAX = 32
@@ -128,10 +111,6 @@ STREAM_REPLICATION_PIPELINE_MAX = 5
 # streams: fall back to unary Produce) or "unavailable" (the broker is stopping), so a
 # client can tell the refusal from gRPC's own RESOURCE_EXHAUSTED (a message too large).
 STREAM_REFUSAL_METADATA_KEY = "eos-produce-stream-refused"
-
-LATEST_TIMESTAMP = -1
-EARLIEST_TIMESTAMP = -2
-MAX_TIMESTAMP = -3
 
 
 OFFSETS_TOPIC = "__consumer_offsets"
@@ -158,62 +137,6 @@ class NodeAddress(NamedTuple):
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-# ---- isolation: the one place that decides how far a reader may see --------------------
-
-def _upper_bound(log, isolation_level: int) -> int:
-    """The exclusive offset a reader at `isolation_level` may read up to."""
-    if isolation_level == common_pb2.READ_COMMITTED:
-        return log.last_stable_offset
-    return log.high_watermark
-
-
-# ---- shutdown gate -----------------------------------------------------------------------
-
-class _RequestGate:
-    """Counts requests in flight so shutdown can wait for them before closing the logs
-    (gRPC's stop grace only cancels RPCs; the handler threads would run on)."""
-
-    def __init__(self):
-        self._condition = threading.Condition()
-        self._in_flight = 0
-        self._closed = False
-
-    def enter(self) -> bool:
-        with self._condition:
-            if self._closed:
-                return False
-            self._in_flight += 1
-            return True
-
-    def exit(self) -> None:
-        with self._condition:
-            self._in_flight -= 1
-            if self._in_flight == 0:
-                self._condition.notify_all()
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def close_and_drain(self, timeout_s: float) -> bool:
-        """Refuse new requests; wait up to timeout_s for those in flight. True if drained."""
-        with self._condition:
-            self._closed = True
-            return self._condition.wait_for(lambda: self._in_flight == 0, timeout=timeout_s)
-
-
-def _gated(handler):
-    @functools.wraps(handler)
-    def wrapper(self, request, context):
-        if not self._gate.enter():
-            context.abort(grpc.StatusCode.UNAVAILABLE, "the broker is shutting down")
-        try:
-            return handler(self, request, context)
-        finally:
-            self._gate.exit()
-    return wrapper
 
 
 # ---- produce streams ---------------------------------------------------------------------
@@ -265,7 +188,7 @@ def _verification_refusal(tp: TopicPartition, transactional_id: str, code: int, 
     return code, f"the transaction coordinator refused the write to {where} ({name}): {message}"
 
 
-class BrokerServicer(broker_pb2_grpc.BrokerServicer):
+class BrokerServicer(ReadHandlers, broker_pb2_grpc.BrokerServicer):
     """The Broker service of one node. Build with the owners of the state; see module doc."""
 
     def __init__(self, *, registry: TopicRegistry, log_manager, purgatory: FetchPurgatory,
@@ -308,7 +231,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         self._replicas = replicas
         self._topic_admin = topic_admin if topic_admin is not None else LocalTopicAdmin(
             registry, log_manager, node_id=node.node_id, notify=purgatory.notify, authorizer=authorizer)
-        self._gate = _RequestGate()
+        self._gate = RequestGate()
         self._streams = ProduceStreams(max_produce_streams)
         self._authorizer = authorizer
         self._quotas = quotas
@@ -370,7 +293,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
 
     # ---- Produce -----------------------------------------------------------------------------
 
-    @_gated
+    @gated
     def Produce(self, request: broker_pb2.ProduceRequest, context) -> broker_pb2.ProduceResponse:
         return self._produce_within_quota(request, context)
 
@@ -634,267 +557,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         else:
             log.exception("%s %s-%d failed unexpectedly", rpc, topic, partition, exc_info=exc)
 
-    # ---- Fetch -------------------------------------------------------------------------------
-
-    @_gated
-    def Fetch(self, request: broker_pb2.FetchRequest, context) -> broker_pb2.FetchResponse:
-        if self._quotas is None or request.is_replica:
-            return self._fetch(request, context)
-        who, go_on = self._quotas.hold(CONSUMER_BYTE_RATE, context)
-        if not go_on:      # not held (see ClientQuotas.hold): an empty answer, as a throttled fetch's
-            return broker_pb2.FetchResponse(throttle_time_ms=self._quotas.owed_ms(CONSUMER_BYTE_RATE, who))
-        window_bytes = self._quotas.fetch_bytes_max(who)
-        if window_bytes is not None and request.max_bytes > window_bytes:
-            # Kafka's rule: no fetch carries more than a quota window allows, or it would be
-            # refused (answered empty) again and again.
-            request = broker_pb2.FetchRequest.FromString(request.SerializeToString())
-            request.max_bytes = window_bytes
-        response = self._fetch(request, context)
-        read = sum(len(p.records) for p in response.partitions)
-        # Kafka's rule: a fetch over the quota is answered without its records (a read changes
-        # nothing, the consumer asks again after the throttle), and they are not counted. But
-        # one batch larger than a whole window (a fetch returns at least one) would be refused
-        # for good: that one goes out, and its throttle pays it back.
-        whole_window = window_bytes is not None and read > window_bytes
-        throttle_ms = self._quotas.charge(CONSUMER_BYTE_RATE, who, read, refund_if_throttled=not whole_window)
-        if throttle_ms > 0:
-            if not whole_window:
-                for partition in response.partitions:
-                    partition.records = b""
-            response.throttle_time_ms = throttle_ms
-        return response
-
-    def _fetch(self, request: broker_pb2.FetchRequest, context) -> broker_pb2.FetchResponse:
-        max_wait_ms = min(max(request.max_wait_ms, 0), self._fetch_max_wait_cap_ms)
-        deadline_s = time.monotonic() + max_wait_ms / 1000.0
-        if self._authorizer is not None:
-            denied = self._fetch_denied(request)
-            if denied:
-                # Kafka answers the partitions it may not read and still reads the others;
-                # a fetch with a refusal in it does not wait (an error answers at once).
-                results, _, _ = self._read_all(request, denied=denied)
-                return broker_pb2.FetchResponse(partitions=results)
-        results, bytes_read, has_error = self._read_all(request)
-        if bytes_read >= request.min_bytes or max_wait_ms == 0 or has_error or not results:
-            return broker_pb2.FetchResponse(partitions=results)
-
-        keys = {TopicPartition(p.topic, p.partition) for p in request.partitions}
-        waiter = self._purgatory.watch(keys)
-        if waiter is None:  # the purgatory is full or closing: answer with what there is
-            return broker_pb2.FetchResponse(partitions=results)
-        context.add_callback(waiter.cancel)  # a client that gives up frees its worker
-        isolation = request.isolation_level
-        replica = request.is_replica
-        try:
-            seen = self._read_positions(results, isolation, replica=replica)
-            while True:
-                # Registered before this check, so an append after it wakes the waiter.
-                if self._read_positions(results, isolation, refresh=True, replica=replica) == seen:
-                    remaining_s = deadline_s - time.monotonic()
-                    if remaining_s <= 0:
-                        break
-                    woken = waiter.wait(remaining_s)
-                    if waiter.cancelled or not woken:
-                        break
-                waiter.clear()
-                results, bytes_read, has_error = self._read_all(request, replica_reported=True)
-                if bytes_read >= request.min_bytes or has_error:
-                    break
-                seen = self._read_positions(results, isolation, replica=replica)
-        finally:
-            self._purgatory.unwatch(waiter)
-        if (not (bytes_read >= request.min_bytes or has_error)
-                and self._read_positions(results, isolation, refresh=True, replica=replica) != seen):
-            # Ended by the deadline or shutdown just as a partition moved: give the freshest
-            # view. Nothing moved (the usual timeout): the last read is that view already.
-            results, _, _ = self._read_all(request, replica_reported=True)
-        return broker_pb2.FetchResponse(partitions=results)
-
-    def _fetch_denied(self, request: broker_pb2.FetchRequest) -> dict[str, str]:
-        """{topic: why} for the topics this fetch may not read: READ on the topic for a
-        consumer; for a follower (is_replica), CLUSTER_ACTION on the cluster, refused for
-        every partition as Kafka does."""
-        if request.is_replica:
-            if self._cluster_allows(Operation.CLUSTER_ACTION):
-                return {}
-            why = self._denial(Operation.CLUSTER_ACTION, "the cluster (a follower fetch)")
-            return {fp.topic: why for fp in request.partitions}
-        return {fp.topic: self._denial(Operation.READ, f"topic {fp.topic!r}")
-                for fp in request.partitions if self._topic_denied(Operation.READ, fp.topic)}
-
-    def _read_positions(self, results, isolation: int, refresh: bool = False, replica: bool = False) -> tuple:
-        """The upper bound of each fetched partition: what the last read saw, or (refresh)
-        what the logs say now. A change means there may be more to read. A follower reads up
-        to the log end, so its bound is the log end offset."""
-        if replica:
-            positions = []
-            for r in results:
-                partition_log = self._log_manager.get_log(r.topic, r.partition)
-                positions.append(-1 if partition_log is None else partition_log.log_end_offset)
-            return tuple(positions)
-        if not refresh:
-            if isolation == common_pb2.READ_COMMITTED:
-                return tuple(r.last_stable_offset for r in results)
-            return tuple(r.high_watermark for r in results)
-        positions = []
-        for r in results:
-            partition_log = self._log_manager.get_log(r.topic, r.partition)
-            positions.append(-1 if partition_log is None else _upper_bound(partition_log, isolation))
-        return tuple(positions)
-
-    def _read_all(self, request: broker_pb2.FetchRequest, replica_reported: bool = False,
-                  denied: dict[str, str] | None = None):
-        """One pass over the requested partitions: (results, bytes read, any error).
-        A follower's fetch offsets are its log ends: the first pass reports them to the
-        replica manager (`replica_reported` skips that on the re-reads of a long poll).
-        The topics in `denied` are answered TOPIC_AUTHORIZATION_FAILED, unread."""
-        isolation = request.isolation_level
-        max_bytes = request.max_bytes if request.max_bytes > 0 else FETCH_MAX_BYTES_DEFAULT
-        budget_bytes = min(max_bytes, FETCH_RESPONSE_BYTES_MAX)
-        results = []
-        bytes_read = 0
-        has_error = False
-        for fp in request.partitions:
-            if denied and fp.topic in denied:
-                has_error = True
-                results.append(broker_pb2.FetchedPartition(
-                    topic=fp.topic, partition=fp.partition, error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED,
-                    error_message=denied[fp.topic], high_watermark=-1, last_stable_offset=-1, log_start_offset=-1))
-                continue
-            result = self._read_partition(fp, isolation, budget_bytes - bytes_read,
-                                          min_one_batch=bytes_read == 0, request=request,
-                                          replica_reported=replica_reported)
-            bytes_read += len(result.records)
-            has_error = has_error or result.error_code != ErrorCode.NONE
-            results.append(result)
-        return results, bytes_read, has_error
-
-    def _read_partition(self, fp: broker_pb2.FetchPartition, isolation: int, budget_bytes: int,
-                        *, min_one_batch: bool, request: broker_pb2.FetchRequest | None = None,
-                        replica_reported: bool = False) -> broker_pb2.FetchedPartition:
-        partition_log = None
-        replica = request is not None and request.is_replica
-        try:
-            replicas = self._replicas
-            current_epoch = fp.current_leader_epoch if fp.has_leader_epoch else None
-            if replicas is not None and not replica:
-                replicas.check_leader(fp.topic, fp.partition, current_epoch)
-            partition_log = self._log_for(fp.topic, fp.partition)
-            if replica:
-                if replicas is None:
-                    raise EosError("this broker is not part of a cluster: it has no followers",
-                                   ErrorCode.NOT_LEADER_OR_FOLLOWER)
-                if not replica_reported:
-                    replicas.on_replica_fetch(request.replica_id, fp.topic, fp.partition, fp.fetch_offset,
-                                              current_epoch, partition_log)
-                allowed = replicas.replica_fetch_allowance(request.replica_id, fp.topic, fp.partition, budget_bytes)
-                return self._read_for_follower(fp, partition_log, allowed, min_one_batch and allowed > 0)
-            partition_max_bytes = (fp.partition_max_bytes if fp.partition_max_bytes > 0
-                                   else PARTITION_FETCH_MAX_BYTES_DEFAULT)
-            # One snapshot bounds the read and gives the offsets answered: the log stops at
-            # that snapshot's end -- its high watermark on one node, where every write moves
-            # both together -- and, under read_committed, at its LSO, listing the aborted
-            # transactions of what it returns. (A bound read from the log beforehand would
-            # come from an older snapshot than the records and offsets.)
-            data = partition_log.read(
-                fp.fetch_offset, max(0, min(partition_max_bytes, budget_bytes)),
-                min_one_batch=min_one_batch, isolation_committed=isolation == common_pb2.READ_COMMITTED)
-        except Exception as exc:
-            code, message = error_code_and_message(exc)
-            self._log_partition_error("Fetch", fp.topic, fp.partition, exc)
-            result = broker_pb2.FetchedPartition(
-                topic=fp.topic, partition=fp.partition, error_code=code, error_message=message,
-                high_watermark=-1, last_stable_offset=-1, log_start_offset=-1)
-            if partition_log is not None:
-                # the client resets its position from these on OFFSET_OUT_OF_RANGE
-                try:
-                    result.high_watermark = partition_log.high_watermark
-                    result.last_stable_offset = partition_log.last_stable_offset
-                    result.log_start_offset = partition_log.log_start_offset
-                except Exception:  # the error above is the one to report
-                    pass
-            return result
-        return broker_pb2.FetchedPartition(
-            topic=fp.topic, partition=fp.partition, error_code=ErrorCode.NONE,
-            high_watermark=data.high_watermark, last_stable_offset=data.last_stable_offset,
-            log_start_offset=data.log_start_offset, records=data.records,
-            aborted_transactions=[
-                broker_pb2.AbortedTransaction(producer_id=aborted.producer_id, first_offset=aborted.first_offset)
-                for aborted in data.aborted_transactions])
-
-    @staticmethod
-    def _read_for_follower(fp: broker_pb2.FetchPartition, partition_log, budget_bytes: int,
-                           min_one_batch: bool) -> broker_pb2.FetchedPartition:
-        """A follower reads up to the log end, not the high watermark, and learns the HW."""
-        partition_max_bytes = fp.partition_max_bytes if fp.partition_max_bytes > 0 else PARTITION_FETCH_MAX_BYTES_DEFAULT
-        high_watermark = partition_log.high_watermark
-        data = partition_log.read(fp.fetch_offset, max(0, min(partition_max_bytes, budget_bytes)),
-                                  max_offset_exclusive=partition_log.log_end_offset, min_one_batch=min_one_batch)
-        return broker_pb2.FetchedPartition(
-            topic=fp.topic, partition=fp.partition, error_code=ErrorCode.NONE, high_watermark=high_watermark,
-            last_stable_offset=partition_log.last_stable_offset, log_start_offset=data.log_start_offset,
-            records=data.records)
-
-    # ---- ListOffsets -------------------------------------------------------------------------
-
-    @_gated
-    def ListOffsets(self, request: broker_pb2.ListOffsetsRequest, context) -> broker_pb2.ListOffsetsResponse:
-        if self._authorizer is not None:
-            return broker_pb2.ListOffsetsResponse(partitions=[
-                broker_pb2.ListedOffset(topic=p.topic, partition=p.partition,
-                                        error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED,
-                                        error_message=self._denial(Operation.DESCRIBE, f"topic {p.topic!r}"),
-                                        timestamp=-1, offset=-1)
-                if self._topic_denied(Operation.DESCRIBE, p.topic) else self._list_offset(p, request.isolation_level)
-                for p in request.partitions])
-        return broker_pb2.ListOffsetsResponse(partitions=[
-            self._list_offset(p, request.isolation_level) for p in request.partitions])
-
-    def _list_offset(self, p: broker_pb2.ListOffsetsPartition, isolation: int) -> broker_pb2.ListedOffset:
-        try:
-            if self._replicas is not None:
-                self._replicas.check_leader(p.topic, p.partition)
-            partition_log = self._log_for(p.topic, p.partition)
-            timestamp_ms, offset = self._find_offset(partition_log, p.timestamp, isolation)
-        except Exception as exc:
-            code, message = error_code_and_message(exc)
-            self._log_partition_error("ListOffsets", p.topic, p.partition, exc)
-            return broker_pb2.ListedOffset(topic=p.topic, partition=p.partition, error_code=code,
-                                           error_message=message, timestamp=-1, offset=-1)
-        return broker_pb2.ListedOffset(topic=p.topic, partition=p.partition,
-                                       error_code=ErrorCode.NONE, timestamp=timestamp_ms, offset=offset)
-
-    @staticmethod
-    def _find_offset(partition_log, timestamp_ms: int, isolation: int) -> tuple[int, int]:
-        """(timestamp, offset) answering one ListOffsets query; (-1, -1) when none matches."""
-        committed = isolation == common_pb2.READ_COMMITTED
-        if timestamp_ms == EARLIEST_TIMESTAMP:
-            return -1, partition_log.log_start_offset
-        if timestamp_ms == LATEST_TIMESTAMP:
-            # Kafka answers consumers with the high watermark, and with the LSO under
-            # read_committed (where such a consumer starts so it skips nothing committed).
-            return -1, partition_log.latest_offset(isolation_committed=committed)
-        upper = _upper_bound(partition_log, isolation)
-        if timestamp_ms == MAX_TIMESTAMP:
-            found = _max_timestamp(partition_log)
-        elif timestamp_ms < 0:
-            raise InvalidRequestError(
-                f"timestamp {timestamp_ms} is neither a time nor one of the sentinels "
-                f"-1 (latest), -2 (earliest), -3 (max timestamp)")
-        else:
-            found = partition_log.offset_for_timestamp(timestamp_ms, isolation_committed=committed)
-        if found is None:
-            return -1, -1
-        offset, found_timestamp_ms = found
-        # Kafka's rule: the first match past what this reader may see is no answer, not
-        # a reason to look for an earlier one.
-        if offset >= upper:
-            return -1, -1
-        return found_timestamp_ms, offset
-
     # ---- Metadata ----------------------------------------------------------------------------
 
-    @_gated
+    @gated
     def Metadata(self, request: broker_pb2.MetadataRequest, context) -> broker_pb2.MetadataResponse:
         if self._metadata is not None:
             return self._metadata_from_cache(request)
@@ -980,22 +645,22 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
 
     # ---- topic administration (a ZooKeeper cluster's controller, or broker/local_topic_admin.py) ----
 
-    @_gated
+    @gated
     def CreateTopics(self, request: broker_pb2.CreateTopicsRequest, context) -> broker_pb2.CreateTopicsResponse:
         return self._topic_admin.create_topics(request)
 
-    @_gated
+    @gated
     def DeleteTopics(self, request: broker_pb2.DeleteTopicsRequest, context) -> broker_pb2.DeleteTopicsResponse:
         return self._topic_admin.delete_topics(request)
 
-    @_gated
+    @gated
     def CreatePartitions(self, request: broker_pb2.CreatePartitionsRequest,
                          context) -> broker_pb2.CreatePartitionsResponse:
         return self._topic_admin.create_partitions(request)
 
     # ---- transactions ------------------------------------------------------------------------
 
-    @_gated
+    @gated
     def WriteTxnMarkers(self, request: broker_pb2.WriteTxnMarkersRequest,
                         context) -> broker_pb2.WriteTxnMarkersResponse:
         """Append every marker, then (on a cluster) wait until the in-sync replicas have them
@@ -1077,7 +742,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             return ErrorCode.CLUSTER_AUTHORIZATION_FAILED, self._denial(operation, "the cluster")
         return None
 
-    @_gated
+    @gated
     def CreateAcls(self, request: broker_pb2.CreateAclsRequest, context) -> broker_pb2.CreateAclsResponse:
         refusal = self._acl_refusal(Operation.ALTER)
         if refusal is not None:
@@ -1090,7 +755,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             broker_pb2.AclCreationResult(error_code=ErrorCode.INVALID_REQUEST, error_message=problem)
             for problem in problems])
 
-    @_gated
+    @gated
     def DescribeAcls(self, request: broker_pb2.DescribeAclsRequest, context) -> broker_pb2.DescribeAclsResponse:
         refusal = self._acl_refusal(Operation.DESCRIBE)
         if refusal is not None:
@@ -1102,7 +767,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         return broker_pb2.DescribeAclsResponse(error_code=ErrorCode.NONE,
                                                acls=[binding_to_proto(b) for b in sorted(found)])
 
-    @_gated
+    @gated
     def DeleteAcls(self, request: broker_pb2.DeleteAclsRequest, context) -> broker_pb2.DeleteAclsResponse:
         refusal = self._acl_refusal(Operation.ALTER)
         if refusal is not None:
@@ -1117,7 +782,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             broker_pb2.DeleteAclsFilterResult(error_code=ErrorCode.INVALID_REQUEST, error_message=problem)
             for problem, removed in outcomes])
 
-    @_gated
+    @gated
     def DescribeProducers(self, request: broker_pb2.DescribeProducersRequest,
                           context) -> broker_pb2.DescribeProducersResponse:
         if self._authorizer is not None:
@@ -1147,13 +812,3 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                                                  error_code=code, error_message=message)
         return broker_pb2.PartitionProducers(topic=tp.topic, partition=tp.partition,
                                              error_code=ErrorCode.NONE, producers=producers)
-
-
-def _max_timestamp(partition_log) -> tuple[int, int] | None:
-    """(offset, timestamp) of the earliest record carrying the largest timestamp (KIP-734,
-    as fixed by KAFKA-16310), or None for an empty log. Each segment knows its maximum; the
-    lookup by that timestamp finds the record."""
-    max_timestamp_ms = max((segment.max_timestamp_ms for segment in partition_log.segments), default=-1)
-    if max_timestamp_ms < 0:
-        return None
-    return partition_log.offset_for_timestamp(max_timestamp_ms)
