@@ -442,18 +442,22 @@ class BrokerServer:
             TxnCoordinatorServicer(producer_ids, self._txn_coordinator, authorizer=self._authorizer), server)
         group_pb2_grpc.add_GroupCoordinatorServicer_to_server(GroupCoordinatorServicer(
             self._group_coordinator, node_for_call=self._servicer.node_for_call, authorizer=self._authorizer), server)
-        security_pb2_grpc.add_SecurityServicer_to_server(SecurityServicer(
-            self._scram_users, self._sessions, enabled_mechanisms=config.sasl_enabled_mechanisms,
-            authorizer=self._authorizer, sasl_listener=any(l.security_protocol == SASL_SSL for l in self.listeners),
-            quotas=self._quotas, quotas_refusal=None if cluster is None else (
-                "client quotas on a ZooKeeper cluster are not built yet (each broker would need them: "
-                "Kafka keeps them in ZooKeeper under /config/users and /config/clients)")), server)
+        security_pb2_grpc.add_SecurityServicer_to_server(self._security_servicer(), server)
         server.start()
         if cluster is None:
             threading.Thread(target=self._start_txn_coordinator, name="eos-txn-load", daemon=True).start()
         else:
             self._txn_coordinator.start()     # threads only: partitions load with leadership
             cluster.join(bound_port)
+
+    def _security_servicer(self) -> SecurityServicer:
+        """SCRAM logins and credentials, and client quotas (refused on a ZooKeeper cluster)."""
+        return SecurityServicer(
+            self._scram_users, self._sessions, enabled_mechanisms=self.config.sasl_enabled_mechanisms,
+            authorizer=self._authorizer, sasl_listener=any(l.security_protocol == SASL_SSL for l in self.listeners),
+            quotas=self._quotas, quotas_refusal=None if self._cluster is None else (
+                "client quotas on a ZooKeeper cluster are not built yet (each broker would need them: "
+                "Kafka keeps them in ZooKeeper under /config/users and /config/clients)"))
 
     def _bind_listeners(self, server: grpc.Server) -> None:
         """One port per listener on the one gRPC server: PLAINTEXT insecure, SSL with TLS

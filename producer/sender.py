@@ -435,6 +435,42 @@ class Sender(threading.Thread):
         """Whether requests to `node` go on its ProduceStream (which keeps their order)."""
         return self._use_streams and self._acks != 0 and node not in self._unary_nodes
 
+    def _may_send(self, batch: ProducerBatch, ordered: bool, taken_now: dict) -> bool:
+        """Whether the transaction and the partition's order let `batch` go in this drain
+        (`ordered`: on its node's ProduceStream; `taken_now`: batches per partition taken so far)."""
+        txn = self._txn
+        if txn is not None:
+            with self._txn_lock:
+                # The first batch of a partition in a transaction waits until the
+                # coordinator registered the partition (AddPartitionsToTxn after this drain).
+                if not txn.sending_allowed or not txn.partition_ready(batch.tp):
+                    return False
+        idem = self._idempotence
+        in_flight_tps = self._in_flight_tps
+        if idem is not None:
+            if not idem.ready_to_send:
+                return False   # no producer id yet, or an epoch bump is due
+            if batch.base_sequence < 0:
+                if not idem.can_assign(batch.tp):
+                    return False
+                if not ordered:
+                    flying = in_flight_tps.get(batch.tp)
+                    if ((len(flying) if flying else 0) + taken_now.get(batch.tp, 0)
+                            >= IDEMPOTENT_IN_FLIGHT_PER_PARTITION_UNARY):
+                        return False
+            else:
+                # A resend waits until every older batch of its partition is answered:
+                # sent together again they could arrive out of order again.
+                flying = in_flight_tps.get(batch.tp)
+                if flying and min(flying) < batch.creation_index:
+                    return False
+        elif not ordered and batch.tp in in_flight_tps:
+            # Unary calls may run in either order (Kafka's TCP connection keeps it): a
+            # plain producer keeps a partition's order by sending its next request only
+            # when the previous one is answered; what queues meanwhile goes together.
+            return False
+        return True
+
     def _make_taker(self, throttled_nodes: set[int]):
         metadata = self._metadata
         idem = self._idempotence
@@ -444,10 +480,7 @@ class Sender(threading.Thread):
         max_request_size = self._max_request_size
         per_partition = (IDEMPOTENT_BATCHES_PER_PARTITION_PER_REQUEST if idem is not None
                          else PLAIN_BATCHES_PER_PARTITION_PER_REQUEST)
-        in_flight_tps = self._in_flight_tps
         ordered_by_node: dict[int, bool] = {}
-        txn = self._txn
-        txn_lock = self._txn_lock
 
         last_slot_by_tp: dict = {}    # tp -> index of the slot holding its latest batch
         taken_now: dict = {}          # tp -> batches taken in this drain
@@ -462,33 +495,7 @@ class Sender(threading.Thread):
             ordered = ordered_by_node.get(node)
             if ordered is None:
                 ordered = ordered_by_node[node] = self._ordered(node)
-            if txn is not None:
-                with txn_lock:
-                    # The first batch of a partition in a transaction waits until the
-                    # coordinator registered the partition (AddPartitionsToTxn after this drain).
-                    if not txn.sending_allowed or not txn.partition_ready(batch.tp):
-                        return False
-            if idem is not None:
-                if not idem.ready_to_send:
-                    return False   # no producer id yet, or an epoch bump is due
-                if batch.base_sequence < 0:
-                    if not idem.can_assign(batch.tp):
-                        return False
-                    if not ordered:
-                        flying = in_flight_tps.get(batch.tp)
-                        if ((len(flying) if flying else 0) + taken_now.get(batch.tp, 0)
-                                >= IDEMPOTENT_IN_FLIGHT_PER_PARTITION_UNARY):
-                            return False
-                else:
-                    # A resend waits until every older batch of its partition is answered:
-                    # sent together again they could arrive out of order again.
-                    flying = in_flight_tps.get(batch.tp)
-                    if flying and min(flying) < batch.creation_index:
-                        return False
-            elif not ordered and batch.tp in in_flight_tps:
-                # Unary calls may run in either order (Kafka's TCP connection keeps it): a
-                # plain producer keeps a partition's order by sending its next request only
-                # when the previous one is answered; what queues meanwhile goes together.
+            if not self._may_send(batch, ordered, taken_now):
                 return False
             slots = slots_by_node.get(node)
             if slots is None:
