@@ -24,7 +24,6 @@ cluster with an error that says so, rather than checking each broker against its
 """
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from pathlib import Path
@@ -34,7 +33,7 @@ from broker.acl import (CLUSTER_NAME, AclBinding, AclFilter, AclIndex, InvalidAc
                         authorize, authorize_any, filter_matches, validate_binding, validate_filter)
 from broker.security import current_call
 from eos.errors import StorageError
-from eos.files import write_file_atomically
+from eos.files import read_json_document, write_json_document
 
 log = logging.getLogger("eos.broker.authorizer")
 
@@ -65,9 +64,7 @@ class Authorizer:
             self._index = AclIndex()
             return 0
         try:
-            document = json.loads(self._path.read_text(encoding="utf-8"))
-            if document.get("version") != ACL_FILE_VERSION:
-                raise ValueError(f"version {document.get('version')!r}, expected {ACL_FILE_VERSION}")
+            document = read_json_document(self._path, ACL_FILE_VERSION)
             bindings = [AclBinding.from_json(item) for item in document["acls"]]
         except (ValueError, KeyError, TypeError, InvalidAclError) as exc:
             # Refusing to start beats starting with fewer DENY rules than the operator wrote.
@@ -79,8 +76,7 @@ class Authorizer:
     def _store(self, bindings: Iterable[AclBinding]) -> None:
         ordered = sorted(bindings, key=lambda b: (b.resource_type, b.resource_name, b.pattern_type, b.principal,
                                                   b.host, b.operation, b.permission))
-        document = {"version": ACL_FILE_VERSION, "acls": [b.to_json() for b in ordered]}
-        write_file_atomically(self._path, json.dumps(document, indent=1).encode("utf-8"))
+        write_json_document(self._path, ACL_FILE_VERSION, {"acls": [b.to_json() for b in ordered]})
         self._index = AclIndex(ordered)
 
     @property

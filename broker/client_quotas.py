@@ -20,7 +20,6 @@ Kafka's replication is not. Without any quota both are a check of an empty dict.
 """
 from __future__ import annotations
 
-import json
 import threading
 import time
 from pathlib import Path
@@ -30,7 +29,7 @@ from broker.quotas import (CLIENT_ID, CONSUMER_BYTE_RATE, DEFAULT, QUOTA_WINDOW_
                            QuotaEntity, QuotaError, check_entity, check_quota)
 from broker.security import ANONYMOUS, current_call
 from eos.errors import InvalidConfigError
-from eos.files import write_file_atomically
+from eos.files import read_json_document, write_json_document
 from eos.net import CLIENT_ID_METADATA_KEY
 
 QUOTA_FILE_NAME = "client-quotas.json"
@@ -59,9 +58,7 @@ class ClientQuotas:
         if not self._path.exists():
             return 0
         try:
-            document = json.loads(self._path.read_text(encoding="utf-8"))
-            if document.get("version") != QUOTA_FILE_VERSION:
-                raise ValueError(f"version {document.get('version')!r}, expected {QUOTA_FILE_VERSION}")
+            document = read_json_document(self._path, QUOTA_FILE_VERSION)
             quotas = {_entity_from_json(item["entity"]): dict(item["quotas"]) for item in document["entries"]}
             with self._lock:
                 self._manager.replace_quotas(quotas)
@@ -92,10 +89,9 @@ class ClientQuotas:
             ClientQuotaManager(quotas)                 # the whole set checked again
             if validate_only:
                 return
-            document = {"version": QUOTA_FILE_VERSION, "entries": [
+            write_json_document(self._path, QUOTA_FILE_VERSION, {"entries": [
                 {"entity": _entity_to_json(entity), "quotas": values}
-                for entity, values in sorted(quotas.items(), key=lambda item: item[0].describe())]}
-            write_file_atomically(self._path, json.dumps(document, indent=1).encode("utf-8"))
+                for entity, values in sorted(quotas.items(), key=lambda item: item[0].describe())]})
             self._manager.replace_quotas(quotas)
 
     # ---- holding clients to them ---------------------------------------------------------------

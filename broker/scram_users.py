@@ -20,14 +20,13 @@ are issued, so the map stays as small as the live connections.
 """
 from __future__ import annotations
 
-import json
 import secrets
 import threading
 import time
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from eos.files import write_file_atomically
+from eos.files import read_json_document, write_json_document
 from eos.scram import MECHANISMS, ScramCredential, ScramError
 
 SCRAM_FILE_NAME = "scram-credentials.json"
@@ -56,9 +55,7 @@ class ScramUsers:
         if stamp == self._stamp:
             return
         try:
-            document = json.loads(self._path.read_text(encoding="utf-8"))
-            if document.get("version") != SCRAM_FILE_VERSION:
-                raise ValueError(f"version {document.get('version')!r}, expected {SCRAM_FILE_VERSION}")
+            document = read_json_document(self._path, SCRAM_FILE_VERSION)
             users = {str(name): {mechanism: ScramCredential.from_text(text) for mechanism, text in entry.items()}
                      for name, entry in document["users"].items()}
         except (OSError, ValueError, KeyError, AttributeError, ScramError) as exc:
@@ -66,11 +63,10 @@ class ScramUsers:
         self._users, self._stamp = users, stamp
 
     def _write(self, users: dict[str, dict[str, ScramCredential]]) -> None:
-        document = {"version": SCRAM_FILE_VERSION,
-                    "users": {name: {m: c.to_text() for m, c in sorted(entry.items())}
-                              for name, entry in sorted(users.items()) if entry}}
         # 0600 from its creation: the keys let anyone pose as the broker to its users
-        write_file_atomically(self._path, json.dumps(document, indent=1).encode("utf-8"), mode=0o600)
+        write_json_document(self._path, SCRAM_FILE_VERSION, {
+            "users": {name: {m: c.to_text() for m, c in sorted(entry.items())}
+                      for name, entry in sorted(users.items()) if entry}}, mode=0o600)
         self._stamp = None
         self._refresh()
 

@@ -4,9 +4,14 @@ A crash must leave either the old content or the new one, whole: write a tempora
 beside the target, fsync it, rename it over the target, then fsync the directory so the
 rename itself survives a power loss. Checkpoints, producer snapshots, topic files,
 producer-id blocks and meta.properties all go through `write_file_atomically`.
+
+The broker's small JSON documents (ACLs, SCRAM credentials, client quotas) carry a format
+version: `write_json_document` writes one, `read_json_document` reads it back and refuses
+another version.
 """
 from __future__ import annotations
 
+import json
 import os
 
 
@@ -38,3 +43,18 @@ def write_file_atomically(path: str | os.PathLike, data: bytes, *, mode: int = 0
         os.close(fd)
     os.replace(temp_path, path)
     fsync_directory(os.path.dirname(os.path.abspath(path)))
+
+
+def write_json_document(path: str | os.PathLike, version: int, body: dict, *, mode: int = 0o644) -> None:
+    """`body` with its format `version`, atomically (see `write_file_atomically`)."""
+    write_file_atomically(path, json.dumps({"version": version, **body}, indent=1).encode("utf-8"), mode=mode)
+
+
+def read_json_document(path: str | os.PathLike, version: int) -> dict:
+    """The document at `path`; ValueError when it is not JSON, not an object, or of another version."""
+    with open(path, encoding="utf-8") as file:
+        document = json.load(file)
+    if not isinstance(document, dict) or document.get("version") != version:
+        found = document.get("version") if isinstance(document, dict) else None
+        raise ValueError(f"version {found!r}, expected {version}")
+    return document

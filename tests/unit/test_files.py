@@ -17,3 +17,17 @@ def test_a_leftover_temp_file_neither_widens_the_mode_nor_stays(tmp_path):
     assert not leftover.exists()
     write_file_atomically(target, b"new keys", mode=0o600)
     assert target.read_bytes() == b"new keys" and target.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_json_document_reads_back_and_another_version_is_refused(tmp_path):
+    import pytest
+
+    from eos.files import read_json_document, write_json_document
+    path = tmp_path / "doc.json"
+    write_json_document(path, 2, {"items": [1, 2]})
+    assert read_json_document(path, 2) == {"version": 2, "items": [1, 2]}
+    with pytest.raises(ValueError, match="version 2, expected 3"):
+        read_json_document(path, 3)
+    path.write_text("[1, 2]")
+    with pytest.raises(ValueError, match="expected 2"):
+        read_json_document(path, 2)
