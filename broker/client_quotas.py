@@ -27,7 +27,7 @@ from typing import Callable, Iterable
 
 from broker.quotas import (CLIENT_ID, CONSUMER_BYTE_RATE, DEFAULT, QUOTA_WINDOW_NUM, QUOTA_WINDOW_SIZE_MS, USER, ClientQuotaManager,
                            QuotaEntity, QuotaError, check_entity, check_quota)
-from broker.security import ANONYMOUS, current_call
+from broker.security import principal_of_call
 from eos.errors import InvalidConfigError
 from eos.files import read_json_document, write_json_document
 from eos.net import CLIENT_ID_METADATA_KEY
@@ -97,15 +97,12 @@ class ClientQuotas:
     # ---- holding clients to them ---------------------------------------------------------------
 
     def _who(self, context) -> tuple[str, str] | None:
-        metadata = getattr(context, "invocation_metadata", None)
-        if metadata is None:
+        principal = principal_of_call(context)
+        if principal is None:
             return None          # in process: the broker's own coordinators, never throttled
-        call = current_call()
-        # no call identity on a real call: a broker whose one PLAINTEXT listener needs none
-        # (broker/server.py), where every client is User:ANONYMOUS
-        principal = call.principal if call is not None else ANONYMOUS
         user = principal.split(":", 1)[1] if ":" in principal else principal
-        client_id = next((value for key, value in (metadata() or ()) if key == CLIENT_ID_METADATA_KEY), "")
+        client_id = next((value for key, value in (context.invocation_metadata() or ())
+                          if key == CLIENT_ID_METADATA_KEY), "")
         return user, client_id
 
     def hold(self, key: str, context) -> tuple[tuple[str, str] | None, bool]:

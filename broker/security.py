@@ -328,6 +328,17 @@ def current_call() -> CallIdentity | None:
     return _current_call.get()
 
 
+def principal_of_call(context) -> str | None:
+    """The principal of the gRPC call `context` serves; None for an in-process call (the
+    broker's own coordinators: their context carries no metadata). A real call without an
+    identity comes from a broker whose one PLAINTEXT listener needs none (broker/server.py
+    installs the interceptor only when it must), where every client is User:ANONYMOUS."""
+    if getattr(context, "invocation_metadata", None) is None:
+        return None
+    call = current_call()
+    return call.principal if call is not None else ANONYMOUS
+
+
 def run_as_broker(function, *args):
     """Run `function(*args)` with no call identity: the broker's own work done on the
     thread of a client's call (the transaction coordinator writing its state while serving

@@ -48,7 +48,8 @@ def cmd_users(args) -> int:
     if args.data_dir:
         return _offline(args)
     import eos
-    with eos.Admin(bootstrap=args.bootstrap_server, config=_client_config(args)) as admin:
+    from eos.cli import client_config
+    with eos.Admin(bootstrap=args.bootstrap_server, config=client_config(args)) as admin:
         if args.action == "add":
             admin.upsert_scram_credential(args.name, _password(args), mechanism=args.mechanism,
                                           iterations=args.iterations)
@@ -59,11 +60,6 @@ def cmd_users(args) -> int:
         else:
             _print_users(admin.describe_user_scram_credentials(args.names or None))
     return 0
-
-
-def _client_config(args) -> dict:
-    from eos.cli import client_config
-    return client_config(args)
 
 
 def _offline(args) -> int:
