@@ -14,6 +14,10 @@ trusted without a check, and a refusal changes nothing:
    from its base offset, no torn tail; `.index` / `.timeindex` hold increasing entries that
    point inside their segment; `.txnindex`, producer snapshots and the
    `leader-epoch-checkpoint` parse (and the snapshots pass their CRC).
+   v2 only: a segment holding v0/v1 message sets (written before Kafka 0.11, or under an
+   older `log.message.format.version`) is refused, naming the segment. The eos broker can
+   read such segments in its own data dir, but this check, and the scan for producer ids
+   (which v0/v1 do not have), read v2 batch headers only.
 3. *Stage*: copy the directories into the data directory under a staging name and open each
    with eos's own recovery (`Log.open` with no recovery point: every batch scanned, indexes
    and producer state rebuilt where eos would). The adopted log must end where the scan
@@ -27,9 +31,18 @@ trusted without a check, and a refusal changes nothing:
    topic is registered. A broker that starts between the last two steps deletes the
    unregistered directories (its start-up sweep), leaving the data dir as before.
 
-The data directory's lock is held throughout, so a running broker makes this refuse. Only a
-single broker's data directory (a cluster of one) can adopt: on a ZooKeeper cluster,
-producer ids and topics belong to the controller.
+The data directory's lock is held throughout, so a running broker makes this refuse.
+
+Only a single broker's data directory (a cluster of one) can adopt: on a ZooKeeper cluster,
+producer ids and topics belong to the controller. A limit: a ZooKeeper cluster broker's
+data dir is *not* refused, because nothing in it says it belongs to a cluster. Its
+meta.properties holds a cluster id and a node id, exactly as a single broker's does, and its
+other files are the same ones. `zookeeper.connect` is set only when the broker is started,
+and adopt is not given that setting. Adopting into a cluster broker's data dir would
+register a topic the controller does not know. It would also move past Kafka's producer ids
+in a file the cluster never reads, because a cluster takes its producer ids from ZooKeeper,
+so a new producer could still be handed one of Kafka's ids. Do not run adopt on such a
+data dir.
 """
 from __future__ import annotations
 
@@ -51,6 +64,7 @@ from broker.topics import TOPICS_DIR_NAME, TopicRegistry
 from eos.errors import CorruptRecordError, EosError, StorageError
 from eos.files import fsync_directory
 from eos.records.header import NO_PRODUCER_ID, iter_headers, verify_crc
+from eos.records.legacy import LEGACY_MAGICS, MAGIC_AT
 from txn_coordinator.producer_ids import PRODUCER_IDS_FILE_NAME, ProducerIdManager
 
 _SEGMENT_FILE = re.compile(r"^(\d{20})\.(log|index|timeindex|txnindex|snapshot)$")
@@ -147,7 +161,9 @@ def _scan_segment(path: Path, base_offset: int) -> tuple[int, int, int]:
     with open(path, "rb") as segment_file:
         if os.fstat(segment_file.fileno()).st_size == 0:
             return next_offset, batches, max_producer_id
+        refusal = None
         with mmap.mmap(segment_file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            position = 0                    # where the batch being read starts
             try:
                 for header in iter_headers(data):
                     verify_crc(data, header)
@@ -157,8 +173,18 @@ def _scan_segment(path: Path, base_offset: int) -> tuple[int, int, int]:
                     next_offset = header.next_offset
                     batches += 1
                     max_producer_id = max(max_producer_id, header.producer_id)
+                    position = header.position + header.size_bytes
             except CorruptRecordError as exc:
-                raise AdoptionRefused(f"{path}: {exc}") from None
+                if position + MAGIC_AT < len(data) and data[position + MAGIC_AT] in LEGACY_MAGICS:
+                    # Said plainly: "unsupported magic 1" alone reads like damage, not an old format.
+                    refusal = (f"{path}: a v{data[position + MAGIC_AT]} message set at byte {position} (Kafka "
+                               f"before 0.11, or an older log.message.format.version): adopt takes v2 segments only")
+                else:
+                    refusal = f"{path}: {exc}"
+        # Raised once the map is closed: an error from inside iter_headers holds, through its
+        # traceback, a view of the map, and closing a map with a view alive is a BufferError.
+        if refusal is not None:
+            raise AdoptionRefused(refusal)
     return next_offset, batches, max_producer_id
 
 

@@ -3,7 +3,7 @@
     eos broker start [--data-dir DIR]... [--port N] [--zookeeper HOST:PORT --broker-id N [--rack R]]
     eos cluster start --brokers 3 --data-dir DIR    ZooKeeper and brokers on 127.0.0.1 (eos/cli_cluster.py)
     eos topics create|list|describe|delete ...   [--replication-factor N] [--under-replicated-partitions]
-    eos topics adopt --topic T --from KAFKA_LOG_DIR --data-dir DIR    take over partitions Kafka wrote (offline)
+    eos topics adopt --topic T --from KAFKA_LOG_DIR --data-dir DIR    take over partitions Kafka wrote (offline, single broker)
     eos leader-election --election-type preferred|unclean ...
     eos partitions reassign --plan F --execute|--verify|--cancel
     eos produce TOPIC [--file F]            lines from stdin or a file, with a progress bar
@@ -628,8 +628,13 @@ def _add_topics_command(client_command) -> None:
                         help="describe: only partitions without a leader")
     topics.add_argument("--topic", dest="topic_flag", metavar="TOPIC", help="the topic, as kafka-topics spells it")
     topics.add_argument("--from", dest="kafka_log_dir", metavar="KAFKA_LOG_DIR",
-                        help="adopt: the log dir of a cleanly stopped Apache Kafka broker holding TOPIC-0, ...")
-    topics.add_argument("--data-dir", help="adopt: the data dir of the stopped eos broker that takes the topic over")
+                        help="adopt: the log dir of a cleanly stopped Apache Kafka broker holding TOPIC-0, ... "
+                             "(v2 segments, Kafka 0.11 and later: v0/v1 message sets are refused)")
+    topics.add_argument("--data-dir",
+                        help="adopt: the data dir of the stopped single eos broker that takes the topic over. Not a "
+                             "ZooKeeper cluster broker's: its data dir looks like a single broker's, so adopt cannot "
+                             "tell and does not refuse it, but the controller would not know the topic and the "
+                             "cluster's producer ids (from ZooKeeper) would not move past Kafka's")
     topics.set_defaults(handler=cmd_topics)
 
 

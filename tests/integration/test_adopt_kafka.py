@@ -5,8 +5,8 @@ topic with committed and aborted transactions, idempotent and plain producers an
 codec; Kafka's own consumer reads it read_committed; Kafka is stopped cleanly and eos adopts
 the directories. eos must serve exactly what Kafka's consumer read, at the same offsets, and
 take new appends after it, from producers whose ids are past every id Kafka handed out.
-Refusals (a bad CRC, a missing partition, an open transaction, a running broker, a topic
-that exists) change nothing in the eos data directory.
+Refusals (a bad CRC, a missing partition, an open transaction, a v0/v1 segment, a running
+broker, a topic that exists) change nothing in the eos data directory.
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from eos.config import TopicConfig
 from eos.errors import StorageError
 from eos.records.codec import encode_batch
 from eos.types import TopicPartition
+from tests import legacy_messages
 from tests.waits import wait_for
 
 TOPIC = "orders"
@@ -193,6 +194,8 @@ def _eos_written_dir(root: Path, *, open_transaction: bool = False) -> Path:
     ("open transaction", "transaction open"),
     ("stray file", "cleanly shut down"),
     ("torn index", "entries"),
+    ("torn tail", "truncated batch"),
+    ("v1 segment", "v1 message set at byte 0 .* v2 segments only"),
 ])
 def test_a_directory_that_does_not_verify_is_refused_and_changes_nothing(tmp_path, damage, words):
     source = _eos_written_dir(tmp_path / "kafka", open_transaction=damage == "open transaction")
@@ -207,6 +210,11 @@ def test_a_directory_that_does_not_verify_is_refused_and_changes_nothing(tmp_pat
         (source / f"{TOPIC}-1" / f"{0:020d}.log.deleted").write_bytes(b"")
     elif damage == "torn index":
         (source / f"{TOPIC}-1" / f"{0:020d}.index").write_bytes(struct.pack(">II", 5, 0) * 2)
+    elif damage == "torn tail":         # a crash mid-write: the last batch cut short
+        segment.write_bytes(segment.read_bytes()[:-1])
+    elif damage == "v1 segment":        # an old Kafka's message set: whole and with good CRCs
+        segment.write_bytes(legacy_messages.plain_entries(1, 0, [legacy_messages.Msg(b"k", b"a", 1),
+                                                                 legacy_messages.Msg(b"k", b"b", 2)]))
     data_dir = tmp_path / "eos-data"
     data_dir.mkdir()
     (data_dir / "kept").write_text("something of the broker's")
