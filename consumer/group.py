@@ -817,15 +817,9 @@ class ConsumerCoordinator:
                     self._set_fatal(error_for(found.error_code, f"FindCoordinator for group {self.group_id}: "
                                                                 f"{found.error_message}"))
                 return None
-            return self._address_of(found.host, found.port)
+            return self._metadata.coordinator_channel_address(found.host, found.port,
+                                                              self._rpc_timeout_s(deadline_ms))
         return None
-
-    def _address_of(self, host: str, port: int) -> str:
-        # As net.ClusterMetadata.address_of: one bootstrap address and one broker means the
-        # bootstrap channel (a proxy or tunnel in front of the broker keeps being used).
-        if len(self._metadata.bootstrap_addresses) == 1 and len(self._metadata.brokers()) <= 1:
-            return self._metadata.bootstrap_address
-        return f"{host}:{port}"
 
     def _coordinator_stub(self, deadline_ms: int):
         with self._lock:

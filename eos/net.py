@@ -561,13 +561,24 @@ class ClusterMetadata:
             code = found.error_code if found is not None else ErrorCode.COORDINATOR_NOT_AVAILABLE
             raise error_for(code, f"FindCoordinator for {key!r}: "
                                   f"{found.error_message if found is not None else 'no answer'}")
-        if len(self.bootstrap_addresses) == 1 and len(self._snapshot.brokers) <= 1:
-            # one broker behind one address: keep using it (a proxy or tunnel in between)
-            address = self.bootstrap_address
-        else:
-            address = f"{found.host}:{found.port}"
+        address = self.coordinator_channel_address(found.host, found.port, timeout_s)
         self._coordinators[(key_type, key)] = address
         return address
+
+    def coordinator_channel_address(self, host: str, port: int, timeout_s: float | None = None) -> str:
+        """Where to reach a coordinator FindCoordinator named host:port: there, unless one
+        bootstrap address stands for one broker (a proxy or tunnel in front of it), which
+        keeps being used. Which of the two it is, Metadata tells: a client that asks for
+        its coordinator before it fetched any (a transactional producer's first call, a
+        consumer's group) fetches it first, else it would take a cluster for one broker."""
+        if len(self.bootstrap_addresses) == 1 and not self._snapshot.brokers:
+            try:
+                self.fetch(timeout_ms=int(timeout_s * 1000) if timeout_s is not None else None)
+            except EosError:
+                pass      # unknown still: take the coordinator's own address
+        if len(self.bootstrap_addresses) == 1 and len(self._snapshot.brokers) == 1:
+            return self.bootstrap_address
+        return f"{host}:{port}"
 
     def forget_coordinator(self, key: str, *, key_type: int = group_pb2.TRANSACTION) -> None:
         self._coordinators.pop((key_type, key), None)

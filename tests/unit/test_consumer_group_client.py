@@ -118,6 +118,9 @@ class FakeMetadata:
     def partition_count(self, name):
         return self.counts.get(name)
 
+    def coordinator_channel_address(self, host, port, timeout_s=None):
+        return self.bootstrap_address      # one broker behind the one bootstrap address
+
 
 class Listener:
     def __init__(self):
