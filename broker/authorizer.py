@@ -1,12 +1,18 @@
-"""The broker's authorizer: ACLs kept in the data dir, checked for the call being served.
+"""The broker's authorizer: ACLs kept in the data dir or in ZooKeeper, checked for the call being served.
 
 Theory of operation
 -------------------
-`Authorizer` is the shell around the pure rule of `broker/acl.py`. It owns the ACLs of one
-broker: they live in `<data_dir>/acls.json`, written atomically (a crash leaves the old
-file or the new one, whole) before the in-memory index is swapped, so an ACL change that
-was answered survives a restart, and one that failed to write is not in force. Readers
-take no lock: the `AclIndex` is immutable and replaced whole on each change (ACLs change
+`Authorizer` is the shell around the pure rule of `broker/acl.py`. It holds the `AclIndex`
+in force; where the ACLs are kept is its store's business:
+
+- a cluster of one: `FileAclStore`, `<data_dir>/acls.json`, written atomically (a crash
+  leaves the old file or the new one, whole) before the index is swapped, so an ACL change
+  that was answered survives a restart, and one that failed to write is not in force;
+- a ZooKeeper cluster: `broker.zk_acls.ZkAclStore`, Kafka's /kafka-acl znodes, which every
+  broker follows through change notifications, so all brokers decide alike.
+
+Either store hands the whole set of ACLs to `_install` after every change it makes or
+sees; readers take no lock: the `AclIndex` is immutable and replaced whole (ACLs change
 rarely; every call reads them).
 
 A handler asks `allowed(operation, resource_type, name)`. The principal and host are the
@@ -17,17 +23,13 @@ Broker service's handlers -- which acts as the broker itself and is not checked.
 
 A broker without `authorizer.class.name` has no Authorizer at all: the servicers hold None
 and skip every check, so an RPC costs nothing more than before ACLs existed.
-
-On a ZooKeeper cluster the ACLs would have to live in ZooKeeper (with a watch, so every
-broker sees a change); that is not built yet, so `BrokerConfig` refuses an authorizer on a
-cluster with an error that says so, rather than checking each broker against its own file.
 """
 from __future__ import annotations
 
 import logging
 import threading
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 from broker.acl import (CLUSTER_NAME, AclBinding, AclFilter, AclIndex, InvalidAclError, Operation, ResourceType,
                         authorize, authorize_any, filter_matches, validate_binding, validate_filter)
@@ -48,36 +50,64 @@ AUTHORIZER_CLASS_NAMES = frozenset({
 })
 
 
-class Authorizer:
-    def __init__(self, data_dir: Path | str, *, super_users: frozenset[str], allow_if_no_acl: bool):
+class FileAclStore:
+    """A cluster of one's ACLs: `<data_dir>/acls.json` (see the module doc)."""
+
+    def __init__(self, data_dir: Path | str):
         self._path = Path(data_dir) / ACL_FILE_NAME
+        self._bindings: frozenset[AclBinding] = frozenset()
+        self.on_change: Callable[[frozenset[AclBinding]], None] | None = None
+
+    def start(self) -> frozenset[AclBinding]:
+        """Read the ACL file (none: no ACLs)."""
+        if self._path.exists():
+            try:
+                document = read_json_document(self._path, ACL_FILE_VERSION)
+                bindings = [AclBinding.from_json(item) for item in document["acls"]]
+            except (ValueError, KeyError, TypeError, InvalidAclError) as exc:
+                # Refusing to start beats starting with fewer DENY rules than the operator wrote.
+                raise StorageError(f"{self._path}: not a readable ACL file ({exc}); the broker will not start "
+                                   f"without its ACLs") from None
+            self._bindings = frozenset(bindings)
+        self.on_change(self._bindings)
+        return self._bindings
+
+    def stop(self) -> None:
+        pass
+
+    def change(self, added: Iterable[AclBinding], removed: Iterable[AclBinding]) -> frozenset[AclBinding]:
+        wanted = (self._bindings | set(added)) - set(removed)
+        if wanted != self._bindings:
+            ordered = sorted(wanted, key=lambda b: (b.resource_type, b.resource_name, b.pattern_type, b.principal,
+                                                    b.host, b.operation, b.permission))
+            write_json_document(self._path, ACL_FILE_VERSION, {"acls": [b.to_json() for b in ordered]})
+            self._bindings = frozenset(wanted)
+            self.on_change(self._bindings)
+        return self._bindings
+
+
+class Authorizer:
+    def __init__(self, store, *, super_users: frozenset[str], allow_if_no_acl: bool):
+        """`store`: a FileAclStore or a broker.zk_acls.ZkAclStore."""
         self.super_users = super_users
         self.allow_if_no_acl = allow_if_no_acl
         self._index = AclIndex()
-        self._write_lock = threading.Lock()    # one change at a time: read, change, write, swap
+        self._store = store
+        store.on_change = self._install
+        self._write_lock = threading.Lock()    # one change at a time from this broker
 
     # ---- storage -------------------------------------------------------------------------------
 
     def load(self) -> int:
-        """Read the ACL file (none: no ACLs); return how many ACLs are in force."""
-        if not self._path.exists():
-            self._index = AclIndex()
-            return 0
-        try:
-            document = read_json_document(self._path, ACL_FILE_VERSION)
-            bindings = [AclBinding.from_json(item) for item in document["acls"]]
-        except (ValueError, KeyError, TypeError, InvalidAclError) as exc:
-            # Refusing to start beats starting with fewer DENY rules than the operator wrote.
-            raise StorageError(f"{self._path}: not a readable ACL file ({exc}); the broker will not start "
-                               f"without its ACLs") from None
-        self._index = AclIndex(bindings)
-        return len(bindings)
+        """Read the ACLs and follow their changes; return how many are in force."""
+        return len(self._store.start())
 
-    def _store(self, bindings: Iterable[AclBinding]) -> None:
-        ordered = sorted(bindings, key=lambda b: (b.resource_type, b.resource_name, b.pattern_type, b.principal,
-                                                  b.host, b.operation, b.permission))
-        write_json_document(self._path, ACL_FILE_VERSION, {"acls": [b.to_json() for b in ordered]})
-        self._index = AclIndex(ordered)
+    def close(self) -> None:
+        self._store.stop()
+
+    def _install(self, bindings: frozenset[AclBinding]) -> None:
+        if bindings != self._index.bindings:
+            self._index = AclIndex(bindings)
 
     @property
     def acls(self) -> frozenset[AclBinding]:
@@ -97,9 +127,7 @@ class Authorizer:
                 results.append(str(exc))
         if valid:
             with self._write_lock:
-                current = self._index.bindings
-                if not set(valid) <= current:
-                    self._store(current | set(valid))
+                self._store.change(valid, ())
             log.info("ACLs added: %s", "; ".join(b.describe() for b in valid))
         return results
 
@@ -120,7 +148,7 @@ class Authorizer:
                 removed.update(matched)
                 results.append((None, matched))
             if removed:
-                self._store(current - removed)
+                self._store.change((), removed)
                 log.info("ACLs removed: %s", "; ".join(b.describe() for b in removed))
         return results
 

@@ -2,9 +2,12 @@
 
 Theory of operation
 -------------------
-`ClientQuotas` owns `<data_dir>/client-quotas.json` (written atomically; Kafka keeps them in
-ZooKeeper under /config/users and /config/clients, which a cluster of one does not have)
-and the pure `broker/quotas.ClientQuotaManager` that measures the rates. Calls come from
+`ClientQuotas` owns where the quotas are kept -- a cluster of one's
+`<data_dir>/client-quotas.json` (written atomically), or on a ZooKeeper cluster Kafka's
+/config/users and /config/clients znodes (`broker.zk_entity_configs`, followed by every
+broker, so a quota set through one broker holds on all; each broker measures the traffic it
+serves, as Kafka's do) -- and the pure `broker/quotas.ClientQuotaManager` that measures the
+rates. Calls come from
 many gRPC threads, so every call into the manager holds one lock, never across a wait.
 
 A Produce (unary or on a stream) or a client's Fetch goes through `hold(key)` before it is
@@ -25,8 +28,9 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable
 
-from broker.quotas import (CLIENT_ID, CONSUMER_BYTE_RATE, DEFAULT, QUOTA_WINDOW_NUM, QUOTA_WINDOW_SIZE_MS, USER, ClientQuotaManager,
-                           QuotaEntity, QuotaError, check_entity, check_quota)
+from broker.quotas import (CLIENT_ID, CONSUMER_BYTE_RATE, DEFAULT, QUOTA_KEYS, QUOTA_WINDOW_NUM, QUOTA_WINDOW_SIZE_MS, USER,
+                           ClientQuotaManager, QuotaEntity, QuotaError, check_entity, check_quota)
+from broker.zk_entity_configs import entity_path
 from broker.security import principal_of_call
 from eos.errors import InvalidConfigError
 from eos.files import read_json_document, write_json_document
@@ -44,6 +48,7 @@ class ClientQuotas:
     def __init__(self, data_dir: Path | str, *, window_num: int = QUOTA_WINDOW_NUM,
                  window_size_ms: int = QUOTA_WINDOW_SIZE_MS, now_ms_fn: Callable[[], int] | None = None):
         self._path = Path(data_dir) / QUOTA_FILE_NAME
+        self._zk = None                 # broker.zk_entity_configs.ZkEntityConfigs on a cluster
         self._now_ms = now_ms_fn or (lambda: time.monotonic_ns() // 1_000_000)
         self._lock = threading.Lock()
         self._manager = ClientQuotaManager(window_num=window_num, window_size_ms=window_size_ms)
@@ -51,6 +56,29 @@ class ClientQuotas:
         self._closing = threading.Event()
 
     # ---- the quotas ---------------------------------------------------------------------------
+
+    def follow_zookeeper(self, configs) -> int:
+        """Keep the quotas in ZooKeeper from now on (a cluster); the number of entities with
+        quotas there now."""
+        self._zk = configs
+        configs.add_listener(self._take_from_zookeeper)
+        return len(self._manager.quotas)
+
+    def _take_from_zookeeper(self, snapshot) -> None:
+        from broker.zk_entity_configs import entity_of
+        quotas = {}
+        for path, config in snapshot.items():
+            values = {}
+            for key in QUOTA_KEYS:
+                if key in config:
+                    try:
+                        values[key] = check_quota(key, float(config[key]))
+                    except (ValueError, QuotaError):
+                        continue    # another tool's bad value: not a quota (Kafka's brokers skip it too)
+            if values:
+                quotas[check_entity(QuotaEntity(*entity_of(path)))] = values
+        with self._lock:
+            self._manager.replace_quotas(quotas)
 
     def load(self) -> int:
         """Read the file (if any); the number of entities with quotas. A bad file stops the
@@ -75,6 +103,7 @@ class ClientQuotas:
               validate_only: bool = False) -> None:
         """Set (a value) or remove (None) quota keys of entities, all or none; QuotaError
         names what is wrong before anything changes."""
+        alterations = list(alterations)
         with self._lock:
             quotas = self._manager.quotas
             for entity, changes in alterations:
@@ -89,10 +118,21 @@ class ClientQuotas:
             ClientQuotaManager(quotas)                 # the whole set checked again
             if validate_only:
                 return
-            write_json_document(self._path, QUOTA_FILE_VERSION, {"entries": [
-                {"entity": _entity_to_json(entity), "quotas": values}
-                for entity, values in sorted(quotas.items(), key=lambda item: item[0].describe())]})
-            self._manager.replace_quotas(quotas)
+            if self._zk is None:
+                write_json_document(self._path, QUOTA_FILE_VERSION, {"entries": [
+                    {"entity": _entity_to_json(entity), "quotas": values}
+                    for entity, values in sorted(quotas.items(), key=lambda item: item[0].describe())]})
+                self._manager.replace_quotas(quotas)
+                return
+        # ZooKeeper: only the keys asked for change (a user's znode also holds its SCRAM
+        # credentials). Not under the lock: the store's reload hands the new quotas back
+        # through _take_from_zookeeper, which takes it.
+        changes: dict[str, dict[str, str | None]] = {}
+        for entity, values in alterations:
+            entity = check_entity(entity)
+            changes.setdefault(entity_path(entity.user, entity.client_id), {}).update(
+                {key: None if value is None else _text(value) for key, value in values.items()})
+        self._zk.alter(changes)
 
     # ---- holding clients to them ---------------------------------------------------------------
 
@@ -168,6 +208,11 @@ class ClientQuotas:
     def close(self) -> None:
         """Shutdown: every held call goes on now."""
         self._closing.set()
+
+
+def _text(value: float) -> str:
+    """Kafka's kafka-configs writes a rate as a number; a whole one without '.0'."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
 def _entity_to_json(entity: QuotaEntity) -> dict:

@@ -43,7 +43,7 @@ import grpc
 from broker.group.records import OFFSETS_TOPIC, partition_for_group
 from broker.metadata.cache import MetadataCache
 from eos.errors import ErrorCode, InconsistentClusterIdError
-from eos.net import open_channel
+from eos.net import PLAINTEXT_SECURITY, ChannelSecurity, open_channel
 from eos.v1 import cluster_pb2, cluster_pb2_grpc
 
 log = logging.getLogger("eos.broker.cluster")
@@ -57,10 +57,14 @@ REPLICATED_APPEND_TIMEOUT_MS = 30_000     # a coordinator's append waits this lo
 
 
 class ClusterNode:
-    def __init__(self, broker_id: int, config, *, host: str, now_ms_fn: Callable[[], int]):
+    def __init__(self, broker_id: int, config, *, host: str, now_ms_fn: Callable[[], int],
+                 security: ChannelSecurity = PLAINTEXT_SECURITY):
         self.broker_id = broker_id
         self.config = config
         self.host = host
+        # How this broker's channels to the others are secured (the inter-broker listener's
+        # protocol): replica fetches, the controller's requests, coordinator calls.
+        self.security = security
         self._now_ms = now_ms_fn
         self.metadata = MetadataCache()
         self.store = None
@@ -127,7 +131,7 @@ class ClusterNode:
         self.replicas.on_role_change = self._role_changed
         self.replicas.fetchers = FetcherManager(
             self.broker_id, log_manager, address_of=self._address_of, on_appended=notify,
-            broker_epoch_fn=lambda: self.broker_epoch)
+            broker_epoch_fn=lambda: self.broker_epoch, security=self.security)
         self.topic_admin = ClusterTopicAdmin(
             self.store, self.metadata, default_num_partitions=config.num_partitions,
             default_replication_factor=config.default_replication_factor, default_config=config.topic_defaults,
@@ -139,10 +143,12 @@ class ClusterNode:
                 leader_imbalance_per_broker_percentage=config.leader_imbalance_per_broker_percentage,
                 unclean_leader_election_enable=config.topic_defaults.unclean_leader_election_enable),
             now_ms_fn=self._now_ms,
-            rebalance_interval_ms=config.leader_imbalance_check_interval_seconds * 1000)
+            rebalance_interval_ms=config.leader_imbalance_check_interval_seconds * 1000, security=self.security)
 
-    def join(self, port: int) -> None:
-        """Register in ZooKeeper and start the roles; the gRPC server already serves."""
+    def join(self, port: int, endpoints: tuple = ()) -> None:
+        """Register in ZooKeeper and start the roles; the gRPC server already serves.
+        `port` is the inter-broker listener's; `endpoints` (ListenerEndpoint) every
+        listener's advertised address, which Metadata hands to the clients of each."""
         from broker.metadata.zk_store import BrokerRegistration
 
         self._port = port
@@ -150,7 +156,8 @@ class ClusterNode:
         self._loader = threading.Thread(target=self._load_loop, name="eos-coordinator-load", daemon=True)
         self._loader.start()
         self.broker_epoch = self.store.register_broker(
-            BrokerRegistration(self.broker_id, self.host, port, self.config.broker_rack or None))
+            BrokerRegistration(self.broker_id, self.host, port, self.config.broker_rack or None,
+                               endpoints=tuple(endpoints)))
         self.store.add_session_listener(self._session_changed)
         self.controller.start()
         log.info("broker %d registered in ZooKeeper (broker epoch %d)", self.broker_id, self.broker_epoch)
@@ -263,9 +270,11 @@ class ClusterNode:
                 return
             time.sleep(0.05)
 
-    def find_coordinator(self, key_type: int, keys: list[str]):
+    def find_coordinator(self, key_type: int, keys: list[str], listener_name: str | None = None):
         """FindCoordinator on a cluster: the coordinator of a transactional id (of a group) is
-        the leader of its `__transaction_state` (`__consumer_offsets`) partition."""
+        the leader of its `__transaction_state` (`__consumer_offsets`) partition, named by
+        its address on `listener_name` (the listener the asking client came in on; None:
+        the inter-broker one)."""
         from broker.group.coordinator import CoordinatorAddress, CoordinatorType
         from txn_coordinator import txn_log
 
@@ -284,12 +293,17 @@ class ClusterNode:
             info = self.metadata.partition(topic, partition)
             if info is None:
                 self._ensure_internal_topic(topic, partitions)
-            endpoint = None if info is None or info.leader < 0 else self.metadata.broker(info.leader)
-            if endpoint is None:
+            leader = None if info is None or info.leader < 0 else self.metadata.broker(info.leader)
+            address = None if leader is None else leader.endpoint(listener_name)
+            if leader is None:
                 answers.append(CoordinatorAddress(key, -1, "", -1, ErrorCode.COORDINATOR_NOT_AVAILABLE,
                                                   f"{topic}-{partition} has no leader yet"))
+            elif address is None:
+                answers.append(CoordinatorAddress(key, -1, "", -1, ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                                                  f"the leader of {topic}-{partition}, broker {leader.broker_id}, "
+                                                  f"has no {listener_name} listener"))
             else:
-                answers.append(CoordinatorAddress(key, endpoint.broker_id, endpoint.host, endpoint.port))
+                answers.append(CoordinatorAddress(key, leader.broker_id, *address))
         return answers
 
     def _ensure_internal_topic(self, topic: str, partitions: int) -> None:
@@ -343,7 +357,7 @@ class ClusterNode:
         with self._lock:
             channel = self._coordinator_channels.get(address)
             if channel is None:
-                channel = self._coordinator_channels[address] = open_channel(address)
+                channel = self._coordinator_channels[address] = open_channel(address, self.security)
         try:
             response = txn_pb2_grpc.TxnCoordinatorStub(channel).AddPartitionsToTxn(
                 txn_pb2.AddPartitionsToTxnRequest(
@@ -373,7 +387,7 @@ class ClusterNode:
             controller_id = self.store.controller_id()
             address = None if controller_id is None else self._address_of(controller_id)
             if address is not None:
-                channel = open_channel(address)
+                channel = open_channel(address, self.security)
                 try:
                     response = cluster_pb2_grpc.ClusterStub(channel).ControlledShutdown(
                         cluster_pb2.ControlledShutdownRequest(broker_id=self.broker_id,

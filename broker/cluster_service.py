@@ -15,13 +15,22 @@ owner of the state, build the response):
 Every controller request is checked against the highest controller epoch this broker has
 seen before anything changes (STALE_CONTROLLER_EPOCH otherwise), so a controller that was
 paused past its ZooKeeper session and wakes up cannot undo its successor's decisions.
+
+With an authorizer, each RPC first needs what Kafka's needs (`@needs`): the brokers' own
+requests (LeaderAndIsr, UpdateMetadata, StopReplica, ControlledShutdown,
+OffsetsForLeaderEpoch) CLUSTER_ACTION on the cluster, an operator's ElectLeaders and
+AlterPartitionReassignments ALTER, ListPartitionReassignments DESCRIBE; a refused call
+changes nothing and answers CLUSTER_AUTHORIZATION_FAILED.
 """
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Callable
 
+from broker.acl import Operation, ResourceType
 from broker.metadata.cache import BrokerEndpoint, PartitionInfo
+from broker.metadata.types import ListenerEndpoint
 from broker.replica.manager import PartitionAssignment
 from eos.errors import EosError, ErrorCode, NotControllerError
 from eos.v1 import cluster_pb2, cluster_pb2_grpc
@@ -50,14 +59,40 @@ def _describe(exc: BaseException) -> tuple[int, str]:
     return int(ErrorCode.UNKNOWN_SERVER_ERROR), f"{type(exc).__name__}: {exc}"
 
 
+def needs(operation: Operation):
+    """The handler runs only for a caller allowed `operation` on the cluster (see the module
+    doc); otherwise its response type answers CLUSTER_AUTHORIZATION_FAILED, per partition
+    where the response has no error of its own (OffsetsForLeaderEpoch)."""
+
+    def decorate(handler):
+        response_type = getattr(cluster_pb2, handler.__name__ + "Response")
+
+        @functools.wraps(handler)
+        def wrapper(self, request, context):
+            why = None if self._authorizer is None else self._authorizer.refusal(operation, ResourceType.CLUSTER)
+            if why is None:
+                return handler(self, request, context)
+            log.warning("%s refused: %s", handler.__name__, why)
+            code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+            if "error_code" in response_type.DESCRIPTOR.fields_by_name:
+                return response_type(error_code=code, error_message=why)
+            return response_type(partitions=[
+                cluster_pb2.EpochEndOffset(topic=q.topic, partition=q.partition, error_code=code, error_message=why,
+                                           leader_epoch=-1, end_offset=-1) for q in request.partitions])
+        return wrapper
+    return decorate
+
+
 class ClusterServicer(cluster_pb2_grpc.ClusterServicer):
     """The Cluster service of one broker. `controller()` returns this broker's controller
     (active or not); `on_metadata_updated()` runs after each accepted UpdateMetadata (the
     topic registry learns new topics' partition counts and configs)."""
 
     def __init__(self, *, broker_id: int, replicas, metadata, log_manager,
-                 controller: Callable[[], object | None], on_metadata_updated: Callable[[], None] = lambda: None):
+                 controller: Callable[[], object | None], on_metadata_updated: Callable[[], None] = lambda: None,
+                 authorizer=None):
         self._broker_id = broker_id
+        self._authorizer = authorizer
         self._replicas = replicas
         self._metadata = metadata
         self._log_manager = log_manager
@@ -66,6 +101,7 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServicer):
 
     # ---- controller -> broker ------------------------------------------------------------------
 
+    @needs(Operation.CLUSTER_ACTION)
     def LeaderAndIsr(self, request, context):
         try:
             results = self._replicas.become_leader_or_follower(
@@ -78,6 +114,7 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServicer):
             cluster_pb2.PartitionResult(topic=tp[0], partition=tp[1], error_code=code, error_message=message)
             for tp, (code, message) in results.items()])
 
+    @needs(Operation.CLUSTER_ACTION)
     def UpdateMetadata(self, request, context):
         try:
             self._replicas.check_controller_epoch(request.controller_epoch, "UpdateMetadata")
@@ -86,7 +123,9 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServicer):
                 configs.setdefault(p.topic, dict(p.topic_configs))
             self._metadata.update(
                 controller_id=request.controller_id, controller_epoch=request.controller_epoch,
-                brokers=[BrokerEndpoint(b.broker_id, b.host, b.port, b.rack or None, b.broker_epoch)
+                brokers=[BrokerEndpoint(b.broker_id, b.host, b.port, b.rack or None, b.broker_epoch,
+                                        tuple(ListenerEndpoint(e.listener_name, e.security_protocol, e.host, e.port)
+                                              for e in b.endpoints))
                          for b in request.live_brokers],
                 partitions=[partition_info_from_proto(p) for p in request.partitions],
                 topic_configs=configs, full=request.full, deleted_topics=list(request.deleted_topics))
@@ -97,6 +136,7 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServicer):
         self._on_metadata_updated()
         return cluster_pb2.UpdateMetadataResponse()
 
+    @needs(Operation.CLUSTER_ACTION)
     def StopReplica(self, request, context):
         try:
             results = self._replicas.stop_replicas(
@@ -111,6 +151,7 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServicer):
 
     # ---- follower -> leader -----------------------------------------------------------------------
 
+    @needs(Operation.CLUSTER_ACTION)
     def OffsetsForLeaderEpoch(self, request, context):
         answers = []
         for q in request.partitions:
@@ -140,6 +181,7 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServicer):
                 f"{self._metadata.snapshot.controller_id})")
         return controller
 
+    @needs(Operation.CLUSTER_ACTION)
     def ControlledShutdown(self, request, context):
         try:
             remaining = self._active_controller().controlled_shutdown(request.broker_id, request.broker_epoch)
@@ -151,6 +193,7 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServicer):
             response.remaining_partitions.add(topic=topic, partition=partition)
         return response
 
+    @needs(Operation.ALTER)
     def ElectLeaders(self, request, context):
         try:
             tps = None if request.all_partitions else {(tp.topic, tp.partition) for tp in request.partitions}
@@ -163,6 +206,7 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServicer):
             cluster_pb2.PartitionResult(topic=tp[0], partition=tp[1], error_code=code, error_message=message)
             for tp, (code, message) in sorted(results.items())])
 
+    @needs(Operation.ALTER)
     def AlterPartitionReassignments(self, request, context):
         try:
             plan = {(r.topic, r.partition): (None if r.cancel else tuple(r.replicas)) for r in request.reassignments}
@@ -174,6 +218,7 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServicer):
             cluster_pb2.PartitionResult(topic=tp[0], partition=tp[1], error_code=code, error_message=message)
             for tp, (code, message) in sorted(results.items())])
 
+    @needs(Operation.DESCRIBE)
     def ListPartitionReassignments(self, request, context):
         try:
             ongoing = self._active_controller().ongoing_reassignments()

@@ -176,13 +176,6 @@ class BrokerConfig:
                 "group_max_session_timeout_ms", GROUP_MAX_SESSION_TIMEOUT_MS):
             raise InvalidConfigError("group.min.session.timeout.ms must not exceed group.max.session.timeout.ms")
         values.update(_security_settings(security, clustered=bool(values.get("zookeeper_connect"))))
-        if values.get("authorizer_class_name") and values.get("zookeeper_connect"):
-            # A cluster keeps its ACLs in ZooKeeper, watched by every broker; a file per broker
-            # would let the brokers disagree about who may do what.
-            raise InvalidConfigError(
-                "authorizer.class.name on a ZooKeeper cluster is not built yet: eos keeps ACLs in the data dir "
-                "of a single broker (the cluster's ACLs in ZooKeeper come later); run the authorizer on a "
-                "single broker, or a cluster without one")
         topic_overrides.update(_time_defaults(time_forms))
         try:
             topic_defaults = TopicConfig.from_overrides(topic_overrides)
@@ -262,11 +255,17 @@ def _security_settings(raw: Mapping[str, str], *, clustered: bool) -> dict:
         if client_auth == "required" and not raw.get("ssl.ca.location"):
             raise InvalidConfigError("ssl.client.auth=required needs ssl.ca.location: the CA bundle that client "
                                      "certificates are checked against")
-        if clustered:
-            # A cluster broker's Metadata answers come from the controller's UpdateMetadata,
-            # which carries one address per broker; per-listener endpoints are not in it yet.
-            raise InvalidConfigError("SSL and SASL_SSL listeners on a ZooKeeper cluster are not built yet: a "
-                                     "cluster's brokers listen on PLAINTEXT (they work on a single broker)")
+    if clustered:
+        inter = next((l for l in listeners if l.name == (inter_broker or names[0])), None)
+        if inter is not None and inter.security_protocol not in (PLAINTEXT, SSL):
+            # A broker would need SCRAM credentials of its own (Kafka's per-listener JAAS
+            # configuration); mutual TLS gives the broker a principal without one.
+            raise InvalidConfigError(f"inter.broker.listener.name {inter.name} is {inter.security_protocol}: "
+                                     f"eos's brokers talk to each other over a PLAINTEXT or an SSL (mutual TLS) "
+                                     f"listener; name one with inter.broker.listener.name")
+        if inter is not None and inter.security_protocol == SSL and not raw.get("ssl.ca.location"):
+            raise InvalidConfigError("an SSL inter-broker listener needs ssl.ca.location: the CA the other "
+                                     "brokers' certificates are checked against")
     return values
 
 

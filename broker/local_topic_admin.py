@@ -10,8 +10,8 @@ changes (registry and logs change together). The order of the two is what keeps 
 harmless: a topic is created logs first, registry second (it is visible only once its logs
 exist; logs no topic names are removed by the broker's start-up sweep), and deleted registry
 first, logs second. A request is answered per topic: one refused or failed topic does not
-stop the others. With an authorizer, each topic is checked before anything changes (Kafka:
-CREATE on the cluster or the topic, DELETE and ALTER on the topic).
+stop the others. The ACL checks are the Broker service's: a topic the caller may not
+change never reaches this class.
 """
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ import logging
 import threading
 from typing import Callable
 
-from broker.acl import Operation, ResourceType
 from broker.topics import PROTECTED_INTERNAL_TOPICS, TopicInfo, TopicRegistry, validate_topic_name
 from eos.errors import EosError, ErrorCode, InvalidRequestError, StorageError, error_code_and_message
 from eos.types import TopicPartition
@@ -40,18 +39,14 @@ class LocalTopicAdmin:
     """Topic changes on a single broker (see the module doc)."""
 
     def __init__(self, registry: TopicRegistry, log_manager, *, node_id: int,
-                 notify: Callable[[TopicPartition], None], authorizer=None):
-        """`notify(tp)` wakes the long polls of a deleted topic's partitions; `authorizer`:
-        the broker's ACL checks (None: none)."""
+                 notify: Callable[[TopicPartition], None]):
+        """`notify(tp)` wakes the long polls of a deleted topic's partitions. The ACL checks
+        are the Broker service's, made before a request gets here."""
         self._registry = registry
         self._log_manager = log_manager
         self._node_id = node_id
         self._notify = notify
-        self._authorizer = authorizer
         self._admin_lock = threading.Lock()   # one topic change at a time (registry + logs)
-
-    def _topic_refusal(self, operation: Operation, topic: str) -> str | None:
-        return None if self._authorizer is None else self._authorizer.refusal(operation, ResourceType.TOPIC, topic)
 
     def auto_create(self, name: str) -> TopicInfo:
         """auto.create.topics.enable: make a topic with the defaults (off by default)."""
@@ -85,16 +80,7 @@ class LocalTopicAdmin:
         counts = collections.Counter(t.name for t in request.topics)
         results = []
         # Kafka: CREATE on the cluster, or else CREATE on each topic.
-        authorizer = self._authorizer
-        cluster_may_create = authorizer is None or authorizer.allowed(Operation.CREATE, ResourceType.CLUSTER)
         for new_topic in request.topics:
-            why = None if cluster_may_create else authorizer.refusal(Operation.CREATE, ResourceType.TOPIC,
-                                                                     new_topic.name)
-            if why is not None:
-                results.append(broker_pb2.TopicResult(
-                    name=new_topic.name, error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED,
-                    error_message=f"{why} (nor the cluster)"))
-                continue
             try:
                 if counts[new_topic.name] > 1:
                     raise InvalidRequestError(
@@ -132,11 +118,6 @@ class LocalTopicAdmin:
     def delete_topics(self, request: broker_pb2.DeleteTopicsRequest) -> broker_pb2.DeleteTopicsResponse:
         results = []
         for name in request.names:
-            why = self._topic_refusal(Operation.DELETE, name)
-            if why is not None:
-                results.append(broker_pb2.TopicResult(name=name, error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED,
-                                                      error_message=why))
-                continue
             try:
                 if name in PROTECTED_INTERNAL_TOPICS:
                     raise InvalidRequestError(
@@ -173,11 +154,6 @@ class LocalTopicAdmin:
         counts = collections.Counter(t.name for t in request.topics)
         results = []
         for grow in request.topics:
-            why = self._topic_refusal(Operation.ALTER, grow.name)
-            if why is not None:
-                results.append(broker_pb2.TopicResult(name=grow.name, error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED,
-                                                      error_message=why))
-                continue
             try:
                 if counts[grow.name] > 1:
                     raise InvalidRequestError(

@@ -1,4 +1,4 @@
-"""The SCRAM credentials of a cluster of one, and the session tokens SASL authentication issues.
+"""The SCRAM credentials (a cluster of one's file, or a cluster's ZooKeeper), and the session tokens SASL issues.
 
 Theory of operation
 -------------------
@@ -6,9 +6,11 @@ Theory of operation
 form of a `ScramCredential` (salt, StoredKey, ServerKey, iterations; never a password). It
 is written atomically (a crash leaves the old file or the new one) and read again when its
 mtime or size changed, so `eos users add --data-dir` on a stopped broker and the
-AlterUserScramCredentials RPC on a running one keep one store. (Kafka keeps them in
-ZooKeeper under /config/users on a cluster; eos's cluster has no SASL listener yet, so the
-file is the only store.)
+AlterUserScramCredentials RPC on a running one keep one store.
+
+`ZkScramUsers` is the same API on a ZooKeeper cluster: the credentials live where Kafka keeps
+them, in /config/users/<user> beside the user's quotas (`broker.zk_entity_configs`), so a
+user added through any broker can log in at every broker.
 
 `SessionTokens` owns the tokens a successful SCRAM exchange hands out. A token is bound to
 the connection it was issued on (gRPC's peer address of the call, `ipv4:127.0.0.1:54321`:
@@ -96,6 +98,59 @@ class ScramUsers:
                     raise ScramError(f"unsupported SASL mechanism {mechanism!r}")
                 users.setdefault(user, {})[mechanism] = credential
             self._write(users)
+
+
+class ZkScramUsers:
+    """A cluster's SCRAM credentials, in ZooKeeper (see the module doc). Thread-safe: the
+    snapshot is replaced whole by `ZkEntityConfigs`."""
+
+    def __init__(self, configs):
+        self._configs = configs      # broker.zk_entity_configs.ZkEntityConfigs
+
+    def _user_entries(self) -> dict[str, dict[str, str]]:
+        from broker.zk_entity_configs import entity_of
+        users = {}
+        for path, config in self._configs.snapshot.items():
+            user, client_id = entity_of(path)
+            if user is not None and client_id is None:
+                found = {m: text for m, text in config.items() if m in MECHANISMS}
+                if found:
+                    users[user] = found
+        return users
+
+    def credential(self, user: str, mechanism: str) -> ScramCredential | None:
+        from broker.zk_entity_configs import entity_path
+        text = self._configs.snapshot.get(entity_path(user, None), {}).get(mechanism)
+        try:
+            return None if text is None else ScramCredential.from_text(text)
+        except ScramError:
+            return None      # a malformed entry logs in no one
+
+    def describe(self) -> dict[str, dict[str, int]]:
+        described = {}
+        for user, entries in self._user_entries().items():
+            try:
+                described[user] = {m: ScramCredential.from_text(text).iterations for m, text in entries.items()}
+            except ScramError:
+                continue
+        return described
+
+    def alter(self, upsertions: dict[tuple[str, str], ScramCredential], deletions: set[tuple[str, str]]) -> None:
+        """All or none, as ScramUsers.alter (each user's znode is one atomic write)."""
+        from broker.zk_entity_configs import entity_path
+        current = self._user_entries()
+        for user, mechanism in sorted(deletions):
+            if mechanism not in current.get(user, {}):
+                raise KeyError(f"user {user!r} has no {mechanism} credential")
+        for _, mechanism in upsertions:
+            if mechanism not in MECHANISMS:
+                raise ScramError(f"unsupported SASL mechanism {mechanism!r}")
+        changes: dict[str, dict[str, str | None]] = {}
+        for user, mechanism in deletions:
+            changes.setdefault(entity_path(user, None), {})[mechanism] = None
+        for (user, mechanism), credential in upsertions.items():
+            changes.setdefault(entity_path(user, None), {})[mechanism] = credential.to_text()
+        self._configs.alter(changes)
 
 
 class Session(NamedTuple):

@@ -339,6 +339,61 @@ def principal_of_call(context) -> str | None:
     return call.principal if call is not None else ANONYMOUS
 
 
+def listener_name_of_call() -> str | None:
+    """The name of the listener the current call came in on; None for an in-process call,
+    or on a broker whose one PLAINTEXT listener runs no identity interceptor (then the
+    inter-broker listener is the only one)."""
+    call = current_call()
+    return None if call is None else call.listener.name
+
+
+def inter_broker_security(listener: Listener, *, certificate_location: str, key_location: str,
+                          ca_location: str):
+    """How this broker's own channels to other brokers are secured: the inter-broker
+    listener's protocol. Over SSL the broker shows its own certificate as a client
+    certificate (Kafka's inter-broker SSL uses the listener's keystore the same way), so
+    the other broker's principal for it is the broker's subject (a super user, or one with
+    CLUSTER_ACTION under an authorizer). The PEM files are read once, here."""
+    from eos.net import PLAINTEXT_SECURITY, ChannelSecurity
+
+    if listener.security_protocol == PLAINTEXT:
+        return PLAINTEXT_SECURITY
+    if listener.security_protocol != SSL:
+        raise InvalidConfigError(f"inter.broker.listener.name {listener.name} is {listener.security_protocol}: "
+                                 f"brokers talk to each other over PLAINTEXT or SSL (mutual TLS) in eos")
+
+    def read(path: str) -> bytes | None:
+        if not path:
+            return None
+        with open(path, "rb") as file:
+            return file.read()
+
+    certificate_pem = read(certificate_location)
+    _check_usable_as_client(certificate_pem, certificate_location)
+    return ChannelSecurity(SSL, read(ca_location), certificate_pem, read(key_location),
+                           verify_hostname=True, certificate_location=certificate_location,
+                           key_location=key_location)
+
+
+def _check_usable_as_client(certificate_pem: bytes, location: str) -> None:
+    """Refuse, before any handshake fails, a broker certificate whose extended key usage
+    leaves out client authentication: over an SSL inter-broker listener the broker is the
+    client of the others, which would refuse it ("unsupported certificate purpose")."""
+    from cryptography import x509
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    certificate = x509.load_pem_x509_certificate(certificate_pem)
+    try:
+        usages = certificate.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    except x509.ExtensionNotFound:
+        return      # no restriction: good for both ends
+    if ExtendedKeyUsageOID.CLIENT_AUTH not in usages:
+        raise InvalidConfigError(
+            f"ssl.certificate.location {location}: the inter-broker listener is SSL, so this broker connects "
+            f"to the others with its certificate, but its extended key usage does not include clientAuth "
+            f"(only {', '.join(u._name for u in usages)}); issue it for serverAuth and clientAuth")
+
+
 def run_as_broker(function, *args):
     """Run `function(*args)` with no call identity: the broker's own work done on the
     thread of a client's call (the transaction coordinator writing its state while serving

@@ -41,18 +41,17 @@ SASL_EXCHANGE_TIMEOUT_S = 10.0   # from the first message to the last
 
 
 class SecurityServicer(security_pb2_grpc.SecurityServicer):
-    """`quotas` is the broker's ClientQuotas; `quotas_refusal` says why they cannot be
-    altered here (a ZooKeeper cluster: they would live in ZooKeeper), or is None."""
+    """`users` the broker's SCRAM credentials (ScramUsers, or ZkScramUsers on a cluster),
+    `quotas` its ClientQuotas."""
 
     def __init__(self, users, tokens, *, enabled_mechanisms: tuple[str, ...], authorizer=None, quotas=None,
-                 quotas_refusal: str | None = None, sasl_listener: bool = True,
+                 sasl_listener: bool = True,
                  exchanges_max: int = SASL_EXCHANGES_MAX, exchange_timeout_s: float = SASL_EXCHANGE_TIMEOUT_S):
         self._users = users
         self._tokens = tokens
         self._enabled = enabled_mechanisms
         self._authorizer = authorizer
         self._quotas = quotas
-        self._quotas_refusal = quotas_refusal
         self._sasl_listener = sasl_listener
         # Each exchange holds a gRPC worker while it waits for the client's next message:
         # bounded in number and in time, so clients that never finish cannot starve the broker.
@@ -194,8 +193,6 @@ class SecurityServicer(security_pb2_grpc.SecurityServicer):
         refusal = self._cluster_refusal(Operation.ALTER_CONFIGS)
         if refusal is not None:
             return answer(ErrorCode.CLUSTER_AUTHORIZATION_FAILED, refusal)
-        if self._quotas_refusal is not None:
-            return answer(ErrorCode.INVALID_REQUEST, self._quotas_refusal)
         alterations, problems = [], {}
         for index, entry in enumerate(request.entries):
             try:

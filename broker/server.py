@@ -50,12 +50,14 @@ from broker.config import GRPC_MESSAGE_BYTES_MAX, BrokerConfig
 from broker.data_dir import (META_PROPERTIES, DataDirLock, load_or_create_meta_properties, new_cluster_id,
                              read_data_dir_cluster_id, read_known_log_dirs, write_known_log_dirs)
 from broker.in_process import InProcessBrokerStub
-from broker.authorizer import Authorizer
+from broker.authorizer import ACL_FILE_NAME, Authorizer, FileAclStore
 from broker.purgatory import FetchPurgatory
+from broker.metadata.types import ListenerEndpoint
 from broker.security import (PLAINTEXT, SASL_SSL, SSL, CallIdentityInterceptor, Listener, ReloadingServerCertificates,
-                             advertised_host, check_plaintext_binds, parse_advertised, transport_of)
-from broker.client_quotas import ClientQuotas
-from broker.scram_users import SESSION_LIFETIME_MS_DEFAULT, ScramUsers, SessionTokens
+                             advertised_host, check_plaintext_binds, inter_broker_security, listener_name_of_call,
+                             parse_advertised, transport_of)
+from broker.client_quotas import QUOTA_FILE_NAME, ClientQuotas
+from broker.scram_users import SCRAM_FILE_NAME, SESSION_LIFETIME_MS_DEFAULT, ScramUsers, SessionTokens, ZkScramUsers
 from broker.security_service import SecurityServicer
 from broker.reads import FETCH_MAX_WAIT_CAP_MS
 from broker.service import BrokerServicer, NodeAddress
@@ -167,6 +169,7 @@ class BrokerServer:
         self._group_coordinator: GroupCoordinator | None = None
         self._cluster = None   # broker.cluster_node.ClusterNode when zookeeper.connect is set
         self._authorizer: Authorizer | None = None
+        self._entity_configs = None     # broker.zk_entity_configs.ZkEntityConfigs on a cluster
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._housekeeping_thread: threading.Thread | None = None
@@ -285,7 +288,12 @@ class BrokerServer:
         the list of log dirs this broker has used."""
         if self.config.zookeeper_connect:
             from broker.cluster_node import ClusterNode
-            self._cluster = ClusterNode(self.node_id, self.config, host=self.host, now_ms_fn=self._now_ms)
+            config = self.config
+            security = inter_broker_security(
+                self.inter_broker_listener, certificate_location=config.ssl_certificate_location,
+                key_location=config.ssl_key_location, ca_location=config.ssl_ca_location)
+            self._cluster = ClusterNode(self.node_id, config, host=self.host, now_ms_fn=self._now_ms,
+                                        security=security)
             self.cluster_id = self._cluster.connect(new_cluster_id(), read_data_dir_cluster_id(self.data_dir))
             load_or_create_meta_properties(self.data_dir, self.node_id, cluster_id=self.cluster_id)
         else:
@@ -314,15 +322,34 @@ class BrokerServer:
 
         cluster = self._cluster
         if self.config.authorizer_class_name:
-            self._authorizer = Authorizer(self.data_dir, super_users=self.config.super_users,
+            if cluster is None:
+                store, where = FileAclStore(self.data_dir), self.data_dir
+            else:
+                from broker.zk_acls import ZkAclStore
+                store, where = ZkAclStore(cluster.store.client), "ZooKeeper"
+            self._authorizer = Authorizer(store, super_users=self.config.super_users,
                                           allow_if_no_acl=self.config.allow_everyone_if_no_acl_found)
             log.info("authorizer on: %d ACL(s) loaded from %s, super users %s, allow.everyone.if.no.acl.found=%s",
-                     self._authorizer.load(), self.data_dir, sorted(self.config.super_users) or "none",
+                     self._authorizer.load(), where, sorted(self.config.super_users) or "none",
                      str(self.config.allow_everyone_if_no_acl_found).lower())
-        quota_entities = self._quotas.load()
+        if cluster is None:
+            quota_entities, where = self._quotas.load(), self.data_dir
+        else:
+            # Users' SCRAM credentials and client quotas live in ZooKeeper, followed by every broker.
+            from broker.zk_entity_configs import ZkEntityConfigs
+            self._entity_configs = ZkEntityConfigs(cluster.store.client)
+            self._entity_configs.start()
+            self._scram_users = ZkScramUsers(self._entity_configs)
+            quota_entities, where = self._quotas.follow_zookeeper(self._entity_configs), "ZooKeeper"
+            for name in (SCRAM_FILE_NAME, QUOTA_FILE_NAME, ACL_FILE_NAME):
+                if (self.data_dir / name).exists():
+                    # Written offline (eos users add --data-dir) or by a single broker before:
+                    # a cluster reads ZooKeeper only, so say so rather than ignore it silently.
+                    log.warning("%s is ignored on a ZooKeeper cluster (its broker reads ACLs, SCRAM credentials "
+                                "and quotas from ZooKeeper); set them again through a broker", self.data_dir / name)
         if quota_entities:
             log.info("client quotas: %d entit%s with quotas, from %s", quota_entities,
-                     "y" if quota_entities == 1 else "ies", self.data_dir)
+                     "y" if quota_entities == 1 else "ies", where)
         self._registry = TopicRegistry(self.data_dir, default_config=self.config.topic_defaults,
                                        default_num_partitions=self.config.num_partitions)
         topics = self._registry.load()
@@ -416,7 +443,7 @@ class BrokerServer:
             cluster_pb2_grpc.add_ClusterServicer_to_server(ClusterServicer(
                 broker_id=self.node_id, replicas=cluster.replicas, metadata=cluster.metadata,
                 log_manager=self._log_manager, controller=lambda: cluster.controller,
-                on_metadata_updated=cluster.sync_registry), server)
+                on_metadata_updated=cluster.sync_registry, authorizer=self._authorizer), server)
         # The transaction coordinator reaches this broker only through the Broker service's
         # contract (DESIGN.md §1), here in process: its state writes and the markers for
         # partitions this broker leads are handed to the servicer's handlers on the calling
@@ -427,7 +454,8 @@ class BrokerServer:
         own_address = _format_host_port(self.host, bound_port)
         own_stub = InProcessBrokerStub(self._servicer)
         self._txn_link = (BrokerLink(own_address, stub=own_stub) if cluster is None
-                          else RoutingBrokerLink(own_address, stub=own_stub, own_node_id=self.node_id))
+                          else RoutingBrokerLink(own_address, stub=own_stub, own_node_id=self.node_id,
+                                                 security=cluster.security))
         self._txn_coordinator = TransactionCoordinator(
             self._txn_link, producer_ids.next_id, now_ms_fn=self._now_ms,
             state_topic_partitions=self.config.transaction_state_log_num_partitions,
@@ -437,7 +465,8 @@ class BrokerServer:
             partitioned=cluster is not None, concurrent_waiters_max=TXN_PARKED_REQUESTS_MAX)
         if cluster is not None:
             cluster.txn_coordinator = self._txn_coordinator
-            self._group_coordinator.find_override = cluster.find_coordinator
+            self._group_coordinator.find_override = lambda key_type, keys: cluster.find_coordinator(
+                key_type, keys, listener_name=listener_name_of_call())
         txn_pb2_grpc.add_TxnCoordinatorServicer_to_server(
             TxnCoordinatorServicer(producer_ids, self._txn_coordinator, authorizer=self._authorizer), server)
         group_pb2_grpc.add_GroupCoordinatorServicer_to_server(GroupCoordinatorServicer(
@@ -448,16 +477,16 @@ class BrokerServer:
             threading.Thread(target=self._start_txn_coordinator, name="eos-txn-load", daemon=True).start()
         else:
             self._txn_coordinator.start()     # threads only: partitions load with leadership
-            cluster.join(bound_port)
+            cluster.join(bound_port, tuple(
+                ListenerEndpoint(listener.name, listener.security_protocol, node.host, node.port)
+                for listener in self.listeners for node in [self.listener_nodes[listener.name]]))
 
     def _security_servicer(self) -> SecurityServicer:
-        """SCRAM logins and credentials, and client quotas (refused on a ZooKeeper cluster)."""
+        """SCRAM logins and credentials, and client quotas."""
         return SecurityServicer(
             self._scram_users, self._sessions, enabled_mechanisms=self.config.sasl_enabled_mechanisms,
             authorizer=self._authorizer, sasl_listener=any(l.security_protocol == SASL_SSL for l in self.listeners),
-            quotas=self._quotas, quotas_refusal=None if self._cluster is None else (
-                "client quotas on a ZooKeeper cluster are not built yet (each broker would need them: "
-                "Kafka keeps them in ZooKeeper under /config/users and /config/clients)"))
+            quotas=self._quotas)
 
     def _bind_listeners(self, server: grpc.Server) -> None:
         """One port per listener on the one gRPC server: PLAINTEXT insecure, SSL with TLS
@@ -612,6 +641,10 @@ class BrokerServer:
                 self._housekeeping_thread.join(HOUSEKEEPING_JOIN_TIMEOUT_S)
                 if self._housekeeping_thread.is_alive():
                     log.warning("housekeeping still running at shutdown")
+            if self._authorizer is not None:
+                self._authorizer.close()         # before the ZooKeeper session it follows ends
+            if self._entity_configs is not None:
+                self._entity_configs.stop()
             if self._cluster is not None:
                 self._cluster.leave()
             if self._txn_link is not None:

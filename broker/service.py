@@ -79,7 +79,7 @@ import grpc
 from broker.acl import InvalidAclError, Operation, ResourceType
 from broker.purgatory import FetchPurgatory
 from broker.quotas import PRODUCER_BYTE_RATE
-from broker.security import current_call
+from broker.security import current_call, listener_name_of_call
 from broker.local_topic_admin import LocalTopicAdmin
 from broker.produce_streams import NOTHING_YET, ProduceStreams, ProduceStreamSession
 from broker.reads import FETCH_MAX_WAIT_CAP_MS, ReadHandlers
@@ -230,7 +230,7 @@ class BrokerServicer(ReadHandlers, broker_pb2_grpc.BrokerServicer):
         self._metadata = metadata
         self._replicas = replicas
         self._topic_admin = topic_admin if topic_admin is not None else LocalTopicAdmin(
-            registry, log_manager, node_id=node.node_id, notify=purgatory.notify, authorizer=authorizer)
+            registry, log_manager, node_id=node.node_id, notify=purgatory.notify)
         self._gate = RequestGate()
         self._streams = ProduceStreams(max_produce_streams)
         self._authorizer = authorizer
@@ -595,12 +595,21 @@ class BrokerServicer(ReadHandlers, broker_pb2_grpc.BrokerServicer):
         return self._listener_nodes.get(call.listener.name, self._node)
 
     def _metadata_from_cache(self, request: broker_pb2.MetadataRequest) -> broker_pb2.MetadataResponse:
-        """Cluster mode: what the controller last told this broker (UpdateMetadata)."""
+        """Cluster mode: what the controller last told this broker (UpdateMetadata). Brokers
+        are named by their address on the listener the call came in on, and one without that
+        listener is left out (Kafka's rule), so a client that came in over TLS stays on TLS."""
         snapshot = self._metadata.snapshot
         by_topic = snapshot.topics()
         names = list(request.topics) or sorted(by_topic)
+        checked = self._authorizer is not None
         topics = []
         for name in names:
+            if checked and self._topic_denied(Operation.DESCRIBE, name):
+                if request.topics:   # asked by name: refused; all topics: it does not see them
+                    topics.append(broker_pb2.TopicMetadata(
+                        name=name, error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+                        error_message=self._denial(Operation.DESCRIBE, f"topic {name!r}")))
+                continue
             partitions = by_topic.get(name)
             if partitions is None:
                 topics.append(broker_pb2.TopicMetadata(
@@ -618,10 +627,15 @@ class BrokerServicer(ReadHandlers, broker_pb2_grpc.BrokerServicer):
                     error_code=ErrorCode.NONE if info.leader >= 0 else ErrorCode.LEADER_NOT_AVAILABLE,
                     leader_id=info.leader, leader_epoch=info.leader_epoch, replica_ids=info.replicas,
                     isr_ids=info.isr, offline_replica_ids=info.offline_replicas) for info in partitions]))
-        return broker_pb2.MetadataResponse(
-            brokers=[broker_pb2.BrokerNode(node_id=b.broker_id, host=b.host, port=b.port, rack=b.rack or "")
-                     for b in sorted(snapshot.brokers.values(), key=lambda b: b.broker_id)],
-            controller_id=snapshot.controller_id, topics=topics, cluster_id=self._cluster_id)
+        listener_name = listener_name_of_call()
+        brokers = []
+        for broker in sorted(snapshot.brokers.values(), key=lambda b: b.broker_id):
+            address = broker.endpoint(listener_name)
+            if address is not None:
+                brokers.append(broker_pb2.BrokerNode(node_id=broker.broker_id, host=address[0], port=address[1],
+                                                     rack=broker.rack or ""))
+        return broker_pb2.MetadataResponse(brokers=brokers, controller_id=snapshot.controller_id, topics=topics,
+                                           cluster_id=self._cluster_id)
 
     def _topic_metadata_by_name(self, name: str) -> broker_pb2.TopicMetadata:
         try:
@@ -645,18 +659,62 @@ class BrokerServicer(ReadHandlers, broker_pb2_grpc.BrokerServicer):
 
     # ---- topic administration (a ZooKeeper cluster's controller, or broker/local_topic_admin.py) ----
 
+    # Each is checked here, per topic, before the admin (a cluster of one's or ZooKeeper's)
+    # sees the request: the refused topics are answered TOPIC_AUTHORIZATION_FAILED and left
+    # out of what the admin gets, so nothing about them changes; the others go on (Kafka).
+
     @gated
     def CreateTopics(self, request: broker_pb2.CreateTopicsRequest, context) -> broker_pb2.CreateTopicsResponse:
-        return self._topic_admin.create_topics(request)
+        refused = {}
+        if self._authorizer is not None and not self._cluster_allows(Operation.CREATE):
+            # Kafka: CREATE on the cluster, or else CREATE on each topic.
+            refused = {t.name: f"{self._denial(Operation.CREATE, f'topic {t.name!r}')} (nor the cluster)"
+                       for t in request.topics if self._topic_denied(Operation.CREATE, t.name)}
+        return self._admin_checked(request, "topics", refused, self._topic_admin.create_topics,
+                                   broker_pb2.CreateTopicsResponse)
 
     @gated
     def DeleteTopics(self, request: broker_pb2.DeleteTopicsRequest, context) -> broker_pb2.DeleteTopicsResponse:
-        return self._topic_admin.delete_topics(request)
+        refused = {} if self._authorizer is None else {
+            name: self._denial(Operation.DELETE, f"topic {name!r}") for name in request.names
+            if self._topic_denied(Operation.DELETE, name)}
+        return self._admin_checked(request, "names", refused, self._topic_admin.delete_topics,
+                                   broker_pb2.DeleteTopicsResponse)
 
     @gated
     def CreatePartitions(self, request: broker_pb2.CreatePartitionsRequest,
                          context) -> broker_pb2.CreatePartitionsResponse:
-        return self._topic_admin.create_partitions(request)
+        refused = {} if self._authorizer is None else {
+            t.name: self._denial(Operation.ALTER, f"topic {t.name!r}") for t in request.topics
+            if self._topic_denied(Operation.ALTER, t.name)}
+        return self._admin_checked(request, "topics", refused, self._topic_admin.create_partitions,
+                                   broker_pb2.CreatePartitionsResponse)
+
+    @staticmethod
+    def _admin_checked(request, field: str, refused: dict[str, str], handle, response_type):
+        """`handle` the request without the `refused` topics (name -> why); the answers in
+        the request's order, one per topic."""
+        if not refused:
+            return handle(request)
+        items = list(getattr(request, field))
+        name_of = (lambda item: item) if field == "names" else (lambda item: item.name)
+        allowed = [item for item in items if name_of(item) not in refused]
+        answered = iter([])
+        if allowed:
+            narrowed = type(request)()
+            narrowed.CopyFrom(request)
+            del getattr(narrowed, field)[:]
+            getattr(narrowed, field).extend(allowed)
+            answered = iter(handle(narrowed).topics)
+        results = []
+        for item in items:
+            name = name_of(item)
+            if name in refused:
+                results.append(broker_pb2.TopicResult(name=name, error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+                                                      error_message=refused[name]))
+            else:
+                results.append(next(answered))
+        return response_type(topics=results)
 
     # ---- transactions ------------------------------------------------------------------------
 

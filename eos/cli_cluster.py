@@ -1,7 +1,7 @@
 """The cluster commands of the `eos` command line, after Kafka's tools.
 
     eos zookeeper start --port 2181 --data-dir DIR   Apache ZooKeeper (jars fetched and cached)
-    eos cluster start --brokers 3 --data-dir ./eos-cluster [--base-port 9092] [--zookeeper-port 2181]
+    eos cluster start --brokers 3 --data-dir ./eos-cluster [--base-port 9092] [--zookeeper-port 2181] [--tls]
     eos leader-election --election-type preferred|unclean (--topic T [--partition P] | --all-topic-partitions)
     eos partitions reassign --plan plan.json (--execute [--throttle B] | --verify | --cancel)
 
@@ -25,8 +25,12 @@ def cmd_cluster_start(args) -> int:
     from eos.progress import ProgressBar
 
     config = dict(args.config_pairs)
+    tls_options = {}
+    if args.tls:
+        tls_options, client_file = _local_tls(args.data_dir)
+        config = {**tls_options.pop("broker_config"), **config}
     cluster = LocalCluster(args.data_dir, brokers=args.brokers, base_port=args.base_port,
-                           zookeeper_port=args.zookeeper_port, broker_config=config)
+                           zookeeper_port=args.zookeeper_port, broker_config=config, **tls_options)
     stop_requested = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop_requested.set()) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
@@ -37,6 +41,9 @@ def cmd_cluster_start(args) -> int:
         for broker_id, proc in sorted(cluster.processes.items()):
             print(f"broker {broker_id}: {proc.address} (data dir {proc.data_dir}, log {proc.log_path})", flush=True)
         print(f"bootstrap: {cluster.bootstrap}", flush=True)
+        if args.tls:
+            print(f"TLS: every listener is SSL with mutual TLS; clients use --command-config {client_file} "
+                  f"(User:CN=admin, a super user)", flush=True)
         while not stop_requested.wait(0.5):
             for broker_id, proc in cluster.processes.items():
                 if not proc.running and proc.process is not None and proc.process.returncode not in (None, 0):
@@ -49,6 +56,23 @@ def cmd_cluster_start(args) -> int:
         for s, handler in previous.items():
             signal.signal(s, handler)
     return 0
+
+
+def _local_tls(data_dir: str) -> tuple[dict, str]:
+    """A throwaway CA and certificates in <data-dir>/tls (kept across restarts, see
+    eos.tls_certs.make_local_tls), the LocalCluster options for an SSL-only cluster, and a
+    client properties file for the admin certificate."""
+    from pathlib import Path
+
+    from eos.tls_certs import make_local_tls
+
+    directory = Path(data_dir) / "tls"
+    tls = make_local_tls(directory, clients={"admin": "admin"})
+    client = tls.client_config("admin")
+    client_file = directory / "admin.properties"
+    client_file.write_text("".join(f"{name}={value}\n" for name, value in client.items()), encoding="utf-8")
+    broker_config = {**tls.broker_config(), "super.users": "User:CN=broker;User:CN=admin"}
+    return {"broker_config": broker_config, "listener_protocol": "SSL", "client_config": client}, str(client_file)
 
 
 # ---- leader election ----------------------------------------------------------------------------
@@ -173,6 +197,9 @@ def add_commands(commands, client_command, parse_pairs) -> None:
     start.add_argument("--base-port", type=int, default=9092, help="broker i listens on base-port + i")
     start.add_argument("--zookeeper-port", type=int, default=2181)
     start.add_argument("--config", action="append", metavar="NAME=VALUE", help="broker config for every broker")
+    start.add_argument("--tls", action="store_true",
+                       help="SSL listeners with mutual TLS, brokers included, from a throwaway CA made in "
+                            "<data-dir>/tls (the cryptography package); clients use <data-dir>/tls/admin.properties")
     start.set_defaults(handler=lambda args: cmd_cluster_start(_with_pairs(args, parse_pairs)))
 
     election = client_command("leader-election", help="elect preferred or unclean leaders (kafka-leader-election)")

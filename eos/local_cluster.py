@@ -15,6 +15,11 @@ session expires and the controller moves the leaderships), `terminate(id)` is SI
 controlled shutdown first), `pause`/`resume` are SIGSTOP/SIGCONT, `restart(id)` starts the
 same broker again on the same port and data dir. Every wait is bounded; `stop()` ends every
 process it started, whatever state it is in, and is safe to call twice.
+
+TLS: with `listener_protocol="SSL"` each broker has one listener, `SSL://127.0.0.1:<port>`,
+which clients and the other brokers use alike (mutual TLS: `broker_config` carries the
+broker's certificate, key and CA, `client_config` the settings of the cluster's own client
+-- the readiness check -- such as `eos.tls_certs.LocalTls.client_config("admin")`).
 """
 from __future__ import annotations
 
@@ -69,12 +74,17 @@ class LocalCluster:
     zookeeper: object | None = None     # eos.zookeeper.ZooKeeperServer, or an outside one's connect string
     zookeeper_connect: str = ""
     chroot: str = ""
+    listener_protocol: str = "PLAINTEXT"     # or SSL: see the module doc
+    client_config: dict[str, str] = field(default_factory=dict)
     processes: dict[int, BrokerProcess] = field(default_factory=dict)
 
     def __post_init__(self):
         self.data_dir = Path(self.data_dir).resolve()
         if self.brokers < 1:
             raise EosError(f"a cluster needs at least one broker, got {self.brokers}", ErrorCode.INVALID_CONFIG)
+        if self.listener_protocol not in ("PLAINTEXT", "SSL"):
+            raise EosError(f"listener_protocol must be PLAINTEXT or SSL, got {self.listener_protocol!r}",
+                           ErrorCode.INVALID_CONFIG)
 
     # ---- start ------------------------------------------------------------------------------
 
@@ -120,6 +130,8 @@ class LocalCluster:
         proc = self.processes[broker_id]
         proc.data_dir.mkdir(parents=True, exist_ok=True)
         config = {"zookeeper.connect": self.connect_string, **self.broker_config}
+        if self.listener_protocol != "PLAINTEXT":
+            config["listeners"] = f"{self.listener_protocol}://127.0.0.1:{proc.port}"
         args = [sys.executable, "-m", "broker", "--data-dir", str(proc.data_dir), "--host", "127.0.0.1",
                 "--port", str(proc.port), "--node-id", str(broker_id)]
         for name, value in config.items():
@@ -168,16 +180,17 @@ class LocalCluster:
         running one) as live."""
         import grpc
 
-        from eos.net import open_channel
+        from eos.net import open_channel, security_of
         from eos.v1 import broker_pb2, broker_pb2_grpc
 
+        security = security_of(self.client_config)
         wanted = brokers if brokers is not None else {b for b, p in self.processes.items() if p.running}
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             for proc in self.processes.values():
                 if not proc.running or proc.paused:
                     continue
-                channel = open_channel(proc.address)
+                channel = open_channel(proc.address, security)
                 try:
                     response = broker_pb2_grpc.BrokerStub(channel).Metadata(broker_pb2.MetadataRequest(), timeout=2)
                     if wanted <= {b.node_id for b in response.brokers} and response.controller_id >= 0:

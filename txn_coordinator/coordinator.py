@@ -174,10 +174,12 @@ class RoutingBrokerLink(BrokerLink):
     retries it after a metadata refresh. Markers for partitions the coordinator's own
     broker leads (`own_node_id`) go to `stub`, in process when it is the broker's own."""
 
-    def __init__(self, own_address: str, *, stub=None, own_node_id: int | None = None):
+    def __init__(self, own_address: str, *, stub=None, own_node_id: int | None = None, security=None):
         super().__init__(own_address, stub=stub)
         from eos import net
-        self._metadata = net.ClusterMetadata(own_address)
+        # `security`: the inter-broker listener's (own_address is on it, so Metadata names
+        # every leader on it too).
+        self._metadata = net.ClusterMetadata(own_address, security=security or net.PLAINTEXT_SECURITY)
         self._own_node_id = own_node_id if stub is not None else None
 
     def close(self) -> None:

@@ -22,7 +22,7 @@ from typing import Callable
 
 import grpc
 
-from eos.net import open_channel
+from eos.net import ChannelSecurity, open_channel
 from eos.v1 import cluster_pb2_grpc
 
 log = logging.getLogger("eos.controller.channels")
@@ -33,14 +33,14 @@ QUEUE_MAX = 10_000
 
 
 class _BrokerSender(threading.Thread):
-    def __init__(self, broker_id: int, address: str, on_response: Callable):
+    def __init__(self, broker_id: int, address: str, on_response: Callable, security: ChannelSecurity | None):
         super().__init__(name=f"eos-controller-send-{broker_id}", daemon=True)
         self.broker_id = broker_id
         self.address = address
         self._on_response = on_response
         self._queue: queue.Queue = queue.Queue(maxsize=QUEUE_MAX)
         self._stopping = threading.Event()
-        self._channel = open_channel(address)
+        self._channel = open_channel(address, security)
         self._stub = cluster_pb2_grpc.ClusterStub(self._channel)
 
     def send(self, rpc_name: str, request) -> None:
@@ -79,8 +79,9 @@ class _BrokerSender(threading.Thread):
 class ControllerChannels:
     """Sender threads by broker id; see the module doc."""
 
-    def __init__(self, on_response: Callable[[int, str, object], None]):
+    def __init__(self, on_response: Callable[[int, str, object], None], security: ChannelSecurity | None = None):
         self._on_response = on_response
+        self._security = security      # the inter-broker listener's protocol
         self._senders: dict[int, _BrokerSender] = {}
         self._lock = threading.Lock()
 
@@ -91,7 +92,7 @@ class ControllerChannels:
             closing = [self._senders.pop(b) for b in stale]
             for broker_id, address in addresses.items():
                 if broker_id not in self._senders:
-                    sender = _BrokerSender(broker_id, address, self._on_response)
+                    sender = _BrokerSender(broker_id, address, self._on_response, self._security)
                     self._senders[broker_id] = sender
                     sender.start()
         for sender in closing:

@@ -58,7 +58,7 @@ class Controller:
     (for LeaderAndIsr and the unclean flag)."""
 
     def __init__(self, broker_id: int, store, *, config, now_ms_fn: Callable[[], int],
-                 rebalance_interval_ms: int = LEADER_IMBALANCE_CHECK_INTERVAL_MS):
+                 rebalance_interval_ms: int = LEADER_IMBALANCE_CHECK_INTERVAL_MS, security=None):
         from broker.controller.channels import ControllerChannels
 
         self.broker_id = broker_id
@@ -67,7 +67,7 @@ class Controller:
         self._now_ms = now_ms_fn
         self._rebalance_interval_ms = rebalance_interval_ms
         self._events: queue.Queue[_Event] = queue.Queue(maxsize=EVENT_QUEUE_MAX)
-        self._channels = ControllerChannels(self._on_broker_response)
+        self._channels = ControllerChannels(self._on_broker_response, security)
         self._core = None
         self._epoch = 0
         self._epoch_zk_version = -1
@@ -256,10 +256,8 @@ class Controller:
     # ---- reading ZooKeeper ---------------------------------------------------------------------------
 
     def _read_live_brokers(self) -> dict:
-        from broker.controller.core import LiveBroker
-
-        registrations = self._store.live_brokers(watch=lambda *_: self._put("brokers_changed"))
-        return {b: LiveBroker(b, r.host, r.port, r.rack, r.epoch) for b, r in registrations.items()}
+        """Broker id -> its registration (a BrokerInfo, the core's LiveBroker), endpoints and all."""
+        return self._store.live_brokers(watch=lambda *_: self._put("brokers_changed"))
 
     def _read_topics(self, names) -> dict:
         from broker.controller.core import TopicModel
@@ -432,9 +430,11 @@ class Controller:
         request = cluster_pb2.UpdateMetadataRequest(
             controller_id=self.broker_id, controller_epoch=self._epoch,
             full=getattr(effect, "full", False), deleted_topics=list(getattr(effect, "deleted_topics", ())),
-            live_brokers=[cluster_pb2.ClusterBroker(broker_id=b.broker_id, host=b.host, port=b.port,
-                                                    rack=b.rack or "", broker_epoch=b.epoch)
-                          for b in effect.live_brokers])
+            live_brokers=[cluster_pb2.ClusterBroker(
+                broker_id=b.broker_id, host=b.host, port=b.port, rack=b.rack or "", broker_epoch=b.epoch,
+                endpoints=[cluster_pb2.ListenerEndpoint(listener_name=e.name, security_protocol=e.security_protocol,
+                                                        host=e.host, port=e.port) for e in b.endpoints])
+                for b in effect.live_brokers])
         offline = effect.offline_replicas or {}
         for state in effect.partitions:
             proto = self._partition_state_proto(state)

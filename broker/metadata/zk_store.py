@@ -6,7 +6,8 @@ Theory of operation
 paths and JSON, so an operator who knows Kafka's layout reads eos's:
 
     /cluster/id                                   {"version":"1","id":...}
-    /brokers/ids/<id>              (ephemeral)    {"version":5,"host","port","rack","endpoints",...}
+    /brokers/ids/<id>              (ephemeral)    {"version":5,"host","port","rack","endpoints",
+                                                   "listener_security_protocol_map",...}
     /controller                    (ephemeral)    {"version":1,"brokerid":N,"timestamp":...}
     /controller_epoch                             "N"  (bumped by compare-and-set)
     /brokers/topics/<t>                           {"version":2,"partitions":{"0":[1,2]},"adding_replicas","removing_replicas"}
@@ -39,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from broker.metadata.types import BrokerInfo as BrokerRegistration
+from broker.metadata.types import ListenerEndpoint
 from broker.metadata.types import LeaderIsr
 from eos.errors import EosError, ErrorCode, TopicAlreadyExistsError
 
@@ -98,14 +100,27 @@ def _loads(data: bytes):
 
 
 def encode_broker(reg: BrokerRegistration, timestamp_ms: int) -> bytes:
-    return _dumps({"features": {}, "listener_security_protocol_map": {"PLAINTEXT": "PLAINTEXT"},
-                   "endpoints": [f"PLAINTEXT://{reg.host}:{reg.port}"], "jmx_port": -1, "port": reg.port,
-                   "host": reg.host, "version": 5, "timestamp": str(timestamp_ms), "rack": reg.rack})
+    endpoints = reg.endpoints or (ListenerEndpoint("PLAINTEXT", "PLAINTEXT", reg.host, reg.port),)
+    return _dumps({"features": {}, "listener_security_protocol_map": {e.name: e.security_protocol for e in endpoints},
+                   "endpoints": [f"{e.name}://{_host_port(e.host, e.port)}" for e in endpoints], "jmx_port": -1,
+                   "port": reg.port, "host": reg.host, "version": 5, "timestamp": str(timestamp_ms),
+                   "rack": reg.rack})
 
 
 def decode_broker(broker_id: int, data: bytes, epoch: int) -> BrokerRegistration:
     value = _loads(data)
-    return BrokerRegistration(broker_id, value["host"], int(value["port"]), value.get("rack"), epoch)
+    protocols = value.get("listener_security_protocol_map") or {}
+    endpoints = []
+    for text in value.get("endpoints") or ():
+        name, _, address = str(text).partition("://")
+        host, _, port = address.rpartition(":")
+        endpoints.append(ListenerEndpoint(name, protocols.get(name, name), host.strip("[]"), int(port)))
+    return BrokerRegistration(broker_id, value["host"], int(value["port"]), value.get("rack"), epoch,
+                              tuple(endpoints))
+
+
+def _host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def encode_leader_isr(state: LeaderIsr) -> bytes:

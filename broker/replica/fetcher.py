@@ -39,7 +39,7 @@ from typing import Callable
 import grpc
 
 from eos.errors import ErrorCode
-from eos.net import open_channel
+from eos.net import ChannelSecurity, open_channel
 from eos.v1 import broker_pb2, broker_pb2_grpc, cluster_pb2, cluster_pb2_grpc, common_pb2
 
 log = logging.getLogger("eos.broker.fetcher")
@@ -65,7 +65,8 @@ class ReplicaFetcher(threading.Thread):
     """Fetches the partitions this broker follows from one leader broker."""
 
     def __init__(self, broker_id: int, leader_id: int, address: str, log_manager, *,
-                 on_appended: Callable[[tuple[str, int]], None], broker_epoch_fn: Callable[[], int]):
+                 on_appended: Callable[[tuple[str, int]], None], broker_epoch_fn: Callable[[], int],
+                 security: ChannelSecurity | None = None):
         super().__init__(name=f"eos-fetcher-{leader_id}", daemon=True)
         self.broker_id = broker_id
         self.leader_id = leader_id
@@ -77,7 +78,7 @@ class ReplicaFetcher(threading.Thread):
         self._lock = threading.Lock()          # the partition map, and one response's application
         self._wake = threading.Event()
         self._stopping = threading.Event()
-        self._channel = open_channel(address)
+        self._channel = open_channel(address, security)
         self._broker = broker_pb2_grpc.BrokerStub(self._channel)
         self._cluster = cluster_pb2_grpc.ClusterStub(self._channel)
 
@@ -248,15 +249,18 @@ def _now_ms() -> int:
 class FetcherManager:
     """The fetcher threads of one broker, one per leader broker; see the module doc.
 
-    `address_of(broker_id)` gives a leader's host:port from the metadata cache."""
+    `address_of(broker_id)` gives a leader's host:port from the metadata cache (its
+    inter-broker listener's); `security` secures the channels (that listener's protocol)."""
 
     def __init__(self, broker_id: int, log_manager, *, address_of: Callable[[int], str | None],
-                 on_appended: Callable[[tuple[str, int]], None], broker_epoch_fn: Callable[[], int]):
+                 on_appended: Callable[[tuple[str, int]], None], broker_epoch_fn: Callable[[], int],
+                 security: ChannelSecurity | None = None):
         self.broker_id = broker_id
         self._log_manager = log_manager
         self._address_of = address_of
         self._on_appended = on_appended
         self._broker_epoch = broker_epoch_fn
+        self._security = security
         self._fetchers: dict[int, ReplicaFetcher] = {}
         self._lock = threading.Lock()
         self._stopped = False
@@ -281,7 +285,8 @@ class FetcherManager:
                     fetcher = None
                 if fetcher is None or not fetcher.is_alive():
                     fetcher = ReplicaFetcher(self.broker_id, leader_id, address, self._log_manager,
-                                             on_appended=self._on_appended, broker_epoch_fn=self._broker_epoch)
+                                             on_appended=self._on_appended, broker_epoch_fn=self._broker_epoch,
+                                             security=self._security)
                     self._fetchers[leader_id] = fetcher
                     fetcher.start()
                 fetcher.add(group)

@@ -16,18 +16,32 @@ PREFERRED: ElectionType
 UNCLEAN: ElectionType
 
 class ClusterBroker(_message.Message):
-    __slots__ = ("broker_id", "host", "port", "rack", "broker_epoch")
+    __slots__ = ("broker_id", "host", "port", "rack", "broker_epoch", "endpoints")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PORT_FIELD_NUMBER: _ClassVar[int]
     RACK_FIELD_NUMBER: _ClassVar[int]
     BROKER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
     broker_id: int
     host: str
     port: int
     rack: str
     broker_epoch: int
-    def __init__(self, broker_id: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., rack: _Optional[str] = ..., broker_epoch: _Optional[int] = ...) -> None: ...
+    endpoints: _containers.RepeatedCompositeFieldContainer[ListenerEndpoint]
+    def __init__(self, broker_id: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., rack: _Optional[str] = ..., broker_epoch: _Optional[int] = ..., endpoints: _Optional[_Iterable[_Union[ListenerEndpoint, _Mapping]]] = ...) -> None: ...
+
+class ListenerEndpoint(_message.Message):
+    __slots__ = ("listener_name", "security_protocol", "host", "port")
+    LISTENER_NAME_FIELD_NUMBER: _ClassVar[int]
+    SECURITY_PROTOCOL_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    listener_name: str
+    security_protocol: str
+    host: str
+    port: int
+    def __init__(self, listener_name: _Optional[str] = ..., security_protocol: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ...) -> None: ...
 
 class PartitionLeaderState(_message.Message):
     __slots__ = ("topic", "partition", "controller_epoch", "leader", "leader_epoch", "isr", "zk_version", "replicas", "adding_replicas", "removing_replicas", "is_new", "offline_replicas", "topic_configs", "reassignment_throttle_bytes_per_s", "unclean_election")

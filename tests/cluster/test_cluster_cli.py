@@ -10,7 +10,11 @@ import subprocess
 import sys
 import uuid
 
+import pytest
+
 import eos
+from eos.cli import read_properties
+from eos.errors import EosError
 from eos.local_cluster import free_port
 from tests.cluster.test_cluster_failover import CLUSTER_CONFIG, describe
 from tests.waits import wait_for
@@ -59,27 +63,37 @@ def test_zookeeper_start_serves_and_stops_on_sigterm(tmp_path):
     assert four_letter_word("127.0.0.1", port, "srvr") == ""       # the java child is gone too
 
 
-def test_cluster_start_prints_the_bootstrap_and_stops_everything(tmp_path):
+def test_cluster_start_tls_prints_the_bootstrap_serves_mutual_tls_and_stops_everything(tmp_path):
+    """`eos cluster start --tls`: a throwaway CA in <data-dir>/tls, every listener SSL with
+    mutual TLS (brokers among themselves too); the admin properties it prints work with the
+    CLI and the clients, and a client without TLS gets nowhere."""
     base = free_port()
     while any(_in_use(base + i) for i in range(1, 3)):
         base = free_port()
     log_path = tmp_path / "cluster.out"
     process = _start(EOS + ["cluster", "start", "--brokers", "3", "--data-dir", str(tmp_path / "c"),
-                            "--base-port", str(base), "--zookeeper-port", str(free_port()),
+                            "--base-port", str(base), "--zookeeper-port", str(free_port()), "--tls",
                             "--config", "zookeeper.session.timeout.ms=6000"], log_path)
     try:
-        match = _wait_line(log_path, r"bootstrap: (\S+)", process, timeout_s=180)
-        bootstrap = match.group(1)
+        bootstrap = _wait_line(log_path, r"bootstrap: (\S+)", process, timeout_s=180).group(1)
+        properties = _wait_line(log_path, r"--command-config (\S+)", process).group(1)
         assert bootstrap.split(",") == [f"127.0.0.1:{base + i}" for i in range(3)]
-        with eos.Admin(bootstrap=bootstrap) as admin:
+        assert (tmp_path / "c" / "tls" / "ca.pem").exists()
+        client = read_properties(properties)
+        assert client["security.protocol"] == "SSL" and client["ssl.certificate.location"]
+        with eos.Admin(bootstrap=bootstrap, config=client) as admin:
             assert sorted(admin.describe_cluster()["brokers"]) == [0, 1, 2]
             admin.create_topic("cli", partitions=2, replication_factor=3)
-            wait_for(lambda: all(len(p["isr"]) == 3 for p in describe(admin, "cli")), "full ISRs")
-        out = subprocess.run(EOS + ["topics", "describe", "cli", "--bootstrap-server", bootstrap],
-                             capture_output=True, text=True, timeout=60)
+            wait_for(lambda: all(len(p["isr"]) == 3 for p in describe(admin, "cli")), "full ISRs (fetches over TLS)")
+        out = subprocess.run(EOS + ["topics", "describe", "cli", "--bootstrap-server", bootstrap,
+                                    "--command-config", properties], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
         assert re.search(r"Topic: cli\tPartitionCount: 2\tReplicationFactor: 3", out.stdout)
         assert len(re.findall(r"Partition: \d\tLeader: \d\tReplicas: \d,\d,\d\tIsr: \d,\d,\d", out.stdout)) == 2
+        with pytest.raises(EosError):
+            with eos.Admin(bootstrap=bootstrap, config={"request.timeout.ms": 2000,
+                                                        "default.api.timeout.ms": 3000}) as plain:
+                plain.list_topics()
     finally:
         assert _stop(process, timeout_s=120) == 0
     assert not any(_in_use(base + i) for i in range(3))

@@ -106,7 +106,10 @@ def test_plaintext_listener_on_a_remote_address_needs_consent(host, refused):
     ({"ssl.client.auth": "always"}, "must be one of"),
     ({"listeners": "PLAINTEXT://127.0.0.1:9092", "inter.broker.listener.name": "SSL"}, "not one of the listeners"),
     ({"listeners": "SSL://127.0.0.1:9093", "ssl.certificate.location": "c", "ssl.key.location": "k",
-      "zookeeper.connect": "127.0.0.1:2181"}, "not built yet"),
+      "zookeeper.connect": "127.0.0.1:2181"}, "inter-broker listener needs ssl.ca.location"),
+    ({"listeners": "PLAINTEXT://127.0.0.1:9092,SASL_SSL://127.0.0.1:9093", "ssl.certificate.location": "c",
+      "ssl.key.location": "k", "inter.broker.listener.name": "SASL_SSL", "zookeeper.connect": "127.0.0.1:2181"},
+     "PLAINTEXT or an SSL"),
     ({"allow.plaintext.remote": "yes"}, "true or false"),
 ])
 def test_broker_security_config_is_checked(config, message):

@@ -1,0 +1,157 @@
+"""Users' and clients' configs on a ZooKeeper cluster: SCRAM credentials and client quotas.
+
+Theory of operation
+-------------------
+Kafka keeps both in the same znodes (kafka-configs --entity-type users|clients):
+
+    /config/users/<user>                      {"version":1,"config":{"SCRAM-SHA-256":"salt=...,...",
+                                                                      "producer_byte_rate":"1048576"}}
+    /config/users/<user>/clients/<client-id>  {"version":1,"config":{"consumer_byte_rate":"..."}}
+    /config/clients/<client-id>               {"version":1,"config":{...}}
+    /config/changes/config_change_N           (sequential) {"version":2,"entity_path":"users/alice"}
+
+`<default>` is a name like any other; other names are URL-encoded (Kafka's Sanitizer), so a
+principal such as `CN=alice,O=Acme` is one znode.
+
+`ZkEntityConfigs` is the one owner of them on a broker. It keeps a snapshot -- entity path
+("users/alice", "clients/c1", "users/alice/clients/c1") -> its config -- replaced whole and
+handed to its listeners (the SCRAM users, the client quotas) after every reload. A change
+from any broker is a read-modify-write of each entity's znode under its version (a
+concurrent change makes it read again), then a change notification; every broker follows
+/config/changes (`broker.zk_changes.ZkChangeFollower`) and reloads on a notification. A reload reads and hands over under one lock, so the snapshot only moves forward; the
+writer reloads before it answers, so a credential it set works on its own broker at once.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from typing import Callable, Mapping
+from urllib.parse import quote, unquote
+
+from broker.zk_changes import ZkChangeFollower, read_modify_write
+
+log = logging.getLogger("eos.broker.zk_entity_configs")
+
+USERS_PATH = "/config/users"
+CLIENTS_PATH = "/config/clients"
+CHANGES_PATH = "/config/changes"
+CHANGE_PREFIX = "config_change_"
+
+Snapshot = Mapping[str, Mapping[str, str]]
+
+
+# ---- entity paths (pure) ------------------------------------------------------------------------
+
+def entity_path(user: str | None, client_id: str | None) -> str:
+    """"users/alice", "clients/c1" or "users/alice/clients/c1" (names URL-encoded)."""
+    if user is None and client_id is None:
+        raise ValueError("an entity names a user, a client id, or both")
+    parts = []
+    if user is not None:
+        parts += ["users", quote(user, safe="<>")]
+    if client_id is not None:
+        parts += ["clients", quote(client_id, safe="<>")]
+    return "/".join(parts)
+
+
+def entity_of(path: str) -> tuple[str | None, str | None]:
+    """The inverse of `entity_path`: (user, client id)."""
+    parts = path.split("/")
+    named = dict(zip(parts[0::2], (unquote(p) for p in parts[1::2])))
+    return named.get("users"), named.get("clients")
+
+
+def encode_config(config: Mapping[str, str]) -> bytes:
+    return json.dumps({"version": 1, "config": dict(sorted(config.items()))}, separators=(",", ":")).encode()
+
+
+def decode_config(data: bytes) -> dict[str, str]:
+    return {str(k): str(v) for k, v in (json.loads(data.decode("utf-8")) if data else {}).get("config", {}).items()}
+
+
+# ---- the store ------------------------------------------------------------------------------------
+
+class ZkEntityConfigs(ZkChangeFollower):
+    """See the module doc. `client` is a started KazooClient (the broker's session)."""
+
+    def __init__(self, client):
+        super().__init__(client, (CHANGES_PATH,), "users' and clients' configs")
+        self._snapshot: Snapshot = {}
+        self._listeners: list[Callable[[Snapshot], None]] = []
+        self._reload_lock = threading.Lock()
+
+    @property
+    def snapshot(self) -> Snapshot:
+        return self._snapshot
+
+    def add_listener(self, listener: Callable[[Snapshot], None]) -> None:
+        """`listener(snapshot)` after every reload (and once now)."""
+        self._listeners.append(listener)
+        listener(self._snapshot)
+
+    def start(self) -> Snapshot:
+        for path in (USERS_PATH, CLIENTS_PATH, CHANGES_PATH):
+            self._client.ensure_path(path)
+        snapshot = self.reload()
+        self._start_following()
+        return snapshot
+
+    def _read_all(self) -> dict[str, dict[str, str]]:
+        from kazoo.exceptions import NoNodeError
+
+        configs: dict[str, dict[str, str]] = {}
+
+        def read(path: str) -> None:
+            try:
+                data, _ = self._client.get(f"/config/{path}")
+            except NoNodeError:
+                return
+            config = decode_config(data)
+            if config:
+                configs[path] = config
+
+        for user in self._children(USERS_PATH):
+            read(f"users/{user}")
+            for client_id in self._children(f"{USERS_PATH}/{user}/clients"):
+                read(f"users/{user}/clients/{client_id}")
+        for client_id in self._children(CLIENTS_PATH):
+            read(f"clients/{client_id}")
+        return configs
+
+    def _children(self, path: str) -> list[str]:
+        from kazoo.exceptions import NoNodeError
+        try:
+            return self._client.get_children(path)
+        except NoNodeError:
+            return []
+
+    def reload(self) -> Snapshot:
+        with self._reload_lock:
+            self._snapshot = self._read_all()
+            for listener in list(self._listeners):
+                try:
+                    listener(self._snapshot)
+                except Exception:
+                    log.exception("a listener of users' and clients' configs failed")
+            return self._snapshot
+
+    def alter(self, changes: Mapping[str, Mapping[str, str | None]]) -> Snapshot:
+        """Set (a value) or remove (None) keys of entities (entity path -> changes), each
+        entity's znode under its version; notify every broker; the snapshot after it."""
+        for path, entity_changes in changes.items():
+            def update(data: bytes | None, entity_changes=entity_changes) -> bytes | None:
+                current = decode_config(data or b"")
+                wanted = dict(current)
+                for key, value in entity_changes.items():
+                    if value is None:
+                        wanted.pop(key, None)
+                    else:
+                        wanted[key] = value
+                # An emptied znode stays (as Kafka's does): users/<u> may hold clients/ below it.
+                return data if wanted == current else encode_config(wanted)
+            if read_modify_write(self._client, f"/config/{path}", update):
+                self._notify(CHANGES_PATH, CHANGE_PREFIX, json.dumps({"version": 2, "entity_path": path}).encode())
+        if changes:
+            self._expire_notifications()
+        return self.reload()
