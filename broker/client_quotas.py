@@ -20,6 +20,17 @@ what one quota window allows (`fetch_bytes_max`). The user is the call's princip
 client id the `client-id` metadata the clients send. Replica fetches and in-process calls
 (the broker's own coordinators, whose context carries no metadata) are not counted, as
 Kafka's replication is not. Without any quota both are a check of an empty dict.
+
+Request time (`request_percentage`, KIP-124): `RequestTimeQuotaInterceptor` wraps every call
+while some entity has that quota (otherwise it hands the handler back untouched: one dict
+lookup per call). It holds a call whose entity owes a request-time throttle (the same
+bounded holds; a call that would need another hold is refused with RESOURCE_EXHAUSTED and a
+`[throttled]` mark, which the clients retry after their backoff), runs it, and charges the
+thread CPU time the handler used (on a stream, what each response took), in percent-seconds:
+a long poll waiting in purgatory costs nothing, as Kafka counts only time on its request
+threads. A response with `throttle_time_ms` carries the larger of its throttles. Exempt, as
+in Kafka: the brokers' own requests (the Cluster service, WriteTxnMarkers, a follower's
+Fetch) and SASL authentication.
 """
 from __future__ import annotations
 
@@ -28,8 +39,11 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable
 
-from broker.quotas import (CLIENT_ID, CONSUMER_BYTE_RATE, DEFAULT, QUOTA_KEYS, QUOTA_WINDOW_NUM, QUOTA_WINDOW_SIZE_MS, USER,
-                           ClientQuotaManager, QuotaEntity, QuotaError, check_entity, check_quota)
+import grpc
+
+from broker.quotas import (CLIENT_ID, CONSUMER_BYTE_RATE, DEFAULT, QUOTA_KEYS, QUOTA_WINDOW_NUM, QUOTA_WINDOW_SIZE_MS,
+                           REQUEST_PERCENTAGE, USER, ClientQuotaManager, QuotaEntity, QuotaError, check_entity,
+                           check_quota)
 from broker.zk_entity_configs import entity_path
 from broker.security import principal_of_call
 from eos.errors import InvalidConfigError
@@ -185,7 +199,12 @@ class ClientQuotas:
         who = self._who(context)
         return who is not None and self.owed_ms(key, who) > 0
 
-    def charge(self, key: str, who: tuple[str, str] | None, amount: int, *, refund_if_throttled: bool = False) -> int:
+    def any_quota(self, key: str) -> bool:
+        """Whether some entity has a `key` quota (no lock: the manager swaps its key set whole)."""
+        return self._manager.any_quota(key)
+
+    def charge(self, key: str, who: tuple[str, str] | None, amount: float, *,
+               refund_if_throttled: bool = False) -> int:
         """Count `amount` bytes for `who` (from `hold`); the throttle time for the response.
         `refund_if_throttled`: a fetch over its quota is answered without its data, so its
         bytes are taken back at once, at the same instant (Kafka's unrecordQuotaSensor)."""
@@ -208,6 +227,79 @@ class ClientQuotas:
     def close(self) -> None:
         """Shutdown: every held call goes on now."""
         self._closing.set()
+
+
+THROTTLED_MARK = "[throttled]"
+# Calls never charged to a request quota (the brokers' own, and logging in).
+_EXEMPT_PREFIXES = ("/eos.v1.Cluster/", "/eos.v1.Security/SaslAuthenticate")
+_EXEMPT_METHODS = frozenset({"/eos.v1.Broker/WriteTxnMarkers"})
+PERCENT_SECONDS_PER_NS = 100 / 1e9        # one second of one thread is 100 (percent-seconds)
+
+
+class RequestTimeQuotaInterceptor(grpc.ServerInterceptor):
+    """Kafka's request quota over every call (see the module doc). Installed after the
+    identity interceptor, so the call's principal is known when it runs."""
+
+    def __init__(self, quotas: ClientQuotas):
+        self._quotas = quotas
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        method = handler_call_details.method
+        if (handler is None or not self._quotas.any_quota(REQUEST_PERCENTAGE) or method in _EXEMPT_METHODS
+                or method.startswith(_EXEMPT_PREFIXES)):
+            return handler
+        if handler.unary_unary:
+            return handler._replace(unary_unary=self._unary(handler.unary_unary))
+        if handler.stream_unary:
+            return handler._replace(stream_unary=self._unary(handler.stream_unary))
+        if handler.unary_stream:
+            return handler._replace(unary_stream=self._stream(handler.unary_stream))
+        return handler._replace(stream_stream=self._stream(handler.stream_stream))
+
+    def _admit(self, context):
+        who, go_on = self._quotas.hold(REQUEST_PERCENTAGE, context)
+        if not go_on:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"{THROTTLED_MARK} over its request_percentage quota: throttled for "
+                          f"{self._quotas.owed_ms(REQUEST_PERCENTAGE, who)} ms more")
+        return who
+
+    def _unary(self, behaviour):
+        quotas = self._quotas
+
+        def call(request, context):
+            if getattr(request, "replica_id", -1) >= 0:
+                return behaviour(request, context)        # a follower's fetch: replication
+            who = self._admit(context)
+            started_ns = time.thread_time_ns()
+            response = behaviour(request, context)
+            throttle_ms = quotas.charge(REQUEST_PERCENTAGE, who,
+                                        (time.thread_time_ns() - started_ns) * PERCENT_SECONDS_PER_NS)
+            if throttle_ms and hasattr(response, "throttle_time_ms"):
+                response.throttle_time_ms = max(response.throttle_time_ms, throttle_ms)
+            return response
+        return call
+
+    def _stream(self, behaviour):
+        quotas = self._quotas
+
+        def call(request_or_iterator, context):
+            who = self._admit(context)
+            responses = iter(behaviour(request_or_iterator, context))
+            while True:
+                started_ns = time.thread_time_ns()
+                try:
+                    response = next(responses)
+                except StopIteration:
+                    quotas.charge(REQUEST_PERCENTAGE, who, (time.thread_time_ns() - started_ns) * PERCENT_SECONDS_PER_NS)
+                    return
+                throttle_ms = quotas.charge(REQUEST_PERCENTAGE, who,
+                                            (time.thread_time_ns() - started_ns) * PERCENT_SECONDS_PER_NS)
+                if throttle_ms and hasattr(response, "throttle_time_ms"):
+                    response.throttle_time_ms = max(response.throttle_time_ms, throttle_ms)
+                yield response
+        return call
 
 
 def _text(value: float) -> str:

@@ -1,4 +1,4 @@
-"""Client quotas, as Kafka's ClientQuotaManager keeps them: byte rates per user and client id. Pure.
+"""Client quotas, as Kafka's ClientQuotaManager keeps them: byte rates and request time per user and client id. Pure.
 
 Theory of operation
 -------------------
@@ -38,8 +38,12 @@ import math
 from typing import Mapping, NamedTuple
 
 PRODUCER_BYTE_RATE = "producer_byte_rate"
+# Kafka's request quota (KIP-124): the share of one request-handler thread an entity's
+# requests may take, in percent (200: two threads). Measured in percent-seconds of thread
+# time per second; its throttle is capped at one window, as Kafka caps it.
+REQUEST_PERCENTAGE = "request_percentage"
 CONSUMER_BYTE_RATE = "consumer_byte_rate"
-QUOTA_KEYS = (PRODUCER_BYTE_RATE, CONSUMER_BYTE_RATE)
+QUOTA_KEYS = (PRODUCER_BYTE_RATE, CONSUMER_BYTE_RATE, REQUEST_PERCENTAGE)
 DEFAULT = "<default>"
 USER, CLIENT_ID = "user", "client-id"
 QUOTA_WINDOW_NUM = 11                 # Kafka's quota.window.num
@@ -72,8 +76,11 @@ def check_entity(entity: QuotaEntity) -> QuotaEntity:
 
 def check_quota(key: str, value: float) -> float:
     if key not in QUOTA_KEYS:
-        raise QuotaError(f"unknown quota {key!r} (eos enforces {', '.join(QUOTA_KEYS)}; Kafka's "
-                         f"request_percentage is not built yet)")
+        raise QuotaError(f"unknown quota {key!r} (eos enforces {', '.join(QUOTA_KEYS)})")
+    if key == REQUEST_PERCENTAGE:
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise QuotaError(f"{key} must be a percentage of one thread above 0 (200: two threads), got {value!r}")
+        return float(value)
     if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 1 and value == int(value)):
         raise QuotaError(f"{key} must be a whole number of bytes per second, at least 1, got {value!r}")
     return float(value)
@@ -134,12 +141,14 @@ class ClientQuotaManager:
     def quotas(self) -> dict[QuotaEntity, dict[str, float]]:
         return {entity: dict(values) for entity, values in self._quotas.items()}
 
-    def any_quota(self) -> bool:
-        return bool(self._quotas)
+    def any_quota(self, key: str | None = None) -> bool:
+        """Whether any entity has a quota (on `key`)."""
+        return bool(self._quotas) if key is None else key in self._keys
 
     def replace_quotas(self, quotas: Mapping[QuotaEntity, Mapping[str, float]]) -> None:
         self._quotas = {check_entity(entity): {key: check_quota(key, value) for key, value in values.items()}
                         for entity, values in quotas.items() if values}
+        self._keys = frozenset(key for values in self._quotas.values() for key in values)
 
     def governing(self, key: str, user: str, client_id: str) -> tuple[QuotaEntity, float] | None:
         """The entity whose `key` quota applies to this user and client id, and the bound."""
@@ -158,9 +167,10 @@ class ClientQuotaManager:
         return None if found is None else self._sensor_key(key, found[0], user, client_id)
 
     def record(self, key: str, user: str, client_id: str, amount: float, now_ms: int) -> int:
-        """Count `amount` bytes of one request; its throttle time in ms (0: within the quota).
-        Not capped (Kafka caps only request-time quotas): a request larger than a window's
-        allowance earns the whole time it takes to pay it back."""
+        """Count `amount` (bytes, or percent-seconds of thread time) of one request; its
+        throttle time in ms (0: within the quota). A byte rate's is not capped (Kafka caps
+        only request-time quotas, at one window): a request larger than a window's allowance
+        earns the whole time it takes to pay it back."""
         found = self.governing(key, user, client_id)
         if found is None:
             return 0
@@ -175,6 +185,8 @@ class ClientQuotaManager:
         if observed <= bound:
             return 0
         throttle_ms = int((observed - bound) / bound * rate.span_ms(now_ms))
+        if key == REQUEST_PERCENTAGE:
+            throttle_ms = min(throttle_ms, self.window_size_ms)     # Kafka's maxThrottleTimeMs
         self._held_until_ms[sensor_key] = max(self._held_until_ms.get(sensor_key, 0), now_ms + throttle_ms)
         return throttle_ms
 

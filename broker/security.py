@@ -12,10 +12,10 @@ binds.
 
 Which listener a call came in on: gRPC does not tell a handler which port took the call,
 but it tells the transport security of the connection (`auth_context()["transport_security_type"]`,
-"insecure" or "ssl"). So at most one listener per security protocol is allowed, and the
-protocol names the listener. (Kafka allows several listeners with one protocol, e.g.
-INTERNAL and EXTERNAL both SSL; eos refuses that with a clear error until a second gRPC
-server per listener is worth its threads.)
+"insecure" or "ssl"). So each gRPC server holds at most one listener per transport, and the
+transport names the listener among that server's; listeners of one transport (SSL and
+SASL_SSL, or Kafka's INTERNAL and EXTERNAL both SSL) are served by servers of their own
+(broker/listener_servers.py), each with an interceptor that knows its own listeners.
 
 The principal of a call (Kafka's `KafkaPrincipal`): on an SSL connection with a client
 certificate, `User:<name>` where name is the certificate's subject DN in RFC 2253 form
@@ -109,7 +109,8 @@ def _split_endpoint(setting: str, item: str) -> tuple[str, str, int]:
 def parse_listeners(text: str, protocol_map: dict[str, str]) -> tuple[Listener, ...]:
     """`listeners=PLAINTEXT://127.0.0.1:9092,SSL://127.0.0.1:9093` -> Listeners, checked:
     names and ports unique, a known protocol (SASL_PLAINTEXT refused: a session token must
-    not travel in clear), and at most one listener per transport (see the theory of operation)."""
+    not travel in clear). Several listeners of one transport get gRPC servers of their own
+    (broker/listener_servers.py)."""
     listeners: list[Listener] = []
     for item in text.split(","):
         if not item.strip():
@@ -125,13 +126,10 @@ def parse_listeners(text: str, protocol_map: dict[str, str]) -> tuple[Listener, 
         listeners.append(Listener(name, protocol, host, port))
     if not listeners:
         raise InvalidConfigError(f"listeners names no listener: {text!r}")
-    for field, what in ((lambda l: l.name, "name"), (lambda l: transport_of(l.security_protocol), "transport")):
-        values = [field(listener) for listener in listeners]
-        repeated = sorted({v for v in values if values.count(v) > 1})
-        if repeated:
-            extra = (" (the listener of a call is known by its transport security, so eos takes one "
-                     "listener in clear (PLAINTEXT) and one over TLS (SSL or SASL_SSL))" if what == "transport" else "")
-            raise InvalidConfigError(f"listeners: more than one listener with {what} {', '.join(repeated)}{extra}")
+    names = [listener.name for listener in listeners]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise InvalidConfigError(f"listeners: more than one listener with name {', '.join(repeated)}")
     ports = [listener.port for listener in listeners if listener.port]
     if len(ports) != len(set(ports)):
         raise InvalidConfigError(f"listeners: two listeners on one port in {text!r}")

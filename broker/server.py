@@ -50,13 +50,14 @@ from broker.config import GRPC_MESSAGE_BYTES_MAX, BrokerConfig
 from broker.data_dir import (META_PROPERTIES, DataDirLock, load_or_create_meta_properties, new_cluster_id,
                              read_data_dir_cluster_id, read_known_log_dirs, write_known_log_dirs)
 from broker.in_process import InProcessBrokerStub
+from broker.listener_servers import ServerGroup, group_listeners
 from broker.authorizer import ACL_FILE_NAME, Authorizer, FileAclStore
 from broker.purgatory import FetchPurgatory
 from broker.metadata.types import ListenerEndpoint
 from broker.security import (PLAINTEXT, SASL_SSL, SSL, CallIdentityInterceptor, Listener, ReloadingServerCertificates,
                              advertised_host, check_plaintext_binds, inter_broker_security, listener_name_of_call,
                              parse_advertised, transport_of)
-from broker.client_quotas import QUOTA_FILE_NAME, ClientQuotas
+from broker.client_quotas import QUOTA_FILE_NAME, ClientQuotas, RequestTimeQuotaInterceptor
 from broker.scram_users import SCRAM_FILE_NAME, SESSION_LIFETIME_MS_DEFAULT, ScramUsers, SessionTokens, ZkScramUsers
 from broker.security_service import SecurityServicer
 from broker.reads import FETCH_MAX_WAIT_CAP_MS
@@ -152,8 +153,13 @@ class BrokerServer:
         self._sessions = SessionTokens(self.config.connections_max_reauth_ms or SESSION_LIFETIME_MS_DEFAULT)
         self._quotas = ClientQuotas(self.data_dir, window_num=self.config.quota_window_num,
                                     window_size_ms=self.config.quota_window_size_seconds * 1000)
-        self._interceptor = CallIdentityInterceptor(self.listeners, self.config.ssl_principal_mapping_rules,
-                                                    sessions=self._sessions)
+        # Kafka's request_percentage: a pass-through unless some entity has one.
+        self._request_quota = RequestTimeQuotaInterceptor(self._quotas)
+        # One gRPC server per group of listeners that gRPC can tell apart (one per transport),
+        # each with an identity interceptor that knows its own listeners.
+        self._listener_groups = group_listeners(self.listeners)
+        self._interceptors = [CallIdentityInterceptor(group, self.config.ssl_principal_mapping_rules,
+                                                      sessions=self._sessions) for group in self._listener_groups]
         self.cluster_id: str | None = None
         self._now_ms = now_ms_fn
         self._locks = [DataDirLock(d) for d in self.log_dirs]
@@ -194,11 +200,12 @@ class BrokerServer:
     def call_identity_observer(self):
         """`observer(method, CallIdentity)`, told the listener and principal of each gRPC
         call before its handler runs (tests and audit; None by default)."""
-        return self._interceptor.observer
+        return self._interceptors[0].observer
 
     @call_identity_observer.setter
     def call_identity_observer(self, observer) -> None:
-        self._interceptor.observer = observer
+        for interceptor in self._interceptors:
+            interceptor.observer = observer
 
     def _calls_need_identity(self) -> bool:
         """With an authorizer every call needs its principal (an unauthenticated one is
@@ -376,30 +383,35 @@ class BrokerServer:
             producer_ids = cluster.producer_ids
         self._producer_ids = producer_ids
 
-    def _new_grpc_server(self) -> grpc.Server:
-        """The one gRPC server, its pool sized by rpc_pool_limits, bound to every listener."""
+    def _new_grpc_server(self) -> ServerGroup:
+        """The gRPC servers (one per listener group, broker/listener_servers.py; one for
+        most brokers), each pool sized by rpc_pool_limits, bound to their listeners."""
         config = self.config
         worker_threads, concurrent_rpcs_max = rpc_pool_limits(config)
-        server = grpc.server(
-            concurrent.futures.ThreadPoolExecutor(max_workers=worker_threads,
-                                                  thread_name_prefix="eos-broker-rpc"),
-            maximum_concurrent_rpcs=concurrent_rpcs_max,
-            options=[
-                ("grpc.max_send_message_length", GRPC_MESSAGE_BYTES_MAX),
-                ("grpc.max_receive_message_length", self.config.socket_request_max_bytes),
-                # without this a second broker on the same port would share the traffic
-                # silently instead of failing to start
-                ("grpc.so_reuseport", 0),
-            ],
-            # A broker with one PLAINTEXT listener has one address and one principal
-            # (ANONYMOUS): it skips the per-call interceptor (a wrapper and an auth_context()
-            # call on every RPC, which the latency rows would pay for nothing).
-            interceptors=[self._interceptor] if self._calls_need_identity() else None)
-        self._bind_listeners(server)
-        self._grpc_server = server
-        return server
+        servers = []
+        for group, interceptor in zip(self._listener_groups, self._interceptors):
+            server = grpc.server(
+                concurrent.futures.ThreadPoolExecutor(max_workers=worker_threads,
+                                                      thread_name_prefix="eos-broker-rpc"),
+                maximum_concurrent_rpcs=concurrent_rpcs_max,
+                options=[
+                    ("grpc.max_send_message_length", GRPC_MESSAGE_BYTES_MAX),
+                    ("grpc.max_receive_message_length", self.config.socket_request_max_bytes),
+                    # without this a second broker on the same port would share the traffic
+                    # silently instead of failing to start
+                    ("grpc.so_reuseport", 0),
+                ],
+                # A broker with one PLAINTEXT listener has one address and one principal
+                # (ANONYMOUS): it skips the identity interceptor (a wrapper and an auth_context()
+                # call on every RPC, which the latency rows would pay for nothing). The request
+                # quota's costs one dict lookup per call while no entity has one.
+                interceptors=([interceptor] if self._calls_need_identity() else []) + [self._request_quota])
+            self._bind_listeners(server, group)
+            servers.append(server)
+        self._grpc_server = ServerGroup(servers)
+        return self._grpc_server
 
-    def _start_services(self, server: grpc.Server, bound_port: int) -> None:
+    def _start_services(self, server: ServerGroup, bound_port: int) -> None:
         """The group coordinator, the Broker, Cluster, TxnCoordinator and GroupCoordinator
         services on `server`, then serving; the transaction coordinator loads after."""
         config = self.config
@@ -488,11 +500,11 @@ class BrokerServer:
             authorizer=self._authorizer, sasl_listener=any(l.security_protocol == SASL_SSL for l in self.listeners),
             quotas=self._quotas)
 
-    def _bind_listeners(self, server: grpc.Server) -> None:
-        """One port per listener on the one gRPC server: PLAINTEXT insecure, SSL with TLS
+    def _bind_listeners(self, server: grpc.Server, listeners: tuple[Listener, ...]) -> None:
+        """One port per listener on its gRPC server: PLAINTEXT insecure, SSL with TLS
         credentials that follow the certificate files (see broker/security.py)."""
         config = self.config
-        for listener in self.listeners:
+        for listener in listeners:
             bind_address = _format_host_port(listener.host or "::", listener.port)
             if transport_of(listener.security_protocol) == SSL:
                 if self._certificates is None:

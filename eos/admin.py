@@ -770,7 +770,8 @@ class Admin:
     def alter_client_quotas(self, alterations, *, validate_only: bool = False) -> None:
         """`alterations`: [(entity, {key: value, or None to remove it})], where an entity is
         {"user": name or None, "client-id": name or None} and None names the default
-        (`<default>`). Kafka's keys: producer_byte_rate, consumer_byte_rate (bytes/s). All
+        (`<default>`). Kafka's keys: producer_byte_rate, consumer_byte_rate (bytes/s), request_percentage
+        (the share of one request thread, in percent). All
         are applied, or none (the first refusal raises)."""
         from eos.v1 import security_pb2
         entries = [security_pb2.QuotaAlteration(

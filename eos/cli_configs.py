@@ -93,6 +93,7 @@ def add_commands(client_command) -> None:
     configs.add_argument("--entity-name", action="append", dest="entity_names", metavar="NAME")
     configs.add_argument("--entity-default", action="append_const", const=None, dest="entity_names",
                          help="the default of the --entity-type before it")
-    configs.add_argument("--add-config", metavar="K=V[,K=V]", help="producer_byte_rate, consumer_byte_rate (bytes/s)")
+    configs.add_argument("--add-config", metavar="K=V[,K=V]",
+                         help="producer_byte_rate, consumer_byte_rate (bytes/s), request_percentage (%% of one thread)")
     configs.add_argument("--delete-config", metavar="K[,K]")
     configs.set_defaults(handler=cmd_configs)

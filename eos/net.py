@@ -349,6 +349,9 @@ def error_from_rpc(exc: grpc.RpcError, what: str, security: ChannelSecurity | No
             # The broker's queue is full (queued.max.requests): the call was refused before
             # any handler saw it, so trying again after the backoff is safe.
             return NetworkError(message + " (the broker is busy: its queued.max.requests were all waiting)")
+        if "[throttled]" in (details or ""):
+            # Held to a request_percentage quota and refused before it ran: retried after the backoff.
+            return NetworkError(message)
         # gRPC refused the message size (the server's receive limit).
         return EosError(message, ErrorCode.RECORD_LIST_TOO_LARGE)
     return UnknownServerError(message)

@@ -184,3 +184,31 @@ def test_altering_quotas_needs_alter_configs_on_the_cluster(tmp_path):
                 anonymous.describe_client_quotas()
     finally:
         server.stop()
+
+
+def test_a_request_time_quota_throttles_a_busy_client_and_no_other(broker):
+    """request_percentage (KIP-124): a client id whose requests take more than its share of a
+    request thread gets throttle_time_ms and its next call held; another client id does not,
+    and eos's producer (a produce stream) still delivers every record under the quota."""
+    with eos.Admin(broker.address) as admin:
+        admin.create_topic("rt", partitions=1)
+        admin.alter_client_quotas([({"client-id": "busy"}, {"request_percentage": 0.5})])
+    channel = grpc.insecure_channel(broker.address)
+    try:
+        stub = broker_pb2_grpc.BrokerStub(channel)
+        # 0.5% of one thread over the 2 s minimum span is 10 ms of handler CPU time
+        throttles = []
+        for _ in range(2000):
+            throttles.append(_produce(stub, "rt", "busy", 64 * KB).throttle_time_ms)
+            if throttles[-1] > 0:
+                break
+        assert throttles[-1] > 0, "the busy client was never throttled: the test proves nothing"
+        assert throttles[-1] <= 1000                     # capped at one window, as Kafka caps it
+        assert all(_produce(stub, "rt", "idle", 64 * KB).throttle_time_ms == 0 for _ in range(20))
+    finally:
+        channel.close()
+    with eos.Producer(broker.address, config={"client.id": "busy", "linger.ms": 0}) as producer:
+        futures = [producer.send("rt", value=b"v%d" % i) for i in range(50)]
+        producer.flush()
+        offsets = [f.result(timeout=30).offset for f in futures]
+    assert offsets == list(range(offsets[0], offsets[0] + 50))

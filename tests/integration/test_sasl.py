@@ -243,8 +243,8 @@ def test_sasl_settings_are_checked(pki):
         BrokerConfig.from_dict({"listeners": "SASL_PLAINTEXT://127.0.0.1:0"})
     with pytest.raises(InvalidConfigError, match="sasl.enabled.mechanisms"):
         BrokerConfig.from_dict({**_config(pki), "sasl.enabled.mechanisms": "GSSAPI"})
-    with pytest.raises(InvalidConfigError, match="one listener in clear .* and one over TLS"):
-        BrokerConfig.from_dict({**_config(pki), "listeners": "SSL://127.0.0.1:0,SASL_SSL://127.0.0.1:0"})
+    with pytest.raises(InvalidConfigError, match="more than one listener with name SASL_SSL"):
+        BrokerConfig.from_dict({**_config(pki), "listeners": "SASL_SSL://127.0.0.1:0,SASL_SSL://127.0.0.1:1"})
     with pytest.raises(ValueError, match="needs sasl.username"):
         eos.Admin("127.0.0.1:1", config={"security.protocol": "SASL_SSL"})
     with pytest.raises(ValueError, match="sasl.mechanism must be"):
@@ -363,3 +363,40 @@ def test_a_deleted_users_sessions_end_at_once(broker, pki):
 def test_the_sasl_password_variable_does_not_touch_other_protocols(broker, monkeypatch, capsys):
     monkeypatch.setenv("EOS_SASL_PASSWORD", "irrelevant")
     assert eos_main(["topics", "list", "--bootstrap-server", broker.address_of("PLAINTEXT")]) == 0
+
+
+def test_plaintext_ssl_and_sasl_ssl_listeners_on_one_broker(tmp_path, pki):
+    """Kafka's `listeners=PLAINTEXT://...,SSL://...,SASL_SSL://...`: the two TLS listeners are
+    served by servers of their own (broker/listener_servers.py), so each call still knows its
+    listener: a client certificate is the principal on SSL, the SCRAM login on SASL_SSL, and
+    Metadata names the port of the listener a client came in on."""
+    ca = CertificateAuthority("eos three-listener CA")
+    directory = tmp_path / "pki3"
+    directory.mkdir()
+    ca_path = ca.write_ca(directory / "ca.pem")
+    server, alice_cert = ca.issue_server(directory, "server"), ca.issue_client(directory, "carol", {"CN": "carol"})
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    ScramUsers(data_dir).alter({("alice", "SCRAM-SHA-512"): make_credential("SCRAM-SHA-512", PASSWORDS["alice"])}, set())
+    broker = BrokerServer(data_dir, port=0, config={
+        "listeners": "PLAINTEXT://127.0.0.1:0,SSL://127.0.0.1:0,SASL_SSL://127.0.0.1:0",
+        "ssl.certificate.location": str(server.certificate_path), "ssl.key.location": str(server.key_path),
+        "ssl.ca.location": str(ca_path), "ssl.client.auth": "required"}).start()
+    seen = []
+    broker.call_identity_observer = lambda method, identity: seen.append((identity.listener.name, identity.principal))
+    try:
+        ssl_client = {"security.protocol": "SSL", "ssl.ca.location": str(ca_path),
+                      "ssl.certificate.location": str(alice_cert.certificate_path),
+                      "ssl.key.location": str(alice_cert.key_path)}
+        # SASL_SSL with ssl.client.auth=required: the SCRAM client shows a certificate too
+        sasl_client = {**sasl({"ca_path": ca_path}, "alice"), "ssl.certificate.location": str(alice_cert.certificate_path),
+                       "ssl.key.location": str(alice_cert.key_path)}
+        for listener, config, principal in (("PLAINTEXT", {}, "User:ANONYMOUS"), ("SSL", ssl_client, "User:CN=carol"),
+                                            ("SASL_SSL", sasl_client, "User:alice")):
+            seen.clear()
+            with eos.Admin(broker.address_of(listener), config=config) as admin:
+                cluster = admin.describe_cluster()
+            assert list(cluster["brokers"].values()) == [broker.address_of(listener)]
+            assert (listener, principal) in seen, seen
+    finally:
+        broker.stop()

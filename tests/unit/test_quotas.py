@@ -85,9 +85,25 @@ def test_a_client_that_honours_its_throttles_is_held_within_ten_percent_of_its_r
 def test_bad_quotas_are_refused():
     for quotas, why in (({QuotaEntity(None, None): {P: 1.0}}, "names a user, a client id"),
                         ({QuotaEntity("", None): {P: 1.0}}, "needs a name"),
-                        ({QuotaEntity("a", None): {"request_percentage": 50.0}}, "not built yet"),
+                        ({QuotaEntity("a", None): {"request_time": 50.0}}, "unknown quota"),
+                        ({QuotaEntity("a", None): {"request_percentage": 0.0}}, "above 0"),
+                        ({QuotaEntity("a", None): {"request_percentage": float("nan")}}, "above 0"),
                         ({QuotaEntity("a", None): {P: 0.0}}, "whole number"),
                         ({QuotaEntity("a", None): {P: 1.5}}, "whole number"),
                         ({QuotaEntity("a", None): {P: float("inf")}}, "whole number")):
         with pytest.raises(QuotaError, match=why):
             ClientQuotaManager(quotas)
+
+
+def test_a_request_time_quota_is_a_share_of_a_thread_and_its_throttle_is_capped_at_a_window():
+    manager = ClientQuotaManager({QuotaEntity("alice", None): {"request_percentage": 50.0}})
+    assert manager.any_quota("request_percentage") and not manager.any_quota(PRODUCER_BYTE_RATE)
+    # 50% of one thread over the 10 s minimum span: 500 percent-seconds (5 s of thread time) pass
+    assert manager.record("request_percentage", "alice", "c", 400.0, now_ms=0) == 0
+    assert manager.record("request_percentage", "alice", "c", 100.0, now_ms=10) == 0
+    # far over it: a byte rate's throttle would be ~9 s; a request quota's stops at one window
+    assert manager.record("request_percentage", "alice", "c", 500.0, now_ms=20) == 1000
+    assert manager.delay_ms("request_percentage", "alice", "c", now_ms=500) == 520
+    assert manager.record("request_percentage", "bob", "c", 10_000.0, now_ms=20) == 0      # no quota
+    assert ClientQuotaManager({QuotaEntity("a", None): {"request_percentage": 12.5}}).quotas == {
+        QuotaEntity("a", None): {"request_percentage": 12.5}}                                # a fraction is fine

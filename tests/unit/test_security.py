@@ -71,9 +71,7 @@ def test_listeners_parse_with_kafkas_names():
     ("PLAINTEXT://127.0.0.1", None, "NAME://host:port"),
     ("FOO://127.0.0.1:1", None, "no security protocol"),
     ("SASL_PLAINTEXT://127.0.0.1:1", None, "does not offer SASL_PLAINTEXT"),
-    ("SSL://127.0.0.1:1,SASL_SSL://127.0.0.1:2", None, "more than one listener with transport SSL"),
     ("PLAINTEXT://127.0.0.1:1,PLAINTEXT://127.0.0.1:2", None, "more than one listener with name"),
-    ("A://127.0.0.1:1,B://127.0.0.1:2", "A:SSL,B:SSL", "one listener in clear .PLAINTEXT. and one over TLS"),
     ("PLAINTEXT://127.0.0.1:1,SSL://127.0.0.1:1", None, "two listeners on one port"),
     ("PLAINTEXT://127.0.0.1:70000", None, "outside"),
 ])
@@ -125,3 +123,16 @@ def test_broker_security_config_defaults():
                                      "inter.broker.listener.name": "plaintext"})
     assert [l.name for l in config.listeners] == ["PLAINTEXT", "SSL"]
     assert config.inter_broker_listener_name == "PLAINTEXT"
+
+
+def test_listeners_of_one_transport_get_servers_of_their_own():
+    from broker.listener_servers import group_listeners
+    plain, ssl, sasl = (Listener("PLAINTEXT", "PLAINTEXT", "127.0.0.1", 1), Listener("SSL", "SSL", "127.0.0.1", 2),
+                        Listener("SASL_SSL", "SASL_SSL", "127.0.0.1", 3))
+    assert group_listeners([plain]) == [(plain,)]
+    assert group_listeners([plain, ssl]) == [(plain, ssl)]              # one server, as before
+    assert group_listeners([plain, ssl, sasl]) == [(plain, ssl), (sasl,)]
+    internal, external = Listener("INTERNAL", "SSL", "", 4), Listener("EXTERNAL", "SSL", "", 5)
+    assert group_listeners([internal, plain, external]) == [(internal, plain), (external,)]
+    assert parse_listeners("A://127.0.0.1:1,B://127.0.0.1:2", {"A": "SSL", "B": "SSL"}) == (
+        Listener("A", "SSL", "127.0.0.1", 1), Listener("B", "SSL", "127.0.0.1", 2))
