@@ -265,25 +265,26 @@ class RequestTimeQuotaInterceptor(grpc.ServerInterceptor):
                           f"{self._quotas.owed_ms(REQUEST_PERCENTAGE, who)} ms more")
         return who
 
-    def _unary(self, behaviour):
-        quotas = self._quotas
+    def _charge(self, who, started_ns: int, response) -> None:
+        """Charge the thread time since `started_ns`; a response with throttle_time_ms
+        carries the larger of its throttles."""
+        throttle_ms = self._quotas.charge(REQUEST_PERCENTAGE, who,
+                                          (time.thread_time_ns() - started_ns) * PERCENT_SECONDS_PER_NS)
+        if throttle_ms and hasattr(response, "throttle_time_ms"):
+            response.throttle_time_ms = max(response.throttle_time_ms, throttle_ms)
 
+    def _unary(self, behaviour):
         def call(request, context):
             if getattr(request, "replica_id", -1) >= 0:
                 return behaviour(request, context)        # a follower's fetch: replication
             who = self._admit(context)
             started_ns = time.thread_time_ns()
             response = behaviour(request, context)
-            throttle_ms = quotas.charge(REQUEST_PERCENTAGE, who,
-                                        (time.thread_time_ns() - started_ns) * PERCENT_SECONDS_PER_NS)
-            if throttle_ms and hasattr(response, "throttle_time_ms"):
-                response.throttle_time_ms = max(response.throttle_time_ms, throttle_ms)
+            self._charge(who, started_ns, response)
             return response
         return call
 
     def _stream(self, behaviour):
-        quotas = self._quotas
-
         def call(request_or_iterator, context):
             who = self._admit(context)
             responses = iter(behaviour(request_or_iterator, context))
@@ -292,12 +293,9 @@ class RequestTimeQuotaInterceptor(grpc.ServerInterceptor):
                 try:
                     response = next(responses)
                 except StopIteration:
-                    quotas.charge(REQUEST_PERCENTAGE, who, (time.thread_time_ns() - started_ns) * PERCENT_SECONDS_PER_NS)
+                    self._charge(who, started_ns, None)
                     return
-                throttle_ms = quotas.charge(REQUEST_PERCENTAGE, who,
-                                            (time.thread_time_ns() - started_ns) * PERCENT_SECONDS_PER_NS)
-                if throttle_ms and hasattr(response, "throttle_time_ms"):
-                    response.throttle_time_ms = max(response.throttle_time_ms, throttle_ms)
+                self._charge(who, started_ns, response)
                 yield response
         return call
 
