@@ -75,6 +75,12 @@ class FileAclStore:
     def stop(self) -> None:
         pass
 
+    def check(self, binding: AclBinding) -> None:
+        """Any ACL the model accepts can be stored in the file."""
+
+    def reload(self) -> frozenset[AclBinding]:
+        return self._bindings
+
     def change(self, added: Iterable[AclBinding], removed: Iterable[AclBinding]) -> frozenset[AclBinding]:
         wanted = (self._bindings | set(added)) - set(removed)
         if wanted != self._bindings:
@@ -121,35 +127,51 @@ class Authorizer:
         valid: list[AclBinding] = []
         for binding in bindings:
             try:
-                valid.append(validate_binding(binding))
-                results.append(None)
+                checked = validate_binding(binding)
+                self._store.check(checked)            # e.g. a name ZooKeeper cannot hold
             except InvalidAclError as exc:
                 results.append(str(exc))
+                continue
+            valid.append(checked)
+            results.append(None)
         if valid:
-            with self._write_lock:
-                self._store.change(valid, ())
+            self._change(valid, ())
             log.info("ACLs added: %s", "; ".join(b.describe() for b in valid))
         return results
+
+    def _change(self, added, removed) -> None:
+        """The store's change; a failure to store (ZooKeeper away, a disk error) is a
+        StorageError after the index is read again, so it shows whatever part was stored."""
+        with self._write_lock:
+            try:
+                self._store.change(added, removed)
+            except Exception as exc:
+                log.warning("changing the ACLs failed: %s", exc)
+                try:
+                    self._store.reload()
+                except Exception as reload_exc:
+                    log.warning("reading the ACLs again failed too: %s", reload_exc)
+                raise StorageError(f"the ACLs could not be stored ({exc}); list them to see what is in force") \
+                    from None
 
     def delete(self, filters: list[AclFilter]) -> list[tuple[str | None, list[AclBinding]]]:
         """Remove every ACL a valid filter matches (one write); per filter (None or why it was
         refused, the ACLs it removed)."""
         results: list[tuple[str | None, list[AclBinding]]] = []
-        with self._write_lock:
-            current = self._index.bindings
-            removed: set[AclBinding] = set()
-            for acl_filter in filters:
-                try:
-                    validate_filter(acl_filter, for_delete=True)
-                except InvalidAclError as exc:
-                    results.append((str(exc), []))
-                    continue
-                matched = [b for b in current if filter_matches(acl_filter, b)]
-                removed.update(matched)
-                results.append((None, matched))
-            if removed:
-                self._store.change((), removed)
-                log.info("ACLs removed: %s", "; ".join(b.describe() for b in removed))
+        current = self._index.bindings
+        removed: set[AclBinding] = set()
+        for acl_filter in filters:
+            try:
+                validate_filter(acl_filter, for_delete=True)
+            except InvalidAclError as exc:
+                results.append((str(exc), []))
+                continue
+            matched = [b for b in current if filter_matches(acl_filter, b)]
+            removed.update(matched)
+            results.append((None, matched))
+        if removed:
+            self._change((), removed)
+            log.info("ACLs removed: %s", "; ".join(b.describe() for b in removed))
         return results
 
     def describe(self, acl_filter: AclFilter) -> list[AclBinding]:

@@ -28,9 +28,10 @@ bounded holds; a call that would need another hold is refused with RESOURCE_EXHA
 `[throttled]` mark, which the clients retry after their backoff), runs it, and charges the
 thread CPU time the handler used (on a stream, what each response took), in percent-seconds:
 a long poll waiting in purgatory costs nothing, as Kafka counts only time on its request
-threads. A response with `throttle_time_ms` carries the larger of its throttles. Exempt, as
-in Kafka: the brokers' own requests (the Cluster service, WriteTxnMarkers, a follower's
-Fetch) and SASL authentication.
+threads; a stream is held before each of its messages. A response with `throttle_time_ms`
+carries the larger of its throttles. Exempt, as in Kafka: the brokers' own requests (the
+Cluster service, WriteTxnMarkers, a follower's Fetch -- `is_replica`, which needs
+CLUSTER_ACTION under an authorizer -- and any call of a super user) and SASL authentication.
 """
 from __future__ import annotations
 
@@ -240,8 +241,11 @@ class RequestTimeQuotaInterceptor(grpc.ServerInterceptor):
     """Kafka's request quota over every call (see the module doc). Installed after the
     identity interceptor, so the call's principal is known when it runs."""
 
-    def __init__(self, quotas: ClientQuotas):
+    def __init__(self, quotas: ClientQuotas, *, super_users: frozenset[str] = frozenset()):
         self._quotas = quotas
+        # The brokers' own principals (super users) are never charged: their Metadata and
+        # transaction verifications must not wait behind a <default> quota.
+        self._super_users = super_users
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
@@ -256,6 +260,9 @@ class RequestTimeQuotaInterceptor(grpc.ServerInterceptor):
         if handler.unary_stream:
             return handler._replace(unary_stream=self._stream(handler.unary_stream))
         return handler._replace(stream_stream=self._stream(handler.stream_stream))
+
+    def _exempt(self, context) -> bool:
+        return bool(self._super_users) and principal_of_call(context) in self._super_users
 
     def _admit(self, context):
         who, go_on = self._quotas.hold(REQUEST_PERCENTAGE, context)
@@ -275,8 +282,8 @@ class RequestTimeQuotaInterceptor(grpc.ServerInterceptor):
 
     def _unary(self, behaviour):
         def call(request, context):
-            if getattr(request, "replica_id", -1) >= 0:
-                return behaviour(request, context)        # a follower's fetch: replication
+            if getattr(request, "is_replica", False) or self._exempt(context):
+                return behaviour(request, context)        # a follower's fetch (replication), a broker's call
             who = self._admit(context)
             started_ns = time.thread_time_ns()
             response = behaviour(request, context)
@@ -286,9 +293,13 @@ class RequestTimeQuotaInterceptor(grpc.ServerInterceptor):
 
     def _stream(self, behaviour):
         def call(request_or_iterator, context):
-            who = self._admit(context)
+            if self._exempt(context):
+                yield from behaviour(request_or_iterator, context)
+                return
             responses = iter(behaviour(request_or_iterator, context))
             while True:
+                # each message of a stream waits out what the entity owes, as a new call would
+                who = self._admit(context)
                 started_ns = time.thread_time_ns()
                 try:
                     response = next(responses)

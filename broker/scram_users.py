@@ -104,8 +104,20 @@ class ZkScramUsers:
     """A cluster's SCRAM credentials, in ZooKeeper (see the module doc). Thread-safe: the
     snapshot is replaced whole by `ZkEntityConfigs`."""
 
-    def __init__(self, configs):
+    def __init__(self, configs, sessions: "SessionTokens | None" = None):
         self._configs = configs      # broker.zk_entity_configs.ZkEntityConfigs
+        self._sessions = sessions
+        self._known: set[str] = set()
+        if sessions is not None:
+            configs.add_listener(self._end_sessions_of_deleted_users)
+
+    def _end_sessions_of_deleted_users(self, _snapshot) -> None:
+        """A user deleted through any broker loses its sessions on this one too (the broker
+        that served the deletion revoked its own at once)."""
+        users = set(self._user_entries())
+        for user in self._known - users:
+            self._sessions.revoke(f"User:{user}")
+        self._known = users
 
     def _user_entries(self) -> dict[str, dict[str, str]]:
         from broker.zk_entity_configs import entity_of

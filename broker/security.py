@@ -350,8 +350,9 @@ def inter_broker_security(listener: Listener, *, certificate_location: str, key_
     """How this broker's own channels to other brokers are secured: the inter-broker
     listener's protocol. Over SSL the broker shows its own certificate as a client
     certificate (Kafka's inter-broker SSL uses the listener's keystore the same way), so
-    the other broker's principal for it is the broker's subject (a super user, or one with
-    CLUSTER_ACTION under an authorizer). The PEM files are read once, here."""
+    the other broker's principal for it is the broker's subject, which under an authorizer
+    must be a super user, as in Kafka (its coordinators also describe topics and write for
+    transactional ids). The PEM files are read once, here."""
     from eos.net import PLAINTEXT_SECURITY, ChannelSecurity
 
     if listener.security_protocol == PLAINTEXT:

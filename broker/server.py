@@ -154,7 +154,7 @@ class BrokerServer:
         self._quotas = ClientQuotas(self.data_dir, window_num=self.config.quota_window_num,
                                     window_size_ms=self.config.quota_window_size_seconds * 1000)
         # Kafka's request_percentage: a pass-through unless some entity has one.
-        self._request_quota = RequestTimeQuotaInterceptor(self._quotas)
+        self._request_quota = RequestTimeQuotaInterceptor(self._quotas, super_users=self.config.super_users)
         # One gRPC server per group of listeners that gRPC can tell apart (one per transport),
         # each with an identity interceptor that knows its own listeners.
         self._listener_groups = group_listeners(self.listeners)
@@ -346,7 +346,7 @@ class BrokerServer:
             from broker.zk_entity_configs import ZkEntityConfigs
             self._entity_configs = ZkEntityConfigs(cluster.store.client)
             self._entity_configs.start()
-            self._scram_users = ZkScramUsers(self._entity_configs)
+            self._scram_users = ZkScramUsers(self._entity_configs, self._sessions)
             quota_entities, where = self._quotas.follow_zookeeper(self._entity_configs), "ZooKeeper"
             for name in (SCRAM_FILE_NAME, QUOTA_FILE_NAME, ACL_FILE_NAME):
                 if (self.data_dir / name).exists():
@@ -406,9 +406,9 @@ class BrokerServer:
                 # call on every RPC, which the latency rows would pay for nothing). The request
                 # quota's costs one dict lookup per call while no entity has one.
                 interceptors=([interceptor] if self._calls_need_identity() else []) + [self._request_quota])
-            self._bind_listeners(server, group)
             servers.append(server)
-        self._grpc_server = ServerGroup(servers)
+            self._grpc_server = ServerGroup(servers)     # so a failed start stops what is bound
+            self._bind_listeners(server, group)
         return self._grpc_server
 
     def _start_services(self, server: ServerGroup, bound_port: int) -> None:
@@ -601,8 +601,17 @@ class BrokerServer:
 
     def _teardown_after_failed_start(self) -> None:
         self._stopping.set()
+        if self._txn_coordinator is not None:
+            self._txn_coordinator.stop()
+        # the ZooKeeper followers' threads, before the session they read goes with leave()
+        if self._authorizer is not None:
+            self._authorizer.close()
+        if self._entity_configs is not None:
+            self._entity_configs.stop()
         if self._cluster is not None:
             self._cluster.leave()
+        if self._txn_link is not None:
+            self._txn_link.close()
         if self._group_coordinator is not None:
             self._group_coordinator.stop()
         if self._grpc_server is not None:

@@ -188,6 +188,12 @@ def _verification_refusal(tp: TopicPartition, transactional_id: str, code: int, 
     return code, f"the transaction coordinator refused the write to {where} ({name}): {message}"
 
 
+def _each(items, result_type, code: int, message: str) -> list:
+    """One `result_type` answer per item, all with the same error (an ACL call refused or
+    not stored as a whole)."""
+    return [result_type(error_code=code, error_message=message) for _ in items]
+
+
 class BrokerServicer(ReadHandlers, broker_pb2_grpc.BrokerServicer):
     """The Broker service of one node. Build with the owners of the state; see module doc."""
 
@@ -804,10 +810,13 @@ class BrokerServicer(ReadHandlers, broker_pb2_grpc.BrokerServicer):
     def CreateAcls(self, request: broker_pb2.CreateAclsRequest, context) -> broker_pb2.CreateAclsResponse:
         refusal = self._acl_refusal(Operation.ALTER)
         if refusal is not None:
-            return broker_pb2.CreateAclsResponse(results=[
-                broker_pb2.AclCreationResult(error_code=refusal[0], error_message=refusal[1])
-                for _ in request.creations])
-        problems = self._authorizer.create([binding_from_proto(c) for c in request.creations])
+            return broker_pb2.CreateAclsResponse(results=_each(request.creations, broker_pb2.AclCreationResult,
+                                                               *refusal))
+        try:
+            problems = self._authorizer.create([binding_from_proto(c) for c in request.creations])
+        except StorageError as exc:
+            return broker_pb2.CreateAclsResponse(results=_each(request.creations, broker_pb2.AclCreationResult,
+                                                               ErrorCode.UNKNOWN_SERVER_ERROR, str(exc)))
         return broker_pb2.CreateAclsResponse(results=[
             broker_pb2.AclCreationResult(error_code=ErrorCode.NONE) if problem is None else
             broker_pb2.AclCreationResult(error_code=ErrorCode.INVALID_REQUEST, error_message=problem)
@@ -829,10 +838,13 @@ class BrokerServicer(ReadHandlers, broker_pb2_grpc.BrokerServicer):
     def DeleteAcls(self, request: broker_pb2.DeleteAclsRequest, context) -> broker_pb2.DeleteAclsResponse:
         refusal = self._acl_refusal(Operation.ALTER)
         if refusal is not None:
-            return broker_pb2.DeleteAclsResponse(results=[
-                broker_pb2.DeleteAclsFilterResult(error_code=refusal[0], error_message=refusal[1])
-                for _ in request.filters])
-        outcomes = self._authorizer.delete([filter_from_proto(f) for f in request.filters])
+            return broker_pb2.DeleteAclsResponse(results=_each(request.filters, broker_pb2.DeleteAclsFilterResult,
+                                                               *refusal))
+        try:
+            outcomes = self._authorizer.delete([filter_from_proto(f) for f in request.filters])
+        except StorageError as exc:
+            return broker_pb2.DeleteAclsResponse(results=_each(request.filters, broker_pb2.DeleteAclsFilterResult,
+                                                               ErrorCode.UNKNOWN_SERVER_ERROR, str(exc)))
         return broker_pb2.DeleteAclsResponse(results=[
             broker_pb2.DeleteAclsFilterResult(error_code=ErrorCode.NONE,
                                               matching_acls=[binding_to_proto(b) for b in sorted(removed)])

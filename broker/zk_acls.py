@@ -28,11 +28,14 @@ ZooKeeper round trip.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from typing import Callable, Iterable
 
 from broker.acl import AclBinding, InvalidAclError, Operation, PatternType, Permission, ResourceType
 from broker.zk_changes import ZkChangeFollower, read_modify_write
+
+log = logging.getLogger("eos.broker.zk_acls")
 
 LITERAL_ROOT = "/kafka-acl"
 PREFIXED_ROOT = "/kafka-acl-extended/prefixed"
@@ -107,6 +110,10 @@ class ZkAclStore(ZkChangeFollower):
         self._start_following()
         return bindings
 
+    def check(self, binding: AclBinding) -> None:
+        """Refuse, before anything is written, an ACL whose resource name cannot be a znode."""
+        resource_path(binding.resource_type, binding.pattern_type, binding.resource_name)
+
     def read_all(self) -> list[AclBinding]:
         from kazoo.exceptions import NoNodeError
 
@@ -121,9 +128,13 @@ class ZkAclStore(ZkChangeFollower):
                 for name in names:
                     try:
                         data, _ = self._client.get(f"{type_path}/{name}")
+                        bindings.extend(decode_acls(resource_type, pattern_type, name, data))
                     except NoNodeError:
                         continue    # deleted between the listing and the read
-                    bindings.extend(decode_acls(resource_type, pattern_type, name, data))
+                    except (ValueError, KeyError, TypeError) as exc:
+                        # Another tool's bad entry: skipped and said, as Kafka's authorizer does,
+                        # rather than stop following every other ACL.
+                        log.error("%s/%s holds no readable ACLs (%s); ignored", type_path, name, exc)
         return bindings
 
     def reload(self) -> frozenset[AclBinding]:

@@ -68,17 +68,22 @@ class ZkChangeFollower:
         self._client.create(f"{path}/{prefix}", data, sequence=True, makepath=True)
 
     def _expire_notifications(self) -> None:
+        """Best effort: the change it follows is made; a failure here only leaves old
+        notifications for the next writer."""
         from kazoo.exceptions import NoNodeError
 
         cutoff_ms = time.time() * 1000 - NOTIFICATION_EXPIRY_MS
-        for path in self._change_paths:
-            for child in self._client.get_children(path):
-                try:
-                    _, stat = self._client.get(f"{path}/{child}")
-                    if stat.ctime < cutoff_ms:
-                        self._client.delete(f"{path}/{child}")
-                except NoNodeError:
-                    pass
+        try:
+            for path in self._change_paths:
+                for child in self._client.get_children(path):
+                    try:
+                        _, stat = self._client.get(f"{path}/{child}")
+                        if stat.ctime < cutoff_ms:
+                            self._client.delete(f"{path}/{child}")
+                    except NoNodeError:
+                        pass
+        except Exception as exc:
+            log.info("expiring old %s change notifications: %s", self._what, exc)
 
 
 def read_modify_write(client, znode: str, update) -> bool:

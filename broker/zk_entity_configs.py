@@ -37,6 +37,7 @@ USERS_PATH = "/config/users"
 CLIENTS_PATH = "/config/clients"
 CHANGES_PATH = "/config/changes"
 CHANGE_PREFIX = "config_change_"
+DEFAULT_NAME = "<default>"          # Kafka's ConfigEntityName.Default
 
 Snapshot = Mapping[str, Mapping[str, str]]
 
@@ -49,10 +50,16 @@ def entity_path(user: str | None, client_id: str | None) -> str:
         raise ValueError("an entity names a user, a client id, or both")
     parts = []
     if user is not None:
-        parts += ["users", quote(user, safe="<>")]
+        parts += ["users", _sanitized(user)]
     if client_id is not None:
-        parts += ["clients", quote(client_id, safe="<>")]
+        parts += ["clients", _sanitized(client_id)]
     return "/".join(parts)
+
+
+def _sanitized(name: str) -> str:
+    """Kafka's Sanitizer: URL-encoding (Python's quote leaves the same characters as Java's
+    URLEncoder after Kafka's fix-ups: letters, digits and "-._~"); `<default>` as it is."""
+    return name if name == DEFAULT_NAME else quote(name, safe="")
 
 
 def entity_of(path: str) -> tuple[str | None, str | None]:
@@ -87,8 +94,9 @@ class ZkEntityConfigs(ZkChangeFollower):
 
     def add_listener(self, listener: Callable[[Snapshot], None]) -> None:
         """`listener(snapshot)` after every reload (and once now)."""
-        self._listeners.append(listener)
-        listener(self._snapshot)
+        with self._reload_lock:      # not between a reload's read and its hand-over
+            self._listeners.append(listener)
+            listener(self._snapshot)
 
     def start(self) -> Snapshot:
         for path in (USERS_PATH, CLIENTS_PATH, CHANGES_PATH):
@@ -105,9 +113,12 @@ class ZkEntityConfigs(ZkChangeFollower):
         def read(path: str) -> None:
             try:
                 data, _ = self._client.get(f"/config/{path}")
+                config = decode_config(data)
             except NoNodeError:
                 return
-            config = decode_config(data)
+            except ValueError as exc:   # another tool's bad JSON: skip it, as Kafka's brokers do
+                log.error("/config/%s is not a config (%s); ignored", path, exc)
+                return
             if config:
                 configs[path] = config
 

@@ -19,7 +19,7 @@ from broker.acl import AclBinding, AclFilter, Operation, PatternType, Permission
 from broker.server import BrokerServer
 from broker.zk_acls import LITERAL_ROOT, PREFIXED_ROOT
 from eos import TopicPartition
-from eos.errors import ErrorCode, TopicAuthorizationFailedError
+from eos.errors import EosError, ErrorCode, TopicAuthorizationFailedError
 from eos.local_cluster import LocalCluster, _ensure_chroot
 from eos.net import open_channel, security_of
 from eos.tls_certs import make_local_tls
@@ -45,7 +45,8 @@ def tls(tmp_path_factory):
 def cluster(zookeeper_server, tmp_path_factory, tls):
     """One TLS cluster with an authorizer for the module (each test uses topics of its own)."""
     config = {**tls.broker_config(), "authorizer.class.name": "kafka.security.authorizer.AclAuthorizer",
-              "super.users": "User:CN=broker;User:CN=admin", "group.initial.rebalance.delay.ms": "0"}
+              "super.users": "User:CN=broker;User:CN=admin", "group.initial.rebalance.delay.ms": "0",
+              "controlled.shutdown.enable": "false"}      # the module's end need not move leaders
     local = LocalCluster(tmp_path_factory.mktemp("tls-cluster"), brokers=3, broker_config=config,
                          zookeeper_connect=zookeeper_server.connect_string, chroot=f"/eos-{uuid.uuid4().hex[:8]}",
                          listener_protocol="SSL", client_config=tls.client_config("admin"))
@@ -124,6 +125,14 @@ def test_acls_live_in_zookeeper_in_kafkas_layout_and_every_broker_follows_them(c
             {"principal": ALICE, "permissionType": "Allow", "operation": "Describe", "host": "*"}]}
         assert zk.get_children("/kafka-acl-extended-changes"), "a change notification was written"
         assert zk.exists(f"{LITERAL_ROOT}/Topic/follow") is None
+
+        # A name that cannot be a znode is refused alone; the other ACL of the call is made.
+        with eos.Admin(_address(cluster, 0), config=tls.client_config("admin")) as admin:
+            with pytest.raises(EosError, match="ZooKeeper node name"):
+                admin.create_acls(grant(T, "elsewhere", O.WRITE) + grant(G, "team/a", O.READ))
+            made = admin.describe_acls(AclFilter(T, "elsewhere"))
+        assert [(b.resource_name, b.operation) for b in made] == [("elsewhere", O.WRITE)]
+        assert zk.exists(f"{LITERAL_ROOT}/Group/team") is None
     finally:
         zk.stop()
         zk.close()
@@ -186,7 +195,7 @@ def test_metadata_and_find_coordinator_answer_on_the_listener_the_client_used(zo
     broker = BrokerServer(tmp_path / "data", node_id=5, config={
         **tls.broker_config(), "zookeeper.connect": zookeeper_server.connect_string + chroot,
         "listeners": "PLAINTEXT://127.0.0.1:0,SSL://127.0.0.1:0", "inter.broker.listener.name": "PLAINTEXT",
-        "group.initial.rebalance.delay.ms": "0"}).start()
+        "group.initial.rebalance.delay.ms": "0", "controlled.shutdown.enable": "false"}).start()
     try:
         zk_client = broker._cluster.store.client
         registration = json.loads(zk_client.get("/brokers/ids/5")[0])
@@ -229,7 +238,8 @@ def test_scram_credentials_and_quotas_live_in_zookeeper_for_every_broker(zookeep
               "ssl.key.location": tls.broker_config()["ssl.key.location"],
               "zookeeper.connect": zookeeper_server.connect_string + chroot,
               "listeners": "PLAINTEXT://127.0.0.1:0,SASL_SSL://127.0.0.1:0", "inter.broker.listener.name": "PLAINTEXT",
-              "sasl.enabled.mechanisms": "SCRAM-SHA-256", "group.initial.rebalance.delay.ms": "0"}
+              "sasl.enabled.mechanisms": "SCRAM-SHA-256", "group.initial.rebalance.delay.ms": "0",
+              "controlled.shutdown.enable": "false"}      # not what this test is about: stop at once
     brokers = []
     try:
         for node_id in (21, 22):

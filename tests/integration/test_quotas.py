@@ -192,7 +192,8 @@ def test_a_request_time_quota_throttles_a_busy_client_and_no_other(broker):
     and eos's producer (a produce stream) still delivers every record under the quota."""
     with eos.Admin(broker.address) as admin:
         admin.create_topic("rt", partitions=1)
-        admin.alter_client_quotas([({"client-id": "busy"}, {"request_percentage": 0.5})])
+        admin.alter_client_quotas([({"client-id": "busy"}, {"request_percentage": 0.5}),
+                                   ({"client-id": "busy-reader"}, {"request_percentage": 0.5})])
     channel = grpc.insecure_channel(broker.address)
     try:
         stub = broker_pb2_grpc.BrokerStub(channel)
@@ -205,6 +206,13 @@ def test_a_request_time_quota_throttles_a_busy_client_and_no_other(broker):
         assert throttles[-1] > 0, "the busy client was never throttled: the test proves nothing"
         assert throttles[-1] <= 1000                     # capped at one window, as Kafka caps it
         assert all(_produce(stub, "rt", "idle", 64 * KB).throttle_time_ms == 0 for _ in range(20))
+        # a consumer's fetches are charged too (only a follower's, is_replica, are not)
+        fetch_throttles = []
+        for _ in range(2000):
+            fetch_throttles.append(_fetch(stub, "rt", "busy-reader").throttle_time_ms)
+            if fetch_throttles[-1] > 0:
+                break
+        assert fetch_throttles[-1] > 0, "fetches were never charged"
     finally:
         channel.close()
     with eos.Producer(broker.address, config={"client.id": "busy", "linger.ms": 0}) as producer:

@@ -279,9 +279,9 @@ def test_stalled_exchanges_are_bounded_in_number_and_in_time(tmp_path):
     from eos.v1 import security_pb2, security_pb2_grpc
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
-    security_pb2_grpc.add_SecurityServicer_to_server(SecurityServicer(
-        ScramUsers(tmp_path), SessionTokens(), enabled_mechanisms=("SCRAM-SHA-512",), exchanges_max=2,
-        exchange_timeout_s=5.0), server)
+    servicer = SecurityServicer(ScramUsers(tmp_path), SessionTokens(), enabled_mechanisms=("SCRAM-SHA-512",),
+                                exchanges_max=2, exchange_timeout_s=8.0)
+    security_pb2_grpc.add_SecurityServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
@@ -295,6 +295,9 @@ def test_stalled_exchanges_are_bounded_in_number_and_in_time(tmp_path):
             yield
 
         stalled = [stub.SaslAuthenticate(silent(), timeout=30) for _ in range(2)]
+        # Both held before a third tries (else, on a loaded machine, the third could come
+        # only after their time limit ended them, and never be refused).
+        wait_for(lambda: servicer._exchanges._value == 0, "the broker holds both stalled exchanges")
 
         def third_refused() -> bool:          # once the broker holds both, a third is refused
             try:
