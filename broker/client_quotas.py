@@ -46,10 +46,10 @@ from broker.quotas import (CLIENT_ID, CONSUMER_BYTE_RATE, DEFAULT, QUOTA_KEYS, Q
                            REQUEST_PERCENTAGE, USER, ClientQuotaManager, QuotaEntity, QuotaError, check_entity,
                            check_quota)
 from broker.zk_entity_configs import entity_path
-from broker.security import principal_of_call
+from broker.security import client_id_of_call, principal_of_call
+from eos.net import THROTTLED_MARK
 from eos.errors import InvalidConfigError
 from eos.files import read_json_document, write_json_document
-from eos.net import CLIENT_ID_METADATA_KEY
 
 QUOTA_FILE_NAME = "client-quotas.json"
 QUOTA_FILE_VERSION = 1
@@ -156,9 +156,7 @@ class ClientQuotas:
         if principal is None:
             return None          # in process: the broker's own coordinators, never throttled
         user = principal.split(":", 1)[1] if ":" in principal else principal
-        client_id = next((value for key, value in (context.invocation_metadata() or ())
-                          if key == CLIENT_ID_METADATA_KEY), "")
-        return user, client_id
+        return user, client_id_of_call(context)
 
     def hold(self, key: str, context) -> tuple[tuple[str, str] | None, bool]:
         """Wait out the entity's throttle. Returns (who the call is, None: not counted; and
@@ -230,7 +228,6 @@ class ClientQuotas:
         self._closing.set()
 
 
-THROTTLED_MARK = "[throttled]"
 # Calls never charged to a request quota (the brokers' own, and logging in).
 _EXEMPT_PREFIXES = ("/eos.v1.Cluster/", "/eos.v1.Security/SaslAuthenticate")
 _EXEMPT_METHODS = frozenset({"/eos.v1.Broker/WriteTxnMarkers"})

@@ -72,7 +72,7 @@ class ReadHandlers:
         if not go_on:      # not held (see ClientQuotas.hold): an empty answer, as a throttled fetch's
             return broker_pb2.FetchResponse(throttle_time_ms=self._quotas.owed_ms(CONSUMER_BYTE_RATE, who))
         window_bytes = self._quotas.fetch_bytes_max(who)
-        if window_bytes is not None and request.max_bytes > window_bytes:
+        if window_bytes is not None and (request.max_bytes or FETCH_MAX_BYTES_DEFAULT) > window_bytes:
             # Kafka's rule: no fetch carries more than a quota window allows, or it would be
             # refused (answered empty) again and again.
             request = broker_pb2.FetchRequest.FromString(request.SerializeToString())

@@ -37,6 +37,18 @@ SESSION_LIFETIME_MS_DEFAULT = 3_600_000
 PRUNE_INTERVAL_MS = 60_000
 
 
+def check_alteration(users: dict[str, dict], upsertions: dict[tuple[str, str], ScramCredential],
+                     deletions: set[tuple[str, str]]) -> None:
+    """Refuse, before anything is written, a deletion of a credential that does not exist
+    and an upsertion for a mechanism eos does not offer (users: name -> {mechanism: ...})."""
+    for user, mechanism in sorted(deletions):
+        if mechanism not in users.get(user, {}):
+            raise KeyError(f"user {user!r} has no {mechanism} credential")
+    for _, mechanism in upsertions:
+        if mechanism not in MECHANISMS:
+            raise ScramError(f"unsupported SASL mechanism {mechanism!r}")
+
+
 class ScramUsers:
     """See the module doc. Thread-safe."""
 
@@ -89,13 +101,10 @@ class ScramUsers:
         with self._lock:
             self._refresh()
             users = {name: dict(entry) for name, entry in self._users.items()}
-            for user, mechanism in sorted(deletions):
-                if mechanism not in users.get(user, {}):
-                    raise KeyError(f"user {user!r} has no {mechanism} credential")
+            check_alteration(users, upsertions, deletions)
+            for user, mechanism in deletions:
                 del users[user][mechanism]
             for (user, mechanism), credential in upsertions.items():
-                if mechanism not in MECHANISMS:
-                    raise ScramError(f"unsupported SASL mechanism {mechanism!r}")
                 users.setdefault(user, {})[mechanism] = credential
             self._write(users)
 
@@ -150,13 +159,7 @@ class ZkScramUsers:
     def alter(self, upsertions: dict[tuple[str, str], ScramCredential], deletions: set[tuple[str, str]]) -> None:
         """All or none, as ScramUsers.alter (each user's znode is one atomic write)."""
         from broker.zk_entity_configs import entity_path
-        current = self._user_entries()
-        for user, mechanism in sorted(deletions):
-            if mechanism not in current.get(user, {}):
-                raise KeyError(f"user {user!r} has no {mechanism} credential")
-        for _, mechanism in upsertions:
-            if mechanism not in MECHANISMS:
-                raise ScramError(f"unsupported SASL mechanism {mechanism!r}")
+        check_alteration(self._user_entries(), upsertions, deletions)
         changes: dict[str, dict[str, str | None]] = {}
         for user, mechanism in deletions:
             changes.setdefault(entity_path(user, None), {})[mechanism] = None

@@ -50,6 +50,7 @@ from typing import Callable, NamedTuple
 import grpc
 
 from eos.errors import InvalidConfigError
+from eos.net import CLIENT_ID_METADATA_KEY
 from eos.sasl import REAUTHENTICATE_MARK, SASL_TOKEN_KEY
 
 log = logging.getLogger("eos.broker.security")
@@ -353,25 +354,20 @@ def inter_broker_security(listener: Listener, *, certificate_location: str, key_
     the other broker's principal for it is the broker's subject, which under an authorizer
     must be a super user, as in Kafka (its coordinators also describe topics and write for
     transactional ids). The PEM files are read once, here."""
-    from eos.net import PLAINTEXT_SECURITY, ChannelSecurity
+    from eos.net import PLAINTEXT_SECURITY, security_of
 
     if listener.security_protocol == PLAINTEXT:
         return PLAINTEXT_SECURITY
     if listener.security_protocol != SSL:
         raise InvalidConfigError(f"inter.broker.listener.name {listener.name} is {listener.security_protocol}: "
                                  f"brokers talk to each other over PLAINTEXT or SSL (mutual TLS) in eos")
-
-    def read(path: str) -> bytes | None:
-        if not path:
-            return None
-        with open(path, "rb") as file:
-            return file.read()
-
-    certificate_pem = read(certificate_location)
-    _check_usable_as_client(certificate_pem, certificate_location)
-    return ChannelSecurity(SSL, read(ca_location), certificate_pem, read(key_location),
-                           verify_hostname=True, certificate_location=certificate_location,
-                           key_location=key_location)
+    try:
+        security = security_of({"security.protocol": SSL, "ssl.ca.location": ca_location,
+                                "ssl.certificate.location": certificate_location, "ssl.key.location": key_location})
+    except ValueError as exc:       # a file that cannot be read, named by its setting
+        raise InvalidConfigError(f"the inter-broker listener's TLS settings: {exc}") from None
+    _check_usable_as_client(security.certificate_pem, certificate_location)
+    return security
 
 
 def _check_usable_as_client(certificate_pem: bytes, location: str) -> None:
@@ -391,6 +387,15 @@ def _check_usable_as_client(certificate_pem: bytes, location: str) -> None:
             f"ssl.certificate.location {location}: the inter-broker listener is SSL, so this broker connects "
             f"to the others with its certificate, but its extended key usage does not include clientAuth "
             f"(only {', '.join(u._name for u in usages)}); issue it for serverAuth and clientAuth")
+
+
+def client_id_of_call(context) -> str:
+    """The client id a call carries (Kafka's request header field; eos's clients send it in
+    the `client-id` metadata), "" when none."""
+    for key, value in context.invocation_metadata() or ():
+        if key == CLIENT_ID_METADATA_KEY:
+            return value if isinstance(value, str) else value.decode("utf-8", "replace")
+    return ""
 
 
 def run_as_broker(function, *args):

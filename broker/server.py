@@ -53,7 +53,7 @@ from broker.in_process import InProcessBrokerStub
 from broker.listener_servers import ServerGroup, group_listeners
 from broker.authorizer import ACL_FILE_NAME, Authorizer, FileAclStore
 from broker.purgatory import FetchPurgatory
-from broker.metadata.types import ListenerEndpoint
+from broker.metadata.types import ListenerEndpoint, format_host_port
 from broker.security import (PLAINTEXT, SASL_SSL, SSL, CallIdentityInterceptor, Listener, ReloadingServerCertificates,
                              advertised_host, check_plaintext_binds, inter_broker_security, listener_name_of_call,
                              parse_advertised, transport_of)
@@ -101,10 +101,6 @@ def rpc_pool_limits(config: BrokerConfig) -> tuple[int, int]:
 
 def _wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def _format_host_port(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 # ---- the server -------------------------------------------------------------------------------
@@ -186,7 +182,7 @@ class BrokerServer:
     def address(self) -> str:
         if self.port is None:
             raise EosError("the broker is not started")
-        return _format_host_port(self.host, self.port)
+        return format_host_port(self.host, self.port)
 
     def address_of(self, listener_name: str) -> str:
         """host:port a client reaches `listener_name` at (its advertised address)."""
@@ -194,7 +190,7 @@ class BrokerServer:
         if node is None:
             raise EosError(f"no listener {listener_name} is bound (listeners: "
                            f"{', '.join(l.name for l in self.listeners)})")
-        return _format_host_port(node.host, node.port)
+        return format_host_port(node.host, node.port)
 
     @property
     def call_identity_observer(self):
@@ -388,7 +384,8 @@ class BrokerServer:
         most brokers), each pool sized by rpc_pool_limits, bound to their listeners."""
         config = self.config
         worker_threads, concurrent_rpcs_max = rpc_pool_limits(config)
-        servers = []
+        self._grpc_server = servers = ServerGroup([])     # set first: a failed start stops what is bound
+        identity = self._calls_need_identity()
         for group, interceptor in zip(self._listener_groups, self._interceptors):
             server = grpc.server(
                 concurrent.futures.ThreadPoolExecutor(max_workers=worker_threads,
@@ -405,11 +402,10 @@ class BrokerServer:
                 # (ANONYMOUS): it skips the identity interceptor (a wrapper and an auth_context()
                 # call on every RPC, which the latency rows would pay for nothing). The request
                 # quota's costs one dict lookup per call while no entity has one.
-                interceptors=([interceptor] if self._calls_need_identity() else []) + [self._request_quota])
-            servers.append(server)
-            self._grpc_server = ServerGroup(servers)     # so a failed start stops what is bound
+                interceptors=([interceptor] if identity else []) + [self._request_quota])
+            servers.servers.append(server)
             self._bind_listeners(server, group)
-        return self._grpc_server
+        return servers
 
     def _start_services(self, server: ServerGroup, bound_port: int) -> None:
         """The group coordinator, the Broker, Cluster, TxnCoordinator and GroupCoordinator
@@ -456,25 +452,7 @@ class BrokerServer:
                 broker_id=self.node_id, replicas=cluster.replicas, metadata=cluster.metadata,
                 log_manager=self._log_manager, controller=lambda: cluster.controller,
                 on_metadata_updated=cluster.sync_registry, authorizer=self._authorizer), server)
-        # The transaction coordinator reaches this broker only through the Broker service's
-        # contract (DESIGN.md §1), here in process: its state writes and the markers for
-        # partitions this broker leads are handed to the servicer's handlers on the calling
-        # thread (broker/in_process.py), not sent over loopback. It loads its log once the
-        # server is up. On a cluster it is partitioned: it serves the ids of the
-        # __transaction_state partitions this broker leads, loading each as leadership
-        # arrives, and sends markers to each partition's leader (over gRPC when remote).
-        own_address = _format_host_port(self.host, bound_port)
-        own_stub = InProcessBrokerStub(self._servicer)
-        self._txn_link = (BrokerLink(own_address, stub=own_stub) if cluster is None
-                          else RoutingBrokerLink(own_address, stub=own_stub, own_node_id=self.node_id,
-                                                 security=cluster.security))
-        self._txn_coordinator = TransactionCoordinator(
-            self._txn_link, producer_ids.next_id, now_ms_fn=self._now_ms,
-            state_topic_partitions=self.config.transaction_state_log_num_partitions,
-            expiry_interval_ms=self.config.transaction_abort_timed_out_transaction_cleanup_interval_ms,
-            max_timeout_ms=self.config.transaction_max_timeout_ms,
-            transactional_id_expiration_ms=self.config.transactional_id_expiration_ms,
-            partitioned=cluster is not None, concurrent_waiters_max=TXN_PARKED_REQUESTS_MAX)
+        self._txn_coordinator = self._new_txn_coordinator(bound_port)
         if cluster is not None:
             cluster.txn_coordinator = self._txn_coordinator
             self._group_coordinator.find_override = lambda key_type, keys: cluster.find_coordinator(
@@ -489,9 +467,34 @@ class BrokerServer:
             threading.Thread(target=self._start_txn_coordinator, name="eos-txn-load", daemon=True).start()
         else:
             self._txn_coordinator.start()     # threads only: partitions load with leadership
-            cluster.join(bound_port, tuple(
-                ListenerEndpoint(listener.name, listener.security_protocol, node.host, node.port)
-                for listener in self.listeners for node in [self.listener_nodes[listener.name]]))
+            cluster.join(bound_port, self._advertised_endpoints())
+
+    def _new_txn_coordinator(self, bound_port: int) -> TransactionCoordinator:
+        """The transaction coordinator reaches this broker only through the Broker service's
+        contract (DESIGN.md §1), here in process: its state writes and the markers for
+        partitions this broker leads are handed to the servicer's handlers on the calling
+        thread (broker/in_process.py), not sent over loopback. It loads its log once the
+        server is up. On a cluster it is partitioned: it serves the ids of the
+        __transaction_state partitions this broker leads, loading each as leadership
+        arrives, and sends markers to each partition's leader (over gRPC when remote)."""
+        cluster = self._cluster
+        own_address = format_host_port(self.host, bound_port)
+        own_stub = InProcessBrokerStub(self._servicer)
+        self._txn_link = (BrokerLink(own_address, stub=own_stub) if cluster is None
+                          else RoutingBrokerLink(own_address, stub=own_stub, own_node_id=self.node_id,
+                                                 security=cluster.security))
+        return TransactionCoordinator(
+            self._txn_link, self._producer_ids.next_id, now_ms_fn=self._now_ms,
+            state_topic_partitions=self.config.transaction_state_log_num_partitions,
+            expiry_interval_ms=self.config.transaction_abort_timed_out_transaction_cleanup_interval_ms,
+            max_timeout_ms=self.config.transaction_max_timeout_ms,
+            transactional_id_expiration_ms=self.config.transactional_id_expiration_ms,
+            partitioned=cluster is not None, concurrent_waiters_max=TXN_PARKED_REQUESTS_MAX)
+
+    def _advertised_endpoints(self) -> tuple[ListenerEndpoint, ...]:
+        """Every listener's advertised address, as a cluster registration lists them."""
+        return tuple(ListenerEndpoint(listener.name, listener.security_protocol, node.host, node.port)
+                     for listener in self.listeners for node in [self.listener_nodes[listener.name]])
 
     def _security_servicer(self) -> SecurityServicer:
         """SCRAM logins and credentials, and client quotas."""
@@ -505,7 +508,7 @@ class BrokerServer:
         credentials that follow the certificate files (see broker/security.py)."""
         config = self.config
         for listener in listeners:
-            bind_address = _format_host_port(listener.host or "::", listener.port)
+            bind_address = format_host_port(listener.host or "::", listener.port)
             if transport_of(listener.security_protocol) == SSL:
                 if self._certificates is None:
                     self._certificates = ReloadingServerCertificates(
@@ -603,15 +606,7 @@ class BrokerServer:
         self._stopping.set()
         if self._txn_coordinator is not None:
             self._txn_coordinator.stop()
-        # the ZooKeeper followers' threads, before the session they read goes with leave()
-        if self._authorizer is not None:
-            self._authorizer.close()
-        if self._entity_configs is not None:
-            self._entity_configs.stop()
-        if self._cluster is not None:
-            self._cluster.leave()
-        if self._txn_link is not None:
-            self._txn_link.close()
+        self._leave_the_cluster()
         if self._group_coordinator is not None:
             self._group_coordinator.stop()
         if self._grpc_server is not None:
@@ -626,6 +621,18 @@ class BrokerServer:
         for lock in self._locks:
             lock.release()
         self._stopped.set()
+
+    def _leave_the_cluster(self) -> None:
+        """The ZooKeeper followers' threads stop first (they read the session leave() ends),
+        then the cluster membership, then the coordinator's links to other brokers."""
+        if self._authorizer is not None:
+            self._authorizer.close()
+        if self._entity_configs is not None:
+            self._entity_configs.stop()
+        if self._cluster is not None:
+            self._cluster.leave()
+        if self._txn_link is not None:
+            self._txn_link.close()
 
     # ---- housekeeping -------------------------------------------------------------------------
 
@@ -662,14 +669,7 @@ class BrokerServer:
                 self._housekeeping_thread.join(HOUSEKEEPING_JOIN_TIMEOUT_S)
                 if self._housekeeping_thread.is_alive():
                     log.warning("housekeeping still running at shutdown")
-            if self._authorizer is not None:
-                self._authorizer.close()         # before the ZooKeeper session it follows ends
-            if self._entity_configs is not None:
-                self._entity_configs.stop()
-            if self._cluster is not None:
-                self._cluster.leave()
-            if self._txn_link is not None:
-                self._txn_link.close()
+            self._leave_the_cluster()
             self._log_cleaner.stop()
             try:
                 self._log_manager.shutdown()

@@ -674,27 +674,30 @@ class BrokerServicer(ReadHandlers, broker_pb2_grpc.BrokerServicer):
         refused = {}
         if self._authorizer is not None and not self._cluster_allows(Operation.CREATE):
             # Kafka: CREATE on the cluster, or else CREATE on each topic.
-            refused = {t.name: f"{self._denial(Operation.CREATE, f'topic {t.name!r}')} (nor the cluster)"
-                       for t in request.topics if self._topic_denied(Operation.CREATE, t.name)}
+            refused = {name: f"{why} (nor the cluster)" for name, why in
+                       self._topic_refusals(Operation.CREATE, [t.name for t in request.topics]).items()}
         return self._admin_checked(request, "topics", refused, self._topic_admin.create_topics,
                                    broker_pb2.CreateTopicsResponse)
 
     @gated
     def DeleteTopics(self, request: broker_pb2.DeleteTopicsRequest, context) -> broker_pb2.DeleteTopicsResponse:
-        refused = {} if self._authorizer is None else {
-            name: self._denial(Operation.DELETE, f"topic {name!r}") for name in request.names
-            if self._topic_denied(Operation.DELETE, name)}
+        refused = self._topic_refusals(Operation.DELETE, request.names)
         return self._admin_checked(request, "names", refused, self._topic_admin.delete_topics,
                                    broker_pb2.DeleteTopicsResponse)
 
     @gated
     def CreatePartitions(self, request: broker_pb2.CreatePartitionsRequest,
                          context) -> broker_pb2.CreatePartitionsResponse:
-        refused = {} if self._authorizer is None else {
-            t.name: self._denial(Operation.ALTER, f"topic {t.name!r}") for t in request.topics
-            if self._topic_denied(Operation.ALTER, t.name)}
+        refused = self._topic_refusals(Operation.ALTER, [t.name for t in request.topics])
         return self._admin_checked(request, "topics", refused, self._topic_admin.create_partitions,
                                    broker_pb2.CreatePartitionsResponse)
+
+    def _topic_refusals(self, operation: Operation, names) -> dict[str, str]:
+        """Topic name -> why the caller may not `operation` it (none without an authorizer)."""
+        if self._authorizer is None:
+            return {}
+        return {name: self._denial(operation, f"topic {name!r}") for name in names
+                if self._topic_denied(operation, name)}
 
     @staticmethod
     def _admin_checked(request, field: str, refused: dict[str, str], handle, response_type):

@@ -29,6 +29,7 @@ import threading
 from typing import Callable, Mapping
 from urllib.parse import quote, unquote
 
+from broker.quotas import DEFAULT
 from broker.zk_changes import ZkChangeFollower, read_modify_write
 
 log = logging.getLogger("eos.broker.zk_entity_configs")
@@ -37,7 +38,6 @@ USERS_PATH = "/config/users"
 CLIENTS_PATH = "/config/clients"
 CHANGES_PATH = "/config/changes"
 CHANGE_PREFIX = "config_change_"
-DEFAULT_NAME = "<default>"          # Kafka's ConfigEntityName.Default
 
 Snapshot = Mapping[str, Mapping[str, str]]
 
@@ -59,7 +59,7 @@ def entity_path(user: str | None, client_id: str | None) -> str:
 def _sanitized(name: str) -> str:
     """Kafka's Sanitizer: URL-encoding (Python's quote leaves the same characters as Java's
     URLEncoder after Kafka's fix-ups: letters, digits and "-._~"); `<default>` as it is."""
-    return name if name == DEFAULT_NAME else quote(name, safe="")
+    return name if name == DEFAULT else quote(name, safe="")     # Kafka's ConfigEntityName.Default as it is
 
 
 def entity_of(path: str) -> tuple[str | None, str | None]:

@@ -62,6 +62,9 @@ if TYPE_CHECKING:
 # The gRPC metadata key a client's client.id travels in (Kafka's request header field): the
 # group coordinator and the client quotas read it.
 CLIENT_ID_METADATA_KEY = "client-id"
+# Starts the RESOURCE_EXHAUSTED message of a call a broker refused under a request_percentage
+# quota without running it: the client retries it after its backoff.
+THROTTLED_MARK = "[throttled]"
 
 
 def client_id_metadata(client_id: str) -> tuple:
@@ -349,7 +352,7 @@ def error_from_rpc(exc: grpc.RpcError, what: str, security: ChannelSecurity | No
             # The broker's queue is full (queued.max.requests): the call was refused before
             # any handler saw it, so trying again after the backoff is safe.
             return NetworkError(message + " (the broker is busy: its queued.max.requests were all waiting)")
-        if "[throttled]" in (details or ""):
+        if THROTTLED_MARK in (details or ""):
             # Held to a request_percentage quota and refused before it ran: retried after the backoff.
             return NetworkError(message)
         # gRPC refused the message size (the server's receive limit).

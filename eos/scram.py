@@ -33,10 +33,8 @@ from typing import NamedTuple
 
 MECHANISMS = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}
 MIN_ITERATIONS = 4096          # Kafka's minimum for both mechanisms
-MAX_ITERATIONS = 16384         # and its maximum
-DEFAULT_ITERATIONS = 4096
-# What a client computes at most for a server's asking (a hostile server could ask millions).
-CLIENT_MAX_ITERATIONS = MAX_ITERATIONS
+MAX_ITERATIONS = 16384         # and its maximum (also what a client computes at most for a
+DEFAULT_ITERATIONS = 4096      # server's asking: a hostile server could ask millions)
 _GS2_HEADER = "n,,"            # no channel binding, no authorization identity
 _CHANNEL_BINDING = base64.b64encode(_GS2_HEADER.encode()).decode()   # "biws"
 _UNKNOWN_USER_SECRET = secrets.token_bytes(32)
@@ -211,9 +209,9 @@ class ScramClient:
             salt, iterations = base64.b64decode(fields["s"], validate=True), int(fields["i"])
         except ValueError:
             raise ScramError("malformed salt or iteration count in the server-first message") from None
-        if not MIN_ITERATIONS <= iterations <= CLIENT_MAX_ITERATIONS:
+        if not MIN_ITERATIONS <= iterations <= MAX_ITERATIONS:
             raise ScramError(f"the server asks for {iterations} iterations, outside "
-                             f"{MIN_ITERATIONS}..{CLIENT_MAX_ITERATIONS}")
+                             f"{MIN_ITERATIONS}..{MAX_ITERATIONS}")
         salted = salted_password(self._mechanism, self._password, salt, iterations)
         client_key = hmac.digest(salted, b"Client Key", self._hash)
         stored_key = hashlib.new(self._hash, client_key).digest()

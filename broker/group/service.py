@@ -33,7 +33,7 @@ from broker.group.coordinator import GroupCoordinator
 from broker.group.records import OffsetAndMetadata
 from eos.acl import Operation, ResourceType
 from eos.errors import ErrorCode
-from eos.net import CLIENT_ID_METADATA_KEY   # Kafka's request header field
+from broker.security import client_id_of_call
 from eos.types import TopicPartition
 from eos.v1 import group_pb2, group_pb2_grpc
 
@@ -53,13 +53,6 @@ def _unexpected(build_error):
                 return build_error(request, ErrorCode.UNKNOWN_SERVER_ERROR, f"{type(exc).__name__}: {exc}")
         return wrapper
     return decorate
-
-
-def _client_id(context) -> str:
-    for key, value in context.invocation_metadata() or ():
-        if key == CLIENT_ID_METADATA_KEY:
-            return value if isinstance(value, str) else value.decode("utf-8", "replace")
-    return ""
 
 
 def _client_host(context) -> str:
@@ -165,7 +158,7 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServicer):
         answer = self._coordinator.join(
             request.group_id, request.member_id, request.group_instance_id or None, request.protocol_type,
             [(p.name, p.metadata) for p in request.protocols], request.session_timeout_ms,
-            request.rebalance_timeout_ms, client_id=_client_id(context), client_host=_client_host(context))
+            request.rebalance_timeout_ms, client_id=client_id_of_call(context), client_host=_client_host(context))
         return group_pb2.JoinGroupResponse(
             error_code=int(answer.error), error_message=answer.message, generation_id=answer.generation_id,
             protocol_name=answer.protocol_name or "", leader=answer.leader, member_id=answer.member_id,

@@ -6,6 +6,11 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 
+def format_host_port(host: str, port: int) -> str:
+    """host:port, an IPv6 host in brackets ([::1]:9092)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 class ListenerEndpoint(NamedTuple):
     """One listener of a registered broker, as Kafka's registration lists it
     (`endpoints` plus `listener_security_protocol_map`)."""

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from broker.metadata.types import BrokerInfo as BrokerRegistration
-from broker.metadata.types import ListenerEndpoint
+from broker.metadata.types import ListenerEndpoint, format_host_port
 from broker.metadata.types import LeaderIsr
 from eos.errors import EosError, ErrorCode, TopicAlreadyExistsError
 
@@ -102,7 +102,7 @@ def _loads(data: bytes):
 def encode_broker(reg: BrokerRegistration, timestamp_ms: int) -> bytes:
     endpoints = reg.endpoints or (ListenerEndpoint("PLAINTEXT", "PLAINTEXT", reg.host, reg.port),)
     return _dumps({"features": {}, "listener_security_protocol_map": {e.name: e.security_protocol for e in endpoints},
-                   "endpoints": [f"{e.name}://{_host_port(e.host, e.port)}" for e in endpoints], "jmx_port": -1,
+                   "endpoints": [f"{e.name}://{format_host_port(e.host, e.port)}" for e in endpoints], "jmx_port": -1,
                    "port": reg.port, "host": reg.host, "version": 5, "timestamp": str(timestamp_ms),
                    "rack": reg.rack})
 
@@ -117,10 +117,6 @@ def decode_broker(broker_id: int, data: bytes, epoch: int) -> BrokerRegistration
         endpoints.append(ListenerEndpoint(name, protocols.get(name, name), host.strip("[]"), int(port)))
     return BrokerRegistration(broker_id, value["host"], int(value["port"]), value.get("rack"), epoch,
                               tuple(endpoints))
-
-
-def _host_port(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def encode_leader_isr(state: LeaderIsr) -> bytes:
