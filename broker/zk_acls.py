@@ -29,11 +29,10 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from typing import Callable, Iterable
 
 from broker.acl import AclBinding, InvalidAclError, Operation, PatternType, Permission, ResourceType
-from broker.zk_changes import ZkChangeFollower, read_modify_write
+from broker.zk_changes import ZkChangeFollower
 
 log = logging.getLogger("eos.broker.zk_acls")
 
@@ -100,32 +99,19 @@ class ZkAclStore(ZkChangeFollower):
     def __init__(self, client, *, on_change: Callable[[frozenset[AclBinding]], None] | None = None):
         super().__init__(client, (LITERAL_CHANGES, EXTENDED_CHANGES), "ACLs")
         self.on_change = on_change
-        self._reload_lock = threading.Lock()
-
-    def start(self) -> frozenset[AclBinding]:
-        """Make the paths, read every ACL, and start following changes; the ACLs in force."""
-        for path in (LITERAL_ROOT, PREFIXED_ROOT, LITERAL_CHANGES, EXTENDED_CHANGES):
-            self._client.ensure_path(path)
-        bindings = self.reload()
-        self._start_following()
-        return bindings
 
     def check(self, binding: AclBinding) -> None:
         """Refuse, before anything is written, an ACL whose resource name cannot be a znode."""
         resource_path(binding.resource_type, binding.pattern_type, binding.resource_name)
 
-    def read_all(self) -> list[AclBinding]:
+    def _read(self) -> frozenset[AclBinding]:
         from kazoo.exceptions import NoNodeError
 
         bindings: list[AclBinding] = []
         for pattern_type, root in ((PatternType.LITERAL, LITERAL_ROOT), (PatternType.PREFIXED, PREFIXED_ROOT)):
             for resource_type in _STORED_TYPES:
                 type_path = f"{root}/{kafka_name(resource_type)}"
-                try:
-                    names = self._client.get_children(type_path)
-                except NoNodeError:
-                    continue
-                for name in names:
+                for name in self._children(type_path):
                     try:
                         data, _ = self._client.get(f"{type_path}/{name}")
                         bindings.extend(decode_acls(resource_type, pattern_type, name, data))
@@ -135,14 +121,11 @@ class ZkAclStore(ZkChangeFollower):
                         # Another tool's bad entry: skipped and said, as Kafka's authorizer does,
                         # rather than stop following every other ACL.
                         log.error("%s/%s holds no readable ACLs (%s); ignored", type_path, name, exc)
-        return bindings
+        return frozenset(bindings)
 
-    def reload(self) -> frozenset[AclBinding]:
-        with self._reload_lock:
-            bindings = frozenset(self.read_all())
-            if self.on_change is not None:
-                self.on_change(bindings)
-            return bindings
+    def _publish(self, bindings: frozenset[AclBinding]) -> None:
+        if self.on_change is not None:
+            self.on_change(bindings)
 
     def change(self, added: Iterable[AclBinding], removed: Iterable[AclBinding]) -> frozenset[AclBinding]:
         """Add and remove ACLs (each touched resource's znode read, changed and written under
@@ -151,6 +134,7 @@ class ZkAclStore(ZkChangeFollower):
         for binding, adding in [(b, True) for b in added] + [(b, False) for b in removed]:
             key = (binding.resource_type, binding.pattern_type, binding.resource_name)
             by_resource.setdefault(key, (set(), set()))[0 if adding else 1].add(binding)
+        changes = []
         for (resource_type, pattern_type, name), (adds, removes) in by_resource.items():
             def update(data: bytes | None, adds=adds, removes=removes, resource_type=resource_type,
                        pattern_type=pattern_type, name=name) -> bytes | None:
@@ -159,9 +143,6 @@ class ZkAclStore(ZkChangeFollower):
                 if wanted == current:
                     return data
                 return encode_acls(wanted) if wanted else None
-            if read_modify_write(self._client, resource_path(resource_type, pattern_type, name), update):
-                path, data = change_notification(resource_type, pattern_type, name)
-                self._notify(path, CHANGE_PREFIX, data)
-        if by_resource:
-            self._expire_notifications()
-        return self.reload()
+            changes.append((resource_path(resource_type, pattern_type, name), update,
+                            change_notification(resource_type, pattern_type, name)))
+        return self._write(changes, CHANGE_PREFIX)

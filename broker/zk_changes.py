@@ -7,11 +7,11 @@ sequential znodes under a change path (/kafka-acl-changes/acl_changes_N,
 /config/changes/config_change_N): a writer changes the data, then creates a notification;
 every broker keeps a children watch on the path. `ZkChangeFollower` is that loop for one
 store: a watch only wakes its thread (kazoo's thread must not do I/O), the thread sets a
-new watch and calls the store's `reload()`, which reads the whole state again (a few
-znodes: users, ACL resources). It also reloads every RELOAD_INTERVAL_S, so a watch lost
-with an expired session cannot leave a broker behind for good. Notifications older than
-NOTIFICATION_EXPIRY_MS are deleted by the writer of a new one, as Kafka keeps them 15
-minutes.
+new watch and reloads, reading the whole state again (a few znodes: users, ACL
+resources). It also reloads every RELOAD_INTERVAL_S, so a watch lost with an expired
+session cannot leave a broker behind for good, and then deletes notifications older than
+NOTIFICATION_EXPIRY_MS (Kafka keeps them 15 minutes). Writes go through `_write`: a
+read-modify-write of each znode under its version, its notification, then a reload.
 """
 from __future__ import annotations
 
@@ -27,22 +27,39 @@ CAS_ATTEMPTS = 20          # a read-modify-write that keeps losing to other brok
 
 
 class ZkChangeFollower:
-    """Subclasses give `reload()`; see the module doc."""
+    """One store's state read from ZooKeeper whole and followed (see the module doc).
+    Subclasses give `_read()` (the whole state) and `_publish(state)` (hand it over); a
+    reload does both under one lock, so a later hand-over always comes from a later read
+    and the state only moves forward."""
 
     def __init__(self, client, change_paths: tuple[str, ...], what: str):
         self._client = client
         self._change_paths = change_paths
         self._what = what
+        self._reload_lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def reload(self):
+    def _read(self):
         raise NotImplementedError
 
-    def _start_following(self) -> None:
+    def _publish(self, state) -> None:
+        raise NotImplementedError
+
+    def start(self):
+        """Read the state and follow its changes from now on; the state read. (The paths are
+        ZkStore.ensure_paths' PERSISTENT_PATHS, made when the broker joined.)"""
+        state = self.reload()
         self._thread = threading.Thread(target=self._follow, name=f"eos-{self._what}-changes", daemon=True)
         self._thread.start()
+        return state
+
+    def reload(self):
+        with self._reload_lock:
+            state = self._read()
+            self._publish(state)
+            return state
 
     def stop(self) -> None:
         self._stopping.set()
@@ -54,28 +71,45 @@ class ZkChangeFollower:
         self._wake.set()      # kazoo's thread: only hand over
 
     def _follow(self) -> None:
+        expired_at = time.monotonic()
         while not self._stopping.is_set():
             try:
                 for path in self._change_paths:
                     self._client.get_children(path, watch=self._watch)
                 self.reload()
+                if time.monotonic() - expired_at >= RELOAD_INTERVAL_S:
+                    # here, not on the request that wrote a notification: at most once an interval
+                    expired_at = time.monotonic()
+                    self._expire_notifications()
             except Exception as exc:    # ZooKeeper away: the next wake or interval tries again
                 log.warning("reading the %s from ZooKeeper failed: %s", self._what, exc)
             self._wake.wait(RELOAD_INTERVAL_S)
             self._wake.clear()
 
-    def _notify(self, path: str, prefix: str, data: bytes) -> None:
-        self._client.create(f"{path}/{prefix}", data, sequence=True, makepath=True)
+    def _children(self, path: str) -> list[str]:
+        from kazoo.exceptions import NoNodeError
+        try:
+            return self._client.get_children(path)
+        except NoNodeError:
+            return []
+
+    def _write(self, changes, prefix: str):
+        """Apply (znode, update, (change path, notification data)) changes, each a
+        read-modify-write under the znode's version followed by its notification when the
+        znode changed; the state after them (read again before the caller answers)."""
+        for znode, update, (change_path, data) in changes:
+            if read_modify_write(self._client, znode, update):
+                self._client.create(f"{change_path}/{prefix}", data, sequence=True, makepath=True)
+        return self.reload()
 
     def _expire_notifications(self) -> None:
-        """Best effort: the change it follows is made; a failure here only leaves old
-        notifications for the next writer."""
+        """Best effort: a failure only leaves old notifications for the next interval."""
         from kazoo.exceptions import NoNodeError
 
         cutoff_ms = time.time() * 1000 - NOTIFICATION_EXPIRY_MS
         try:
             for path in self._change_paths:
-                for child in self._client.get_children(path):
+                for child in self._children(path):
                     try:
                         _, stat = self._client.get(f"{path}/{child}")
                         if stat.ctime < cutoff_ms:

@@ -23,21 +23,19 @@ writer reloads before it answers, so a credential it set works on its own broker
 """
 from __future__ import annotations
 
-import json
 import logging
-import threading
 from typing import Callable, Mapping
 from urllib.parse import quote, unquote
 
+from broker.metadata.zk_store import CONFIG_CHANGE_PREFIX, config_change, decode_config, encode_config
 from broker.quotas import DEFAULT
-from broker.zk_changes import ZkChangeFollower, read_modify_write
+from broker.zk_changes import ZkChangeFollower
 
 log = logging.getLogger("eos.broker.zk_entity_configs")
 
 USERS_PATH = "/config/users"
 CLIENTS_PATH = "/config/clients"
 CHANGES_PATH = "/config/changes"
-CHANGE_PREFIX = "config_change_"
 
 Snapshot = Mapping[str, Mapping[str, str]]
 
@@ -69,14 +67,6 @@ def entity_of(path: str) -> tuple[str | None, str | None]:
     return named.get("users"), named.get("clients")
 
 
-def encode_config(config: Mapping[str, str]) -> bytes:
-    return json.dumps({"version": 1, "config": dict(sorted(config.items()))}, separators=(",", ":")).encode()
-
-
-def decode_config(data: bytes) -> dict[str, str]:
-    return {str(k): str(v) for k, v in (json.loads(data.decode("utf-8")) if data else {}).get("config", {}).items()}
-
-
 # ---- the store ------------------------------------------------------------------------------------
 
 class ZkEntityConfigs(ZkChangeFollower):
@@ -86,7 +76,6 @@ class ZkEntityConfigs(ZkChangeFollower):
         super().__init__(client, (CHANGES_PATH,), "users' and clients' configs")
         self._snapshot: Snapshot = {}
         self._listeners: list[Callable[[Snapshot], None]] = []
-        self._reload_lock = threading.Lock()
 
     @property
     def snapshot(self) -> Snapshot:
@@ -98,14 +87,7 @@ class ZkEntityConfigs(ZkChangeFollower):
             self._listeners.append(listener)
             listener(self._snapshot)
 
-    def start(self) -> Snapshot:
-        for path in (USERS_PATH, CLIENTS_PATH, CHANGES_PATH):
-            self._client.ensure_path(path)
-        snapshot = self.reload()
-        self._start_following()
-        return snapshot
-
-    def _read_all(self) -> dict[str, dict[str, str]]:
+    def _read(self) -> dict[str, dict[str, str]]:
         from kazoo.exceptions import NoNodeError
 
         configs: dict[str, dict[str, str]] = {}
@@ -130,26 +112,18 @@ class ZkEntityConfigs(ZkChangeFollower):
             read(f"clients/{client_id}")
         return configs
 
-    def _children(self, path: str) -> list[str]:
-        from kazoo.exceptions import NoNodeError
-        try:
-            return self._client.get_children(path)
-        except NoNodeError:
-            return []
-
-    def reload(self) -> Snapshot:
-        with self._reload_lock:
-            self._snapshot = self._read_all()
-            for listener in list(self._listeners):
-                try:
-                    listener(self._snapshot)
-                except Exception:
-                    log.exception("a listener of users' and clients' configs failed")
-            return self._snapshot
+    def _publish(self, snapshot: Snapshot) -> None:
+        self._snapshot = snapshot
+        for listener in list(self._listeners):
+            try:
+                listener(snapshot)
+            except Exception:
+                log.exception("a listener of users' and clients' configs failed")
 
     def alter(self, changes: Mapping[str, Mapping[str, str | None]]) -> Snapshot:
         """Set (a value) or remove (None) keys of entities (entity path -> changes), each
         entity's znode under its version; notify every broker; the snapshot after it."""
+        writes = []
         for path, entity_changes in changes.items():
             def update(data: bytes | None, entity_changes=entity_changes) -> bytes | None:
                 current = decode_config(data or b"")
@@ -161,8 +135,5 @@ class ZkEntityConfigs(ZkChangeFollower):
                         wanted[key] = value
                 # An emptied znode stays (as Kafka's does): users/<u> may hold clients/ below it.
                 return data if wanted == current else encode_config(wanted)
-            if read_modify_write(self._client, f"/config/{path}", update):
-                self._notify(CHANGES_PATH, CHANGE_PREFIX, json.dumps({"version": 2, "entity_path": path}).encode())
-        if changes:
-            self._expire_notifications()
-        return self.reload()
+            writes.append((f"/config/{path}", update, (CHANGES_PATH, config_change(path))))
+        return self._write(writes, CONFIG_CHANGE_PREFIX)

@@ -59,9 +59,12 @@ REASSIGN_PATH = "/admin/reassign_partitions"
 PREFERRED_ELECTION_PATH = "/admin/preferred_replica_election"
 ISR_CHANGE_PATH = "/isr_change_notification"
 ISR_CHANGE_PREFIX = "isr_change_"
+CONFIG_CHANGE_PREFIX = "config_change_"
 PERSISTENT_PATHS = ("/brokers/ids", "/brokers/topics", "/brokers/seqid", "/config/topics", "/config/changes",
                     "/config/brokers", "/config/users", "/config/clients", "/admin/delete_topics",
-                    "/isr_change_notification", "/cluster")
+                    "/isr_change_notification", "/cluster",
+                    # ACLs (broker/zk_acls.py): literal, prefixed, and their change notifications
+                    "/kafka-acl", "/kafka-acl-extended/prefixed", "/kafka-acl-changes", "/kafka-acl-extended-changes")
 WRITE_BATCH_OPS = 500
 START_TIMEOUT_S = 15.0
 
@@ -117,6 +120,20 @@ def decode_broker(broker_id: int, data: bytes, epoch: int) -> BrokerRegistration
         endpoints.append(ListenerEndpoint(name, protocols.get(name, name), host.strip("[]"), int(port)))
     return BrokerRegistration(broker_id, value["host"], int(value["port"]), value.get("rack"), epoch,
                               tuple(endpoints))
+
+
+def encode_config(config) -> bytes:
+    """A /config/<type>/<name> znode (topics, users, clients): {"version":1,"config":{...}}."""
+    return _dumps({"version": 1, "config": dict(sorted(config.items()))})
+
+
+def decode_config(data: bytes) -> dict[str, str]:
+    return {str(k): str(v) for k, v in (_loads(data) if data else {}).get("config", {}).items()}
+
+
+def config_change(entity_path: str) -> bytes:
+    """A /config/changes notification naming the entity that changed ("topics/t", "users/alice")."""
+    return _dumps({"version": 2, "entity_path": entity_path})
 
 
 def encode_leader_isr(state: LeaderIsr) -> bytes:
@@ -427,12 +444,12 @@ class ZkStore:
             data, _ = self.client.get(f"{CONFIG_TOPICS_PATH}/{topic}")
         except NoNodeError:
             return {}
-        return {str(k): str(v) for k, v in _loads(data).get("config", {}).items()}
+        return decode_config(data)
 
     def set_topic_config(self, topic: str, config: dict[str, str]) -> None:
         self.client.ensure_path(f"{CONFIG_TOPICS_PATH}/{topic}")
-        self.client.set(f"{CONFIG_TOPICS_PATH}/{topic}", _dumps({"version": 1, "config": dict(config)}))
-        self.client.create(f"{CONFIG_CHANGES_PATH}/config_change_", _dumps({"version": 2, "entity_path": f"topics/{topic}"}),
+        self.client.set(f"{CONFIG_TOPICS_PATH}/{topic}", encode_config(config))
+        self.client.create(f"{CONFIG_CHANGES_PATH}/{CONFIG_CHANGE_PREFIX}", config_change(f"topics/{topic}"),
                            sequence=True, makepath=True)
 
     def topics_to_delete(self, watch: Callable | None = None) -> list[str]:
