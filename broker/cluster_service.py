@@ -59,13 +59,14 @@ def _describe(exc: BaseException) -> tuple[int, str]:
     return int(ErrorCode.UNKNOWN_SERVER_ERROR), f"{type(exc).__name__}: {exc}"
 
 
-def needs(operation: Operation):
+def needs(operation: Operation, refuse: Callable | None = None):
     """The handler runs only for a caller allowed `operation` on the cluster (see the module
-    doc); otherwise its response type answers CLUSTER_AUTHORIZATION_FAILED, per partition
-    where the response has no error of its own (OffsetsForLeaderEpoch)."""
+    doc); otherwise `refuse(request, code, why)` answers, by default the handler's response
+    with CLUSTER_AUTHORIZATION_FAILED as its error."""
 
     def decorate(handler):
         response_type = getattr(cluster_pb2, handler.__name__ + "Response")
+        answer = refuse or (lambda request, code, why: response_type(error_code=code, error_message=why))
 
         @functools.wraps(handler)
         def wrapper(self, request, context):
@@ -73,14 +74,16 @@ def needs(operation: Operation):
             if why is None:
                 return handler(self, request, context)
             log.warning("%s refused: %s", handler.__name__, why)
-            code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
-            if "error_code" in response_type.DESCRIPTOR.fields_by_name:
-                return response_type(error_code=code, error_message=why)
-            return response_type(partitions=[
-                cluster_pb2.EpochEndOffset(topic=q.topic, partition=q.partition, error_code=code, error_message=why,
-                                           leader_epoch=-1, end_offset=-1) for q in request.partitions])
+            return answer(request, ErrorCode.CLUSTER_AUTHORIZATION_FAILED, why)
         return wrapper
     return decorate
+
+
+def _refuse_each_epoch_query(request, code: int, why: str) -> cluster_pb2.OffsetsForLeaderEpochResponse:
+    """OffsetsForLeaderEpoch answers per partition (its response has no error of its own)."""
+    return cluster_pb2.OffsetsForLeaderEpochResponse(partitions=[
+        cluster_pb2.EpochEndOffset(topic=q.topic, partition=q.partition, error_code=code, error_message=why,
+                                   leader_epoch=-1, end_offset=-1) for q in request.partitions])
 
 
 class ClusterServicer(cluster_pb2_grpc.ClusterServicer):
@@ -151,7 +154,7 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServicer):
 
     # ---- follower -> leader -----------------------------------------------------------------------
 
-    @needs(Operation.CLUSTER_ACTION)
+    @needs(Operation.CLUSTER_ACTION, refuse=_refuse_each_epoch_query)
     def OffsetsForLeaderEpoch(self, request, context):
         answers = []
         for q in request.partitions:

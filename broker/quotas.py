@@ -161,22 +161,26 @@ class ClientQuotaManager:
     def _sensor_key(self, key: str, entity: QuotaEntity, user: str, client_id: str) -> tuple:
         return (key, user if entity.user is not None else "", client_id if entity.client_id is not None else "")
 
+    def _governing_sensor(self, key: str, user: str, client_id: str) -> tuple[tuple, float] | None:
+        """(the sensor a request of this user and client id counts against, its bound)."""
+        found = self.governing(key, user, client_id)
+        return None if found is None else (self._sensor_key(key, found[0], user, client_id), found[1])
+
     def sensor(self, key: str, user: str, client_id: str) -> tuple | None:
         """The rate a request of this user and client id counts against (None: no quota)."""
-        found = self.governing(key, user, client_id)
-        return None if found is None else self._sensor_key(key, found[0], user, client_id)
+        found = self._governing_sensor(key, user, client_id)
+        return None if found is None else found[0]
 
     def record(self, key: str, user: str, client_id: str, amount: float, now_ms: int) -> int:
         """Count `amount` (bytes, or percent-seconds of thread time) of one request; its
         throttle time in ms (0: within the quota). A byte rate's is not capped (Kafka caps
         only request-time quotas, at one window): a request larger than a window's allowance
         earns the whole time it takes to pay it back."""
-        found = self.governing(key, user, client_id)
+        found = self._governing_sensor(key, user, client_id)
         if found is None:
             return 0
-        entity, bound = found
+        sensor_key, bound = found
         self._sweep(now_ms)
-        sensor_key = self._sensor_key(key, entity, user, client_id)
         rate = self._rates.get(sensor_key)
         if rate is None:
             rate = self._rates[sensor_key] = _Rate(self.window_num, self.window_size_ms)
@@ -213,19 +217,17 @@ class ClientQuotaManager:
     def unrecord(self, key: str, user: str, client_id: str, amount: float, now_ms: int) -> None:
         """Take back `amount` bytes counted for a request whose data was not sent after all
         (a throttled fetch is answered empty, Kafka's unrecordQuotaSensor)."""
-        found = self.governing(key, user, client_id)
-        if found is None:
-            return
-        rate = self._rates.get(self._sensor_key(key, found[0], user, client_id))
+        found = self._governing_sensor(key, user, client_id)
+        rate = None if found is None else self._rates.get(found[0])
         if rate is not None:
             rate.record(-amount, now_ms)
 
     def delay_ms(self, key: str, user: str, client_id: str, now_ms: int) -> int:
         """How long a new request of this user and client id must wait (a throttle not over yet)."""
-        found = self.governing(key, user, client_id)
+        found = self._governing_sensor(key, user, client_id)
         if found is None:
             return 0
-        sensor_key = self._sensor_key(key, found[0], user, client_id)
+        sensor_key = found[0]
         until = self._held_until_ms.get(sensor_key, 0)
         if until <= now_ms:
             self._held_until_ms.pop(sensor_key, None)
@@ -234,8 +236,6 @@ class ClientQuotaManager:
 
     def rate(self, key: str, user: str, client_id: str, now_ms: int) -> float:
         """The measured bytes/s of the sensor governing this user and client id (0 if none)."""
-        found = self.governing(key, user, client_id)
-        if found is None:
-            return 0.0
-        rate = self._rates.get(self._sensor_key(key, found[0], user, client_id))
+        found = self._governing_sensor(key, user, client_id)
+        rate = None if found is None else self._rates.get(found[0])
         return 0.0 if rate is None else rate.per_second(now_ms)

@@ -16,6 +16,7 @@ import json
 import signal
 import sys
 import threading
+from typing import NamedTuple
 
 
 # ---- cluster start -------------------------------------------------------------------------
@@ -27,8 +28,9 @@ def cmd_cluster_start(args) -> int:
     config = dict(args.config_pairs)
     tls_options = {}
     if args.tls:
-        tls_options, client_file = _local_tls(args.data_dir)
-        config = {**tls_options.pop("broker_config"), **config}
+        tls = _local_tls(args.data_dir)
+        config = {**tls.broker_config, **config}
+        tls_options = {"listener_protocol": "SSL", "client_config": tls.client_config}
     cluster = LocalCluster(args.data_dir, brokers=args.brokers, base_port=args.base_port,
                            zookeeper_port=args.zookeeper_port, broker_config=config, **tls_options)
     stop_requested = threading.Event()
@@ -42,7 +44,7 @@ def cmd_cluster_start(args) -> int:
             print(f"broker {broker_id}: {proc.address} (data dir {proc.data_dir}, log {proc.log_path})", flush=True)
         print(f"bootstrap: {cluster.bootstrap}", flush=True)
         if args.tls:
-            print(f"TLS: every listener is SSL with mutual TLS; clients use --command-config {client_file} "
+            print(f"TLS: every listener is SSL with mutual TLS; clients use --command-config {tls.client_file} "
                   f"(User:CN=admin, a super user)", flush=True)
         while not stop_requested.wait(0.5):
             for broker_id, proc in cluster.processes.items():
@@ -58,21 +60,27 @@ def cmd_cluster_start(args) -> int:
     return 0
 
 
-def _local_tls(data_dir: str) -> tuple[dict, str]:
+class _LocalClusterTls(NamedTuple):
+    broker_config: dict[str, str]     # every broker's TLS settings and super users
+    client_config: dict[str, str]     # the admin's client settings
+    client_file: str                  # the same as a properties file for --command-config
+
+
+def _local_tls(data_dir: str) -> _LocalClusterTls:
     """A throwaway CA and certificates in <data-dir>/tls (kept across restarts, see
-    eos.tls_certs.make_local_tls), the LocalCluster options for an SSL-only cluster, and a
-    client properties file for the admin certificate."""
+    eos.tls_certs.make_local_tls) for an SSL-only cluster, and a client properties file for
+    the admin certificate."""
     from pathlib import Path
 
-    from eos.tls_certs import make_local_tls
+    from eos.tls_certs import BROKER_COMMON_NAME, make_local_tls
 
     directory = Path(data_dir) / "tls"
     tls = make_local_tls(directory, clients={"admin": "admin"})
     client = tls.client_config("admin")
     client_file = directory / "admin.properties"
     client_file.write_text("".join(f"{name}={value}\n" for name, value in client.items()), encoding="utf-8")
-    broker_config = {**tls.broker_config(), "super.users": "User:CN=broker;User:CN=admin"}
-    return {"broker_config": broker_config, "listener_protocol": "SSL", "client_config": client}, str(client_file)
+    super_users = f"User:CN={BROKER_COMMON_NAME};User:CN=admin"
+    return _LocalClusterTls({**tls.broker_config(), "super.users": super_users}, client, str(client_file))
 
 
 # ---- leader election ----------------------------------------------------------------------------
