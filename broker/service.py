@@ -76,7 +76,8 @@ from typing import Callable, NamedTuple
 
 import grpc
 
-from broker.acl import InvalidAclError, Operation, ResourceType
+from broker.acl import SUPPORTED_OPERATIONS, InvalidAclError, Operation, ResourceType
+from broker.log_dir_descriptions import describe_log_dirs
 from broker.purgatory import FetchPurgatory
 from broker.quotas import PRODUCER_BYTE_RATE
 from broker.security import current_call, listener_name_of_call
@@ -114,6 +115,10 @@ STREAM_REFUSAL_METADATA_KEY = "eos-produce-stream-refused"
 
 
 OFFSETS_TOPIC = "__consumer_offsets"
+# KIP-430: the operations cluster_authorized_operations may name (ALL is spelled out), and
+# Kafka's value when the client did not ask for them.
+CLUSTER_OPERATIONS = tuple(sorted(SUPPORTED_OPERATIONS[ResourceType.CLUSTER] - {Operation.ALL}))
+AUTHORIZED_OPERATIONS_OMITTED = -2**31
 
 # Coordinator errors that only mean "could not verify now": answered as Kafka does, with a
 # retriable produce error that does not send the client looking for new metadata.
@@ -567,8 +572,20 @@ class BrokerServicer(ReadHandlers, broker_pb2_grpc.BrokerServicer):
 
     @gated
     def Metadata(self, request: broker_pb2.MetadataRequest, context) -> broker_pb2.MetadataResponse:
-        if self._metadata is not None:
-            return self._metadata_from_cache(request)
+        response = self._metadata_from_cache(request) if self._metadata is not None else self._local_metadata(request)
+        response.cluster_authorized_operations = (self._cluster_authorized_operations()
+                                                  if request.include_cluster_authorized_operations
+                                                  else AUTHORIZED_OPERATIONS_OMITTED)
+        return response
+
+    def _cluster_authorized_operations(self) -> int:
+        """KIP-430's bit field of the cluster operations the caller may perform (every one
+        without an authorizer, as in Kafka)."""
+        return sum(1 << operation for operation in CLUSTER_OPERATIONS
+                   if self._authorizer is None or self._authorizer.allowed(operation, ResourceType.CLUSTER))
+
+    def _local_metadata(self, request: broker_pb2.MetadataRequest) -> broker_pb2.MetadataResponse:
+        """A cluster of one: this broker leads every partition of its registry."""
         topics = []
         checked = self._authorizer is not None
         if request.topics:
@@ -885,3 +902,13 @@ class BrokerServicer(ReadHandlers, broker_pb2_grpc.BrokerServicer):
                                                  error_code=code, error_message=message)
         return broker_pb2.PartitionProducers(topic=tp.topic, partition=tp.partition,
                                              error_code=ErrorCode.NONE, producers=producers)
+
+    # ---- log directories (Kafka's DescribeLogDirs; the answer is broker/log_dir_descriptions.py's) ----
+
+    @gated
+    def DescribeLogDirs(self, request: broker_pb2.DescribeLogDirsRequest,
+                        context) -> broker_pb2.DescribeLogDirsResponse:
+        if self._authorizer is not None and not self._cluster_allows(Operation.DESCRIBE):
+            return broker_pb2.DescribeLogDirsResponse(error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+                                                      error_message=self._denial(Operation.DESCRIBE, "the cluster"))
+        return describe_log_dirs(self._log_manager, request)

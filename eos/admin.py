@@ -24,7 +24,12 @@ with an ongoing or completing transaction that includes the partition.
 
 ACLs (create_acls, describe_acls, delete_acls) are Kafka's CreateAcls, DescribeAcls and
 DeleteAcls, asked of the bootstrap broker; bindings and filters are `eos.acl.AclBinding`
-and `eos.acl.AclFilter`.
+and `eos.acl.AclFilter`. What the caller itself may do to the cluster is KIP-430's
+authorized operations, carried by Metadata (`describe_cluster(include_authorized_operations=True)`).
+
+Storage is per broker: DescribeLogDirs is asked of every broker Metadata names (or those
+given), one request each, since on a cluster each broker answers only for the replicas it
+holds; the answers are put side by side by broker id.
 """
 from __future__ import annotations
 
@@ -34,7 +39,7 @@ from typing import Callable
 import grpc
 
 from eos import net, scram
-from eos.acl import AclBinding, AclFilter, binding_from_proto, binding_to_proto, filter_to_proto
+from eos.acl import AclBinding, AclFilter, Operation, binding_from_proto, binding_to_proto, filter_to_proto
 from eos.errors import EosError, ErrorCode, Reaction, error_for, reaction_for
 from eos.types import TopicPartition
 from eos.v1 import broker_pb2, cluster_pb2, cluster_pb2_grpc, common_pb2, group_pb2, group_pb2_grpc, txn_pb2
@@ -54,6 +59,9 @@ _OFFSET_SPECS = {"earliest": -2, "latest": -1, "max_timestamp": -3}
 MAX_TRANSACTION_TIMEOUT_MS = 15 * 60 * 1000     # Kafka's transaction.max.timeout.ms: find-hanging's default
 # A transaction the coordinator still works on: its partitions may legitimately be open.
 _LIVE_TXN_STATES = ("Ongoing", "PrepareCommit", "PrepareAbort")
+# KIP-430: the value of cluster_authorized_operations when the broker was not asked (or is
+# too old to know the field, in which case it answers 0: nothing allowed, the safe reading).
+_AUTHORIZED_OPERATIONS_OMITTED = -2**31
 
 
 def _isolation_level(isolation_level: str) -> int:
@@ -236,13 +244,25 @@ class Admin:
         """{"name", "internal", "partitions": [{"partition", "leader", "leader_epoch",
         "replicas", "isr", "offline_replicas"}], "configs": {per-topic overrides}}; leader -1
         when the partition has none (offline)."""
-        response = self._call("Metadata", lambda s: s.Metadata,
-                              broker_pb2.MetadataRequest(topics=[name], include_internal=True))
-        for topic in response.topics:
-            if topic.name != name:
+        described = self.describe_topics([name])
+        if name not in described:
+            raise error_for(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} is not in the answer")
+        return described[name]
+
+    def describe_topics(self, names=None, *, include_internal: bool = False) -> dict[str, dict]:
+        """{name: describe_topic's dict} from one Metadata request: of `names` (each raises
+        its error: unknown, not authorized), or of every topic the caller may describe
+        (internal ones only when asked), sorted by name."""
+        names = [names] if isinstance(names, str) else list(names or [])
+        response = self._call("Metadata", lambda s: s.Metadata, broker_pb2.MetadataRequest(
+            topics=names, include_internal=include_internal or bool(names)))
+        described = {}
+        for topic in sorted(response.topics, key=lambda t: t.name):
+            if names:
+                _raise_if_error(topic, f"cannot describe topic {topic.name!r}")
+            elif topic.error_code != ErrorCode.NONE or (topic.is_internal and not include_internal):
                 continue
-            _raise_if_error(topic, f"cannot describe topic {name!r}")
-            return {
+            described[topic.name] = {
                 "name": topic.name,
                 "internal": topic.is_internal,
                 "partitions": [
@@ -252,14 +272,57 @@ class Admin:
                     for p in sorted(topic.partitions, key=lambda p: p.partition)],
                 "configs": dict(topic.configs),
             }
-        raise error_for(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} is not in the answer")
+        return described
 
-    def describe_cluster(self) -> dict:
-        """{"cluster_id", "controller_id", "brokers": {node_id: "host:port"}, "racks": {node_id: rack}}."""
-        response = self._call("Metadata", lambda s: s.Metadata, broker_pb2.MetadataRequest(topics=[]))
-        return {"cluster_id": response.cluster_id, "controller_id": response.controller_id,
-                "brokers": {b.node_id: f"{b.host}:{b.port}" for b in response.brokers},
-                "racks": {b.node_id: b.rack for b in response.brokers if b.rack}}
+    def describe_cluster(self, *, include_authorized_operations: bool = False) -> dict:
+        """{"cluster_id", "controller_id", "brokers": {node_id: "host:port"}, "racks": {node_id: rack}};
+        with `include_authorized_operations` also "authorized_operations": the frozenset of
+        eos.acl.Operation this client may perform on the cluster (KIP-430; every cluster
+        operation when the broker has no authorizer), None if the broker did not say."""
+        response = self._call("Metadata", lambda s: s.Metadata, broker_pb2.MetadataRequest(
+            topics=[], include_cluster_authorized_operations=include_authorized_operations))
+        described = {"cluster_id": response.cluster_id, "controller_id": response.controller_id,
+                     "brokers": {b.node_id: f"{b.host}:{b.port}" for b in response.brokers},
+                     "racks": {b.node_id: b.rack for b in response.brokers if b.rack}}
+        if include_authorized_operations:
+            bits = response.cluster_authorized_operations
+            described["authorized_operations"] = None if bits == _AUTHORIZED_OPERATIONS_OMITTED else frozenset(
+                operation for operation in Operation if operation > Operation.ALL and bits & (1 << operation))
+        return described
+
+    def describe_log_dirs(self, brokers=None) -> dict[int, dict[str, dict]]:
+        """Kafka's describeLogDirs: {broker id: {log dir path: {"error" (None, or the EosError:
+        KAFKA_STORAGE_ERROR for an offline dir, with its cause), "total_bytes", "usable_bytes"
+        (None when unknown), "replicas": {TopicPartition: {"size_bytes", "offset_lag",
+        "is_future"}}}}} of `brokers` (ids; None: every broker). One request per broker;
+        raises the first broker's failure (unreachable, CLUSTER_AUTHORIZATION_FAILED without
+        DESCRIBE on the cluster)."""
+        if brokers is None:
+            self._metadata.fetch([])
+            brokers = sorted(self._metadata.brokers())
+        elif not self._metadata.brokers():
+            self._metadata.fetch([])
+        described = {}
+        for broker_id in brokers:
+            response = self._call("DescribeLogDirs", lambda s: s.DescribeLogDirs, broker_pb2.DescribeLogDirsRequest(),
+                                  stub=lambda broker_id=broker_id: self._stub_of_broker(broker_id))
+            _raise_if_error(response, f"cannot describe the log dirs of broker {broker_id}")
+            described[broker_id] = {d.log_dir: {
+                "error": None if d.error_code == ErrorCode.NONE else error_for(
+                    d.error_code, f"log dir {d.log_dir} of broker {broker_id}: "
+                                  f"{d.error_message or ErrorCode(d.error_code).name}"),
+                "total_bytes": d.total_bytes if d.total_bytes >= 0 else None,
+                "usable_bytes": d.usable_bytes if d.usable_bytes >= 0 else None,
+                "replicas": {TopicPartition(t.name, p.partition): {
+                    "size_bytes": p.size_bytes, "offset_lag": p.offset_lag, "is_future": p.is_future}
+                    for t in d.topics for p in t.partitions}} for d in response.results}
+        return described
+
+    def _stub_of_broker(self, broker_id: int):
+        stub = self._metadata.broker_stub(broker_id)
+        if stub is None:
+            raise error_for(ErrorCode.BROKER_NOT_AVAILABLE, f"broker {broker_id} is not in the cluster's metadata")
+        return stub
 
     # ---- the cluster: elections and reassignments (answered by the controller) -------------
 
@@ -406,9 +469,10 @@ class Admin:
             attempt += 1
             time.sleep(self._backoff.delay_ms(attempt) / 1000)
 
-    def _end_offsets(self, partitions, isolation_level: str) -> dict[TopicPartition, int | None]:
-        """ListOffsets latest of each partition (the LSO under read_committed); None where the
-        partition answers an error (a topic deleted since, say)."""
+    def end_offsets(self, partitions, isolation_level: str = "read_uncommitted") -> dict[TopicPartition, int | None]:
+        """{tp: its end}: ListOffsets latest, one request per leader (the high watermark, or
+        the LSO under read_committed); None where the partition answers an error (a topic
+        deleted since, say) instead of raising, so that one gone partition spoils no overview."""
         partitions = sorted(set(partitions))
         if not partitions:
             return {}
@@ -541,7 +605,7 @@ class Admin:
             raise error_for(ErrorCode.GROUP_ID_NOT_FOUND, f"consumer group {group_id!r} does not exist")
         owners = {tp: m for m in description["members"] for tp in m["assignment"]}
         partitions = set(committed) | set(owners)
-        ends = self._end_offsets(partitions, isolation_level)
+        ends = self.end_offsets(partitions, isolation_level)
         rows = []
         for tp in sorted(partitions):
             current, end, owner = committed.get(tp), ends.get(tp), owners.get(tp)

@@ -176,24 +176,28 @@ class ListedOffset(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., timestamp: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class MetadataRequest(_message.Message):
-    __slots__ = ("topics", "include_internal")
+    __slots__ = ("topics", "include_internal", "include_cluster_authorized_operations")
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_INTERNAL_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_CLUSTER_AUTHORIZED_OPERATIONS_FIELD_NUMBER: _ClassVar[int]
     topics: _containers.RepeatedScalarFieldContainer[str]
     include_internal: bool
-    def __init__(self, topics: _Optional[_Iterable[str]] = ..., include_internal: _Optional[bool] = ...) -> None: ...
+    include_cluster_authorized_operations: bool
+    def __init__(self, topics: _Optional[_Iterable[str]] = ..., include_internal: _Optional[bool] = ..., include_cluster_authorized_operations: _Optional[bool] = ...) -> None: ...
 
 class MetadataResponse(_message.Message):
-    __slots__ = ("brokers", "controller_id", "topics", "cluster_id")
+    __slots__ = ("brokers", "controller_id", "topics", "cluster_id", "cluster_authorized_operations")
     BROKERS_FIELD_NUMBER: _ClassVar[int]
     CONTROLLER_ID_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_AUTHORIZED_OPERATIONS_FIELD_NUMBER: _ClassVar[int]
     brokers: _containers.RepeatedCompositeFieldContainer[BrokerNode]
     controller_id: int
     topics: _containers.RepeatedCompositeFieldContainer[TopicMetadata]
     cluster_id: str
-    def __init__(self, brokers: _Optional[_Iterable[_Union[BrokerNode, _Mapping]]] = ..., controller_id: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[TopicMetadata, _Mapping]]] = ..., cluster_id: _Optional[str] = ...) -> None: ...
+    cluster_authorized_operations: int
+    def __init__(self, brokers: _Optional[_Iterable[_Union[BrokerNode, _Mapping]]] = ..., controller_id: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[TopicMetadata, _Mapping]]] = ..., cluster_id: _Optional[str] = ..., cluster_authorized_operations: _Optional[int] = ...) -> None: ...
 
 class BrokerNode(_message.Message):
     __slots__ = ("node_id", "host", "port", "rack")
@@ -426,6 +430,68 @@ class ProducerStateInfo(_message.Message):
     coordinator_epoch: int
     current_txn_start_offset: int
     def __init__(self, producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., last_sequence: _Optional[int] = ..., last_timestamp_ms: _Optional[int] = ..., coordinator_epoch: _Optional[int] = ..., current_txn_start_offset: _Optional[int] = ...) -> None: ...
+
+class DescribeLogDirsRequest(_message.Message):
+    __slots__ = ("topics",)
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedCompositeFieldContainer[DescribableLogDirTopic]
+    def __init__(self, topics: _Optional[_Iterable[_Union[DescribableLogDirTopic, _Mapping]]] = ...) -> None: ...
+
+class DescribableLogDirTopic(_message.Message):
+    __slots__ = ("topic", "partitions")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partitions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, topic: _Optional[str] = ..., partitions: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class DescribeLogDirsResponse(_message.Message):
+    __slots__ = ("throttle_time_ms", "error_code", "error_message", "results")
+    THROTTLE_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    throttle_time_ms: int
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    results: _containers.RepeatedCompositeFieldContainer[LogDirDescription]
+    def __init__(self, throttle_time_ms: _Optional[int] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., results: _Optional[_Iterable[_Union[LogDirDescription, _Mapping]]] = ...) -> None: ...
+
+class LogDirDescription(_message.Message):
+    __slots__ = ("error_code", "error_message", "log_dir", "topics", "total_bytes", "usable_bytes")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    LOG_DIR_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    USABLE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    log_dir: str
+    topics: _containers.RepeatedCompositeFieldContainer[LogDirTopic]
+    total_bytes: int
+    usable_bytes: int
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., log_dir: _Optional[str] = ..., topics: _Optional[_Iterable[_Union[LogDirTopic, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., usable_bytes: _Optional[int] = ...) -> None: ...
+
+class LogDirTopic(_message.Message):
+    __slots__ = ("name", "partitions")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    partitions: _containers.RepeatedCompositeFieldContainer[LogDirPartition]
+    def __init__(self, name: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[LogDirPartition, _Mapping]]] = ...) -> None: ...
+
+class LogDirPartition(_message.Message):
+    __slots__ = ("partition", "size_bytes", "offset_lag", "is_future")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_LAG_FIELD_NUMBER: _ClassVar[int]
+    IS_FUTURE_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    size_bytes: int
+    offset_lag: int
+    is_future: bool
+    def __init__(self, partition: _Optional[int] = ..., size_bytes: _Optional[int] = ..., offset_lag: _Optional[int] = ..., is_future: _Optional[bool] = ...) -> None: ...
 
 class AclBinding(_message.Message):
     __slots__ = ("resource_type", "resource_name", "pattern_type", "principal", "host", "operation", "permission")

@@ -84,6 +84,11 @@ class BrokerStub:
                 request_serializer=eos_dot_v1_dot_broker__pb2.DescribeProducersRequest.SerializeToString,
                 response_deserializer=eos_dot_v1_dot_broker__pb2.DescribeProducersResponse.FromString,
                 _registered_method=True)
+        self.DescribeLogDirs = channel.unary_unary(
+                '/eos.v1.Broker/DescribeLogDirs',
+                request_serializer=eos_dot_v1_dot_broker__pb2.DescribeLogDirsRequest.SerializeToString,
+                response_deserializer=eos_dot_v1_dot_broker__pb2.DescribeLogDirsResponse.FromString,
+                _registered_method=True)
         self.CreateAcls = channel.unary_unary(
                 '/eos.v1.Broker/CreateAcls',
                 request_serializer=eos_dot_v1_dot_broker__pb2.CreateAclsRequest.SerializeToString,
@@ -167,6 +172,14 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DescribeLogDirs(self, request, context):
+        """Kafka's DescribeLogDirs: this broker's log directories, each online or offline, and the
+        size of every replica it holds in them. Needs DESCRIBE on the cluster.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CreateAcls(self, request, context):
         """Kafka's ACL administration (kafka-acls.sh): create and delete need ALTER on the
         cluster, describe needs DESCRIBE on the cluster. SECURITY_DISABLED without an authorizer.
@@ -239,6 +252,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.DescribeProducers,
                     request_deserializer=eos_dot_v1_dot_broker__pb2.DescribeProducersRequest.FromString,
                     response_serializer=eos_dot_v1_dot_broker__pb2.DescribeProducersResponse.SerializeToString,
+            ),
+            'DescribeLogDirs': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeLogDirs,
+                    request_deserializer=eos_dot_v1_dot_broker__pb2.DescribeLogDirsRequest.FromString,
+                    response_serializer=eos_dot_v1_dot_broker__pb2.DescribeLogDirsResponse.SerializeToString,
             ),
             'CreateAcls': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateAcls,
@@ -526,6 +544,33 @@ class Broker:
             '/eos.v1.Broker/DescribeProducers',
             eos_dot_v1_dot_broker__pb2.DescribeProducersRequest.SerializeToString,
             eos_dot_v1_dot_broker__pb2.DescribeProducersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeLogDirs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/eos.v1.Broker/DescribeLogDirs',
+            eos_dot_v1_dot_broker__pb2.DescribeLogDirsRequest.SerializeToString,
+            eos_dot_v1_dot_broker__pb2.DescribeLogDirsResponse.FromString,
             options,
             channel_credentials,
             insecure,

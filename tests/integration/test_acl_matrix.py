@@ -294,6 +294,9 @@ CASES = [
     Case("DescribeProducers", lambda env: _setup_topic(env, "producers", 1), lambda ctx: grant(T, ctx["topic"], O.READ),
          lambda env, s, ctx: s.broker.DescribeProducers(broker_pb2.DescribeProducersRequest(
              partitions=_tp(ctx["topic"]))).partitions[0].error_code, ErrorCode.TOPIC_AUTHORIZATION_FAILED, False),
+    Case("DescribeLogDirs", lambda env: _setup_topic(env, "log-dirs", 1), lambda ctx: grant(C, CLUSTER_NAME, O.DESCRIBE),
+         lambda env, s, ctx: s.broker.DescribeLogDirs(broker_pb2.DescribeLogDirsRequest()).error_code,
+         ErrorCode.CLUSTER_AUTHORIZATION_FAILED, False),
     Case("CreateAcls", lambda env: {"topic": "acl-made"}, lambda ctx: grant(C, CLUSTER_NAME, O.ALTER),
          lambda env, s, ctx: s.broker.CreateAcls(broker_pb2.CreateAclsRequest(creations=[binding_to_proto(
              grant(T, ctx["topic"], O.READ, principal="User:dave")[0])])).results[0].error_code,
