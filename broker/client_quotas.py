@@ -229,7 +229,8 @@ class ClientQuotas:
 
 
 # Calls never charged to a request quota (the brokers' own, and logging in).
-_EXEMPT_PREFIXES = ("/eos.v1.Cluster/", "/eos.v1.Security/SaslAuthenticate")
+_EXEMPT_PREFIXES = ("/eos.v1.Cluster/", "/eos.v1.Security/SaslAuthenticate", "/grpc.health.v1.Health/",
+                    "/grpc.reflection.")
 _EXEMPT_METHODS = frozenset({"/eos.v1.Broker/WriteTxnMarkers"})
 PERCENT_SECONDS_PER_NS = 100 / 1e9        # one second of one thread is 100 (percent-seconds)
 

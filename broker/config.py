@@ -124,6 +124,11 @@ class BrokerConfig:
     # ---- threads (see rpc_pool_limits) ----
     num_io_threads: int = RPC_WORKERS_FOR_SHORT_CALLS
     queued_max_requests: int = QUEUED_MAX_REQUESTS
+    # ---- operations (broker/metrics.py) ----
+    # eos's own key (Kafka exposes JMX; a JMX exporter's port plays this part): Prometheus
+    # metrics over HTTP on this port of the broker's host; -1 (the default): none, and no
+    # per-request metrics are kept; 0: a free port.
+    metrics_port: int = -1
     # ---- listeners and TLS (broker/security.py) ----
     # Kafka's listeners; empty: one PLAINTEXT listener on the host and port BrokerServer is given.
     listeners: tuple[Listener, ...] = ()
@@ -284,6 +289,7 @@ _INT_SETTINGS = {
     "transaction.max.timeout.ms": ("transaction_max_timeout_ms", 1, None),
     "transactional.id.expiration.ms": ("transactional_id_expiration_ms", 1, None),
     "num.io.threads": ("num_io_threads", 1, 1024),
+    "metrics.port": ("metrics_port", -1, 65535),
     "quota.window.num": ("quota_window_num", 2, 1000),
     "quota.window.size.seconds": ("quota_window_size_seconds", 1, 3600),
     "queued.max.requests": ("queued_max_requests", 1, None),

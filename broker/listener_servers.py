@@ -16,6 +16,14 @@ functions and the broker's start and stop take one server: each service (the sam
 object) is added to every server, so all listeners serve everything and share all state;
 each server has its own worker pool sized by rpc_pool_limits (threads are made on demand)
 and its own identity interceptor, which knows that server's listeners only.
+
+The servers serve before the broker's logs are recovered, so that the gRPC health service
+can say NOT_SERVING while they are (a large log takes minutes), as an operator's probe
+expects, instead of a refused connection. The broker's own services are made only once the
+logs are open, so they are added to `LateServices`, the one generic handler the servers
+hold besides health and reflection: until `open()` it answers every call UNAVAILABLE
+("loading"), which clients retry as they retry a broker that is not up yet; after, it hands
+each call to its service's handler (one dict lookup).
 """
 from __future__ import annotations
 
@@ -38,6 +46,39 @@ def group_listeners(listeners: Iterable[Listener]) -> list[tuple[Listener, ...]]
         else:
             groups.append([listener])
     return [tuple(group) for group in groups]
+
+
+def _loading(request_iterator, context):
+    context.abort(grpc.StatusCode.UNAVAILABLE, "the broker is starting: its logs and coordinators are loading")
+
+
+# A stream-stream handler reads nothing before it aborts, so it answers a call of any shape.
+_LOADING_HANDLER = grpc.stream_stream_rpc_method_handler(_loading)
+
+
+class LateServices(grpc.GenericRpcHandler):
+    """Services added while the servers already serve (see the module doc). It has the face
+    the generated add_*Servicer_to_server functions use, so services are added to it as to
+    a server."""
+
+    def __init__(self):
+        self._handlers: dict[str, grpc.RpcMethodHandler] = {}
+        self._open = False
+
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        """Ignored: the generated functions give the same handlers to add_registered_method_handlers."""
+
+    def add_registered_method_handlers(self, service_name: str, method_handlers) -> None:
+        for method, handler in method_handlers.items():
+            self._handlers[f"/{service_name}/{method}"] = handler
+
+    def open(self) -> None:
+        self._open = True
+
+    def service(self, handler_call_details):
+        if not self._open:
+            return _LOADING_HANDLER
+        return self._handlers.get(handler_call_details.method)
 
 
 class _AllStopped:

@@ -26,7 +26,7 @@ timestamp (KIP-734).
 
 `ReadHandlers` is a part of `broker/service.BrokerServicer` (which inherits it): it uses
 the servicer's `_log_for`, `_authorizer`, `_topic_denied`, `_denial`, `_replicas`,
-`_purgatory`, `_quotas`, `_fetch_max_wait_cap_ms` and `_log_partition_error`.
+`_purgatory`, `_quotas`, `_fetch_max_wait_cap_ms`, `_log_partition_error` and `traffic`.
 """
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ from broker.acl import Operation
 from broker.quotas import CONSUMER_BYTE_RATE
 from broker.request_gate import gated
 from eos.errors import EosError, ErrorCode, InvalidRequestError, error_code_and_message
+from eos.records.header import offsets_spanned
 from eos.types import TopicPartition
 from eos.v1 import broker_pb2, common_pb2
 
@@ -242,6 +243,8 @@ class ReadHandlers:
                 except Exception:  # the error above is the one to report
                     pass
             return result
+        if self.traffic is not None and data.records:
+            self.traffic.fetched(fp.topic, len(data.records), offsets_spanned(data.records, data.first_offset))
         return broker_pb2.FetchedPartition(
             topic=fp.topic, partition=fp.partition, error_code=ErrorCode.NONE,
             high_watermark=data.high_watermark, last_stable_offset=data.last_stable_offset,

@@ -43,6 +43,8 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 import grpc
+from grpc_health.v1 import health, health_pb2
+from grpc_reflection.v1alpha import reflection
 
 from broker.group.coordinator import GroupCoordinator
 from broker.group.service import GroupCoordinatorServicer
@@ -50,7 +52,7 @@ from broker.config import GRPC_MESSAGE_BYTES_MAX, BrokerConfig
 from broker.data_dir import (META_PROPERTIES, DataDirLock, load_or_create_meta_properties, new_cluster_id,
                              read_data_dir_cluster_id, read_known_log_dirs, write_known_log_dirs)
 from broker.in_process import InProcessBrokerStub
-from broker.listener_servers import ServerGroup, group_listeners
+from broker.listener_servers import LateServices, ServerGroup, group_listeners
 from broker.authorizer import ACL_FILE_NAME, Authorizer, FileAclStore
 from broker.purgatory import FetchPurgatory
 from broker.metadata.types import ListenerEndpoint, format_host_port
@@ -63,9 +65,11 @@ from broker.security_service import SecurityServicer
 from broker.reads import FETCH_MAX_WAIT_CAP_MS
 from broker.service import BrokerServicer, NodeAddress
 from broker.topics import TopicRegistry
+from broker.traffic import TopicTraffic
 from eos.errors import EosError, ErrorCode, InvalidConfigError, StorageError
 from eos.types import TopicPartition
-from eos.v1 import broker_pb2_grpc, cluster_pb2_grpc, group_pb2_grpc, security_pb2_grpc, txn_pb2_grpc
+from eos.v1 import (broker_pb2, broker_pb2_grpc, cluster_pb2, cluster_pb2_grpc, group_pb2, group_pb2_grpc, security_pb2,
+                    security_pb2_grpc, txn_pb2, txn_pb2_grpc)
 from txn_coordinator.producer_ids import PRODUCER_IDS_FILE_NAME, ProducerIdManager
 from txn_coordinator.coordinator import BrokerLink, RoutingBrokerLink, TransactionCoordinator
 from txn_coordinator.service import TxnCoordinatorServicer
@@ -84,6 +88,10 @@ TXN_PARKED_REQUESTS_MAX = 16
 # (and num.io.threads more, broker/config.py: see rpc_pool_limits)
 STOP_GRACE_S = 10.0
 HOUSEKEEPING_JOIN_TIMEOUT_S = 60.0
+# What the health service reports on: the whole broker ("", gRPC's convention) and each service.
+HEALTH_SERVICE_NAMES = ("",) + tuple(module.DESCRIPTOR.services_by_name[name].full_name for module, name in (
+    (broker_pb2, "Broker"), (cluster_pb2, "Cluster"), (txn_pb2, "TxnCoordinator"), (group_pb2, "GroupCoordinator"),
+    (security_pb2, "Security")))
 
 
 def rpc_pool_limits(config: BrokerConfig) -> tuple[int, int]:
@@ -158,6 +166,15 @@ class BrokerServer:
                                                       sessions=self._sessions) for group in self._listener_groups]
         self.cluster_id: str | None = None
         self._now_ms = now_ms_fn
+        # Operations: metrics only when metrics.port is set (the request interceptor with
+        # them); the health service always, NOT_SERVING until the logs and coordinators load.
+        from broker.metrics import BrokerMetrics
+        self._metrics = BrokerMetrics(self) if self.config.metrics_port >= 0 else None
+        self._health = health.HealthServicer(experimental_non_blocking=True)
+        for name in HEALTH_SERVICE_NAMES:
+            self._health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        self._late_services = LateServices()
+        self._ready = threading.Event()
         self._locks = [DataDirLock(d) for d in self.log_dirs]
         self._failed_log_dirs: dict[str, str] = {}      # log.dirs that could not be prepared
         self._log_manager = None
@@ -241,6 +258,36 @@ class BrokerServer:
         return self._producer_ids
 
     @property
+    def servicer(self) -> BrokerServicer | None:
+        return self._servicer
+
+    @property
+    def cluster(self):
+        """broker.cluster_node.ClusterNode when zookeeper.connect is set, else None."""
+        return self._cluster
+
+    @property
+    def ready(self) -> bool:
+        """The logs are recovered and the coordinators loaded: health says SERVING."""
+        return self._ready.is_set()
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The port /metrics is served on, or None without metrics.port."""
+        return None if self._metrics is None else self._metrics.port
+
+    @property
+    def metrics_registry(self):
+        """The broker's prometheus_client registry, or None without metrics.port."""
+        return None if self._metrics is None else self._metrics.registry
+
+    def _became_ready(self) -> None:
+        self._ready.set()
+        for name in HEALTH_SERVICE_NAMES:
+            self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log.info("eos broker node %d ready: health SERVING", self.node_id)
+
+    @property
     def fetch_waiter_count(self) -> int:
         """Long-poll fetches parked right now (for tests and metrics)."""
         return 0 if self._servicer is None else self._servicer.fetch_waiter_count
@@ -273,15 +320,17 @@ class BrokerServer:
         return self
 
     def _start_locked(self) -> None:
-        """Data dirs, storage, the gRPC server, the services, then serving (in that order: each
-        step needs the ones before it)."""
+        """Data dirs, the gRPC servers (serving health, NOT_SERVING, and the metrics), storage,
+        then the services (in that order: each step needs the ones before it)."""
         self._prepare_data_dirs()
+        self._new_grpc_server()
+        if self._metrics is not None:
+            self._metrics.start(self.host, self.config.metrics_port)
         self._open_storage()
-        server = self._new_grpc_server()
         # What this node advertises on the inter-broker listener (its bound port unless
         # advertised.listeners says otherwise): the group coordinator's and a cluster's address.
         bound_port = self.listener_nodes[self.inter_broker_listener.name].port
-        self._start_services(server, bound_port)
+        self._start_services(self._late_services, bound_port)
         self._housekeeping_thread = threading.Thread(
             target=self._housekeeping_loop, name="eos-broker-housekeeping", daemon=True)
         self._housekeeping_thread.start()
@@ -381,7 +430,8 @@ class BrokerServer:
 
     def _new_grpc_server(self) -> ServerGroup:
         """The gRPC servers (one per listener group, broker/listener_servers.py; one for
-        most brokers), each pool sized by rpc_pool_limits, bound to their listeners."""
+        most brokers), each pool sized by rpc_pool_limits, bound to their listeners, serving
+        health and reflection now and the broker's services once they open."""
         config = self.config
         worker_threads, concurrent_rpcs_max = rpc_pool_limits(config)
         self._grpc_server = servers = ServerGroup([])     # set first: a failed start stops what is bound
@@ -401,15 +451,24 @@ class BrokerServer:
                 # A broker with one PLAINTEXT listener has one address and one principal
                 # (ANONYMOUS): it skips the identity interceptor (a wrapper and an auth_context()
                 # call on every RPC, which the latency rows would pay for nothing). The request
-                # quota's costs one dict lookup per call while no entity has one.
-                interceptors=([interceptor] if identity else []) + [self._request_quota])
+                # quota's costs one dict lookup per call while no entity has one. Request
+                # metrics, outermost so they time the throttles too, only with metrics.port.
+                interceptors=([self._metrics.interceptor] if self._metrics is not None else [])
+                + ([interceptor] if identity else []) + [self._request_quota])
             servers.servers.append(server)
             self._bind_listeners(server, group)
+        from grpc_health.v1 import health_pb2_grpc
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, servers)
+        reflection.enable_server_reflection(HEALTH_SERVICE_NAMES[1:] + (
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), servers)
+        servers.add_generic_rpc_handlers((self._late_services,))
+        servers.start()
         return servers
 
-    def _start_services(self, server: ServerGroup, bound_port: int) -> None:
+    def _start_services(self, server: LateServices, bound_port: int) -> None:
         """The group coordinator, the Broker, Cluster, TxnCoordinator and GroupCoordinator
-        services on `server`, then serving; the transaction coordinator loads after."""
+        services added to `server`, which then opens; the transaction coordinator loads
+        after, and then the broker is ready."""
         config = self.config
         cluster = self._cluster
         producer_ids = self._producer_ids
@@ -444,7 +503,8 @@ class BrokerServer:
             metadata=None if cluster is None else cluster.metadata,
             replicas=None if cluster is None else cluster.replicas,
             topic_admin=None if cluster is None else cluster.topic_admin,
-            listener_nodes=self.listener_nodes, authorizer=self._authorizer, quotas=self._quotas)
+            listener_nodes=self.listener_nodes, authorizer=self._authorizer, quotas=self._quotas,
+            traffic=TopicTraffic() if self._metrics is not None else None)
         broker_pb2_grpc.add_BrokerServicer_to_server(self._servicer, server)
         if cluster is not None:
             from broker.cluster_service import ClusterServicer
@@ -462,12 +522,13 @@ class BrokerServer:
         group_pb2_grpc.add_GroupCoordinatorServicer_to_server(GroupCoordinatorServicer(
             self._group_coordinator, node_for_call=self._servicer.node_for_call, authorizer=self._authorizer), server)
         security_pb2_grpc.add_SecurityServicer_to_server(self._security_servicer(), server)
-        server.start()
+        server.open()
         if cluster is None:
             threading.Thread(target=self._start_txn_coordinator, name="eos-txn-load", daemon=True).start()
         else:
             self._txn_coordinator.start()     # threads only: partitions load with leadership
             cluster.join(bound_port, self._advertised_endpoints())
+            self._became_ready()
 
     def _new_txn_coordinator(self, bound_port: int) -> TransactionCoordinator:
         """The transaction coordinator reaches this broker only through the Broker service's
@@ -535,6 +596,7 @@ class BrokerServer:
                 return
             try:
                 self._txn_coordinator.start()
+                self._became_ready()
                 return
             except Exception:
                 if self._stopping.is_set():
@@ -611,6 +673,8 @@ class BrokerServer:
             self._group_coordinator.stop()
         if self._grpc_server is not None:
             self._grpc_server.stop(0)
+        if self._metrics is not None:
+            self._metrics.stop()
         if self._log_cleaner is not None:
             self._log_cleaner.stop()
         if self._log_manager is not None:
@@ -656,6 +720,8 @@ class BrokerServer:
                 # producers see a leader change, not a dead leader.
                 self._cluster.controlled_shutdown()
             self._stopping.set()
+            self._ready.clear()
+            self._health.enter_graceful_shutdown()       # probes see NOT_SERVING while it stops
             if self._txn_coordinator is not None:
                 self._txn_coordinator.stop()
             if self._group_coordinator is not None:
@@ -665,6 +731,8 @@ class BrokerServer:
             if not self._servicer.close_and_drain(grace_s):
                 log.warning("requests still running after %.1f s; closing the logs anyway", grace_s)
             stopped_event.wait(grace_s)
+            if self._metrics is not None:
+                self._metrics.stop()
             if self._housekeeping_thread is not None:
                 self._housekeeping_thread.join(HOUSEKEEPING_JOIN_TIMEOUT_S)
                 if self._housekeeping_thread.is_alive():

@@ -71,6 +71,7 @@ import collections
 import contextlib
 import functools
 import logging
+import os
 import time
 from typing import Callable, NamedTuple
 
@@ -86,6 +87,7 @@ from broker.produce_streams import NOTHING_YET, ProduceStreams, ProduceStreamSes
 from broker.reads import FETCH_MAX_WAIT_CAP_MS, ReadHandlers
 from broker.request_gate import RequestGate, gated
 from broker.topics import TopicInfo, TopicRegistry, is_internal_topic, validate_topic_name
+from broker.traffic import StorageErrors, TopicTraffic
 from eos.errors import (
     EosError,
     ErrorCode,
@@ -211,7 +213,8 @@ class BrokerServicer(ReadHandlers, broker_pb2_grpc.BrokerServicer):
                  on_offsets_txn_marker: OffsetsTxnMarkerHook | None = None,
                  max_produce_streams: int = PRODUCE_STREAMS_MAX,
                  metadata=None, replicas=None, topic_admin=None,
-                 listener_nodes: dict[str, NodeAddress] | None = None, authorizer=None, quotas=None):
+                 listener_nodes: dict[str, NodeAddress] | None = None, authorizer=None, quotas=None,
+                 traffic: TopicTraffic | None = None):
         """`verify_txn` asks the transaction coordinator whether partitions are registered in
         a producer's open transaction (None: no coordinator, transactional writes are not
         verified); `add_txn_partitions` adds them for a request that asks it (KIP-890 part 2;
@@ -221,7 +224,8 @@ class BrokerServicer(ReadHandlers, broker_pb2_grpc.BrokerServicer):
         `listener_nodes` is this node's advertised address per listener name: a call that
         came in on a listener is answered with that listener's address (Kafka's rule).
         `authorizer` (broker.authorizer.Authorizer) checks each call's ACLs; None: no checks.
-        `quotas` (broker.client_quotas.ClientQuotas) holds clients to their byte rates; None: none."""
+        `quotas` (broker.client_quotas.ClientQuotas) holds clients to their byte rates; None: none.
+        `traffic` counts bytes and records per topic for the broker's metrics; None: not counted."""
         self._registry = registry
         self._log_manager = log_manager
         self._purgatory = purgatory
@@ -246,6 +250,8 @@ class BrokerServicer(ReadHandlers, broker_pb2_grpc.BrokerServicer):
         self._streams = ProduceStreams(max_produce_streams)
         self._authorizer = authorizer
         self._quotas = quotas
+        self.traffic = traffic
+        self.storage_errors = StorageErrors()
 
     # ---- authorization (see "Authorization" in the module doc) ---------------------------------
 
@@ -546,6 +552,8 @@ class BrokerServicer(ReadHandlers, broker_pb2_grpc.BrokerServicer):
         if not append.duplicate:
             # wakes followers' long polls (they read to the log end) and, on one node, readers
             self._purgatory.notify(TopicPartition(p.topic, p.partition))
+            if self.traffic is not None:
+                self.traffic.produced(p.topic, len(p.records), append.last_offset - append.first_offset + 1)
         if replicas is not None:
             if acks == -1:
                 wait = functools.partial(replicas.wait_for_high_watermark, p.topic, p.partition,
@@ -561,9 +569,16 @@ class BrokerServicer(ReadHandlers, broker_pb2_grpc.BrokerServicer):
             base_offset=append.first_offset, log_append_time_ms=append.log_append_time_ms,
             log_start_offset=partition_log.log_start_offset)
 
-    @staticmethod
-    def _log_partition_error(rpc: str, topic: str, partition: int, exc: BaseException) -> None:
-        if isinstance(exc, EosError):
+    def _log_partition_error(self, rpc: str, topic: str, partition: int, exc: BaseException) -> None:
+        if isinstance(exc, EosError) and exc.code == ErrorCode.KAFKA_STORAGE_ERROR:
+            # A failing disk answers every request with this: logged once per partition and
+            # log dir, counted always (broker/traffic.py)
+            partition_log = self._log_manager.get_log(topic, partition)
+            log_dir = os.path.dirname(partition_log.directory) if partition_log is not None else ""
+            if self.storage_errors.record(topic, partition, log_dir):
+                log.error("%s %s-%d: storage error in log dir %s: %s (logged once for this partition; "
+                          "eos_log_storage_errors_total counts them)", rpc, topic, partition, log_dir or "?", exc)
+        elif isinstance(exc, EosError):
             log.debug("%s %s-%d: %s", rpc, topic, partition, exc)
         else:
             log.exception("%s %s-%d failed unexpectedly", rpc, topic, partition, exc_info=exc)

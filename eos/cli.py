@@ -116,7 +116,35 @@ def cmd_broker_start(args) -> int:
         config["log.dirs"] = ",".join(data_dirs)     # JBOD: the first keeps the broker's own files
     if args.allow_plaintext_remote:
         config["allow.plaintext.remote"] = "true"
+    if args.metrics_port is not None:
+        config["metrics.port"] = str(args.metrics_port)
     return run_broker(data_dirs[0], host=args.host, port=args.port, node_id=args.node_id, config=config)
+
+
+def cmd_broker_health(args) -> int:
+    """gRPC's standard health check of one broker: exit 0 when SERVING. With --wait-ms, ask
+    again (every 200 ms) until it is SERVING or the time is up, as a start-up probe does."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from eos.net import open_channel, security_of
+
+    channel = open_channel(args.bootstrap_server, security_of(client_config(args)))
+    stub = health_pb2_grpc.HealthStub(channel)
+    deadline_s = time.monotonic() + args.wait_ms / 1000.0
+    try:
+        while True:
+            try:
+                status = health_pb2.HealthCheckResponse.ServingStatus.Name(stub.Check(
+                    health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout_ms / 1000.0).status)
+            except grpc.RpcError as exc:
+                status = f"unreachable ({exc.code().name}: {exc.details()})"
+            if status == "SERVING" or time.monotonic() >= deadline_s:
+                break
+            time.sleep(0.2)
+    finally:
+        channel.close()
+    print(f"{args.bootstrap_server}{' ' + args.service if args.service else ''}: {status}", flush=True)
+    return 0 if status == "SERVING" else 1
 
 
 # ---- topics ----------------------------------------------------------------------------
@@ -611,7 +639,17 @@ def _add_broker_command(commands) -> None:
     start.add_argument("--allow-plaintext-remote", action="store_true",
                        help="allow a PLAINTEXT listener on an address other machines can reach "
                             "(allow.plaintext.remote=true; refused by default)")
+    start.add_argument("--metrics-port", type=int, metavar="PORT",
+                       help="serve Prometheus metrics at http://HOST:PORT/metrics (metrics.port; off by default)")
     start.set_defaults(handler=cmd_broker_start)
+    health = broker_actions.add_parser("health", help="gRPC health check: SERVING once the broker's logs and "
+                                                      "coordinators are loaded (exit 0), else exit 1")
+    health.add_argument("--bootstrap-server", default=DEFAULT_BOOTSTRAP, help="host:port of the broker")
+    health.add_argument("--service", default="", help="one service (e.g. eos.v1.Broker); default: the broker")
+    health.add_argument("--wait-ms", type=int, default=0, help="ask again until SERVING, for up to this long")
+    health.add_argument("--timeout-ms", type=int, default=5000, help="each check's deadline")
+    add_client_arguments(health)
+    health.set_defaults(handler=cmd_broker_health)
 
 
 def _add_topics_command(client_command) -> None:
@@ -773,6 +811,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_users_commands(commands, client_command)
     from eos.cli_configs import add_commands as add_configs_commands
     add_configs_commands(client_command)
+    from eos.console.cli import add_commands as add_console_commands   # eos console: the web console
+    add_console_commands(commands, add_client_arguments, DEFAULT_BOOTSTRAP)
     _add_demo_command(commands)
     return parser
 

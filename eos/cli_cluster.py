@@ -32,7 +32,8 @@ def cmd_cluster_start(args) -> int:
         config = {**tls.broker_config, **config}
         tls_options = {"listener_protocol": "SSL", "client_config": tls.client_config}
     cluster = LocalCluster(args.data_dir, brokers=args.brokers, base_port=args.base_port,
-                           zookeeper_port=args.zookeeper_port, broker_config=config, **tls_options)
+                           zookeeper_port=args.zookeeper_port, broker_config=config,
+                           metrics_base_port=args.metrics_base_port, **tls_options)
     stop_requested = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop_requested.set()) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
@@ -42,6 +43,9 @@ def cmd_cluster_start(args) -> int:
         print(f"ZooKeeper: {cluster.zookeeper_connect}", flush=True)
         for broker_id, proc in sorted(cluster.processes.items()):
             print(f"broker {broker_id}: {proc.address} (data dir {proc.data_dir}, log {proc.log_path})", flush=True)
+            if args.metrics_base_port > 0:
+                print(f"broker {broker_id} metrics: http://127.0.0.1:{args.metrics_base_port + broker_id}/metrics",
+                      flush=True)
         print(f"bootstrap: {cluster.bootstrap}", flush=True)
         if args.tls:
             print(f"TLS: every listener is SSL with mutual TLS; clients use --command-config {tls.client_file} "
@@ -204,6 +208,8 @@ def add_commands(commands, client_command, parse_pairs) -> None:
     start.add_argument("--data-dir", default="./eos-cluster")
     start.add_argument("--base-port", type=int, default=9092, help="broker i listens on base-port + i")
     start.add_argument("--zookeeper-port", type=int, default=2181)
+    start.add_argument("--metrics-base-port", type=int, default=9404,
+                       help="broker i serves Prometheus metrics on this port + i (-1: none)")
     start.add_argument("--config", action="append", metavar="NAME=VALUE", help="broker config for every broker")
     start.add_argument("--tls", action="store_true",
                        help="SSL listeners with mutual TLS, brokers included, from a throwaway CA made in "

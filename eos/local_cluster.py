@@ -54,10 +54,15 @@ class BrokerProcess:
     log_path: Path
     process: subprocess.Popen | None = None
     paused: bool = False
+    metrics_port: int | None = None     # its Prometheus endpoint, kept across restarts
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self) -> str | None:
+        return None if self.metrics_port is None else f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     @property
     def running(self) -> bool:
@@ -76,6 +81,8 @@ class LocalCluster:
     chroot: str = ""
     listener_protocol: str = "PLAINTEXT"     # or SSL: see the module doc
     client_config: dict[str, str] = field(default_factory=dict)
+    # broker i serves Prometheus metrics on metrics_base_port + i; 0: on free ports; -1: none
+    metrics_base_port: int = -1
     processes: dict[int, BrokerProcess] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -132,6 +139,10 @@ class LocalCluster:
         config = {"zookeeper.connect": self.connect_string, **self.broker_config}
         if self.listener_protocol != "PLAINTEXT":
             config["listeners"] = f"{self.listener_protocol}://127.0.0.1:{proc.port}"
+        if self.metrics_base_port >= 0:
+            if proc.metrics_port is None:
+                proc.metrics_port = self.metrics_base_port + broker_id if self.metrics_base_port else free_port()
+            config["metrics.port"] = str(proc.metrics_port)
         args = [sys.executable, "-m", "broker", "--data-dir", str(proc.data_dir), "--host", "127.0.0.1",
                 "--port", str(proc.port), "--node-id", str(broker_id)]
         for name, value in config.items():

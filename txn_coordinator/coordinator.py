@@ -52,7 +52,7 @@ from eos.types import TopicPartition
 from eos.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 from txn_coordinator import txn_log
 from txn_coordinator.state import (TRANSACTION_MAX_TIMEOUT_MS, TRANSACTIONAL_ID_EXPIRATION_MS, Decision, MarkerEntry,
-                                   MarkerRequest, TxnCoordinatorCore, TxnMetadata)
+                                   MarkerRequest, TxnCoordinatorCore, TxnMetadata, TxnState)
 
 log = logging.getLogger("eos.txn_coordinator")
 
@@ -264,6 +264,9 @@ class TransactionCoordinator:
         self.partitioned = partitioned
         self._owned: dict[int, int] = {}         # partition -> coordinator epoch (its leader epoch)
         self._loading: set[int] = set()
+        # transactions this coordinator completed (Complete* written), for the broker's metrics
+        self.transactions_committed = 0
+        self.transactions_aborted = 0
         if partitioned:
             self._core.epoch_of = lambda tid: self._owned.get(
                 txn_log.partition_for(tid, self._partitions), self._core.coordinator_epoch)
@@ -362,6 +365,11 @@ class TransactionCoordinator:
     def ready(self) -> bool:
         return self._ready.is_set()
 
+    @property
+    def concurrent_waiter_count(self) -> int:
+        """Requests parked until their id's previous transaction completes (for metrics)."""
+        return self._concurrent_waiters
+
     # ---- carrying out decisions ---------------------------------------------------------------
 
     def _carry_out(self, decision: Decision) -> Decision:
@@ -390,6 +398,10 @@ class TransactionCoordinator:
                                 message=f"{md.transactional_id!r}: its {STATE_TOPIC} partition was reloaded "
                                         f"while the write was in flight; retry")
             markers = self._core.write_completed(md)
+            if md.state is TxnState.COMPLETE_COMMIT:
+                self.transactions_committed += 1
+            elif md.state is TxnState.COMPLETE_ABORT:
+                self.transactions_aborted += 1
             self._lock.notify_all()
         if markers is not None:
             self._markers.put(markers)

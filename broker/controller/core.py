@@ -153,6 +153,9 @@ class ControllerCore:
         self._attempts: dict[TP, int] = {}
         self._unclean: set[TP] = set()               # decided by an unclean election, not yet sent
         self.unclean_elections: list[tuple[TP, int]] = []   # (partition, leader): for logs and tests
+        # written states that gave a partition a different leader (clean or unclean): Kafka's
+        # LeaderElectionRateAndTimeMs counts these; the shell adds them up across terms
+        self.leader_elections = 0
         self.errors: list[str] = []                 # decisions given up on (for logs and tests)
 
     # ---- model queries ------------------------------------------------------------------------
@@ -632,8 +635,11 @@ class ControllerCore:
             self._attempts.pop(tp, None)
             if decided is None:
                 continue
+            previous = self.states.get(tp)
             if tp not in self.states:
                 new_partitions.add(tp)
+            elif decided.leader != NO_LEADER and decided.leader != previous[0].leader:
+                self.leader_elections += 1
             self.states[tp] = (decided, result)
             target = PartitionState.ONLINE if decided.leader != NO_LEADER else PartitionState.OFFLINE
             self.partition_states.transition([tp], target)

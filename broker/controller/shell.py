@@ -76,6 +76,12 @@ class Controller:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._next_rebalance_ms = 0
+        # For the broker's metrics (read from other threads; only the controller thread writes):
+        # elections over every term this broker was controller, and the partitions without a
+        # leader as the last event left them (0 while not the controller, as in Kafka).
+        self.leader_elections_total = 0
+        self.unclean_leader_elections_total = 0
+        self.offline_partitions = 0
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -222,6 +228,7 @@ class Controller:
     def _resign(self, delete_znode: bool = False) -> None:
         was_active = self._core is not None
         self._core = None
+        self.offline_partitions = 0
         self._channels.set_brokers({})
         if was_active:
             log.info("broker %d resigned as controller (epoch %d)", self.broker_id, self._epoch)
@@ -354,7 +361,16 @@ class Controller:
         whose answers are carried out in turn (bounded)."""
         from broker.controller import core as c
 
-        pending = list(effects or ())
+        try:
+            self._execute_effects(list(effects or ()))
+        finally:
+            if self._core is not None:
+                self.offline_partitions = sum(1 for state, _ in self._core.states.values()
+                                              if state.leader == c.NO_LEADER)
+
+    def _execute_effects(self, pending: list) -> None:
+        from broker.controller import core as c
+
         rounds = 0
         while pending:
             effect = pending.pop(0)
@@ -374,7 +390,10 @@ class Controller:
                     if _is_controller_moved(result):
                         raise result
                 seen_unclean = len(self._core.unclean_elections)
+                seen_elections = self._core.leader_elections
                 pending[:0] = list(self._core.states_written(results) or ())
+                self.leader_elections_total += self._core.leader_elections - seen_elections
+                self.unclean_leader_elections_total += len(self._core.unclean_elections) - seen_unclean
                 for (topic, partition), leader in self._core.unclean_elections[seen_unclean:]:
                     log.warning("%s-%d: UNCLEAN leader election: broker %d leads without being in sync; "
                                 "acknowledged records may be lost (unclean.leader.election.enable)",

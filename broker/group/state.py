@@ -410,6 +410,9 @@ class GroupCoordinatorCore:
         self.offsets_partitions = offsets_partitions
         self.member_id_factory = member_id_factory
         self.groups: dict[str, Group] = {}
+        # rebalances that ended with a new generation of members (Kafka's group coordinator
+        # "rebalance-total"), for the broker's metrics
+        self.rebalances_completed = 0
         self._tokens = itertools.count(1)
         self._open_tokens: set[int] = set()
         self._write_ids = itertools.count(1)
@@ -587,6 +590,7 @@ class GroupCoordinatorCore:
             return
         group.generation_id += 1
         if group.members:
+            self.rebalances_completed += 1
             group.protocol_name = group.select_protocol()
             _transition(group, S.COMPLETING_REBALANCE, now_ms)
         else:

@@ -136,6 +136,10 @@ class ReplicaManager:
         self._followers: dict[tuple[str, int], _Follower] = {}
         self._stopping = threading.Event()
         self._isr_thread: threading.Thread | None = None
+        # ISR changes this broker wrote as leader (Kafka's IsrShrinksPerSec/IsrExpandsPerSec),
+        # for the broker's metrics
+        self.isr_shrinks = 0
+        self.isr_expands = 0
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -408,6 +412,7 @@ class ReplicaManager:
             if proposal is None:
                 return
             leader.isr_write_in_flight = True
+            isr_before = set(leader.core.isr)
         a = leader.assignment
         try:
             new_version = self._isr_writer(tp[0], tp[1], self.broker_id, a.leader_epoch, tuple(proposal.isr),
@@ -423,6 +428,10 @@ class ReplicaManager:
             leader.isr_write_in_flight = False
             new_hw = leader.core.recompute_high_watermark()
         log.info("%s-%d: ISR now %s", tp[0], tp[1], list(proposal.isr))
+        if isr_before - set(proposal.isr):
+            self.isr_shrinks += 1
+        if set(proposal.isr) - isr_before:
+            self.isr_expands += 1
         partition_log = self._log_manager.get_log(*tp)
         if partition_log is not None:
             self._apply_high_watermark(tp, leader, partition_log, new_hw)
@@ -451,6 +460,12 @@ class ReplicaManager:
         """The leader epoch if this broker leads `tp` now, else None."""
         leader = self._leaders.get(tp)
         return None if leader is None else leader.assignment.leader_epoch
+
+    def led_replication(self) -> list[tuple[tuple[str, int], tuple[int, ...], tuple[int, ...]]]:
+        """(tp, replicas, isr) of every partition this broker leads, as its leader sees them."""
+        with self._lock:
+            leaders = list(self._leaders.items())
+        return [(tp, leader.core.replicas, leader.core.isr) for tp, leader in leaders]
 
     def led_partitions(self) -> list[tuple[str, int]]:
         with self._lock:

@@ -424,6 +424,8 @@ class LogCleaner:
         self._threads: list[threading.Thread] = []
         self.passes = 0
         self.last_stats: CleanerStats | None = None
+        self.bytes_read_total = 0         # over every pass, for the broker's metrics
+        self.bytes_written_total = 0
 
     def start(self) -> None:
         if not self.config.enable:
@@ -489,6 +491,8 @@ class LogCleaner:
             self._checkpoint_file.write({k: v for k, v in self._first_dirty.items() if k in live})
             self.passes += 1
             self.last_stats = stats
+            self.bytes_read_total += stats.bytes_read
+            self.bytes_written_total += stats.bytes_written
         mb = stats.bytes_read / 1e6
         log.info("%s: cleaned %.1f MB in %.2f s (%.1f MB/s): %d of %d records kept, %d segment(s) into %d; "
                  "clean up to offset %d", stats.log_name, mb, stats.seconds, mb / stats.seconds if stats.seconds else 0.0,

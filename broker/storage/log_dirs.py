@@ -128,6 +128,11 @@ class LogDirs:
         """Why the partition cannot be served here (its log dir failed), or None."""
         return self._offline_partitions.get((topic, partition))
 
+    def offline_partition_count(self) -> int:
+        """Partitions that cannot be served here because their log dir failed."""
+        with self._lock:
+            return len(self._offline_partitions)
+
     def mark_offline(self, partitions, reason: str) -> None:
         """Partitions that may live on a failed directory: never created elsewhere."""
         with self._lock:

@@ -113,6 +113,29 @@ class BatchHeader(NamedTuple):
         return (self.base_sequence + self.last_offset_delta) & 0x7FFFFFFF
 
 
+_OFFSET_AND_LENGTH = struct.Struct(">qi")
+_LAST_OFFSET_DELTA = struct.Struct(">i")
+_LAST_OFFSET_DELTA_AT = 23
+
+
+def offsets_spanned(buf, first_offset: int) -> int:
+    """How many offsets the whole batches in `buf` take from `first_offset` to the end of
+    the last one (what a fetch returned, control records and gaps included): a walk over
+    the batch lengths, no header parsed. 0 for an empty or torn buffer."""
+    position, end, last_batch = 0, len(buf), -1
+    while position + HEADER_SIZE <= end:
+        _, length = _OFFSET_AND_LENGTH.unpack_from(buf, position)
+        if length < HEADER_SIZE - LOG_OVERHEAD or position + LOG_OVERHEAD + length > end:
+            break
+        last_batch = position
+        position += LOG_OVERHEAD + length
+    if last_batch < 0:
+        return 0
+    base_offset, _ = _OFFSET_AND_LENGTH.unpack_from(buf, last_batch)
+    last_delta, = _LAST_OFFSET_DELTA.unpack_from(buf, last_batch + _LAST_OFFSET_DELTA_AT)
+    return max(0, base_offset + last_delta + 1 - first_offset)
+
+
 def parse_header(buf, position: int = 0) -> BatchHeader:
     """Read the header at `position`; raise CorruptRecordError when it cannot be a batch.
 

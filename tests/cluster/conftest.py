@@ -1,7 +1,8 @@
 """Fixtures of the cluster tests: one real Apache ZooKeeper per test module.
 
-`cluster_factory(broker_config, brokers=3)` -> eos.local_cluster.LocalCluster
+`cluster_factory(broker_config, brokers=3, **options)` -> eos.local_cluster.LocalCluster
     Started brokers under a fresh chroot of the module's ZooKeeper; stopped at teardown.
+    `options` are LocalCluster's (metrics_base_port=0: each broker's metrics on a free port).
 
 `zookeeper` (module scope) -> eos.zookeeper.ZooKeeperServer
     A standalone ZooKeeper on a free 127.0.0.1 port with a temp data dir (jars fetched from
@@ -44,9 +45,10 @@ def zookeeper(zookeeper_server):
 def cluster_factory(zookeeper, tmp_path):
     started = []
 
-    def start(broker_config: dict, brokers: int = 3) -> LocalCluster:
+    def start(broker_config: dict, brokers: int = 3, **options) -> LocalCluster:
         cluster = LocalCluster(tmp_path / f"cluster-{len(started)}", brokers=brokers, broker_config=dict(broker_config),
-                               zookeeper_connect=zookeeper.connect_string, chroot=f"/eos-{uuid.uuid4().hex[:8]}")
+                               zookeeper_connect=zookeeper.connect_string, chroot=f"/eos-{uuid.uuid4().hex[:8]}",
+                               **options)
         started.append(cluster)
         cluster.start()
         return cluster

@@ -342,3 +342,43 @@ def test_zookeeper_restart_brokers_reregister_and_serve(zookeeper, tmp_path):
         admin.close()
     finally:
         c.stop()
+
+
+def test_the_brokers_metrics_show_isr_changes_elections_and_the_controller(cluster_factory):
+    """Each broker's /metrics (read with prometheus_client's parser) through a follower's
+    death and return, then its leader's death."""
+    from tests.metrics import scrape
+
+    cluster = cluster_factory({**CLUSTER_CONFIG, "replica.lag.time.max.ms": "2000"}, metrics_base_port=0)
+    urls = {broker_id: proc.metrics_url for broker_id, proc in cluster.processes.items()}
+    admin = eos.Admin(bootstrap=cluster.bootstrap)
+    admin.create_topic("watched", partitions=1, replication_factor=3, config={"min.insync.replicas": "3"})
+    full = wait_for(lambda: (lambda p: p if len(p["isr"]) == 3 else None)(describe(admin, "watched")[0]),
+                    "the full ISR")
+    leader, follower = full["leader"], next(b for b in full["replicas"] if b != full["leader"])
+    scrapes = {broker_id: scrape(url) for broker_id, url in urls.items()}
+    assert sum(s.value("eos_controller_active_controller") for s in scrapes.values()) == 1
+    assert len({s.value("eos_controller_epoch") for s in scrapes.values()}) == 1
+    assert scrapes[leader].value("eos_server_leader_partitions") >= 1
+    assert scrapes[leader].value("eos_server_under_replicated_partitions") == 0
+
+    cluster.kill(follower)      # the leader drops it from the ISR after replica.lag.time.max.ms
+    shrunk = wait_for(lambda: (lambda s: s if s.value("eos_server_isr_shrinks_total") >= 1 else None)(
+        scrape(urls[leader])), "the leader's ISR shrink")
+    assert shrunk.value("eos_server_under_replicated_partitions") == 1
+    assert shrunk.value("eos_server_under_min_isr_partitions") == 1
+    cluster.restart(follower)   # it catches up and the leader takes it back
+    back = wait_for(lambda: (lambda s: s if s.value("eos_server_isr_expands_total") >= 1 and
+                             s.value("eos_server_under_replicated_partitions") == 0 else None)(scrape(urls[leader])),
+                    "the leader's ISR expansion")
+    assert back.value("eos_server_under_min_isr_partitions") == 0
+
+    survivors = [b for b in urls if b != leader]
+    elections_before = sum(scrape(urls[b]).value("eos_controller_leader_elections_total") for b in survivors)
+    cluster.kill(leader)
+    wait_for_leader(admin, "watched", other_than=leader)
+    after = {b: scrape(urls[b]) for b in survivors}
+    assert sum(s.value("eos_controller_leader_elections_total") for s in after.values()) > elections_before
+    assert sum(s.value("eos_controller_active_controller") for s in after.values()) == 1
+    assert sum(s.value("eos_controller_unclean_leader_elections_total") for s in after.values()) == 0
+    admin.close()

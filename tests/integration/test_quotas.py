@@ -35,11 +35,11 @@ def _produce(stub, topic: str, client_id: str, value_bytes: int):
     return stub.Produce(request, timeout=30, metadata=((CLIENT_ID_METADATA_KEY, client_id),))
 
 
-def _fetch(stub, topic: str, client_id: str, offset: int = 0):
-    request = broker_pb2.FetchRequest(max_wait_ms=0, min_bytes=1, max_bytes=50 * 1024 * 1024,
+def _fetch(stub, topic: str, client_id: str, offset: int = 0, max_bytes: int = 50 * 1024 * 1024):
+    request = broker_pb2.FetchRequest(max_wait_ms=0, min_bytes=1, max_bytes=max_bytes,
                                       isolation_level=common_pb2.READ_UNCOMMITTED, partitions=[
                                           broker_pb2.FetchPartition(topic=topic, partition=0, fetch_offset=offset,
-                                                                    partition_max_bytes=50 * 1024 * 1024)])
+                                                                    partition_max_bytes=max_bytes)])
     return stub.Fetch(request, timeout=30, metadata=((CLIENT_ID_METADATA_KEY, client_id),))
 
 
@@ -209,7 +209,9 @@ def test_a_request_time_quota_throttles_a_busy_client_and_no_other(broker):
         # a consumer's fetches are charged too (only a follower's, is_replica, are not)
         fetch_throttles = []
         for _ in range(2000):
-            fetch_throttles.append(_fetch(stub, "rt", "busy-reader").throttle_time_ms)
+            # 1 MB: how much the busy producer wrote before its throttle depends on the CPU, and
+            # a larger answer could pass gRPC's 4 MiB client limit
+            fetch_throttles.append(_fetch(stub, "rt", "busy-reader", max_bytes=1024 * 1024).throttle_time_ms)
             if fetch_throttles[-1] > 0:
                 break
         assert fetch_throttles[-1] > 0, "fetches were never charged"

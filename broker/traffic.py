@@ -1,0 +1,79 @@
+"""What the Broker service counts for operators: bytes and records in and out per topic
+(Kafka's BrokerTopicMetrics), and storage errors per partition and log dir.
+
+Plain counting, no metrics library: the broker's metrics (broker/metrics.py) read the
+snapshots when scraped. Locks keep concurrent requests' counts exact (`+=` on a shared
+list is not atomic).
+
+`TopicTraffic` is counted once per partition of a request, never per record: `produced`
+after an append, `fetched` for what a consumer's fetch returns (a follower's fetch is
+replication, which Kafka counts apart, and is not counted here). The service keeps one only
+when the broker has metrics.
+
+`StorageErrors` is always kept: a broker whose disk is full answers KAFKA_STORAGE_ERROR to
+every produce, and an operator must see it without a log line per request. `record` says
+whether this partition and log dir is new (then the caller logs it at ERROR, once) and
+counts it either way.
+"""
+from __future__ import annotations
+
+import threading
+from typing import NamedTuple
+
+
+class TopicCounts(NamedTuple):
+    bytes_in: int
+    records_in: int
+    bytes_out: int
+    records_out: int
+
+
+class TopicTraffic:
+    """See the module doc."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._counts: dict[str, list[int]] = {}     # topic -> [bytes_in, records_in, bytes_out, records_out]
+
+    def _add(self, topic: str, first: int, size_bytes: int, records: int) -> None:
+        with self._lock:
+            counts = self._counts.get(topic)
+            if counts is None:
+                counts = self._counts[topic] = [0, 0, 0, 0]
+            counts[first] += size_bytes
+            counts[first + 1] += records
+
+    def produced(self, topic: str, size_bytes: int, records: int) -> None:
+        self._add(topic, 0, size_bytes, records)
+
+    def fetched(self, topic: str, size_bytes: int, records: int) -> None:
+        self._add(topic, 2, size_bytes, records)
+
+    def forget(self, topic: str) -> None:
+        """A deleted topic's counts go with it (its label would otherwise stay forever)."""
+        with self._lock:
+            self._counts.pop(topic, None)
+
+    def snapshot(self) -> dict[str, TopicCounts]:
+        with self._lock:
+            return {topic: TopicCounts(*counts) for topic, counts in self._counts.items()}
+
+
+class StorageErrors:
+    """See the module doc."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._counts: dict[tuple[str, int, str], int] = {}    # (topic, partition, log dir) -> errors
+
+    def record(self, topic: str, partition: int, log_dir: str) -> bool:
+        """Count one; True the first time for this partition and log dir."""
+        key = (topic, partition, log_dir)
+        with self._lock:
+            count = self._counts.get(key, 0)
+            self._counts[key] = count + 1
+        return count == 0
+
+    def snapshot(self) -> dict[tuple[str, int, str], int]:
+        with self._lock:
+            return dict(self._counts)

@@ -1,0 +1,35 @@
+"""Reading a broker's /metrics as the tests need it: parsed with prometheus_client's own
+parser (never by string search), as {(sample name, sorted labels): value}."""
+from __future__ import annotations
+
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+
+class Scrape:
+    """One scrape of an endpoint: the families' names and every sample's value."""
+
+    def __init__(self, url: str):
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode()
+        self.families: set[str] = set()
+        self.samples: dict[tuple[str, tuple], float] = {}
+        for family in text_string_to_metric_families(text):
+            self.families.add(family.name)
+            for sample in family.samples:
+                self.samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+
+    def value(self, name: str, **labels) -> float:
+        """The sample's value; 0.0 when the broker has not shown it (a counter never moved)."""
+        return self.samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+    def total(self, name: str, **labels) -> float:
+        """The sum over the samples of `name` whose labels include `labels`."""
+        wanted = set(labels.items())
+        return sum(value for (sample, sample_labels), value in self.samples.items()
+                   if sample == name and wanted <= set(sample_labels))
+
+
+def scrape(url: str) -> Scrape:
+    return Scrape(url)
