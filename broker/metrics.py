@@ -289,7 +289,7 @@ class BrokerStateCollector:
         else:
             controller = cluster.controller
             active = controller is not None and controller.is_active
-            epoch = cluster.metadata.snapshot().controller_epoch
+            epoch = cluster.metadata.snapshot.controller_epoch
             offline = controller.offline_partitions if controller is not None else 0
             elections = controller.leader_elections_total if controller is not None else 0
             unclean = controller.unclean_leader_elections_total if controller is not None else 0
