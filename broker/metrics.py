@@ -341,16 +341,20 @@ class BrokerStateCollector:
         coordinator = server.group_coordinator
         states = dict.fromkeys(_GROUP_STATES, 0)
         lag = GaugeMetricFamily("eos_group_consumer_lag", "Records between a group's committed offset and the last "
-                                "stable offset, for partitions whose log is on this broker",
+                                "stable offset, for the partitions this broker leads",
                                 labels=["group", "topic", "partition"])
         rebalances = 0
+        cluster = server.cluster
+        # a follower's LSO trails its leader's: lag is shown only where this broker leads
+        led = None if cluster is None or cluster.replicas is None else set(cluster.replicas.led_partitions())
         if coordinator is not None and coordinator.groups is not None:
             error, listings = coordinator.list_groups()
             for listing in listings:
                 states[listing.state] = states.get(listing.state, 0) + 1
                 for fetched in coordinator.offset_fetch(listing.group_id).partitions:
                     partition_log = server.log_manager.get_log(fetched.topic, fetched.partition)
-                    if fetched.offset < 0 or partition_log is None:
+                    if fetched.offset < 0 or partition_log is None or (
+                            led is not None and (fetched.topic, fetched.partition) not in led):
                         continue
                     lag.add_metric([listing.group_id, fetched.topic, str(fetched.partition)],
                                    max(0, partition_log.last_stable_offset - fetched.offset))
