@@ -25,6 +25,11 @@ Configuration uses Kafka's names: the keyword arguments of the constructor, any 
 setting as a keyword argument with dots turned into underscores, or a dict of Kafka names
 in `config`. A keyword argument left at its default does not override the dict. Like
 Kafka's consumer, one consumer is used by one thread.
+
+Metrics (`metrics=True`, or a prometheus_client CollectorRegistry): eos/client_metrics.py's
+consumer families, labelled with client.id; counted by the fetcher per poll and per Fetch
+response, by the group client per OffsetCommit, and each assigned partition's lag is read
+from its state when the registry is collected.
 """
 from __future__ import annotations
 
@@ -34,6 +39,7 @@ import time
 from typing import Iterable
 
 from eos import net
+from eos.client_metrics import ConsumerMetrics, metrics_setting
 from eos.errors import EosError, ErrorCode
 from eos.types import Record, TopicPartition
 from eos.v1.common_pb2 import IsolationLevel
@@ -95,6 +101,9 @@ CONSUMER_CONFIG: dict[str, net.ConfigSpec] = {
     "heartbeat.interval.ms": net.ConfigSpec(3000, net.as_int(1)),
     "max.poll.interval.ms": net.ConfigSpec(300000, net.as_int(1)),
     "partition.assignment.strategy": net.ConfigSpec(("range",), assignor_names),
+    # eos's: report the client metrics (eos/client_metrics.py) through prometheus_client's
+    # default REGISTRY (true) or the CollectorRegistry given; false, the default, costs nothing.
+    "metrics": net.ConfigSpec(False, metrics_setting),
     **net.CLIENT_SECURITY_CONFIG,
 }
 
@@ -171,6 +180,7 @@ class Consumer:
             retry_backoff_max_ms=settings["retry.backoff.max.ms"],
             metadata_max_age_ms=settings["metadata.max.age.ms"],
             security=net.channel_security(settings))
+        self._metrics = ConsumerMetrics(settings["metrics"], settings["client.id"]) if settings["metrics"] else None
         self._fetcher = Fetcher(
             self._metadata, isolation_level=settings["isolation.level"],
             auto_offset_reset=settings["auto.offset.reset"],
@@ -180,7 +190,7 @@ class Consumer:
             max_partition_fetch_bytes=settings["max.partition.fetch.bytes"],
             check_crcs=settings["check.crcs"], request_timeout_ms=settings["request.timeout.ms"],
             backoff=net.Backoff(settings["retry.backoff.ms"], settings["retry.backoff.max.ms"]),
-            client_id=settings["client.id"])
+            client_id=settings["client.id"], metrics=self._metrics)
         self._group: ConsumerCoordinator | None = None
         if self.group_id is not None:
             self._group = ConsumerCoordinator(
@@ -195,7 +205,7 @@ class Consumer:
                 auto_commit_interval_ms=settings["auto.commit.interval.ms"],
                 metadata_max_age_ms=settings["metadata.max.age.ms"],
                 assign_partitions=lambda tps: self._fetcher.assign(tps, initial_reset=COMMITTED),
-                positions=self._positions, wakeup=self._fetcher.wakeup)
+                positions=self._positions, wakeup=self._fetcher.wakeup, metrics=self._metrics)
         self._manually_assigned = False
         self._closing = False
         self._closed = False
@@ -491,6 +501,8 @@ class Consumer:
             self._closed = True
             self._fetcher.close()
             self._metadata.close()
+            if self._metrics is not None:
+                self._metrics.close()
 
     def __enter__(self) -> Consumer:
         return self

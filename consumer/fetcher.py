@@ -32,12 +32,18 @@ lists the aborted transactions of the range as (producer id, first offset). Walk
 batches in order, every aborted transaction whose first offset is at or before the batch's
 last offset marks its producer as aborted; a transactional batch of an aborted producer is
 skipped; that producer's ABORT marker (a control batch) clears the mark.
+
+Metrics (`metrics`: a `ConsumerMetrics`, or None): records handed out are counted once per
+collect(), bytes and latency once per Fetch response; each assigned partition's lag is a
+function of its state, read when the registry is collected.
 """
 from __future__ import annotations
 
 import collections
+import functools
 import heapq
 import logging
+import math
 import threading
 import weakref
 from concurrent import futures
@@ -47,6 +53,7 @@ import grpc
 
 from eos import net
 from eos.calls import CallThreads
+from eos.client_metrics import ConsumerMetrics
 from eos.errors import (
     CorruptRecordError,
     EosError,
@@ -139,6 +146,17 @@ class _FetchInFlight(NamedTuple):
     node_id: int
     epochs: dict            # tp -> fetch_epoch when sent
     call: object
+    sent_ms: int = 0        # the clock when it was sent: the start of its latency
+
+
+def _records_lag(state: PartitionState, read_committed: bool) -> float:
+    """Kafka's records-lag of a partition: from the position to the end the last Fetch saw
+    (the last stable offset under read_committed); NaN while either is unknown."""
+    end = state.last_stable_offset if read_committed else state.high_watermark
+    position = state.position
+    if end < 0 or position is None:
+        return math.nan
+    return max(0, end - position)
 
 
 class Fetcher:
@@ -146,7 +164,7 @@ class Fetcher:
                  auto_offset_reset: str, fetch_min_bytes: int, fetch_max_wait_ms: int,
                  fetch_max_bytes: int, max_partition_fetch_bytes: int, check_crcs: bool,
                  request_timeout_ms: int, backoff: net.Backoff, clock: Callable[[], int] = net.now_ms,
-                 client_id: str = ""):
+                 client_id: str = "", metrics: ConsumerMetrics | None = None):
         self._metadata = metadata
         self._call_metadata = net.client_id_metadata(client_id)   # the broker's client quotas read it
         self.isolation_level = isolation_level
@@ -165,11 +183,14 @@ class Fetcher:
         self._callers = CallThreads("eos-consumer-fetch")
         # A consumer dropped without close(): its idle fetch threads stop with it.
         weakref.finalize(self, self._callers.close)
-        self._arrived: collections.deque = collections.deque()  # calls done, from gRPC threads
+        # (node, when its call finished) from gRPC threads: the time is the end of the fetch's
+        # latency, which must not include how long the application took to poll again.
+        self._arrived: collections.deque = collections.deque()
         self.wakeup = threading.Event()
         self._pending_error: BaseException | None = None
         self._metadata_retry_at_ms = 0
         self._metadata_attempts = 0
+        self._metrics = metrics
 
     # ---- assignment ----------------------------------------------------------------------
 
@@ -177,13 +198,19 @@ class Fetcher:
         """Fetch exactly these partitions. New ones start without a position, to be reset by
         `initial_reset` (COMMITTED for a group consumer) or else auto.offset.reset."""
         wanted = dict.fromkeys(partitions)
+        metrics = self._metrics
         for tp in list(self.states):
             if tp not in wanted:
                 del self.states[tp]
+                if metrics is not None:
+                    metrics.unwatch_lag(tp.topic, tp.partition)
         for tp in wanted:
             if tp not in self.states:
                 state = self.states[tp] = PartitionState(tp)
                 state.reset_strategy = initial_reset
+                if metrics is not None:
+                    metrics.watch_lag(tp.topic, tp.partition, functools.partial(
+                        _records_lag, state, self.isolation_level == IsolationLevel.READ_COMMITTED))
         self._ready = collections.deque(r for r in self._ready if r.tp in self.states)
 
     def state(self, tp: TopicPartition) -> PartitionState:
@@ -348,11 +375,11 @@ class Fetcher:
             timeout_s = (self._request_timeout_ms + self._fetch_max_wait_ms) / 1000
             call = self._callers.submit(node, stub.Fetch, request, timeout=timeout_s,
                                         metadata=self._call_metadata or None)
-            self._in_flight[node] = _FetchInFlight(node, epochs, call)
+            self._in_flight[node] = _FetchInFlight(node, epochs, call, now)
             call.add_done_callback(lambda _f, node=node: self._on_done(node))
 
     def _on_done(self, node: int) -> None:  # a gRPC thread
-        self._arrived.append(node)
+        self._arrived.append((node, self._clock()))
         self.wakeup.set()
 
     @property
@@ -364,15 +391,18 @@ class Fetcher:
         any call finished."""
         handled = False
         while self._arrived:
-            node = self._arrived.popleft()
+            node, arrived_ms = self._arrived.popleft()
             in_flight = self._in_flight.pop(node, None)
             if in_flight is not None:
-                self._handle_response(in_flight)
+                self._handle_response(in_flight, arrived_ms)
                 handled = True
         return handled
 
-    def _handle_response(self, in_flight: _FetchInFlight) -> None:
+    def _handle_response(self, in_flight: _FetchInFlight, arrived_ms: int | None = None) -> None:
+        """One finished Fetch call; `arrived_ms`, when it finished (default: now)."""
         now = self._clock()
+        if arrived_ms is None:
+            arrived_ms = now
         for tp in in_flight.epochs:
             state = self.states.get(tp)
             if state is not None:
@@ -406,6 +436,10 @@ class Fetcher:
                 state = self.states.get(tp)
                 if state is not None:
                     state.retry_at_ms = max(state.retry_at_ms, now + response.throttle_time_ms)
+        metrics = self._metrics
+        if metrics is not None:
+            metrics.fetch_latency_seconds.observe((arrived_ms - in_flight.sent_ms) / 1000)
+            metrics.bytes_consumed.inc(sum(len(fetched.records) for fetched in response.partitions))
         for fetched in response.partitions:
             tp = TopicPartition(fetched.topic, fetched.partition)
             state = self.states.get(tp)
@@ -486,6 +520,8 @@ class Fetcher:
             if received.exhausted:
                 ready.popleft()
                 state.buffered -= 1
+        if out and self._metrics is not None:
+            self._metrics.records_consumed.inc(len(out))
         return out
 
     def _take(self, received: _Received, state: PartitionState, limit: int, out: list) -> None:

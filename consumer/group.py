@@ -99,6 +99,7 @@ from consumer.assignors import (
     rebalance_protocol,
 )
 from eos import net
+from eos.client_metrics import ConsumerMetrics
 from eos.errors import EosError, ErrorCode, InvariantError, Reaction, error_for, reaction_for
 from eos.types import TopicPartition
 from eos.v1 import common_pb2, group_pb2, group_pb2_grpc
@@ -225,7 +226,7 @@ class ConsumerCoordinator:
                  positions: Callable[[], dict[TopicPartition, int]],
                  wakeup: threading.Event | None = None, clock: Callable[[], int] = net.now_ms,
                  sleep_ms: Callable[[int], None] | None = None, stub_for: Callable[[str], object] | None = None,
-                 start_heartbeat_thread: bool = True):
+                 start_heartbeat_thread: bool = True, metrics: ConsumerMetrics | None = None):
         if not group_id:
             raise ValueError("group.id must be a non-empty string")
         if heartbeat_interval_ms >= session_timeout_ms:
@@ -255,6 +256,7 @@ class ConsumerCoordinator:
         self._stub_for = stub_for or (lambda address: group_pb2_grpc.GroupCoordinatorStub(metadata.channel(address)))
         self._start_heartbeat_thread = start_heartbeat_thread
         self._call_metadata = net.client_id_metadata(client_id)
+        self._metrics = metrics       # commit_latency_seconds: each OffsetCommit answered
 
         # Shared with the heartbeat thread (under _lock).
         self._lock = threading.Lock()
@@ -887,7 +889,9 @@ class ConsumerCoordinator:
                 request = group_pb2.OffsetCommitRequest(
                     group_id=self.group_id, generation_id=generation_id, member_id=member_id,
                     group_instance_id=instance_id, offsets=self._commit_request_offsets(offsets))
+                sent_ms = self._clock()
                 response = stub.OffsetCommit(request, timeout=self._rpc_timeout_s(deadline))
+                self._commit_answered(sent_ms)
             except grpc.RpcError as exc:
                 last_error = net.error_from_rpc(exc, f"OffsetCommit of group {self.group_id}")
                 if not last_error.retriable:
@@ -906,6 +910,12 @@ class ConsumerCoordinator:
             attempt += 1
             if not self._sleep_backoff(attempt, deadline):
                 raise last_error
+
+    def _commit_answered(self, sent_ms: int) -> None:
+        """An OffsetCommit was answered (whatever its partitions' codes, as Kafka's
+        commit-latency): its round trip, for the metrics."""
+        if self._metrics is not None:
+            self._metrics.commit_latency_seconds.observe((self._clock() - sent_ms) / 1000)
 
     def _commit_error(self, failed, generation_id: int) -> EosError:
         """What a failed commit means; raises unless the error is worth retrying."""
@@ -962,10 +972,13 @@ class ConsumerCoordinator:
         request = group_pb2.OffsetCommitRequest(
             group_id=self.group_id, generation_id=generation_id, member_id=member_id,
             group_instance_id=instance_id, offsets=self._commit_request_offsets(offsets))
+        sent_ms = self._clock()
         future = self._stub_for(address).OffsetCommit.future(request, timeout=self.request_timeout_ms / 1000)
         self._async_commits_in_flight += 1
 
-        def done(f) -> None:   # a gRPC thread: only hand the result over
+        def done(f) -> None:   # a gRPC thread: only hand the result over (and time it)
+            if self._metrics is not None and not f.cancelled() and f.exception() is None:
+                self._commit_answered(sent_ms)
             self._completed_commits.append(_CommitDone(callback, offsets, future=f, generation_id=generation_id))
             self.wakeup.set()
 

@@ -864,6 +864,11 @@ class RecordAccumulator:
             self.closed = True
             self._space.notify_all()
 
+    def available_bytes(self) -> int:
+        """buffer.memory not reserved by a batch (read without the lock: one int, for the
+        buffer_available_bytes gauge at a scrape)."""
+        return self._available_bytes
+
     def has_queued(self) -> bool:
         with self.lock:
             return any(self._deques.values())

@@ -14,6 +14,7 @@ explicitly (or by a transactional.id) it refuses a conflict, left to its default
 from __future__ import annotations
 
 from eos import net
+from eos.client_metrics import metrics_setting
 from eos.errors import EosError
 from eos.records.compression import codec_from_name
 from producer.partitioner import partitioner_class_setting
@@ -74,6 +75,9 @@ PRODUCER_CONFIG: dict[str, net.ConfigSpec] = {
     # 2: partitions join a transaction with its produce requests (KIP-890 part 2, Kafka 4's
     # transaction.version 2); 1: an AddPartitionsToTxn round trip first (Kafka's older way).
     "transaction.version": net.ConfigSpec(2, _transaction_version),
+    # eos's: report the client metrics (eos/client_metrics.py) through prometheus_client's
+    # default REGISTRY (true) or the CollectorRegistry given; false, the default, costs nothing.
+    "metrics": net.ConfigSpec(False, metrics_setting),
     # security.protocol, ssl.ca.location, ssl.certificate.location, ssl.key.location, ...
     **net.CLIENT_SECURITY_CONFIG,
 }

@@ -26,12 +26,18 @@ flight); as in Kafka >= 3.2, when enable.idempotence is *not* given and another 
 conflicts with it (acks=1, say), idempotence is quietly turned off, and when it *is* given
 as true, the conflict is an error.
 
+Metrics (`metrics=True`, or a prometheus_client CollectorRegistry): eos/client_metrics.py's
+producer families, labelled with client.id (Kafka's default "producer-N", or
+"producer-<transactional.id>", when none is given); counted by the sender per batch and per
+request, and here per transaction.
+
 Thread safety: a producer is meant to be shared by threads. Every method may be called
 from any thread; appends serialise on the accumulator's lock for a few list appends.
 """
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import operator
 import threading
@@ -41,6 +47,7 @@ from time import time_ns as _time_ns
 from typing import Callable, Iterable, Sequence
 
 from eos import net
+from eos.client_metrics import ProducerMetrics
 from eos.errors import EosError, ErrorCode, MessageTooLargeError, Reaction
 from eos.v1 import common_pb2, group_pb2, txn_pb2
 from producer.accumulator import (
@@ -88,6 +95,17 @@ __all__ = ["Producer", "RecordMetadata", "RecordFuture", "SendBatchResult",
 # max.request.size and (nearly) max.message.bytes, so such a batch is always accepted.
 BULK_BATCH_BYTES = 1024 * 1024
 TIMESTAMP_DELTA_EXTRA_BYTES = 9
+_client_numbers = itertools.count(1)
+
+
+def _metrics_client_id(settings: dict) -> str:
+    """The client_id label of a producer's metrics: client.id, else Kafka's default
+    ("producer-<transactional.id>", or "producer-N" numbered in this process)."""
+    if settings["client.id"]:
+        return settings["client.id"]
+    if settings["transactional.id"] is not None:
+        return f"producer-{settings['transactional.id']}"
+    return f"producer-{next(_client_numbers)}"
 
 
 def _as_bytes(what: str, data):
@@ -231,6 +249,11 @@ class Producer:
         self._transaction_timeout_ms = settings["transaction.timeout.ms"]
         self._request_timeout_ms = settings["request.timeout.ms"]
         self._coordinator = CoordinatorCaller(backoff=backoff, request_timeout_ms=settings["request.timeout.ms"])
+        self._metrics: ProducerMetrics | None = None
+        if settings["metrics"]:
+            self._metrics = ProducerMetrics(settings["metrics"], _metrics_client_id(settings),
+                                            buffer_total_bytes=self._buffer_memory,
+                                            buffer_available_bytes=self._accumulator.available_bytes)
         self._sender = Sender(
             accumulator=self._accumulator, metadata=self._metadata,
             idempotence=(IdempotenceState(first_batch_alone=self._txn is None) if self._idempotent else None),
@@ -242,7 +265,7 @@ class Producer:
             delivery_timeout_ms=settings["delivery.timeout.ms"],
             max_in_flight=settings["max.in.flight.requests.per.connection"],
             max_request_size=self._max_request_size, compression=settings["compression.type"],
-            client_id=settings["client.id"], batch_bytes_max=self._bulk_batch_bytes)
+            client_id=settings["client.id"], batch_bytes_max=self._bulk_batch_bytes, metrics=self._metrics)
         self._close_lock = threading.Lock()
         self._closed = False
         self._sender.start()
@@ -568,6 +591,8 @@ class Producer:
             self._sender.force_close()
             self._sender.join()
         self._metadata.close()
+        if self._metrics is not None:
+            self._metrics.close()
         if self._partitioner is not None and self._partitioner.close is not None:
             try:
                 self._partitioner.close()      # after the last send() could call it
@@ -751,6 +776,7 @@ class Producer:
                 raise ValueError(f"accepted_participants must be producer ids >= 0, got {accepted!r}")
         with self._txn_lock:
             txn.begin_commit()
+        started_s = time.perf_counter()
         deadline_ms = self._deadline_ms(timeout)
         self._flush_for("commit_transaction", deadline_ms)
         with self._txn_lock:
@@ -761,6 +787,8 @@ class Producer:
             self._end_transaction(txn, committed=True, deadline_ms=deadline_ms, accepted_participants=accepted)
         with self._txn_lock:
             txn.end_done()
+        if self._metrics is not None:
+            self._metrics.txn_commit_seconds.observe(time.perf_counter() - started_s)
 
     def abort_transaction(self, timeout: float | None = None) -> None:
         """Abort the transaction: records not sent yet are dropped (their futures fail with
@@ -771,6 +799,7 @@ class Producer:
         txn = self._transactions("abort_transaction()")
         with self._txn_lock:
             txn.begin_abort()
+        started_s = time.perf_counter()
         deadline_ms = self._deadline_ms(timeout)
         self._sender.wake()                 # it fails what is queued, being ABORTING
         self._flush_for("abort_transaction", deadline_ms)
@@ -790,6 +819,8 @@ class Producer:
                               nothing_registered=nothing_registered)
         with self._txn_lock:
             txn.end_done()
+        if self._metrics is not None:
+            self._metrics.txn_abort_seconds.observe(time.perf_counter() - started_s)
 
     def _flush_for(self, what: str, deadline_ms: int) -> None:
         try:

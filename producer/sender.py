@@ -56,6 +56,10 @@ Request-level failures (the broker went away, the stream broke, the request time
 count as NETWORK_EXCEPTION / REQUEST_TIMED_OUT for every batch of the request: the batch
 may or may not have been appended, and only idempotence makes the retry safe from
 duplicates.
+
+Metrics (`metrics`: a `ProducerMetrics`, or None) are counted here per batch and per
+request, where the counts are known anyway: a batch's size when it is encoded, its records
+when it is acknowledged, retried or failed, a request's latency when its answer is handled.
 """
 from __future__ import annotations
 
@@ -69,6 +73,7 @@ from typing import Callable
 import grpc
 
 from eos import net
+from eos.client_metrics import ProducerMetrics
 from eos.errors import (
     EosError,
     ErrorCode,
@@ -160,7 +165,8 @@ class Sender(threading.Thread):
                  transactional_id: str = "", transaction_timeout_ms: int = 60000,
                  client_id: str = "", clock: Callable[[], int] = net.now_ms,
                  use_streams: bool = True, batch_bytes_max: Callable[[str], int] | None = None,
-                 txn: TransactionManager | None = None, txn_lock: threading.Condition | None = None):
+                 txn: TransactionManager | None = None, txn_lock: threading.Condition | None = None,
+                 metrics: ProducerMetrics | None = None):
         super().__init__(name=f"eos-producer-sender{'-' + client_id if client_id else ''}", daemon=True)
         self._acc = accumulator
         self._metadata = metadata
@@ -208,6 +214,7 @@ class Sender(threading.Thread):
         self._call_threads = CallThreads(f"eos-producer-calls{'-' + client_id if client_id else ''}")
         self._add_partitions_attempts = 0
         self._add_partitions_retry_at_ms = 0
+        self._metrics = metrics
 
     # ---- control from application threads ----------------------------------------------
 
@@ -556,6 +563,8 @@ class Sender(threading.Thread):
                 for batch in slot.batches:   # per partition in append order
                     if batch.payload is None:
                         batch.payload = self._build(batch)
+                        if self._metrics is not None:
+                            self._metrics.batch_size_bytes.observe(len(batch.payload))
                     if idem is not None:
                         idem.on_sent(batch.tp, batch.base_sequence)
                     batch.attempts += 1
@@ -693,6 +702,8 @@ class Sender(threading.Thread):
                 self._on_batch_error(batch, error.code, str(error), NO_OFFSET, now)
             return
         self._note_throttle(in_flight.node_id, response.throttle_time_ms, now)
+        if self._metrics is not None:
+            self._metrics.request_latency_seconds.observe((now - in_flight.sent_ms) / 1000)
         results = {(r.topic, r.partition): r for r in response.partitions}
         next_offset_by_tp: dict[tuple, int] = {}   # several batches of a partition: consecutive
         for batch in in_flight.batches:
@@ -743,6 +754,8 @@ class Sender(threading.Thread):
                     f"{now - batch.created_ms} ms has passed since batch creation (last error: {error})"))
                 return
             log.debug("retrying %r after %s", batch, error)
+            if self._metrics is not None:
+                self._metrics.record_retry.inc(batch.record_count)
             if code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER and decision is Decision.RETRY:
                 # An older batch of the partition was behind it (gRPC does not keep the
                 # order of concurrent calls): resend as soon as the older ones are answered,
@@ -777,6 +790,8 @@ class Sender(threading.Thread):
         if txn is not None and batch.tp not in txn.partitions_in_txn:
             with self._txn_lock:
                 txn.partition_written(batch.tp)
+        if self._metrics is not None:
+            self._metrics.record_send.inc(batch.record_count)
         batch.complete(base_offset, log_append_time_ms)
         self._acc.deallocate(batch)
 
@@ -795,6 +810,8 @@ class Sender(threading.Thread):
                 # transaction, which therefore must not commit.
                 with self._txn_lock:
                     txn.abortable_error(error)
+        if self._metrics is not None:
+            self._metrics.record_error.inc(batch.record_count)
         batch.fail(error)
         self._acc.deallocate(batch)
 
