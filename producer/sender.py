@@ -12,7 +12,9 @@ the idempotence bookkeeping (`IdempotenceState`), and the producer id. It loops:
    decision comes from `IdempotenceState.on_error` (RETRY, REBUILD, FAIL, FAIL_AND_BUMP).
 2. Drop failed produce streams; abort a stream whose oldest request outlived
    request.timeout.ms (Kafka closes the connection in that case) and reopen it.
-3. Fail queued batches older than delivery.timeout.ms.
+3. Fail queued batches older than delivery.timeout.ms, naming the last broker error their
+   partition was retried on (a batch queued behind a retried one was never sent itself, and
+   "Expiring 5 record(s)" alone hides a broker that refuses every produce).
 4. Get a producer id (InitProducerId) before the first send, and bump the epoch after an
    unrecoverable sequence error -- only once nothing is in flight, so no batch of the new
    epoch overtakes one of the old.
@@ -215,6 +217,9 @@ class Sender(threading.Thread):
         self._add_partitions_attempts = 0
         self._add_partitions_retry_at_ms = 0
         self._metrics = metrics
+        # tp -> the broker's last error for it, until a batch of it is acknowledged: named by
+        # the expiry of batches that were queued behind a retried one (one entry a partition).
+        self._last_error_by_tp: dict[tuple, EosError] = {}
 
     # ---- control from application threads ----------------------------------------------
 
@@ -258,10 +263,7 @@ class Sender(threading.Thread):
         """One pass; returns how long the loop may sleep (ms) before the next."""
         acc = self._acc
         for batch in acc.expire(now, self._delivery_timeout_ms):
-            self._give_up(batch, RequestTimedOutError(
-                f"Expiring {batch.record_count} record(s) for {batch.topic}-{batch.partition}: "
-                f"{now - batch.created_ms} ms has passed since batch creation"
-                + (f" (last error: {batch.last_error})" if batch.last_error else "")))
+            self._give_up(batch, self._expiry_error(batch, now))
         wait_ms = SLEEP_MAX_MS
         txn = self._txn
         if txn is not None:
@@ -731,6 +733,7 @@ class Sender(threading.Thread):
                         now: int) -> None:
         error = error_for(code, message)
         batch.last_error = error
+        self._last_error_by_tp[batch.tp] = error
         idem = self._idempotence
         if idem is not None and batch.base_sequence >= 0:
             decision = idem.on_error(batch.tp, batch.base_sequence, batch.producer_id,
@@ -749,9 +752,7 @@ class Sender(threading.Thread):
                 self._give_up(batch, error)
                 return
             if now - batch.created_ms >= self._delivery_timeout_ms:
-                self._give_up(batch, RequestTimedOutError(
-                    f"Expiring {batch.record_count} record(s) for {batch.topic}-{batch.partition}: "
-                    f"{now - batch.created_ms} ms has passed since batch creation (last error: {error})"))
+                self._give_up(batch, self._expiry_error(batch, now))
                 return
             log.debug("retrying %r after %s", batch, error)
             if self._metrics is not None:
@@ -775,6 +776,18 @@ class Sender(threading.Thread):
                 log.warning("%s-%d: %s; failing the batch", batch.topic, batch.partition, error)
         self._fail(batch, error)
 
+    def _expiry_error(self, batch: ProducerBatch, now: int) -> RequestTimedOutError:
+        """delivery.timeout.ms has passed for `batch`: Kafka's message, plus the last error
+        the broker answered for it -- or, for a batch queued behind a retried one and never
+        sent, for its partition -- as the message's end and the exception's cause."""
+        last = batch.last_error or self._last_error_by_tp.get(batch.tp)
+        error = RequestTimedOutError(
+            f"Expiring {batch.record_count} record(s) for {batch.topic}-{batch.partition}: "
+            f"{now - batch.created_ms} ms has passed since batch creation"
+            + ("" if last is None else f"; last error: {_with_code(last)}"))
+        error.__cause__ = last
+        return error
+
     def _give_up(self, batch: ProducerBatch, error: BaseException) -> None:
         """Fail a batch without a final verdict from the broker (timeout, retries exhausted)."""
         idem = self._idempotence
@@ -790,6 +803,8 @@ class Sender(threading.Thread):
         if txn is not None and batch.tp not in txn.partitions_in_txn:
             with self._txn_lock:
                 txn.partition_written(batch.tp)
+        if self._last_error_by_tp:
+            self._last_error_by_tp.pop(batch.tp, None)
         if self._metrics is not None:
             self._metrics.record_send.inc(batch.record_count)
         batch.complete(base_offset, log_append_time_ms)
@@ -828,6 +843,14 @@ class Sender(threading.Thread):
         for batch in self._acc.incomplete_batches():
             if not batch.done:
                 self._fail(batch, error)
+
+
+def _with_code(error: BaseException) -> str:
+    """An error as "CODE_NAME: message" (the name alone when the message is only that), so
+    that an operator can tell KAFKA_STORAGE_ERROR from the text of the disk's complaint."""
+    code = getattr(error, "code", None)
+    text = str(error)
+    return text if code is None or text == code.name else f"{code.name}: {text}"
 
 
 class SenderTask:
