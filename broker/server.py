@@ -810,6 +810,8 @@ def run_broker(data_dir: str, host: str = "127.0.0.1", port: int = 9092, node_id
         if len(server.listeners) > 1 or server.listeners[0].security_protocol != PLAINTEXT:
             print("eos broker listeners: " + ", ".join(
                 f"{listener.name}://{server.address_of(listener.name)}" for listener in server.listeners), flush=True)
+        if server.metrics_port is not None:
+            print(f"eos broker metrics on http://{format_host_port(server.host, server.metrics_port)}/metrics", flush=True)
         # a timeout keeps the main thread returning to the interpreter, where signal
         # handlers run
         while not stop_requested.wait(0.5):
