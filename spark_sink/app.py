@@ -29,6 +29,9 @@ log. A stage with a new checkpoint starts from its group's committed offsets (ea
 where the group has none), so a lost checkpoint does not replay what the group already
 committed. Sink topics that do not exist are created with the source's partition count
 (or `sink_partitions`).
+
+`metrics=True` (or a prometheus_client CollectorRegistry) gives every stage's sink metrics
+(`spark_sink.sink`), labelled with the stage's transactional.id.
 """
 from __future__ import annotations
 
@@ -43,6 +46,7 @@ import time
 from typing import Callable
 
 from eos import net
+from eos.client_metrics import metrics_setting
 from eos.types import TopicPartition
 
 log = logging.getLogger("eos.spark.app")
@@ -73,7 +77,7 @@ class App:
                  checkpoint_dir: str = "eos-checkpoints", master: str = "local[2]",
                  trigger_interval: str | None = None, max_records_per_trigger: int | None = None,
                  transaction_timeout_ms: int = 60_000, spark_config: dict | None = None,
-                 client_config: dict | None = None):
+                 client_config: dict | None = None, metrics=False):
         net.parse_bootstrap(bootstrap)
         self.bootstrap = bootstrap
         # security.protocol, ssl.*, sasl.*: for the source (as kafka.* options), the sinks and the app's admin
@@ -83,6 +87,7 @@ class App:
         self.trigger_interval = trigger_interval
         self.max_records_per_trigger = max_records_per_trigger
         self.transaction_timeout_ms = transaction_timeout_ms
+        self.metrics = metrics_setting("metrics", metrics)      # False, or the sinks' registry
         self.spark_config = dict(spark_config or {})
         self._spark = spark
         self._stages: dict[str, Stage] = {}
@@ -242,7 +247,8 @@ class App:
             sink = self.sinks[stage.name] = ExactlyOnceSink(
                 self.bootstrap, stage.sink, transactional_id=stage.transactional_id, group_id=stage.group,
                 checkpoint_location=checkpoint, key_column=stage.key_column, value_column=stage.value_column,
-                transaction_timeout_ms=self.transaction_timeout_ms, client_config=self.client_config)
+                transaction_timeout_ms=self.transaction_timeout_ms, client_config=self.client_config,
+                metrics=self.metrics)
         writer = (output.writeStream.foreachBatch(sink).queryName(stage.name)
                   .option("checkpointLocation", checkpoint).outputMode(stage.output_mode))
         if available_now:

@@ -76,6 +76,11 @@ def producer_settings(timeout_ms: int, producer_config: dict | None) -> dict:
     owned = sorted(name for name in given if name in OWNED_SETTINGS)
     if owned:
         raise ValueError(f"producer_config must not set {', '.join(owned)}: the sink sets them")
+    if "metrics" in given:
+        # A registry does not travel to the executors, and their processes' registries are
+        # collected by nobody: the sink's own metrics= reports from the driver.
+        raise ValueError("producer_config must not set metrics: the tasks' producers run in Spark's "
+                         "executors; give the sink metrics= for the driver's figures")
     settings = {"delivery.timeout.ms": timeout_ms, "max.block.ms": timeout_ms,
                 "request.timeout.ms": min(REQUEST_TIMEOUT_MS_MAX, timeout_ms // 2)}
     settings.update(given)

@@ -41,7 +41,10 @@ Per micro-batch (`__call__(df, batch_id)`, on the driver):
    the transaction and re-raises (the query fails; a restart replays the batch).
 
 The group's offsets are ordinary committed offsets, so `eos groups describe` shows the
-pipeline's lag. `AtLeastOnceSink` is the same write path without a transaction (the
+pipeline's lag. `metrics=True` (or a prometheus_client CollectorRegistry) reports each
+micro-batch's write and commit times, records written and batches committed or skipped
+(eos/client_metrics.py's sink families, client_id the transactional.id) from the driver,
+where foreachBatch runs; the executors' producers report nothing. `AtLeastOnceSink` is the same write path without a transaction (the
 baseline for benchmarks): no producer id, no offsets, no replay check.
 
 Crash tests: the environment variable EOS_SINK_CRASH_AT="<point>:<batch_id>[,...]" makes
@@ -61,6 +64,7 @@ import signal
 import time
 from pathlib import Path
 
+from eos.client_metrics import SinkMetrics, metrics_setting
 from eos.errors import EosError, ErrorCode
 from eos.net import security_settings
 from eos.types import TopicPartition
@@ -271,7 +275,7 @@ class ExactlyOnceSink(_SinkBase):
                  checkpoint_location: str | None = None, key_column: str = "key", value_column: str = "value",
                  transaction_timeout_ms: int = TRANSACTION_TIMEOUT_MS_DEFAULT,
                  task_timeout_ms: int = TIMEOUT_MS_DEFAULT, producer_config: dict | None = None,
-                 client_config: dict | None = None):
+                 client_config: dict | None = None, metrics=False):
         if not group_id:
             raise ValueError("group_id must be a non-empty string: the input offsets are committed to it")
         super().__init__(bootstrap, topic, key_column=key_column, value_column=value_column,
@@ -279,6 +283,8 @@ class ExactlyOnceSink(_SinkBase):
         self.transactional_id = transactional_id
         self.group_id = group_id
         self.checkpoint_location = checkpoint_location
+        registry = metrics_setting("metrics", metrics)
+        self._metrics = SinkMetrics(registry, transactional_id) if registry else None
         self._owner = TransactionOwner(bootstrap, transactional_id, transaction_timeout_ms=transaction_timeout_ms,
                                        client_config=self.client_config)
         self._initialised = False
@@ -296,7 +302,7 @@ class ExactlyOnceSink(_SinkBase):
             if done is not None and done >= batch_id:
                 log.info("batch %d of query %s was committed before (up to batch %d): writing nothing",
                          batch_id, query, done)
-                self.reports.append(BatchReport(batch_id, True, 0, 0, 0.0, 0.0))
+                self._report(BatchReport(batch_id, True, 0, 0, 0.0, 0.0))
                 return
         else:
             log.warning("batch %d: no eos source offsets in the checkpoint; a replay of this batch cannot "
@@ -314,9 +320,22 @@ class ExactlyOnceSink(_SinkBase):
             self._abort_quietly(batch_id)
             raise
         committed = time.perf_counter()
-        self.reports.append(BatchReport(batch_id, False, report["records"], len(report["participants"]),
-                                        (written - started) * 1000, (committed - written) * 1000))
+        self._report(BatchReport(batch_id, False, report["records"], len(report["participants"]),
+                                 (written - started) * 1000, (committed - written) * 1000))
         _crash_if_asked("after_commit", batch_id, self.transactional_id)
+
+    def _report(self, report: BatchReport) -> None:
+        self.reports.append(report)
+        metrics = self._metrics
+        if metrics is None:
+            return
+        if report.skipped:
+            metrics.batches_skipped.inc()
+            return
+        metrics.batch_write_seconds.observe(report.write_ms / 1000)
+        metrics.batch_commit_seconds.observe(report.commit_ms / 1000)
+        metrics.records_written.inc(report.records)
+        metrics.batches_committed.inc()
 
     def _abort_quietly(self, batch_id: int) -> None:
         # The next batch starts with a fresh InitProducerId whatever happens here: it fences
@@ -330,6 +349,8 @@ class ExactlyOnceSink(_SinkBase):
 
     def close(self) -> None:
         self._owner.close()
+        if self._metrics is not None:
+            self._metrics.close()
 
 
 class AtLeastOnceSink(_SinkBase):

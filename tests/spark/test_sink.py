@@ -75,12 +75,25 @@ def test_each_micro_batch_is_written_exactly_once_with_its_offsets(spark, eos_br
     admin.create_topic("eo_out", partitions=2)
     produced = produce(eos_broker.address, "eo_in", {0: 120, 1: 100, 2: 80})
     checkpoint = str(tmp_path / "cp")
+    from prometheus_client import CollectorRegistry
+
+    from tests.integration.test_client_metrics import scrape, value
+
+    registry = CollectorRegistry()
     sink = ExactlyOnceSink(eos_broker.address, "eo_out", transactional_id="eo-stage", group_id="eo-group",
-                           checkpoint_location=checkpoint)
+                           checkpoint_location=checkpoint, metrics=registry)
     run_stage(spark, eos_broker.address, "eo_in", sink, checkpoint, maxRecordsPerTrigger="100")
     assert [(r.batch_id, r.skipped, r.records) for r in sink.reports] == [
         (0, False, 100), (1, False, 100), (2, False, 100)]
     assert all(r.participants >= 1 for r in sink.reports)
+    samples = scrape(registry)                  # the driver's figures of the three micro-batches
+    assert value(samples, "eos_sink_records_written_total", client_id="eo-stage") == 300
+    assert value(samples, "eos_sink_batches_committed_total", client_id="eo-stage") == 3
+    assert value(samples, "eos_sink_batches_skipped_total", client_id="eo-stage") == 0
+    assert value(samples, "eos_sink_batch_commit_seconds_count", client_id="eo-stage") == 3
+    assert value(samples, "eos_sink_batch_commit_seconds_sum", client_id="eo-stage") == pytest.approx(
+        sum(r.commit_ms for r in sink.reports) / 1000)
+    assert value(samples, "eos_sink_batch_write_seconds_count", client_id="eo-stage") == 3
     assert got(read_committed(eos_broker.address, "eo_out")) == expected_upper(produced)
     owner = TransactionOwner(eos_broker.address, "reader-only")
     try:
