@@ -412,11 +412,27 @@ class Admin:
         return result
 
     def _list_offsets_at_leaders(self, level: int, partitions: list) -> list:
-        """ListOffsets sent to each partition's leader (one request per leader); a
-        partition whose leader moved meanwhile is asked again after a metadata refresh."""
-        topics = sorted({p.topic for p in partitions})
-        answers: dict[tuple[str, int], broker_pb2.ListedOffset] = {}
-        pending = list(partitions)
+        """ListOffsets of `partitions` (ListOffsetsPartition), asked of their leaders."""
+        return self._ask_leaders(
+            partitions,
+            lambda stub, group: self._call("ListOffsets", lambda s: s.ListOffsets, broker_pb2.ListOffsetsRequest(
+                isolation_level=level, partitions=group), timeout_ms=self._request_timeout_ms,
+                stub=lambda: stub).partitions,
+            lambda p, code, message: broker_pb2.ListedOffset(topic=p.topic, partition=p.partition, error_code=code,
+                                                             error_message=message, offset=-1, timestamp=-1))
+
+    def _ask_leaders(self, items: list, ask: Callable, unanswered: Callable) -> list:
+        """Each of `items` (with .topic and .partition) asked of its partition's leader, one
+        request per leader: `ask(stub, items of that leader)` returns their answers (with
+        .topic, .partition, .error_code). An item whose leader is unknown or unreachable, or
+        whose answer is retriable (the leader moved), is asked again after a metadata
+        refresh until default.api.timeout.ms; `unanswered(item, code, message)` makes the
+        answer of one that never got any (UNKNOWN_TOPIC_OR_PARTITION at once for a
+        partition the metadata does not have: waiting cannot help a typo). The answers, in
+        the order of `items`."""
+        topics = sorted({p.topic for p in items})
+        answers: dict[tuple[str, int], object] = {}
+        pending = list(items)
         deadline = time.monotonic() + self._api_timeout_ms / 1000
         attempt = 0
         while True:
@@ -425,11 +441,8 @@ class Admin:
             for p in pending:
                 info = self._metadata.topic(p.topic)
                 if info is None or not 0 <= p.partition < info.partition_count:
-                    # unknown: waiting cannot help (the broker says the same for a typo)
-                    answers[(p.topic, p.partition)] = broker_pb2.ListedOffset(
-                        topic=p.topic, partition=p.partition, error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-                        error_message=f"topic-partition {p.topic}-{p.partition} does not exist", offset=-1,
-                        timestamp=-1)
+                    answers[(p.topic, p.partition)] = unanswered(
+                        p, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic-partition {p.topic}-{p.partition} does not exist")
                     continue
                 by_leader.setdefault(self._metadata.leader(p.topic, p.partition), []).append(p)
             retry = []
@@ -440,9 +453,7 @@ class Admin:
                     continue
                 try:
                     # one attempt per round: a dead leader is not retried, the metadata is
-                    response = self._call("ListOffsets", lambda s: s.ListOffsets, broker_pb2.ListOffsetsRequest(
-                        isolation_level=level, partitions=group), timeout_ms=self._request_timeout_ms,
-                        stub=lambda stub=stub: stub)
+                    answered = ask(stub, group)
                 except EosError as exc:
                     if not exc.retriable or time.monotonic() >= deadline:
                         raise
@@ -450,21 +461,18 @@ class Admin:
                         self._metadata.mark_stale(p.topic)
                     retry.extend(group)
                     continue
-                for listed in response.partitions:
-                    if (listed.error_code != ErrorCode.NONE and reaction_for(listed.error_code) is Reaction.RETRY
+                asked = {(p.topic, p.partition): p for p in group}
+                for answer in answered:
+                    if (answer.error_code != ErrorCode.NONE and reaction_for(answer.error_code) is Reaction.RETRY
                             and time.monotonic() < deadline):
-                        retry.append(broker_pb2.ListOffsetsPartition(
-                            topic=listed.topic, partition=listed.partition,
-                            timestamp=next(p.timestamp for p in group if (p.topic, p.partition) == (
-                                listed.topic, listed.partition))))
+                        retry.append(asked[(answer.topic, answer.partition)])
                     else:
-                        answers[(listed.topic, listed.partition)] = listed
+                        answers[(answer.topic, answer.partition)] = answer
             if not retry or time.monotonic() >= deadline:
                 for p in retry:
-                    answers[(p.topic, p.partition)] = broker_pb2.ListedOffset(
-                        topic=p.topic, partition=p.partition, error_code=ErrorCode.LEADER_NOT_AVAILABLE,
-                        error_message="no leader answered before default.api.timeout.ms", offset=-1, timestamp=-1)
-                return [answers[(p.topic, p.partition)] for p in partitions]
+                    answers[(p.topic, p.partition)] = unanswered(
+                        p, ErrorCode.LEADER_NOT_AVAILABLE, "no leader answered before default.api.timeout.ms")
+                return [answers[(p.topic, p.partition)] for p in items]
             pending = retry
             attempt += 1
             time.sleep(self._backoff.delay_ms(attempt) / 1000)
@@ -690,10 +698,17 @@ class Admin:
         partitions = sorted({TopicPartition(*tp) for tp in partitions})
         if not partitions:
             return {}
-        response = self._call("DescribeProducers", lambda s: s.DescribeProducers,
-                              broker_pb2.DescribeProducersRequest(partitions=_tps(partitions)))
+        # Kafka sends DescribeProducers to each partition's leader: on a cluster the others
+        # hold no producer state for it (or a follower's).
+        answered = self._ask_leaders(
+            _tps(partitions),
+            lambda stub, group: self._call("DescribeProducers", lambda s: s.DescribeProducers,
+                                           broker_pb2.DescribeProducersRequest(partitions=group),
+                                           timeout_ms=self._request_timeout_ms, stub=lambda: stub).partitions,
+            lambda p, code, message: broker_pb2.PartitionProducers(topic=p.topic, partition=p.partition,
+                                                                   error_code=code, error_message=message))
         result = {}
-        for p in response.partitions:
+        for p in answered:
             _raise_if_error(p, f"cannot describe the producers of {p.topic}-{p.partition}")
             result[TopicPartition(p.topic, p.partition)] = [
                 {"producer_id": s.producer_id, "producer_epoch": s.producer_epoch, "last_sequence": s.last_sequence,

@@ -89,6 +89,7 @@ def create_app(admin, *, hanging_after_ms: int = MAX_TRANSACTION_TIMEOUT_MS,
     context = ConsoleContext(admin, hanging_after_ms,
                              sampler or ThroughputSampler(lambda: end_offset_sums(admin)), secrets.token_urlsafe(32))
     app.extensions["eos_console"] = context
+    app.jinja_env.trim_blocks = app.jinja_env.lstrip_blocks = True     # a 1,000-row table without blank lines
     app.jinja_env.filters["human_bytes"] = human_bytes
     app.jinja_env.globals["nav"] = [(p.endpoint, p.title) for p in PAGES if p.in_nav]
     for page in PAGES:
