@@ -726,8 +726,9 @@ class Admin:
         "coordinator_epoch", "start_offset", "last_timestamp_ms", "duration_ms",
         "transactional_id" (None: no coordinator knows the producer)}."""
         if partitions is None:
-            topics = [topic] if topic is not None else self.list_topics()
-            partitions = [TopicPartition(t, p["partition"]) for t in topics for p in self.describe_topic(t)["partitions"]]
+            # one Metadata for every topic, not one per topic
+            described = self.describe_topics([topic] if topic is not None else None)
+            partitions = [TopicPartition(t, p["partition"]) for t, d in described.items() for p in d["partitions"]]
         now = now_ms if now_ms is not None else int(time.time() * 1000)
         candidates = []
         for tp, producers in self.describe_producers(partitions).items():

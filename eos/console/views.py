@@ -154,11 +154,17 @@ def transactions(admin, *, hanging_after_ms: int) -> dict:
     than `hanging_after_ms` with no coordinator accounting for them) and whether the
     console may abort them."""
     listed = admin.list_transactions()
-    hanging = admin.find_hanging_transactions(max_duration_ms=hanging_after_ms)
+    try:
+        hanging, hanging_error = admin.find_hanging_transactions(max_duration_ms=hanging_after_ms), None
+    except EosError as exc:
+        # e.g. a principal that may DESCRIBE a topic but not READ it (DescribeProducers needs
+        # READ): the transactions are still shown, the hanging ones are unknown, and why
+        hanging, hanging_error = [], _error_text(exc)
     hanging_producers = {h["producer_id"] for h in hanging}
     by_state: dict[str, int] = {}
     for t in listed:
         by_state[t["state"]] = by_state.get(t["state"], 0) + 1
     return {"by_state": dict(sorted(by_state.items())),
             "transactions": [{**t, "hanging": t["producer_id"] in hanging_producers} for t in listed],
-            "hanging": hanging, "hanging_after_ms": hanging_after_ms, "may_abort": may_abort(admin)}
+            "hanging": hanging, "hanging_error": hanging_error, "hanging_after_ms": hanging_after_ms,
+            "may_abort": may_abort(admin)}

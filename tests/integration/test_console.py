@@ -29,7 +29,7 @@ from eos.cli import build_parser
 from eos.console import ConsoleServer, create_app
 from eos.console.cli import open_console
 from eos.console.throughput import ThroughputSampler, end_offset_sums
-from tests.integration.test_acl_matrix import ADMIN, ALICE, broker_config, grant, make_pki, open_stubs
+from tests.integration.test_acl_matrix import ADMIN, ALICE, BOB, broker_config, grant, make_pki, open_stubs
 from tests.integration.test_acls import _admin, _client
 from tests.integration.test_cli import TxnProducer
 from tests.waits import wait_for
@@ -264,6 +264,21 @@ def test_a_stale_abort_form_is_refused(env):
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(env.admin_url + "/transactions/abort", data=form)
     assert refused.value.code == 400
+
+
+def test_a_principal_allowed_less_sees_less_not_an_error_page(env, page):
+    """bob may only DESCRIBE the topic hang: no log dirs (no DESCRIBE on the cluster), no
+    sizes, no producers to judge hanging transactions by (DescribeProducers needs READ)."""
+    env.server.authorizer.create(grant(T, "hang", O.DESCRIBE, principal=BOB))
+    with _admin(env.pki, env.server, BOB) as bob, ConsoleServer(create_app(bob, hanging_after_ms=0), port=0) as console:
+        page.goto(console.url + "/brokers")
+        assert "CLUSTER_AUTHORIZATION_FAILED" in page.text_content("#brokers")
+        assert "nothing on the cluster" in page.text_content("main")
+        page.goto(console.url + "/topics")
+        assert _rows(page, "topics") == [["hang", "2", "1", "unknown", "unknown", ""]]
+        response = page.goto(console.url + "/transactions")
+        assert response.status == 200 and "TOPIC_AUTHORIZATION_FAILED" in page.text_content("#hanging-error")
+        assert page.locator("#hanging button").count() == 0
 
 
 # ---- throughput -------------------------------------------------------------------------------
