@@ -55,18 +55,18 @@ class Page(NamedTuple):
     path: str          # Flask's rule, also served under /api
     endpoint: str
     template: str
-    title: str         # shown in the navigation when `in_nav`
+    title: str
     view: Callable     # (app context, **path arguments) -> dict
-    in_nav: bool = True
+    section: str = ""  # the navigation entry it belongs to (a topic's: Topics); "": its own
 
 
 PAGES = (
     Page("/brokers", "brokers", "brokers.html", "Brokers", lambda c: views.brokers(c.admin)),
     Page("/topics", "topics", "topics.html", "Topics", lambda c: views.topics(c.admin)),
-    Page("/topics/<name>", "topic", "topic.html", "Topic", lambda c, name: views.topic(c.admin, name), False),
+    Page("/topics/<name>", "topic", "topic.html", "Topic", lambda c, name: views.topic(c.admin, name), "topics"),
     Page("/groups", "groups", "groups.html", "Consumer groups", lambda c: views.groups(c.admin)),
     Page("/groups/<path:group_id>", "group", "group.html", "Group",
-         lambda c, group_id: views.group(c.admin, group_id), False),
+         lambda c, group_id: views.group(c.admin, group_id), "groups"),
     Page("/transactions", "transactions", "transactions.html", "Transactions",
          lambda c: views.transactions(c.admin, hanging_after_ms=c.hanging_after_ms)),
     Page("/throughput", "throughput", "throughput.html", "Throughput", lambda c: c.sampler.sample()),
@@ -91,7 +91,7 @@ def create_app(admin, *, hanging_after_ms: int = MAX_TRANSACTION_TIMEOUT_MS,
     app.extensions["eos_console"] = context
     app.jinja_env.trim_blocks = app.jinja_env.lstrip_blocks = True     # a 1,000-row table without blank lines
     app.jinja_env.filters["human_bytes"] = human_bytes
-    app.jinja_env.globals["nav"] = [(p.endpoint, p.title) for p in PAGES if p.in_nav]
+    app.jinja_env.globals["nav"] = [(p.endpoint, p.title) for p in PAGES if not p.section]
     for page in PAGES:
         _add_page(app, context, page)
 
@@ -139,7 +139,8 @@ def create_app(admin, *, hanging_after_ms: int = MAX_TRANSACTION_TIMEOUT_MS,
 
 def _add_page(app: Flask, context: ConsoleContext, page: Page) -> None:
     def html(**arguments):
-        return render_template(page.template, page=page.endpoint, title=page.title, token=context.abort_token,
+        return render_template(page.template, section=page.section or page.endpoint, title=page.title,
+                               token=context.abort_token,
                                **page.view(context, **arguments))
 
     def api(**arguments):
@@ -160,7 +161,7 @@ def _status_of(error: EosError) -> int:
 def _error_response(status: int, name: str, message: str):
     if request.path.startswith("/api/"):
         return jsonify({"error": name, "message": message}), status
-    return render_template("error.html", page=None, title=f"{status} {name}", status=status, name=name,
+    return render_template("error.html", section=None, title=f"{status} {name}", status=status, name=name,
                            message=message), status
 
 
