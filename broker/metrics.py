@@ -38,7 +38,8 @@ import time
 from typing import TYPE_CHECKING, Iterator
 
 import grpc
-from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, start_http_server
+from prometheus_client import (CollectorRegistry, Counter, Histogram, ProcessCollector, disable_created_metrics,
+                               start_http_server)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from google.protobuf.descriptor import FieldDescriptor
 
@@ -52,6 +53,7 @@ log = logging.getLogger("eos.broker.metrics")
 # Loopback calls take 0.2 ms to a few ms; long polls and parked group requests up to 30 s.
 REQUEST_SECONDS_BUCKETS = (0.0002, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                            2.5, 5.0, 10.0, 30.0)
+_UNCOUNTED_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 _TXN_STATES = ("Empty", "Ongoing", "PrepareCommit", "PrepareAbort", "CompleteCommit", "CompleteAbort",
                "Dead", "PrepareEpochFence")
 _GROUP_STATES = ("Empty", "PreparingRebalance", "CompletingRebalance", "Stable", "Dead")
@@ -136,6 +138,8 @@ class RequestMetricsInterceptor(grpc.ServerInterceptor):
         handler = continuation(handler_call_details)
         if handler is None:
             return None
+        if handler_call_details.method.startswith(_UNCOUNTED_SERVICES):
+            return handler          # probes and tools, not the broker's requests
         request = handler_call_details.method.rsplit("/", 1)[-1]
         if handler.unary_unary:
             return handler._replace(unary_unary=self._unary(request, handler.unary_unary))
@@ -254,9 +258,12 @@ class BrokerStateCollector:
         cluster = server.cluster
         replicas = cluster.replicas if cluster is not None else None
         if replicas is None:
-            # one broker: every partition is led here, and its ISR is itself
-            hosted = led = len(server.log_manager.all_logs())
-            under_replicated = under_min_isr = shrinks = expands = 0
+            # one broker: every partition is led here and its ISR is itself, so a topic asking
+            # min.insync.replicas > 1 is under it (its acks=all produces are refused)
+            logs = server.log_manager.all_logs()
+            hosted = led = len(logs)
+            under_min_isr = sum(1 for partition_log in logs if partition_log.config.min_insync_replicas > 1)
+            under_replicated = shrinks = expands = 0
         else:
             led_states = replicas.led_replication()
             hosted = len(led_states) + len(replicas.followed_partitions())
@@ -308,6 +315,9 @@ class BrokerStateCollector:
         family = GaugeMetricFamily("eos_server_purgatory_size", "Requests waiting, by kind (Kafka's "
                                    "DelayedOperationPurgatory PurgatorySize)", labels=["delayed_operation"])
         family.add_metric(["Fetch"], server.fetch_waiter_count)
+        cluster = server.cluster
+        family.add_metric(["Produce"], cluster.replicas.produce_waiters
+                          if cluster is not None and cluster.replicas is not None else 0)
         groups = server.group_coordinator
         family.add_metric(["Rebalance"], groups.parked_request_count() if groups is not None else 0)
         txn = server.txn_coordinator
@@ -400,6 +410,9 @@ class BrokerMetrics:
     and the request interceptor; served over HTTP by `start(host, port)`."""
 
     def __init__(self, server: "BrokerServer"):
+        # a `_created` series beside every counter and histogram child doubles the request
+        # series for nothing a dashboard reads (process-wide: prometheus_client's switch)
+        disable_created_metrics()
         self.registry = CollectorRegistry()
         self.registry.register(BrokerStateCollector(server))
         ProcessCollector(registry=self.registry)

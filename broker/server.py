@@ -325,7 +325,9 @@ class BrokerServer:
         self._prepare_data_dirs()
         self._new_grpc_server()
         if self._metrics is not None:
-            self._metrics.start(self.host, self.config.metrics_port)
+            # bound where the inter-broker listener is (not its advertised name, which may be
+            # another machine's address): 127.0.0.1 for the default listener
+            self._metrics.start(self.inter_broker_listener.host or "0.0.0.0", self.config.metrics_port)
         self._open_storage()
         # What this node advertises on the inter-broker listener (its bound port unless
         # advertised.listeners says otherwise): the group coordinator's and a cluster's address.

@@ -71,7 +71,6 @@ import collections
 import contextlib
 import functools
 import logging
-import os
 import time
 from typing import Callable, NamedTuple
 
@@ -573,8 +572,7 @@ class BrokerServicer(ReadHandlers, broker_pb2_grpc.BrokerServicer):
         if isinstance(exc, EosError) and exc.code == ErrorCode.KAFKA_STORAGE_ERROR:
             # A failing disk answers every request with this: logged once per partition and
             # log dir, counted always (broker/traffic.py)
-            partition_log = self._log_manager.get_log(topic, partition)
-            log_dir = os.path.dirname(partition_log.directory) if partition_log is not None else ""
+            log_dir = self._log_manager.log_dir_of(topic, partition) or ""
             if self.storage_errors.record(topic, partition, log_dir):
                 log.error("%s %s-%d: storage error in log dir %s: %s (logged once for this partition; "
                           "eos_log_storage_errors_total counts them)", rpc, topic, partition, log_dir or "?", exc)

@@ -43,9 +43,8 @@ def cmd_cluster_start(args) -> int:
         print(f"ZooKeeper: {cluster.zookeeper_connect}", flush=True)
         for broker_id, proc in sorted(cluster.processes.items()):
             print(f"broker {broker_id}: {proc.address} (data dir {proc.data_dir}, log {proc.log_path})", flush=True)
-            if args.metrics_base_port > 0:
-                print(f"broker {broker_id} metrics: http://127.0.0.1:{args.metrics_base_port + broker_id}/metrics",
-                      flush=True)
+            if proc.metrics_url is not None:
+                print(f"broker {broker_id} metrics: {proc.metrics_url}", flush=True)
         print(f"bootstrap: {cluster.bootstrap}", flush=True)
         if args.tls:
             print(f"TLS: every listener is SSL with mutual TLS; clients use --command-config {tls.client_file} "

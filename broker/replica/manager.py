@@ -140,6 +140,10 @@ class ReplicaManager:
         # for the broker's metrics
         self.isr_shrinks = 0
         self.isr_expands = 0
+        # acks=all produces waiting for the ISR to copy them (Kafka's Produce purgatory); they
+        # wait under different partitions' locks, so the count has its own
+        self.produce_waiters = 0
+        self._produce_waiters_lock = threading.Lock()
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -345,13 +349,19 @@ class ReplicaManager:
             return (ErrorCode.NOT_LEADER_OR_FOLLOWER,
                     f"broker {self.broker_id} stopped leading {topic}-{partition} before the write was replicated")
         deadline = time.monotonic() + max(timeout_ms, 0) / 1000.0
+        with self._produce_waiters_lock:
+            self.produce_waiters += 1
         with leader.lock:
-            while leader.core.high_watermark < offset_exclusive:
-                remaining = deadline - time.monotonic()
-                if (remaining <= 0 or self._stopping.is_set()
-                        or self._leaders.get((topic, partition)) is not leader):
-                    break
-                leader.hw_changed.wait(remaining)
+            try:
+                while leader.core.high_watermark < offset_exclusive:
+                    remaining = deadline - time.monotonic()
+                    if (remaining <= 0 or self._stopping.is_set()
+                            or self._leaders.get((topic, partition)) is not leader):
+                        break
+                    leader.hw_changed.wait(remaining)
+            finally:
+                with self._produce_waiters_lock:
+                    self.produce_waiters -= 1
             reached = leader.core.high_watermark >= offset_exclusive
             isr_size = len(leader.core.isr)
         if self._leaders.get((topic, partition)) is not leader:

@@ -68,6 +68,7 @@ class LogDirs:
         self._home: dict[tuple[str, int], LogManager] = {}
         self._offline_dirs: dict[str, str] = {}            # dir -> why it failed
         self._offline_partitions: dict[tuple[str, int], str] = {}
+        self._lost_homes: dict[tuple[str, int], str] = {}      # partition -> the failed dir it was on
         failed = {os.path.realpath(d): cause for d, cause in (failed or {}).items()}
         self._managers: list[LogManager] = []
         for directory in resolved:
@@ -123,6 +124,12 @@ class LogDirs:
     def get_log(self, topic: str, partition: int) -> Log | None:
         manager = self._home.get((topic, partition))
         return None if manager is None else manager.get_log(topic, partition)
+
+    def log_dir_of(self, topic: str, partition: int) -> str | None:
+        """The log dir the partition lives on, or lived on when that dir failed; None if unknown."""
+        with self._lock:
+            manager = self._home.get((topic, partition))
+            return manager.data_dir if manager is not None else self._lost_homes.get((topic, partition))
 
     def offline_reason(self, topic: str, partition: int) -> str | None:
         """Why the partition cannot be served here (its log dir failed), or None."""
@@ -263,6 +270,7 @@ class LogDirs:
             for key in lost:
                 del self._home[key]
                 self._offline_partitions[key] = reason
+                self._lost_homes[key] = manager.data_dir
         for partition_log in manager.all_logs():
             try:
                 partition_log.close(clean=False)

@@ -144,6 +144,11 @@ def test_every_metric_appears_and_moves_under_a_produce_consume_transaction_work
     assert done.value("eos_transaction_coordinator_markers_pending") == 0
     assert done.value("eos_log_last_stable_offset", topic="m-txn", partition="0") == 6
     assert done.value("process_resident_memory_bytes") > 0 and done.value("process_open_fds") > 0
+
+    # one broker cannot give a topic two in-sync replicas: it is under its min ISR
+    assert done.value("eos_server_under_min_isr_partitions") == 0
+    admin.create_topic("m-strict", partitions=1, config={"min.insync.replicas": "2"})
+    assert scrape(url).value("eos_server_under_min_isr_partitions") == 1
     admin.close()
 
 
