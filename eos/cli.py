@@ -1,6 +1,7 @@
 """The `eos` command line, after the habits of Kafka's tools.
 
-    eos broker start [--data-dir DIR]... [--port N] [--zookeeper HOST:PORT --broker-id N [--rack R]]
+    eos broker start [--data-dir DIR]... [--port N] [--zookeeper HOST:PORT --broker-id N [--rack R]] [--metrics-port N]
+    eos broker health [--wait-ms N]         gRPC health: exit 0 once SERVING (logs and coordinators loaded)
     eos cluster start --brokers 3 --data-dir DIR    ZooKeeper and brokers on 127.0.0.1 (eos/cli_cluster.py)
     eos topics create|list|describe|delete ...   [--replication-factor N] [--under-replicated-partitions]
     eos topics adopt --topic T --from KAFKA_LOG_DIR --data-dir DIR    take over partitions Kafka wrote (offline, single broker)
@@ -14,6 +15,7 @@
     eos acls --add|--list|--remove ...       ACLs, with kafka-acls.sh's flags
     eos users add|list|remove ...            SCRAM users (eos/cli_users.py)
     eos configs --alter|--describe ...       client quotas, kafka-configs.sh's flags (eos/cli_configs.py)
+    eos console [--port 8080]                a web console of brokers, topics, groups, transactions (eos/console/)
     eos demo                                 the end-to-end demo on an embedded broker
 
 Every client command takes --bootstrap-server (default $EOS_BOOTSTRAP or 127.0.0.1:9092) and,
