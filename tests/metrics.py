@@ -1,5 +1,6 @@
-"""Reading a broker's /metrics as the tests need it: parsed with prometheus_client's own
-parser (never by string search), as {(sample name, sorted labels): value}."""
+"""Reading metrics as the tests need them: a broker's /metrics or a client's registry,
+parsed with prometheus_client's own parser (never by string search), as
+{(sample name, sorted labels): value}."""
 from __future__ import annotations
 
 import urllib.request
@@ -7,18 +8,29 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 
 
+def parse_exposition(text: str) -> tuple[set[str], dict[tuple[str, tuple], float]]:
+    """(the families' names, every sample's value by (name, sorted label pairs))."""
+    families: set[str] = set()
+    samples: dict[tuple[str, tuple], float] = {}
+    for family in text_string_to_metric_families(text):
+        families.add(family.name)
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return families, samples
+
+
+def registry_samples(registry) -> dict[tuple[str, tuple], float]:
+    """Every sample of a prometheus_client registry's exposition."""
+    from prometheus_client import generate_latest
+    return parse_exposition(generate_latest(registry).decode())[1]
+
+
 class Scrape:
     """One scrape of an endpoint: the families' names and every sample's value."""
 
     def __init__(self, url: str):
         with urllib.request.urlopen(url, timeout=10) as response:
-            text = response.read().decode()
-        self.families: set[str] = set()
-        self.samples: dict[tuple[str, tuple], float] = {}
-        for family in text_string_to_metric_families(text):
-            self.families.add(family.name)
-            for sample in family.samples:
-                self.samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+            self.families, self.samples = parse_exposition(response.read().decode())
 
     def value(self, name: str, **labels) -> float:
         """The sample's value; 0.0 when the broker has not shown it (a counter never moved)."""

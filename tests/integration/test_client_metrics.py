@@ -10,22 +10,14 @@ import pytest
 import eos
 from eos.client_metrics import metric_names
 from eos.types import TopicPartition
+from tests.metrics import registry_samples
 from tests.waits import wait_for
 
 WAIT_S = 30
 VALUE_BYTES = 100
 
 
-def scrape(registry) -> dict[tuple[str, tuple], float]:
-    """Every sample of the registry's exposition: (name, sorted label pairs) -> value."""
-    from prometheus_client import generate_latest
-    from prometheus_client.parser import text_string_to_metric_families
-
-    samples = {}
-    for family in text_string_to_metric_families(generate_latest(registry).decode()):
-        for sample in family.samples:
-            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return samples
+scrape = registry_samples      # (name, sorted label pairs) -> value, by prometheus_client's parser
 
 
 def value(samples: dict, name: str, **labels) -> float:
