@@ -17,6 +17,10 @@ A replica's `size_bytes` is its segments' bytes (Kafka's Log.size: no indexes). 
 is Kafka's for a current (not future) replica: max(0, high watermark - log end offset), which
 is 0 for a leader. eos never moves a replica between directories, so `is_future` is false.
 
+Each directory also carries eos's own count of storage errors answered for its replicas and
+the last one's message (the Broker service's `StorageErrors`): a full disk fails writes
+without taking its directory offline, and the console shows it from here.
+
 The authorization check (DESCRIBE on the cluster) is the servicer's; this module only reads.
 """
 from __future__ import annotations
@@ -30,8 +34,11 @@ from eos.v1 import broker_pb2
 UNKNOWN_BYTES = -1     # KIP-827's answer when a directory's file system cannot be asked
 
 
-def describe_log_dirs(log_dirs, request: broker_pb2.DescribeLogDirsRequest) -> broker_pb2.DescribeLogDirsResponse:
-    """The answer for `request` from `log_dirs` (a LogDirs; see the module doc)."""
+def describe_log_dirs(log_dirs, request: broker_pb2.DescribeLogDirsRequest,
+                      storage_errors: dict[str, tuple[int, str]] | None = None) -> broker_pb2.DescribeLogDirsResponse:
+    """The answer for `request` from `log_dirs` (a LogDirs) and `storage_errors` ({log dir:
+    (errors, last message)}); see the module doc."""
+    storage_errors = storage_errors or {}
     wanted = _wanted_partitions(request)
     offline = log_dirs.offline_dirs
     by_dir: dict[str, dict[str, list[broker_pb2.LogDirPartition]]] = {
@@ -49,14 +56,18 @@ def describe_log_dirs(log_dirs, request: broker_pb2.DescribeLogDirsRequest) -> b
     results = []
     for directory, topics in by_dir.items():
         total_bytes, usable_bytes = _disk_bytes(directory)
+        error_count, last_error = storage_errors.get(directory, (0, ""))
         results.append(broker_pb2.LogDirDescription(
             error_code=ErrorCode.NONE, log_dir=directory, total_bytes=total_bytes, usable_bytes=usable_bytes,
+            storage_error_count=error_count, last_storage_error=last_error,
             topics=[broker_pb2.LogDirTopic(name=name, partitions=sorted(partitions, key=lambda p: p.partition))
                     for name, partitions in sorted(topics.items())]))
     for directory, reason in sorted(offline.items()):
+        error_count, last_error = storage_errors.get(directory, (0, ""))
         results.append(broker_pb2.LogDirDescription(
             error_code=ErrorCode.KAFKA_STORAGE_ERROR, error_message=reason, log_dir=directory,
-            total_bytes=UNKNOWN_BYTES, usable_bytes=UNKNOWN_BYTES))
+            total_bytes=UNKNOWN_BYTES, usable_bytes=UNKNOWN_BYTES,
+            storage_error_count=error_count, last_storage_error=last_error))
     return broker_pb2.DescribeLogDirsResponse(error_code=ErrorCode.NONE, results=results)
 
 

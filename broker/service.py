@@ -573,7 +573,7 @@ class BrokerServicer(ReadHandlers, broker_pb2_grpc.BrokerServicer):
             # A failing disk answers every request with this: logged once per partition and
             # log dir, counted always (broker/traffic.py)
             log_dir = self._log_manager.log_dir_of(topic, partition) or ""
-            if self.storage_errors.record(topic, partition, log_dir):
+            if self.storage_errors.record(topic, partition, log_dir, str(exc)):
                 log.error("%s %s-%d: storage error in log dir %s: %s (logged once for this partition; "
                           "eos_log_storage_errors_total counts them)", rpc, topic, partition, log_dir or "?", exc)
         elif isinstance(exc, EosError):
@@ -924,4 +924,4 @@ class BrokerServicer(ReadHandlers, broker_pb2_grpc.BrokerServicer):
         if self._authorizer is not None and not self._cluster_allows(Operation.DESCRIBE):
             return broker_pb2.DescribeLogDirsResponse(error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
                                                       error_message=self._denial(Operation.DESCRIBE, "the cluster"))
-        return describe_log_dirs(self._log_manager, request)
+        return describe_log_dirs(self._log_manager, request, self.storage_errors.by_log_dir())

@@ -13,7 +13,7 @@ when the broker has metrics.
 `StorageErrors` is always kept: a broker whose disk is full answers KAFKA_STORAGE_ERROR to
 every produce, and an operator must see it without a log line per request. `record` says
 whether this partition and log dir is new (then the caller logs it at ERROR, once) and
-counts it either way.
+counts it either way; it keeps each log dir's last message for DescribeLogDirs (the console).
 """
 from __future__ import annotations
 
@@ -65,14 +65,24 @@ class StorageErrors:
     def __init__(self):
         self._lock = threading.Lock()
         self._counts: dict[tuple[str, int, str], int] = {}    # (topic, partition, log dir) -> errors
+        self._last_message: dict[str, str] = {}               # log dir -> its last error's message
 
-    def record(self, topic: str, partition: int, log_dir: str) -> bool:
+    def record(self, topic: str, partition: int, log_dir: str, message: str) -> bool:
         """Count one; True the first time for this partition and log dir."""
         key = (topic, partition, log_dir)
         with self._lock:
             count = self._counts.get(key, 0)
             self._counts[key] = count + 1
+            self._last_message[log_dir] = message
         return count == 0
+
+    def by_log_dir(self) -> dict[str, tuple[int, str]]:
+        """{log dir: (errors, the last one's message)}."""
+        with self._lock:
+            totals: dict[str, int] = {}
+            for (_, _, log_dir), count in self._counts.items():
+                totals[log_dir] = totals.get(log_dir, 0) + count
+            return {log_dir: (count, self._last_message[log_dir]) for log_dir, count in totals.items()}
 
     def snapshot(self) -> dict[tuple[str, int, str], int]:
         with self._lock:

@@ -293,8 +293,10 @@ class Admin:
     def describe_log_dirs(self, brokers=None) -> dict[int, dict[str, dict]]:
         """Kafka's describeLogDirs: {broker id: {log dir path: {"error" (None, or the EosError:
         KAFKA_STORAGE_ERROR for an offline dir, with its cause), "total_bytes", "usable_bytes"
-        (None when unknown), "replicas": {TopicPartition: {"size_bytes", "offset_lag",
-        "is_future"}}}}} of `brokers` (ids; None: every broker). One request per broker;
+        (None when unknown), "storage_errors" (requests answered KAFKA_STORAGE_ERROR since the
+        broker started: eos's own), "last_storage_error" (its message, or None),
+        "replicas": {TopicPartition: {"size_bytes", "offset_lag", "is_future"}}}}} of
+        `brokers` (ids; None: every broker). One request per broker;
         raises the first broker's failure (unreachable, CLUSTER_AUTHORIZATION_FAILED without
         DESCRIBE on the cluster)."""
         if brokers is None:
@@ -313,6 +315,7 @@ class Admin:
                                   f"{d.error_message or ErrorCode(d.error_code).name}"),
                 "total_bytes": d.total_bytes if d.total_bytes >= 0 else None,
                 "usable_bytes": d.usable_bytes if d.usable_bytes >= 0 else None,
+                "storage_errors": d.storage_error_count, "last_storage_error": d.last_storage_error or None,
                 "replicas": {TopicPartition(t.name, p.partition): {
                     "size_bytes": p.size_bytes, "offset_lag": p.offset_lag, "is_future": p.is_future}
                     for t in d.topics for p in t.partitions}} for d in response.results}

@@ -73,14 +73,18 @@ def brokers(admin) -> dict:
                          "error_message": None if error is None else str(error),
                          "total_bytes": described["total_bytes"], "usable_bytes": described["usable_bytes"],
                          "replica_count": len(described["replicas"]),
+                         "storage_errors": described["storage_errors"],
+                         "last_storage_error": described["last_storage_error"],
                          "size_bytes": sum(r["size_bytes"] for r in described["replicas"].values())})
         rows.append({"node_id": node_id, "address": address, "rack": cluster["racks"].get(node_id),
                      "is_controller": node_id == cluster["controller_id"], "log_dirs": dirs,
                      "offline_log_dirs": sum(1 for d in dirs if not d["online"]),
+                     "storage_errors": sum(d["storage_errors"] for d in dirs),
                      "log_dirs_error": log_dir_errors.get(node_id)})
     operations = cluster["authorized_operations"]
     return {"cluster_id": cluster["cluster_id"], "controller_id": cluster["controller_id"], "brokers": rows,
             "offline_log_dirs": sum(b["offline_log_dirs"] for b in rows),
+            "storage_errors": sum(b["storage_errors"] for b in rows),
             "authorized_operations": sorted(op.name for op in operations or ())}
 
 

@@ -458,20 +458,24 @@ class DescribeLogDirsResponse(_message.Message):
     def __init__(self, throttle_time_ms: _Optional[int] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., results: _Optional[_Iterable[_Union[LogDirDescription, _Mapping]]] = ...) -> None: ...
 
 class LogDirDescription(_message.Message):
-    __slots__ = ("error_code", "error_message", "log_dir", "topics", "total_bytes", "usable_bytes")
+    __slots__ = ("error_code", "error_message", "log_dir", "topics", "total_bytes", "usable_bytes", "storage_error_count", "last_storage_error")
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     LOG_DIR_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     USABLE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_ERROR_COUNT_FIELD_NUMBER: _ClassVar[int]
+    LAST_STORAGE_ERROR_FIELD_NUMBER: _ClassVar[int]
     error_code: _common_pb2.ErrorCode
     error_message: str
     log_dir: str
     topics: _containers.RepeatedCompositeFieldContainer[LogDirTopic]
     total_bytes: int
     usable_bytes: int
-    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., log_dir: _Optional[str] = ..., topics: _Optional[_Iterable[_Union[LogDirTopic, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., usable_bytes: _Optional[int] = ...) -> None: ...
+    storage_error_count: int
+    last_storage_error: str
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., log_dir: _Optional[str] = ..., topics: _Optional[_Iterable[_Union[LogDirTopic, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., usable_bytes: _Optional[int] = ..., storage_error_count: _Optional[int] = ..., last_storage_error: _Optional[str] = ...) -> None: ...
 
 class LogDirTopic(_message.Message):
     __slots__ = ("name", "partitions")

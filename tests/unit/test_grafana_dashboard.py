@@ -132,7 +132,7 @@ def exported(tmp_path_factory) -> dict[str, set[str]]:
             consumer.commit({TopicPartition("dash", 0): 0})      # a committed offset: the group has lag
         # one counted storage error gives its family a sample (the disk path is the
         # integration test's, tests/integration/test_broker_metrics.py)
-        server.servicer.storage_errors.record("dash", 0, str(server.data_dir))
+        server.servicer.storage_errors.record("dash", 0, str(server.data_dir), "No space left on device")
         scraped = scrape(f"http://127.0.0.1:{server.metrics_port}/metrics")
     finally:
         server.stop()
