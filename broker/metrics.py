@@ -53,6 +53,9 @@ log = logging.getLogger("eos.broker.metrics")
 # Loopback calls take 0.2 ms to a few ms; long polls and parked group requests up to 30 s.
 REQUEST_SECONDS_BUCKETS = (0.0002, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                            2.5, 5.0, 10.0, 30.0)
+# How long a scrape waits for the group coordinator's lock: a replay of __consumer_offsets
+# holds it for its whole length, and a scrape must answer during a slow start.
+COORDINATOR_WAIT_S = 0.2
 _UNCOUNTED_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 _TXN_STATES = ("Empty", "Ongoing", "PrepareCommit", "PrepareAbort", "CompleteCommit", "CompleteAbort",
                "Dead", "PrepareEpochFence")
@@ -353,29 +356,28 @@ class BrokerStateCollector:
         lag = GaugeMetricFamily("eos_group_consumer_lag", "Records between a group's committed offset and the last "
                                 "stable offset, for the partitions this broker leads",
                                 labels=["group", "topic", "partition"])
-        rebalances = 0
         cluster = server.cluster
         # a follower's LSO trails its leader's: lag is shown only where this broker leads
         led = None if cluster is None or cluster.replicas is None else set(cluster.replicas.led_partitions())
-        if coordinator is not None and coordinator.groups is not None:
-            error, listings = coordinator.list_groups()
-            for listing in listings:
-                states[listing.state] = states.get(listing.state, 0) + 1
-                for fetched in coordinator.offset_fetch(listing.group_id).partitions:
-                    partition_log = server.log_manager.get_log(fetched.topic, fetched.partition)
-                    if fetched.offset < 0 or partition_log is None or (
-                            led is not None and (fetched.topic, fetched.partition) not in led):
-                        continue
-                    lag.add_metric([listing.group_id, fetched.topic, str(fetched.partition)],
-                                   max(0, partition_log.last_stable_offset - fetched.offset))
-            rebalances = coordinator.groups.rebalances_completed
+        snapshot = None if coordinator is None else coordinator.metrics_snapshot(COORDINATOR_WAIT_S)
+        listings, committed, rebalances = snapshot if snapshot is not None else ([], {}, 0)
+        for listing in listings:
+            states[listing.state] = states.get(listing.state, 0) + 1
+            for fetched in committed.get(listing.group_id, ()):
+                partition_log = server.log_manager.get_log(fetched.topic, fetched.partition)
+                if fetched.offset < 0 or partition_log is None or (
+                        led is not None and (fetched.topic, fetched.partition) not in led):
+                    continue
+                lag.add_metric([listing.group_id, fetched.topic, str(fetched.partition)],
+                               max(0, partition_log.last_stable_offset - fetched.offset))
         family = GaugeMetricFamily("eos_group_coordinator_groups", "Consumer groups this broker coordinates, by state "
-                                   "(Kafka's NumGroups*)", labels=["state"])
+                                   "(Kafka's NumGroups*); none while its offsets load", labels=["state"])
         for state, count in states.items():
             family.add_metric([state], count)
         yield family
-        yield _counter("eos_group_coordinator_rebalances", "Rebalances completed with a new generation of members",
-                       rebalances)
+        if snapshot is not None:        # a counter must not drop to 0 while a partition loads
+            yield _counter("eos_group_coordinator_rebalances", "Rebalances completed with a new generation of "
+                           "members", rebalances)
         yield lag
 
     @staticmethod

@@ -409,6 +409,11 @@ def run_as_broker(function, *args):
         _current_call.reset(token)
 
 
+# A probe asks a SASL_SSL listener for its health over TLS alone, as it would any other
+# listener (Kubernetes' gRPC probe cannot log in): health says nothing a principal guards.
+_OPEN_TO_UNAUTHENTICATED = ("/grpc.health.v1.Health/",)
+
+
 class CallIdentityInterceptor(grpc.ServerInterceptor):
     """Wraps every handler so the call's listener and principal are known before it runs."""
 
@@ -423,7 +428,8 @@ class CallIdentityInterceptor(grpc.ServerInterceptor):
         auth_context = context.auth_context()
         listener = self._by_transport.get(protocol_of(auth_context)) or next(iter(self._by_transport.values()))
         peer = context.peer()
-        if listener.security_protocol == SASL_SSL and method != SASL_AUTHENTICATE_METHOD:
+        if (listener.security_protocol == SASL_SSL and method != SASL_AUTHENTICATE_METHOD
+                and not method.startswith(_OPEN_TO_UNAUTHENTICATED)):
             return CallIdentity(listener, self._session_principal(context, peer), host_of_peer(peer))
         return CallIdentity(listener, principal_for(auth_context, listener, self._rules), host_of_peer(peer))
 

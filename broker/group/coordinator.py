@@ -352,9 +352,24 @@ class GroupCoordinator:
         return self._phase is _Phase.RUNNING
 
     def parked_request_count(self) -> int:
-        """Requests waiting for the core right now (for tests and metrics)."""
-        with self._lock:
-            return len(self._futures)
+        """Requests waiting for the core right now (for tests and metrics). Read without the
+        lock, which a load holds for its whole replay: one len() of a dict is atomic."""
+        return len(self._futures)
+
+    def metrics_snapshot(self, wait_s: float) -> tuple[list[GroupListing], dict[str, list[FetchedOffset]], int] | None:
+        """(every group, each group's committed offsets, rebalances completed) for the broker's
+        metrics, or None when the lock is not free within `wait_s` (a partition loading: a
+        scrape must not wait out a replay) or the coordinator is not running."""
+        if not self._lock.acquire(timeout=wait_s):
+            return None
+        try:
+            if self._phase is not _Phase.RUNNING or self.groups is None:
+                return None
+            listed = self._listings()
+            committed = {group_id: self.offsets.fetch(group_id, [], False) for group_id in listed}
+            return [listed[g] for g in sorted(listed)], committed, self.groups.rebalances_completed
+        finally:
+            self._lock.release()
 
     # ---- the offsets topic -------------------------------------------------------------------
 
@@ -743,11 +758,16 @@ class GroupCoordinator:
             refusal = self._refusal()
             if refusal is not None:
                 return refusal[0], []
-            listed = {g.group_id: g for g in self.groups.list()}
-            for group_id in self.offsets.groups():
-                listed.setdefault(group_id, GroupListing(group_id, "", GroupState.EMPTY.value))
+            listed = self._listings()
         return ErrorCode.NONE, [listed[g] for g in sorted(listed)
                                 if not wanted or GroupState.from_name(listed[g].state) in wanted]
+
+    def _listings(self) -> dict[str, GroupListing]:
+        """Every group by id, groups that only have committed offsets as Empty (lock held)."""
+        listed = {g.group_id: g for g in self.groups.list()}
+        for group_id in self.offsets.groups():
+            listed.setdefault(group_id, GroupListing(group_id, "", GroupState.EMPTY.value))
+        return listed
 
     def describe_groups(self, group_ids: Iterable[str]) -> list[GroupDescription]:
         answers = []

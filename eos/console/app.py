@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Callable, NamedTuple
 
 from flask import Flask, abort, g, jsonify, redirect, render_template, request, url_for
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, SecurityError
 
 from eos.admin import MAX_TRANSACTION_TIMEOUT_MS
 from eos.console import views
@@ -81,11 +81,19 @@ class ConsoleContext(NamedTuple):
     abort_token: str
 
 
+# The names a browser may use for the console. Anything else in a request's Host header is
+# refused (400): a page that rebinds its own name to 127.0.0.1 would otherwise be
+# same-origin with the console, read the abort form's token and post it.
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
 def create_app(admin, *, hanging_after_ms: int = MAX_TRANSACTION_TIMEOUT_MS,
-               sampler: ThroughputSampler | None = None) -> Flask:
+               sampler: ThroughputSampler | None = None, trusted_hosts=LOOPBACK_HOSTS) -> Flask:
     """The console over `admin`. `hanging_after_ms`: how long an open transaction goes
-    without a write before find-hanging reports it (Kafka's default: 15 minutes)."""
+    without a write before find-hanging reports it (Kafka's default: 15 minutes).
+    `trusted_hosts`: the host names (any port) requests may name; see LOOPBACK_HOSTS."""
     app = Flask("eos.console", template_folder=str(_HERE / "templates"), static_folder=str(_HERE / "static"))
+    app.config["TRUSTED_HOSTS"] = list(trusted_hosts)
     context = ConsoleContext(admin, hanging_after_ms,
                              sampler or ThroughputSampler(lambda: end_offset_sums(admin)), secrets.token_urlsafe(32))
     app.extensions["eos_console"] = context
@@ -129,6 +137,11 @@ def create_app(admin, *, hanging_after_ms: int = MAX_TRANSACTION_TIMEOUT_MS,
     @app.errorhandler(EosError)
     def _eos_error(error: EosError):
         return _error_response(_status_of(error), error.code.name, str(error))
+
+    @app.errorhandler(SecurityError)
+    def _untrusted_host(error: SecurityError):
+        # plain text: the error page's links would read the very Host header refused
+        return f"400 Bad Request: {error.description}\n", 400, {"Content-Type": "text/plain; charset=utf-8"}
 
     @app.errorhandler(HTTPException)
     def _http_error(error: HTTPException):

@@ -24,6 +24,9 @@ def add_commands(commands, add_client_arguments, default_bootstrap: str) -> None
     console.add_argument("--host", default="127.0.0.1",
                          help="address to listen on (default 127.0.0.1: the console has no login of its own)")
     console.add_argument("--port", type=int, default=8080, help="HTTP port (default 8080)")
+    console.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                         help="a host name browsers may use for the console besides --host and the loopback "
+                              "names (requests naming any other are refused: DNS rebinding); repeatable")
     console.add_argument("--hanging-after-ms", type=int, default=None, metavar="MS",
                          help="an open transaction idle this long is hanging if no coordinator accounts for it "
                               "(default 900000, Kafka's transaction.max.timeout.ms)")
@@ -38,14 +41,17 @@ def open_console(args: argparse.Namespace):
     from eos.admin import MAX_TRANSACTION_TIMEOUT_MS
     from eos.cli import client_config
     from eos.console import ConsoleServer, create_app
+    from eos.console.app import LOOPBACK_HOSTS
 
     hanging_after_ms = MAX_TRANSACTION_TIMEOUT_MS if args.hanging_after_ms is None else args.hanging_after_ms
     if hanging_after_ms < 0:
         raise ValueError(f"--hanging-after-ms must be >= 0, got {hanging_after_ms}")
     admin = eos.Admin(bootstrap=args.bootstrap_server, config={**CONSOLE_CLIENT_DEFAULTS, **client_config(args)})
     try:
-        return admin, ConsoleServer(create_app(admin, hanging_after_ms=hanging_after_ms), host=args.host,
-                                    port=args.port)
+        trusted_hosts = [*LOOPBACK_HOSTS, *([args.host] if args.host not in ("", "0.0.0.0", "::") else []),
+                         *args.allowed_host]
+        return admin, ConsoleServer(create_app(admin, hanging_after_ms=hanging_after_ms, trusted_hosts=trusted_hosts),
+                                    host=args.host, port=args.port)
     except BaseException:
         admin.close()
         raise

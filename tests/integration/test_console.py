@@ -266,6 +266,18 @@ def test_a_stale_abort_form_is_refused(env):
     assert refused.value.code == 400
 
 
+def test_a_host_name_the_console_was_not_given_is_refused(env):
+    """DNS rebinding: a page whose own name now points at 127.0.0.1 reaches the console with
+    its name in the Host header; the console answers it nothing (not even the abort token)."""
+    for path in ("/transactions", "/api/transactions"):
+        request = urllib.request.Request(env.admin_url + path, headers={"Host": "rebound.example"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request)
+        assert refused.value.code == 400
+    with urllib.request.urlopen(env.admin_url + "/transactions") as page:     # its own address still works
+        assert page.status == 200
+
+
 def test_a_principal_allowed_less_sees_less_not_an_error_page(env, page):
     """bob may only DESCRIBE the topic hang: no log dirs (no DESCRIBE on the cluster), no
     sizes, no producers to judge hanging transactions by (DescribeProducers needs READ)."""

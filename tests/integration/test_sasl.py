@@ -404,3 +404,17 @@ def test_plaintext_ssl_and_sasl_ssl_listeners_on_one_broker(tmp_path, pki):
             assert (listener, principal) in seen, seen
     finally:
         broker.stop()
+
+
+def test_a_probe_reads_health_on_a_sasl_ssl_listener_without_logging_in(broker, pki):
+    """gRPC health over TLS alone answers, as a probe that cannot log in needs; every other
+    call on that connection still needs the SASL session."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    credentials = grpc.ssl_channel_credentials(root_certificates=pki["ca_path"].read_bytes())
+    with grpc.secure_channel(broker.address_of("SASL_SSL"), credentials) as channel:
+        answer = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+        assert answer.status == health_pb2.HealthCheckResponse.SERVING
+        with pytest.raises(grpc.RpcError) as refused:
+            _raw_produce(channel, "t", ())
+        assert refused.value.code() is grpc.StatusCode.UNAUTHENTICATED
