@@ -52,6 +52,7 @@ def _loading(request_iterator, context):
     context.abort(grpc.StatusCode.UNAVAILABLE, "the broker is starting: its logs and coordinators are loading")
 
 
+_SERVED_FROM_THE_START = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 # A stream-stream handler reads nothing before it aborts, so it answers a call of any shape.
 _LOADING_HANDLER = grpc.stream_stream_rpc_method_handler(_loading)
 
@@ -77,7 +78,8 @@ class LateServices(grpc.GenericRpcHandler):
 
     def service(self, handler_call_details):
         if not self._open:
-            return _LOADING_HANDLER
+            # health and reflection are the servers' own, registered before they started
+            return None if handler_call_details.method.startswith(_SERVED_FROM_THE_START) else _LOADING_HANDLER
         return self._handlers.get(handler_call_details.method)
 
 

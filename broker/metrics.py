@@ -223,7 +223,11 @@ class BrokerStateCollector:
             ("eos_server_messages_in", "Records appended by producers (Kafka's MessagesInPerSec)"),
             ("eos_server_bytes_out", "Bytes of records sent to consumers (Kafka's BytesOutPerSec)"),
             ("eos_server_messages_out", "Records sent to consumers, counted by offsets"))]
+        registry = server.registry
         for topic, counts in sorted(servicer.traffic.snapshot().items()):
+            if topic not in registry:        # deleted: its series go (it would stay to the restart)
+                servicer.traffic.forget(topic)
+                continue
             for family, value in zip(families, counts):
                 family.add_metric([topic], value)
         yield from families
@@ -413,7 +417,8 @@ class BrokerMetrics:
 
     def __init__(self, server: "BrokerServer"):
         # a `_created` series beside every counter and histogram child doubles the request
-        # series for nothing a dashboard reads (process-wide: prometheus_client's switch)
+        # series for nothing a dashboard reads. prometheus_client's switch is process-wide: an
+        # application embedding a broker loses its own `_created` series too (docs/operations.md)
         disable_created_metrics()
         self.registry = CollectorRegistry()
         self.registry.register(BrokerStateCollector(server))
@@ -422,12 +427,15 @@ class BrokerMetrics:
         self._http = None
         self._thread: threading.Thread | None = None
         self.port = 0
+        self.url = ""
 
     def start(self, host: str, port: int) -> int:
         """Serve /metrics on host:port (0: a free port); returns the bound port."""
         self._http, self._thread = start_http_server(port, addr=host, registry=self.registry)
         self.port = self._http.server_port
-        log.info("metrics on http://%s:%d/metrics", host, self.port)
+        from broker.metadata.types import format_host_port
+        self.url = f"http://{format_host_port(host, self.port)}/metrics"
+        log.info("metrics on %s", self.url)
         return self.port
 
     def stop(self) -> None:

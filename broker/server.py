@@ -88,10 +88,11 @@ TXN_PARKED_REQUESTS_MAX = 16
 # (and num.io.threads more, broker/config.py: see rpc_pool_limits)
 STOP_GRACE_S = 10.0
 HOUSEKEEPING_JOIN_TIMEOUT_S = 60.0
-# What the health service reports on: the whole broker ("", gRPC's convention) and each service.
+# What the health service reports on: the whole broker ("", gRPC's convention) and each
+# service (Cluster only on a ZooKeeper cluster, the one place it is served).
 HEALTH_SERVICE_NAMES = ("",) + tuple(module.DESCRIPTOR.services_by_name[name].full_name for module, name in (
-    (broker_pb2, "Broker"), (cluster_pb2, "Cluster"), (txn_pb2, "TxnCoordinator"), (group_pb2, "GroupCoordinator"),
-    (security_pb2, "Security")))
+    (broker_pb2, "Broker"), (txn_pb2, "TxnCoordinator"), (group_pb2, "GroupCoordinator"), (security_pb2, "Security")))
+CLUSTER_SERVICE_NAME = cluster_pb2.DESCRIPTOR.services_by_name["Cluster"].full_name
 
 
 def rpc_pool_limits(config: BrokerConfig) -> tuple[int, int]:
@@ -171,7 +172,9 @@ class BrokerServer:
         from broker.metrics import BrokerMetrics
         self._metrics = BrokerMetrics(self) if self.config.metrics_port >= 0 else None
         self._health = health.HealthServicer(experimental_non_blocking=True)
-        for name in HEALTH_SERVICE_NAMES:
+        self._health_service_names = HEALTH_SERVICE_NAMES + (
+            (CLUSTER_SERVICE_NAME,) if self.config.zookeeper_connect else ())
+        for name in self._health_service_names:
             self._health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         self._late_services = LateServices()
         self._ready = threading.Event()
@@ -277,13 +280,21 @@ class BrokerServer:
         return None if self._metrics is None else self._metrics.port
 
     @property
+    def metrics_url(self) -> str | None:
+        """Where /metrics is served (its bind address), or None without metrics.port."""
+        return None if self._metrics is None else self._metrics.url
+
+    @property
     def metrics_registry(self):
         """The broker's prometheus_client registry, or None without metrics.port."""
         return None if self._metrics is None else self._metrics.registry
 
     def _became_ready(self) -> None:
-        self._ready.set()
-        for name in HEALTH_SERVICE_NAMES:
+        with self._state_lock:
+            if self._stopping.is_set():      # the coordinator finished loading as stop began
+                return
+            self._ready.set()
+        for name in self._health_service_names:
             self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("eos broker node %d ready: health SERVING", self.node_id)
 
@@ -459,11 +470,13 @@ class BrokerServer:
                 + ([interceptor] if identity else []) + [self._request_quota])
             servers.servers.append(server)
             self._bind_listeners(server, group)
+        # The broker's services first: gRPC asks the generic handlers in order, and health and
+        # reflection are found as registered methods anyway.
+        servers.add_generic_rpc_handlers((self._late_services,))
         from grpc_health.v1 import health_pb2_grpc
         health_pb2_grpc.add_HealthServicer_to_server(self._health, servers)
-        reflection.enable_server_reflection(HEALTH_SERVICE_NAMES[1:] + (
+        reflection.enable_server_reflection(self._health_service_names[1:] + (
             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), servers)
-        servers.add_generic_rpc_handlers((self._late_services,))
         servers.start()
         return servers
 
@@ -474,8 +487,9 @@ class BrokerServer:
         config = self.config
         cluster = self._cluster
         producer_ids = self._producer_ids
-        # Loaded before the server serves: it creates __consumer_offsets without the Broker
-        # service's admin lock, which is safe only while no RPC can create topics.
+        # Loaded before the services open (LateServices answers every call UNAVAILABLE until
+        # then): it creates __consumer_offsets without the Broker service's admin lock, which
+        # is safe only while no RPC can create topics.
         purgatory = FetchPurgatory(max_waiters=FETCH_WAITERS_MAX)
         if cluster is not None:
             cluster.build(registry=self._registry, log_manager=self._log_manager,
@@ -813,7 +827,7 @@ def run_broker(data_dir: str, host: str = "127.0.0.1", port: int = 9092, node_id
             print("eos broker listeners: " + ", ".join(
                 f"{listener.name}://{server.address_of(listener.name)}" for listener in server.listeners), flush=True)
         if server.metrics_port is not None:
-            print(f"eos broker metrics on http://{format_host_port(server.host, server.metrics_port)}/metrics", flush=True)
+            print(f"eos broker metrics on {server.metrics_url}", flush=True)
         # a timeout keeps the main thread returning to the interpreter, where signal
         # handlers run
         while not stop_requested.wait(0.5):

@@ -32,9 +32,14 @@ class Scrape:
         with urllib.request.urlopen(url, timeout=10) as response:
             self.families, self.samples = parse_exposition(response.read().decode())
 
-    def value(self, name: str, **labels) -> float:
-        """The sample's value; 0.0 when the broker has not shown it (a counter never moved)."""
-        return self.samples.get((name, tuple(sorted(labels.items()))), 0.0)
+    def value(self, name: str, default: float | None = None, **labels) -> float:
+        """The sample's value. A sample the broker did not show raises KeyError unless a
+        `default` is given (a labelled counter that never moved has no sample): a section of
+        the scrape that failed must not pass for zeros."""
+        key = (name, tuple(sorted(labels.items())))
+        if key not in self.samples and default is not None:
+            return default
+        return self.samples[key]
 
     def total(self, name: str, **labels) -> float:
         """The sum over the samples of `name` whose labels include `labels`."""

@@ -241,7 +241,7 @@ class GroupCoordinator:
 
     def start(self) -> None:
         """Create `__consumer_offsets` if missing, load it, start the timer thread. Call it
-        before the gRPC server starts serving (the topic is created without the broker's
+        before the broker's services open to calls (the topic is created without the broker's
         admin lock, which is safe only while nothing else can create topics). Partitioned
         (a cluster): only the timer starts; partitions load with their leadership."""
         with self._lock:

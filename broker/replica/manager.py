@@ -140,10 +140,11 @@ class ReplicaManager:
         # for the broker's metrics
         self.isr_shrinks = 0
         self.isr_expands = 0
-        # acks=all produces waiting for the ISR to copy them (Kafka's Produce purgatory); they
-        # wait under different partitions' locks, so the count has its own
+        # acks=all produces waiting for the ISR to copy them (Kafka's Produce purgatory)
         self.produce_waiters = 0
-        self._produce_waiters_lock = threading.Lock()
+        # the three counts are written from several threads, under different partitions'
+        # locks: they have their own
+        self._counts_lock = threading.Lock()
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -349,7 +350,7 @@ class ReplicaManager:
             return (ErrorCode.NOT_LEADER_OR_FOLLOWER,
                     f"broker {self.broker_id} stopped leading {topic}-{partition} before the write was replicated")
         deadline = time.monotonic() + max(timeout_ms, 0) / 1000.0
-        with self._produce_waiters_lock:
+        with self._counts_lock:
             self.produce_waiters += 1
         with leader.lock:
             try:
@@ -360,7 +361,7 @@ class ReplicaManager:
                         break
                     leader.hw_changed.wait(remaining)
             finally:
-                with self._produce_waiters_lock:
+                with self._counts_lock:
                     self.produce_waiters -= 1
             reached = leader.core.high_watermark >= offset_exclusive
             isr_size = len(leader.core.isr)
@@ -438,10 +439,11 @@ class ReplicaManager:
             leader.isr_write_in_flight = False
             new_hw = leader.core.recompute_high_watermark()
         log.info("%s-%d: ISR now %s", tp[0], tp[1], list(proposal.isr))
-        if isr_before - set(proposal.isr):
-            self.isr_shrinks += 1
-        if set(proposal.isr) - isr_before:
-            self.isr_expands += 1
+        with self._counts_lock:      # the ISR thread and follower fetches both write ISRs
+            if isr_before - set(proposal.isr):
+                self.isr_shrinks += 1
+            if set(proposal.isr) - isr_before:
+                self.isr_expands += 1
         partition_log = self._log_manager.get_log(*tp)
         if partition_log is not None:
             self._apply_high_watermark(tp, leader, partition_log, new_hw)

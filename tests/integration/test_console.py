@@ -32,6 +32,7 @@ from eos.console.throughput import ThroughputSampler, end_offset_sums
 from tests.integration.test_acl_matrix import ADMIN, ALICE, BOB, broker_config, grant, make_pki, open_stubs
 from tests.integration.test_acls import _admin, _client
 from tests.integration.test_cli import TxnProducer
+from tests.metrics import scrape
 from tests.waits import wait_for
 
 CHROMIUM = "/usr/bin/chromium"
@@ -300,22 +301,36 @@ def test_throughput_chart_shows_records_per_second(env, page):
     page.goto(env.alice_url + "/throughput")          # its sampler samples on every poll
     _produce(env, "flow", {0: 30, 1: 20})
     page.wait_for_function("document.getElementById('throughput-line').getAttribute('points').length > 0")
-    page.wait_for_selector("#throughput-topics td:text('flow')")
-    [flow] = [row for row in _rows(page, "throughput-topics") if row[0] == "flow"]
-    assert float(flow[1]) > 0
+    # one read of the table, in the page: it is redrawn on every poll, so a row read between
+    # two separate calls may be gone
+    rate = page.wait_for_function("""() => {
+        for (const row of document.querySelectorAll('#throughput-topics tbody tr')) {
+            const cells = row.querySelectorAll('td');
+            if (cells.length > 1 && cells[0].textContent.trim() === 'flow') return parseFloat(cells[1].textContent);
+        }
+        return null;
+    }""").json_value()
+    assert rate > 0
 
 
 # ---- storage ----------------------------------------------------------------------------------
 
 def test_an_offline_log_dir_is_marked_on_the_brokers_page(tmp_path, page):
     dirs = [tmp_path / "a", tmp_path / "b"]
-    server = BrokerServer(dirs[0], port=0, config={"log.dirs": ",".join(map(str, dirs)),
+    server = BrokerServer(dirs[0], port=0, config={"log.dirs": ",".join(map(str, dirs)), "metrics.port": "0",
                                                    "log.retention.check.interval.ms": "3600000"}).start()
     try:
         with eos.Admin(server.address) as admin, ConsoleServer(create_app(admin), port=0) as console:
             admin.create_topic("disk", partitions=2)
+            metrics_url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+            before = scrape(metrics_url)
+            assert before.value("eos_log_offline_log_directories") == 0
+            assert before.value("eos_controller_offline_partitions") == 0
             shutil.rmtree(dirs[1])                      # the disk is gone
             server._log_manager.run_housekeeping()      # the broker's probe, run now
+            after = scrape(metrics_url)                 # the broker's own figures move with it
+            assert after.value("eos_log_offline_log_directories") == 1
+            assert after.value("eos_controller_offline_partitions") >= 1
             page.goto(console.url + "/brokers")
             assert page.text_content("#storage-alert").startswith("1 log dir(s) offline")
             offline = page.locator(f"#brokers li[data-path='{dirs[1]}']")
