@@ -283,3 +283,35 @@ def test_health_is_not_serving_while_the_logs_load_and_serving_after(tmp_path, m
         release.set()
         starting.join(60)
         second.stop()
+
+
+def test_a_scrape_answers_while_the_group_coordinator_loads(tmp_path, monkeypatch):
+    """The offsets replay holds the group coordinator's lock for its whole length; a scrape
+    in that window answers at once (not ready, no groups) instead of waiting it out."""
+    from broker.group.coordinator import GroupCoordinator
+
+    loading, release = threading.Event(), threading.Event()
+    real_load = GroupCoordinator._load_everything
+
+    def held_load(self):
+        loading.set()
+        release.wait(60)
+        return real_load(self)
+
+    monkeypatch.setattr(GroupCoordinator, "_load_everything", held_load)
+    broker = BrokerServer(tmp_path / "slow-groups", port=0, config={"metrics.port": "0"})
+    starting = threading.Thread(target=broker.start)
+    starting.start()
+    try:
+        assert loading.wait(30), "the group coordinator never began loading"
+        during = scrape(f"http://127.0.0.1:{broker.metrics_port}/metrics")      # urlopen's 10 s bound
+        assert during.value("eos_server_ready") == 0
+        assert during.value("eos_group_coordinator_groups", state="Stable") == 0
+        release.set()
+        starting.join(60)
+        wait_for(lambda: broker.ready, "the broker to be ready")
+        assert scrape(f"http://127.0.0.1:{broker.metrics_port}/metrics").value("eos_server_ready") == 1
+    finally:
+        release.set()
+        starting.join(60)
+        broker.stop()

@@ -102,26 +102,30 @@ def env(tmp_path_factory):
     except BaseException:
         server.stop()
         raise
-    server.authorizer.create(grant(C, CLUSTER_NAME, O.DESCRIBE) + grant(T, "*", O.READ) + grant(G, "*", O.DESCRIBE)
-                             + grant(X, "*", O.DESCRIBE))
-    admin_bootstrap, admin_config = _client(pki, server, ADMIN)
-    args = build_parser().parse_args([
-        "console", "--bootstrap", admin_bootstrap, "--port", "0", "--hanging-after-ms", "0",
-        "--command-config", _properties_file(base / "admin.properties", admin_config)])
-    admin, admin_server = open_console(args)
-    alice = _admin(pki, server, ALICE)
-    alice_app = create_app(alice, hanging_after_ms=0,
-                           sampler=ThroughputSampler(lambda: end_offset_sums(alice), interval_ms_min=0))
-    alice_server = ConsoleServer(alice_app, port=0)
-    admin_server.start()
-    alice_server.start()
-    yield SimpleNamespace(server=server, pki=pki, admin=admin, stuck=stuck, admin_url=admin_server.url,
-                          alice_url=alice_server.url, alice_app=alice_app)
-    for console in (admin_server, alice_server):
-        console.stop()
-    admin.close()
-    alice.close()
-    server.stop()
+    opened = []         # what to close, in reverse, however far the setup got
+    try:
+        server.authorizer.create(grant(C, CLUSTER_NAME, O.DESCRIBE) + grant(T, "*", O.READ)
+                                 + grant(G, "*", O.DESCRIBE) + grant(X, "*", O.DESCRIBE))
+        admin_bootstrap, admin_config = _client(pki, server, ADMIN)
+        args = build_parser().parse_args([
+            "console", "--bootstrap", admin_bootstrap, "--port", "0", "--hanging-after-ms", "0",
+            "--command-config", _properties_file(base / "admin.properties", admin_config)])
+        admin, admin_server = open_console(args)
+        opened.append(admin.close)
+        alice = _admin(pki, server, ALICE)
+        opened.append(alice.close)
+        alice_app = create_app(alice, hanging_after_ms=0,
+                               sampler=ThroughputSampler(lambda: end_offset_sums(alice), interval_ms_min=0))
+        alice_server = ConsoleServer(alice_app, port=0)
+        for console in (admin_server, alice_server):
+            console.start()
+            opened.append(console.stop)
+        yield SimpleNamespace(server=server, pki=pki, admin=admin, stuck=stuck, admin_url=admin_server.url,
+                              alice_url=alice_server.url, alice_app=alice_app)
+    finally:
+        for close in reversed(opened):
+            close()
+        server.stop()
 
 
 def _rows(page, table_id: str) -> list[list[str]]:
