@@ -733,13 +733,16 @@ class Sender(threading.Thread):
                         now: int) -> None:
         error = error_for(code, message)
         batch.last_error = error
-        self._last_error_by_tp[batch.tp] = error
         idem = self._idempotence
         if idem is not None and batch.base_sequence >= 0:
             decision = idem.on_error(batch.tp, batch.base_sequence, batch.producer_id,
                                      batch.producer_epoch, code)
         else:
             decision = Decision.RETRY if reaction_for(code) is Reaction.RETRY else Decision.FAIL
+        if decision in (Decision.RETRY, Decision.REBUILD):
+            # what a batch of this partition that expires unsent will name: an error retried on
+            # (one that failed its own batch for good says nothing of the next one's fate)
+            self._last_error_by_tp[batch.tp] = error
         if code in _METADATA_REFRESH_CODES:
             self._metadata.mark_stale(batch.topic)
         if decision is Decision.ACCEPT:
