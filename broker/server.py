@@ -290,10 +290,15 @@ class BrokerServer:
         return None if self._metrics is None else self._metrics.registry
 
     def _became_ready(self) -> None:
-        with self._state_lock:
-            if self._stopping.is_set():      # the coordinator finished loading as stop began
-                return
-            self._ready.set()
+        # Not under _state_lock: on a cluster this runs inside start(), which holds it. A stop
+        # that began meanwhile has set _stopping before it clears _ready, so the second look
+        # takes back a set that raced it.
+        if self._stopping.is_set():          # the coordinator finished loading as stop began
+            return
+        self._ready.set()
+        if self._stopping.is_set():
+            self._ready.clear()
+            return
         for name in self._health_service_names:
             self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("eos broker node %d ready: health SERVING", self.node_id)
