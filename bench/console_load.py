@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import statistics
 import sys
 import time
 import urllib.request
 
 from bench.eos_server import EosBroker
+from bench.report import print_results, text_table
 
 CREATE_BATCH_TOPICS = 200
 CHROMIUM = "/usr/bin/chromium"
@@ -169,10 +169,9 @@ def _table(results: dict) -> str:
         rows.append(("chromium /topics", "request to response end", _range(browser["response_ms"])))
         rows.append(("chromium /topics", "DOMContentLoaded", _range(browser["dom_content_loaded_ms"])))
         rows.append(("chromium /topics", f"load ({browser['table_rows']:,} table rows)", _range(browser["load_ms"])))
-    widths = [max(len(row[i]) for row in rows) for i in range(3)]
     lines = [f"console topics page, {results['topics']:,} topics x {results['partitions_per_topic']} partition(s), "
              f"{results['repeats']} loads each after a warm-up"]
-    lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)) for row in rows]
+    lines += text_table(rows)
     lines.append("Admin calls per topics page: " + ", ".join(
         f"{name} x{count}" for name, count in sorted(results["admin_calls_per_topics_page"].items())))
     return "\n".join(lines)
@@ -186,9 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json-only", action="store_true")
     args = parser.parse_args(argv)
     results = run(args.topics, args.partitions, args.repeats)
-    print(json.dumps(results, indent=2))
-    if not args.json_only:
-        print(_table(results))
+    print_results(results, _table(results), args.json_only)
     return 0
 
 

@@ -21,7 +21,6 @@ Output: one JSON object on stdout (`--json-only` for it alone), then a table.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import threading
@@ -30,6 +29,7 @@ import urllib.request
 
 from bench.eos_server import EosBroker
 from bench.kafka import free_port
+from bench.report import print_results, text_table
 from bench.tls import _consume, _produce
 
 
@@ -104,8 +104,7 @@ def _table(results: dict) -> str:
     share = results["share_of_without"]
     rows.append(("share", *(f"{share[k]:.1%}" for k in ("produce_records_per_s_best", "produce_records_per_s_median",
                                                         "consume_records_per_s_best", "consume_records_per_s_median"))))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)) for row in rows]
+    lines = text_table(rows)
     lines.append(f"({results['records']:,} records of {results['value_bytes']} B, {results['repeats']} rounds; "
                  f"{results['scrapes']} scrapes of {results['scrape_bytes']:,} B, slowest "
                  f"{results['slowest_scrape_ms']} ms)")
@@ -121,9 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json-only", action="store_true")
     args = parser.parse_args(argv)
     results = run(args.records, args.value_bytes, args.repeats, args.scrape_interval_s)
-    print(json.dumps(results, indent=2), flush=True)
-    if not args.json_only:
-        print(_table(results), file=sys.stderr if args.json_only else sys.stdout)
+    print_results(results, _table(results), args.json_only)
     return 0
 
 

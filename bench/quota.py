@@ -19,12 +19,12 @@ share of its quota, and the free producer's rate beside its baseline.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import threading
 import time
 
 from bench.eos_server import EosBroker
+from bench.report import print_results
 
 WINDOW_S = 11      # Kafka's quota.window.num x quota.window.size.seconds
 
@@ -124,9 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json-only", action="store_true")
     args = parser.parse_args(argv)
     results = run(args.quota_mb, args.seconds, args.value_bytes)
-    print(json.dumps(results, indent=2))
-    if not args.json_only:
-        print(_table(results))
+    print_results(results, _table(results), args.json_only)
     return 0
 
 

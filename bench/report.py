@@ -29,6 +29,19 @@ SYSTEM_NAMES = {"eos": "eos", "kafka": "Kafka"}
 EOS_BETTER, KAFKA_BETTER, EVEN = "eos better", "Kafka better", "even"
 
 
+def text_table(rows: list[tuple[str, ...]]) -> list[str]:
+    """Rows of cells as left-aligned columns, two spaces apart (the standalone benches' tables)."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+
+
+def print_results(results: dict, table: str, json_only: bool) -> None:
+    """A standalone bench's output: its JSON on stdout, then (unless --json-only) its table."""
+    print(json.dumps(results, indent=2), flush=True)
+    if not json_only:
+        print(table, flush=True)
+
+
 def write_run(out: Path, stem: str, latest_stem: str | None, run: dict, markdown: str) -> None:
     """A run's `<stem>.json` (the figures) and `<stem>.md` (the table) in `out`, and the same
     as `<latest_stem>.*` when given (a full run of both systems)."""

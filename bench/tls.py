@@ -23,7 +23,6 @@ a table.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -33,6 +32,7 @@ from typing import NamedTuple
 
 from bench.eos_server import EosBroker
 from bench.kafka import free_port
+from bench.report import print_results, text_table
 
 
 def _produce(eos, bootstrap: str, config: dict, topic: str, records: int, value: bytes) -> float:
@@ -202,8 +202,7 @@ def _table(results: dict) -> str:
                          f"{entry['produce_records_per_s_median']:,}", f"{entry['produce_share_of_plaintext']:.0%}",
                          f"{entry['consume_records_per_s_best']:,}", f"{entry['consume_records_per_s_median']:,}",
                          f"{entry['consume_share_of_plaintext']:.0%}"))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)) for row in rows]
+    lines = text_table(rows)
     lines.append("share: the protocol's best rate as a share of the same system's PLAINTEXT rate")
     if "kafka_unavailable" in results:
         lines.append(f"Kafka not measured: {results['kafka_unavailable']}")
@@ -221,9 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json-only", action="store_true")
     args = parser.parse_args(argv)
     results = run(args.records, args.value_bytes, args.repeats, args.client_auth, with_kafka=not args.no_kafka)
-    print(json.dumps(results, indent=2))
-    if not args.json_only:
-        print(_table(results), file=sys.stdout)
+    print_results(results, _table(results), args.json_only)
     return 0
 
 
