@@ -4,19 +4,21 @@ Theory of operation
 -------------------
 `BrokerServer` owns the life of one broker node and nothing else: it validates the broker
 config (no I/O), then `start()` takes the data dir (an exclusive lock, `meta.properties`
-with the cluster id), loads the topic registry and the logs, sweeps the logs against the
-registry, binds the gRPC port, loads the group coordinator (`__consumer_offsets`, written
-in-process through the same LogManager and TopicRegistry), registers the Broker,
-TxnCoordinator and GroupCoordinator services, starts serving, then loads the transaction
-coordinator (which reaches the broker only over loopback gRPC, so it needs the server up),
-and starts the housekeeping thread (retention, segment roll by time, flush.ms), which wakes
-every log.retention.check.interval.ms on an Event so that stop never waits for it to sleep
-out. Two hooks join the pieces: the Broker service asks the transaction coordinator whether
+with the cluster id), binds the gRPC ports and serves the health service (NOT_SERVING; every
+other call UNAVAILABLE, broker/listener_servers.LateServices) and, with `metrics.port`, the
+Prometheus endpoint (broker/metrics.py), so that a long recovery is visible; then loads the
+topic registry and the logs, sweeps the logs against the registry, loads the group
+coordinator (`__consumer_offsets`, written in-process through the same LogManager and
+TopicRegistry), adds the Broker, TxnCoordinator and GroupCoordinator services and opens
+them, then loads the transaction coordinator (after which health says SERVING; on a
+cluster, once the broker has joined), and starts the housekeeping thread (retention,
+segment roll by time, flush.ms), which wakes every log.retention.check.interval.ms on an
+Event so that stop never waits for it to sleep out. Two hooks join the pieces: the Broker service asks the transaction coordinator whether
 a transactional write's partition is in the producer's transaction (KIP-890), and tells the
 group coordinator about markers written to `__consumer_offsets`.
 
-`stop()` is the reverse, in an order that keeps acknowledged data safe: stop the
-coordinators (parked group requests are answered at once), refuse new RPCs, wake long
+`stop()` is the reverse, in an order that keeps acknowledged data safe: health turns
+NOT_SERVING, stop the coordinators (parked group requests are answered at once), refuse new RPCs, wake long
 polls, end produce streams once their request in flight is answered, wait (bounded) for
 requests in flight, stop housekeeping, then close the logs
 (LogManager.shutdown flushes and writes the clean-shutdown state), and let go of the lock. `run_broker()` is the blocking entry of `eos broker start` and `python -m broker`: it
