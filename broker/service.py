@@ -548,6 +548,8 @@ class BrokerServicer(ReadHandlers, broker_pb2_grpc.BrokerServicer):
             code, message = error_code_and_message(exc)
             self._log_partition_error("Produce", p.topic, p.partition, exc)
             return _produce_error(p, code, message)
+        if self.storage_errors.failing and self.storage_errors.recovered(p.topic, p.partition):
+            log.info("Produce %s-%d: writes succeed again after storage errors", p.topic, p.partition)
         if not append.duplicate:
             # wakes followers' long polls (they read to the log end) and, on one node, readers
             self._purgatory.notify(TopicPartition(p.topic, p.partition))

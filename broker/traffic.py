@@ -12,8 +12,10 @@ when the broker has metrics.
 
 `StorageErrors` is always kept: a broker whose disk is full answers KAFKA_STORAGE_ERROR to
 every produce, and an operator must see it without a log line per request. `record` says
-whether this partition and log dir is new (then the caller logs it at ERROR, once) and
-counts it either way; it keeps each log dir's last message for DescribeLogDirs (the console).
+whether this partition and log dir has just begun failing (then the caller logs it at
+ERROR, once) and counts it either way; it keeps each log dir's last message for
+DescribeLogDirs (the console). `recovered` says a partition took a write again (the caller
+logs that at INFO), so a disk that fills up again later is logged again.
 """
 from __future__ import annotations
 
@@ -66,15 +68,28 @@ class StorageErrors:
         self._lock = threading.Lock()
         self._counts: dict[tuple[str, int, str], int] = {}    # (topic, partition, log dir) -> errors
         self._last_message: dict[str, str] = {}               # log dir -> its last error's message
+        # partitions failing now: read without the lock on every write, so that a broker
+        # whose disks are fine pays one truthiness test
+        self.failing: set[tuple[str, int]] = set()
 
     def record(self, topic: str, partition: int, log_dir: str, message: str) -> bool:
-        """Count one; True the first time for this partition and log dir."""
+        """Count one; True when this partition was not failing (the first error, or the first
+        since it recovered)."""
         key = (topic, partition, log_dir)
         with self._lock:
-            count = self._counts.get(key, 0)
-            self._counts[key] = count + 1
+            self._counts[key] = self._counts.get(key, 0) + 1
             self._last_message[log_dir] = message
-        return count == 0
+            began = (topic, partition) not in self.failing
+            self.failing.add((topic, partition))
+        return began
+
+    def recovered(self, topic: str, partition: int) -> bool:
+        """The partition took a write: True when it was failing until now."""
+        with self._lock:
+            if (topic, partition) not in self.failing:
+                return False
+            self.failing.discard((topic, partition))
+            return True
 
     def by_log_dir(self) -> dict[str, tuple[int, str]]:
         """{log dir: (errors, the last one's message)}."""

@@ -217,17 +217,27 @@ def test_a_full_disk_is_logged_once_per_partition_and_counted(server, monkeypatc
                                  log_dir=log_dir) == 3
         monkeypatch.undo()                                  # the disk has room again
         assert produce(stub, "m-full", 0, encode_batch([b"y"])).error_code == ErrorCode.NONE
+        # it fills up again: partition 0 recovered in between, so it is logged again; 1 was not
+        monkeypatch.setattr(segment, "_write_all", no_space)
+        caplog.clear()
+        with caplog.at_level(logging.ERROR, logger="eos.broker"):
+            for partition in (0, 1):
+                assert produce(stub, "m-full", partition, encode_batch([b"z"])).error_code == \
+                    ErrorCode.KAFKA_STORAGE_ERROR
+        again = [r.getMessage() for r in caplog.records if "storage error" in r.getMessage()]
+        assert len(again) == 1 and "m-full-0" in again[0], again
+        monkeypatch.undo()
 
     # the console shows it, from DescribeLogDirs (the dir itself stays online)
     from eos.console import create_app
     with eos.Admin(server.address) as admin:
         [described] = admin.describe_log_dirs()[0].values()
-        assert described["error"] is None and described["storage_errors"] == 6
+        assert described["error"] is None and described["storage_errors"] == 8
         assert "No space left on device" in described["last_storage_error"]
         page = create_app(admin, hanging_after_ms=60_000).test_client().get("/", follow_redirects=True)
     assert page.status_code == 200
     text = page.get_data(as_text=True)
-    assert "6 request(s) answered KAFKA_STORAGE_ERROR" in text and "No space left on device" in text
+    assert "8 request(s) answered KAFKA_STORAGE_ERROR" in text and "No space left on device" in text
 
 
 def test_health_is_not_serving_while_the_logs_load_and_serving_after(tmp_path, monkeypatch):
