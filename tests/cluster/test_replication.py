@@ -24,12 +24,22 @@ def cluster(cluster_factory):
     return cluster_factory(REPLICATION_CONFIG)
 
 
+@pytest.fixture
+def pausable_cluster(cluster_factory):
+    """For a test that pauses a follower (SIGSTOP) and expects it back as it was: a session
+    timeout well past the pause, so that ZooKeeper does not expire the paused broker. With
+    the module's 6 s, a pause of LAG_MS plus the ISR check raced the expiry, and a run that
+    lost the race waited out the broker's re-registration (4.5 s one run, 32 s the next)."""
+    return cluster_factory({**REPLICATION_CONFIG, "zookeeper.session.timeout.ms": "30000"})
+
+
 def full_isr(admin, topic):
     return wait_for(lambda: (lambda ps: ps if all(len(p["isr"]) == 3 and p["leader"] >= 0 for p in ps) else None)(
         describe(admin, topic)), f"{topic} with a full ISR", timeout_s=60)
 
 
-def test_a_paused_follower_leaves_the_isr_and_rejoins_after_catching_up(cluster):
+def test_a_paused_follower_leaves_the_isr_and_rejoins_after_catching_up(pausable_cluster):
+    cluster = pausable_cluster
     with eos.Admin(bootstrap=cluster.bootstrap) as admin:
         admin.create_topic("lag", partitions=1, replication_factor=3)
         state = full_isr(admin, "lag")[0]
