@@ -63,7 +63,7 @@ def url_of(server: BrokerServer) -> str:
     return f"http://127.0.0.1:{server.metrics_port}/metrics"
 
 
-def test_every_metric_appears_and_moves_under_a_produce_consume_transaction_workload(server):
+def test_every_metric_appears_and_moves_under_a_produce_and_group_consume_workload(server):
     url = url_of(server)
     admin = eos.Admin(server.address)
     admin.create_topic("m-orders", partitions=2)
@@ -115,7 +115,12 @@ def test_every_metric_appears_and_moves_under_a_produce_consume_transaction_work
         consumer.commit({TopicPartition("m-orders", 1): 50})
         assert scrape(url).value("eos_group_consumer_lag", group="m-group", topic="m-orders", partition="1") == 0
     assert scrape(url).value("eos_group_coordinator_groups", state="Empty") == 1   # the member left
+    admin.close()
 
+
+def test_transactions_and_partition_offsets_move_with_a_transactional_workload(server):
+    url = url_of(server)
+    admin = eos.Admin(server.address)
     # transactions: one committed, one aborted, one left open (the LSO stays at its start)
     admin.create_topic("m-txn", partitions=1)
     with eos.Producer(server.address, transactional_id="m-tx") as producer:
