@@ -128,7 +128,7 @@ class RequestMetricsInterceptor(grpc.ServerInterceptor):
             timer = self._timed[request] = self._seconds.labels(request)
         timer.observe(seconds)
 
-    def _outcome(self, request: str, started_s: float, response, context) -> None:
+    def _outcome(self, request: str, started_s: float, response) -> None:
         self._record(request, _error_name(first_error_code(response)) if response is not None else "NONE",
                      time.perf_counter() - started_s)
 
@@ -160,7 +160,7 @@ class RequestMetricsInterceptor(grpc.ServerInterceptor):
             except BaseException:
                 self._failed(request, started_s, context)
                 raise
-            self._outcome(request, started_s, response, context)
+            self._outcome(request, started_s, response)
             return response
         return call
 
@@ -180,7 +180,7 @@ class RequestMetricsInterceptor(grpc.ServerInterceptor):
             try:
                 for response in behaviour(request_or_iterator, context):
                     started_s = arrivals.pop(0) if arrivals else time.perf_counter()
-                    self._outcome(request, started_s, response, context)
+                    self._outcome(request, started_s, response)
                     yield response
             except BaseException:
                 self._failed(request, arrivals[0] if arrivals else time.perf_counter(), context)
@@ -442,4 +442,5 @@ class BrokerMetrics:
         if self._http is not None:
             self._http.shutdown()
             self._http.server_close()
+            self._thread.join(5.0)      # its serve_forever has returned after shutdown()
             self._http = None
