@@ -2,12 +2,24 @@
 
 Theory of operation
 -------------------
-A `ProduceStreamSession` is one open ProduceStream call. A reader thread takes the client's
-requests off the gRPC iterator as they arrive (so one that gRPC cannot read ends the stream
-at once), and the handler's thread takes them in arrival order with `next_request`, one at a
-time; `push_back` returns a request taken too early. `ProduceStreams` counts the sessions
-open (a stream holds a worker thread for its whole life, so their number is bounded) and
-ends them all when the broker stops: each finishes the request it is answering, then ends.
+A `ProduceStreamSession` is one open ProduceStream call. The handler's thread takes the
+client's requests in arrival order with `next_request`, one at a time; `push_back` returns a
+request taken too early. Who reads gRPC's request iterator depends on what the handler needs:
+
+- While every answer can be sent as soon as its request is handled (one broker, or acks=0/1:
+  nothing waits for replicas), the handler's thread reads the iterator itself. A request
+  then costs no hand-off between threads (each one a wake-up and a GIL hand-over, which on
+  this path cost about as much as the append).
+- The first time the handler asks without waiting (it holds answers that wait for the
+  in-sync replicas and wants to read the next requests meanwhile), a reader thread takes
+  over the iterator for the rest of the stream and queues what arrives (bounded), so one
+  that gRPC cannot read ends the stream at once.
+
+`ProduceStreams` counts the sessions open (a stream holds a worker thread for its whole
+life, so their number is bounded) and ends them all when the broker stops: each finishes the
+request it is answering, then ends. A handler that waits inside gRPC's iterator cannot be
+woken but by the call's end, so a stopping broker cancels such an idle stream (the client
+sees CANCELLED, which it retries like a dropped connection); the others end with UNAVAILABLE.
 The order and the answers themselves are the Broker servicer's (`broker/service.py`).
 """
 from __future__ import annotations
@@ -27,13 +39,16 @@ NOTHING_YET = object()
 
 
 class ProduceStreamSession:
-    """The requests of one ProduceStream, handed in arrival order from a reader thread to
-    the handler. The reader exists so that the handler never blocks inside gRPC's request
-    iterator: waiting here instead, it can be woken to end the stream when the broker
-    stops, which a thread parked in the iterator cannot."""
+    """The requests of one ProduceStream, in arrival order: read by the handler's thread
+    itself, or, once the handler reads ahead of its answers, handed over by a reader thread
+    (see the module doc)."""
 
-    def __init__(self, request_iterator):
+    def __init__(self, request_iterator, cancel_call=None):
         self._request_iterator = request_iterator
+        # Ends the call from another thread (gRPC's context.cancel): how stop() reaches a
+        # handler that waits for a request inside gRPC's iterator (see next_request).
+        self._cancel_call = cancel_call
+        self._reading_here = False    # the handler's thread waits inside gRPC's iterator
         self._condition = threading.Condition()
         self._received: collections.deque = collections.deque()
         self._client_closed = False   # the client half-closed: no more requests will come
@@ -72,7 +87,17 @@ class ProduceStreamSession:
     def next_request(self, wait: bool = True):
         """The next request in arrival order; None when the stream is to end (the client
         closed it and every request was taken, or the call is over, or the broker stops);
-        with wait=False, NOTHING_YET when no request has arrived yet."""
+        with wait=False, NOTHING_YET when no request has arrived yet.
+
+        Until a caller first asks without waiting, the handler's own thread reads gRPC's
+        iterator (`_next_here`): no reader thread, and no hand-off between two threads on
+        every request. The first wait=False (the handler has answers to send once replicas
+        catch up, and wants to read ahead meanwhile) starts the reader thread for the rest
+        of the stream."""
+        if self._reader is None:
+            if wait:
+                return self._next_here()
+            self.start_reading()
         with self._condition:
             while True:
                 if self._broken or self.stopping:
@@ -86,6 +111,36 @@ class ProduceStreamSession:
                 if not wait:
                     return NOTHING_YET
                 self._condition.wait()
+
+    def _next_here(self):
+        with self._condition:
+            if self._broken or self.stopping:
+                return None
+            if self._received:
+                return self._received.popleft()
+            if self._client_closed:
+                return None
+            self._reading_here = True
+        try:
+            request = next(self._request_iterator)
+        except StopIteration:
+            with self._condition:
+                self._client_closed = True
+            return None
+        except grpc.RpcError:
+            self.rpc_done()   # the client cancelled, the connection broke, or stop() cancelled it
+            return None
+        except Exception:
+            log.exception("reading a produce stream failed")
+            self.rpc_done()
+            return None
+        finally:
+            with self._condition:
+                self._reading_here = False
+        with self._condition:
+            if self._broken or self.stopping:
+                return None   # the broker began to stop while it arrived: not handled (as queued ones)
+        return request
 
     def push_back(self, request) -> None:
         """Return a request taken too early; it is the next one again."""
@@ -104,6 +159,11 @@ class ProduceStreamSession:
         with self._condition:
             self.stopping = True
             self._condition.notify_all()
+            waiting_in_grpc = self._reading_here
+        if waiting_in_grpc and self._cancel_call is not None:
+            # An idle stream's handler waits inside gRPC's iterator, which nothing but the
+            # call's end wakes: cancel it (the client sees CANCELLED, a retriable error).
+            self._cancel_call()
 
     def finish(self) -> None:
         """The handler is done: the reader takes nothing more. It leaves gRPC's iterator

@@ -30,12 +30,12 @@ of one stream are handled one at a time, in arrival order, by `_produce` -- the 
 function a unary Produce runs -- and answered in that order, each response echoing its
 request's correlation_id. A bad request is answered with its per-partition errors and the
 stream goes on; only what gRPC itself cannot read (a message over
-socket.request.max.bytes) fails the whole stream. A reader thread per stream
-(`broker/produce_streams.py`) takes the
-requests out of gRPC's iterator and hands them to the handler, so the handler waits where
-shutdown can wake it: on stop the request being handled is answered, later ones are not
-(the client retries them, as after a closed Kafka connection), and the stream ends with
-UNAVAILABLE. A client that closes its side gets every request it sent answered, then the
+socket.request.max.bytes) fails the whole stream. The handler reads gRPC's iterator on
+its own thread until it first reads ahead of answers waiting for replicas; from then on a
+reader thread hands it the requests (`broker/produce_streams.py`). On stop the request
+being handled is answered, later ones are not (the client retries them, as after a closed
+Kafka connection), and the stream ends with UNAVAILABLE, or CANCELLED if its handler was
+waiting for a request inside gRPC. A client that closes its side gets every request it sent answered, then the
 end of the stream. A stream holds a worker thread for its lifetime, so at most
 `max_produce_streams` are open at once; one more is refused at open with
 RESOURCE_EXHAUSTED and trailing metadata `eos-produce-stream-refused: resource_exhausted`.
@@ -336,7 +336,7 @@ class BrokerServicer(ReadHandlers, broker_pb2_grpc.BrokerServicer):
         """Produce over one ordered stream (see "Produce streams" in the module doc): each
         request goes through `_produce`, as a unary Produce does, one at a time in arrival
         order, and its response, echoing the correlation_id, is yielded in the same order."""
-        session = ProduceStreamSession(request_iterator)
+        session = ProduceStreamSession(request_iterator, context.cancel)
         refusal = self._streams.register(session)
         if refusal is not None:
             code, message = refusal
@@ -351,7 +351,6 @@ class BrokerServicer(ReadHandlers, broker_pb2_grpc.BrokerServicer):
         try:
             if not context.add_callback(on_rpc_done):
                 on_rpc_done()   # the call is over already
-            session.start_reading()
             # (response, its acks=all waits) appended, in arrival order, not yet answered
             answering: collections.deque = collections.deque()
             while True:
@@ -376,7 +375,10 @@ class BrokerServicer(ReadHandlers, broker_pb2_grpc.BrokerServicer):
                     response = self._produce_within_quota(request, context, waits)
                 finally:
                     self._gate.exit()
-                answering.append((response, waits))
+                if waits or answering:
+                    answering.append((response, waits))
+                else:
+                    yield response   # nothing to wait for: answered now, in order
             for response, waits in answering:   # the stream ends: what was appended is still answered
                 self._finish_replication(response, waits)
                 yield response
