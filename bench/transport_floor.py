@@ -1,0 +1,222 @@
+"""What one round trip costs before eos does anything: Python gRPC's own floor on this
+machine, beside eos's produce round trip, at the same paced rate.
+
+    .venv/bin/python -m bench.transport_floor [--rate 1000] [--count 3000] [--repeats 3]
+
+Theory of operation
+-------------------
+eos trails Kafka on the rows a round trip decides (produce latency, commit latency). This
+bench separates what gRPC itself costs here from what eos adds to it. Four paths are timed
+one after the other, each `--count` round trips paced at `--rate` a second (after a warm-up
+of a tenth as many), `--repeats` times, in this order each round:
+
+- `grpc unary echo`: a 100-byte unary call to a server that returns the request. The server
+  is a child process running grpc.server with a thread pool, as the broker does; nothing of
+  eos is imported on either side.
+- `grpc stream echo`: the same 100 bytes as one message on a long-lived bidi stream, the
+  client waiting for the echo before the next (the shape of ProduceStream).
+- `eos ProduceStream, raw`: a pre-built one-record ProduceRequest (acks=1) on a bidi stream
+  to an eos broker process: the broker's whole produce path, no eos client.
+- `eos Producer send -> ack`: eos.Producer (acks=all, idempotent, linger 0) send() to the
+  future's completion: what the `latency` workload measures, here at the same pace.
+
+For each: p50 and p99 of the round trip, and the CPU time the client and the server
+process used per round trip (from /proc, so gRPC's own C threads count too). Kafka is not
+run: it is the reference the `latency` workload already measures (its produce latency p50
+was 0.43-0.68 ms here), and a Kafka round trip has no gRPC in it.
+Output: one JSON object on stdout (`--json-only` for it alone), then a table.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import statistics
+import subprocess
+import sys
+import time
+
+import grpc
+
+from bench.eos_server import EosBroker
+from bench.kafka import free_port, port_accepts
+from bench.report import print_results, text_table
+
+ECHO_SERVICE = "bench.Echo"
+VALUE = b"v" * 100
+SERVER_START_TIMEOUT_S = 30.0
+CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+def _identity(payload: bytes) -> bytes:
+    return payload
+
+
+def serve_echo(port: int) -> None:
+    """The child process: unary and bidi echo on 127.0.0.1:`port` until killed."""
+    from concurrent import futures
+
+    def echo_stream(requests, _context):
+        for request in requests:
+            yield request
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(ECHO_SERVICE, {
+        "Unary": grpc.unary_unary_rpc_method_handler(lambda request, _context: request, _identity, _identity),
+        "Stream": grpc.stream_stream_rpc_method_handler(echo_stream, _identity, _identity),
+    }),))
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    server.wait_for_termination()
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process, all its threads."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS_PER_S
+
+
+class StreamRoundTrip:
+    """One bidi stream on which each call sends a message and waits for the answer."""
+
+    def __init__(self, multi_callable):
+        self._requests: queue.SimpleQueue = queue.SimpleQueue()
+        self._call = multi_callable(iter(self._requests.get, None))
+
+    def __call__(self, message):
+        self._requests.put(message)
+        return next(self._call)
+
+    def close(self) -> None:
+        self._requests.put(None)
+        self._call.cancel()
+
+
+def paced(round_trip, *, rate_per_s: int, count: int, server_pid: int) -> dict:
+    """`count` round trips at `rate_per_s` after a warm-up; latencies and CPU per round trip."""
+    for _ in range(max(1, count // 10)):
+        round_trip()
+    latencies_s = []
+    client_cpu_before, server_cpu_before = process_cpu_s(os.getpid()), process_cpu_s(server_pid)
+    start = time.perf_counter()
+    for index in range(count):
+        delay_s = start + index / rate_per_s - time.perf_counter()
+        if delay_s > 0:
+            time.sleep(delay_s)
+        sent = time.perf_counter()
+        round_trip()
+        latencies_s.append(time.perf_counter() - sent)
+    client_cpu = process_cpu_s(os.getpid()) - client_cpu_before
+    server_cpu = process_cpu_s(server_pid) - server_cpu_before
+    latencies_s.sort()
+    return {"p50_ms": latencies_s[len(latencies_s) // 2] * 1000,
+            "p99_ms": latencies_s[int(len(latencies_s) * 0.99)] * 1000,
+            "client_cpu_us": client_cpu / count * 1e6, "server_cpu_us": server_cpu / count * 1e6}
+
+
+def echo_paths(port: int) -> tuple[dict, object]:
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    unary = channel.unary_unary(f"/{ECHO_SERVICE}/Unary", request_serializer=_identity,
+                                response_deserializer=_identity)
+    stream = StreamRoundTrip(channel.stream_stream(f"/{ECHO_SERVICE}/Stream", request_serializer=_identity,
+                                                   response_deserializer=_identity))
+    def close() -> None:
+        stream.close()
+        channel.close()
+
+    return {"grpc unary echo": lambda: unary(VALUE), "grpc stream echo": lambda: stream(VALUE)}, close
+
+
+def eos_paths(bootstrap: str, round_index: int) -> tuple[dict, object]:
+    import eos
+    from bench.workloads.clients import eos_create_topic
+    from eos.records.codec import encode_batch
+    from eos.v1 import broker_pb2, broker_pb2_grpc
+
+    raw_topic, producer_topic = f"transport-raw-{round_index}", f"transport-producer-{round_index}"
+    eos_create_topic(bootstrap, raw_topic)
+    eos_create_topic(bootstrap, producer_topic)
+    channel = grpc.insecure_channel(bootstrap)
+    stream = StreamRoundTrip(broker_pb2_grpc.BrokerStub(channel).ProduceStream)
+    records = encode_batch([VALUE])
+    correlation_ids = iter(range(1 << 30))
+
+    def raw_produce() -> None:
+        answer = stream(broker_pb2.ProduceRequest(acks=1, timeout_ms=30_000, correlation_id=next(correlation_ids),
+                                                  partitions=[broker_pb2.PartitionRecords(
+                                                      topic=raw_topic, partition=0, records=records)]))
+        if answer.partitions[0].error_code:
+            raise RuntimeError(f"raw produce failed: {answer.partitions[0].error_message}")
+
+    producer = eos.Producer(bootstrap, acks="all", enable_idempotence=True, linger_ms=0)
+
+    def close() -> None:
+        producer.close()
+        stream.close()
+        channel.close()
+
+    return {"eos ProduceStream, raw": raw_produce,
+            "eos Producer send -> ack": lambda: producer.send(producer_topic, value=VALUE).result()}, close
+
+
+def measure(rate_per_s: int, count: int, repeats: int) -> dict:
+    runs: dict[str, list[dict]] = {}
+    port = free_port()
+    echo_server = subprocess.Popen([sys.executable, "-m", "bench.transport_floor", "--serve", str(port)])
+    try:
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        while not port_accepts("127.0.0.1", port):
+            if echo_server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the echo server did not start")
+            time.sleep(0.05)
+        with EosBroker() as broker:
+            for round_index in range(repeats):
+                print(f"round {round_index + 1} of {repeats}", file=sys.stderr, flush=True)
+                for open_paths, server_pid in ((lambda: echo_paths(port), echo_server.pid),
+                                               (lambda: eos_paths(broker.bootstrap, round_index), broker.proc.pid)):
+                    paths, close = open_paths()
+                    try:
+                        for name, round_trip in paths.items():
+                            runs.setdefault(name, []).append(
+                                paced(round_trip, rate_per_s=rate_per_s, count=count, server_pid=server_pid))
+                    finally:
+                        close()
+    finally:
+        echo_server.kill()
+        echo_server.wait()
+    return {"rate_per_s": rate_per_s, "count": count, "repeats": repeats,
+            "paths": {name: {key: round(statistics.median(run[key] for run in path_runs), 3)
+                             for key in path_runs[0]} | {"runs": path_runs}
+                      for name, path_runs in runs.items()}}
+
+
+def _table(results: dict) -> str:
+    rows = [("path", "p50 ms", "p99 ms", "client CPU us", "server CPU us")]
+    for name, figures in results["paths"].items():
+        rows.append((name, f"{figures['p50_ms']:.3f}", f"{figures['p99_ms']:.3f}",
+                     f"{figures['client_cpu_us']:.0f}", f"{figures['server_cpu_us']:.0f}"))
+    lines = text_table(rows)
+    lines.append(f"({results['count']:,} round trips at {results['rate_per_s']:,}/s, median of "
+                 f"{results['repeats']} runs; CPU per round trip, every thread of the process)")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.transport_floor", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rate", type=int, default=1000, help="round trips a second (paced)")
+    parser.add_argument("--count", type=int, default=3000, help="round trips per run")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json-only", action="store_true")
+    parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)   # the echo server child
+    args = parser.parse_args(argv)
+    if args.serve:
+        serve_echo(args.serve)
+        return 0
+    results = measure(args.rate, args.count, args.repeats)
+    print_results(results, _table(results), args.json_only)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
