@@ -122,7 +122,8 @@ def run_system(system: str, broker, workloads: list[str], sizes: Sizes, disk_spe
     outcomes: dict[str, dict] = {}
     data_dir = broker.log_dir if system == "kafka" else broker.data_dir
     ctx = RunContext(system=system, bootstrap=broker.bootstrap, data_dir=data_dir,
-                     sizes=sizes, progress=progress, shared={"disk": disk_speed})
+                     sizes=sizes, progress=progress, shared={"disk": disk_speed},
+                     broker_pid=broker.proc.pid if broker.proc is not None else None)
     for name in workloads:
         workload = REGISTRY[name]
         runner = workload.runners.get(system)

@@ -148,6 +148,7 @@ class RunContext:
     progress: Callable[[str], None] = print
     shared: dict = field(default_factory=dict)    # results one workload leaves for another
     topic_prefix: str = "bench"                   # another run on the same broker: another prefix
+    broker_pid: int | None = None                 # the broker's process (the memory workload reads it)
     _names: itertools.count = field(default_factory=lambda: itertools.count(1))
 
     def topic_name(self, prefix: str) -> str:
@@ -198,4 +199,4 @@ def register(workload: Workload) -> Workload:
 # Run order = import order.
 from bench.workloads import (produce, consume, latency, append, append_storage,  # noqa: E402,F401
                              append_broker, idempotence, transactions, short_txn, recompress,
-                             rebalance, spark)
+                             rebalance, spark, memory)
