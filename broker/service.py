@@ -35,9 +35,9 @@ its own thread until it first reads ahead of answers waiting for replicas; from 
 reader thread hands it the requests (`broker/produce_streams.py`). On stop the request
 being handled is answered, later ones are not (the client retries them, as after a closed
 Kafka connection), and the stream ends with UNAVAILABLE, or CANCELLED if its handler was
-waiting for a request inside gRPC. A client that closes its side gets every request it sent answered, then the
-end of the stream. A stream holds a worker thread for its lifetime, so at most
-`max_produce_streams` are open at once; one more is refused at open with
+waiting for a request inside gRPC. A client that closes its side gets every request it
+sent answered, then the end of the stream. A stream holds a worker thread for its
+lifetime, so at most `max_produce_streams` are open at once; one more is refused at open with
 RESOURCE_EXHAUSTED and trailing metadata `eos-produce-stream-refused: resource_exhausted`.
 On a cluster an acks=all request waits for the in-sync replicas after its append; a stream
 appends up to STREAM_REPLICATION_PIPELINE_MAX further requests meanwhile (in order, so
