@@ -56,33 +56,40 @@ class ProduceStreamSession:
         self.stopping = False         # the broker is stopping: take no further request
         self._reader: threading.Thread | None = None
 
-    def start_reading(self) -> None:
+    def _take_from_grpc(self):
+        """The next request off gRPC's iterator, or None once there is none: the client
+        half-closed (`_client_closed`), or the call failed or was cancelled, by the client or
+        by stop() (`rpc_done`). The one place where either reader (the handler's thread or
+        the reader thread) touches the iterator."""
+        try:
+            return next(self._request_iterator)
+        except StopIteration:
+            with self._condition:
+                self._client_closed = True
+                self._condition.notify_all()
+        except grpc.RpcError:
+            self.rpc_done()
+        except Exception:
+            log.exception("reading a produce stream failed")
+            self.rpc_done()
+        return None
+
+    def _start_reader(self) -> None:
         self._reader = threading.Thread(target=self._read, name="eos-produce-stream-reader", daemon=True)
         self._reader.start()
 
     def _read(self) -> None:
-        try:
-            for request in self._request_iterator:
-                with self._condition:
-                    # Bounded: a client that pipelines too deep is held back by gRPC's flow
-                    # control instead of filling the broker's memory.
-                    while (len(self._received) >= STREAM_REQUESTS_RECEIVED_MAX
-                           and not (self._broken or self.stopping)):
-                        self._condition.wait()
-                    if self._broken or self.stopping:
-                        return
-                    self._received.append(request)
-                    self._condition.notify_all()
-        except grpc.RpcError:
-            self.rpc_done()   # the client cancelled or the connection broke
-            return
-        except Exception:
-            log.exception("reading a produce stream failed")
-            self.rpc_done()
-            return
-        with self._condition:
-            self._client_closed = True
-            self._condition.notify_all()
+        while (request := self._take_from_grpc()) is not None:
+            with self._condition:
+                # Bounded: a client that pipelines too deep is held back by gRPC's flow
+                # control instead of filling the broker's memory.
+                while (len(self._received) >= STREAM_REQUESTS_RECEIVED_MAX
+                       and not (self._broken or self.stopping)):
+                    self._condition.wait()
+                if self._broken or self.stopping:
+                    return
+                self._received.append(request)
+                self._condition.notify_all()
 
     def next_request(self, wait: bool = True):
         """The next request in arrival order; None when the stream is to end (the client
@@ -97,7 +104,7 @@ class ProduceStreamSession:
         if self._reader is None:
             if wait:
                 return self._next_here()
-            self.start_reading()
+            self._start_reader()
         with self._condition:
             while True:
                 if self._broken or self.stopping:
@@ -122,18 +129,7 @@ class ProduceStreamSession:
                 return None
             self._reading_here = True
         try:
-            request = next(self._request_iterator)
-        except StopIteration:
-            with self._condition:
-                self._client_closed = True
-            return None
-        except grpc.RpcError:
-            self.rpc_done()   # the client cancelled, the connection broke, or stop() cancelled it
-            return None
-        except Exception:
-            log.exception("reading a produce stream failed")
-            self.rpc_done()
-            return None
+            request = self._take_from_grpc()
         finally:
             with self._condition:
                 self._reading_here = False
