@@ -13,15 +13,17 @@ TopicRegistry), adds the Broker, TxnCoordinator and GroupCoordinator services an
 them, then loads the transaction coordinator (after which health says SERVING; on a
 cluster, once the broker has joined), and starts the housekeeping thread (retention,
 segment roll by time, flush.ms), which wakes every log.retention.check.interval.ms on an
-Event so that stop never waits for it to sleep out. Two hooks join the pieces: the Broker service asks the transaction coordinator whether
-a transactional write's partition is in the producer's transaction (KIP-890), and tells the
-group coordinator about markers written to `__consumer_offsets`.
+Event so that stop never waits for it to sleep out. Two hooks join the pieces: the Broker
+service asks the transaction coordinator whether a transactional write's partition is in
+the producer's transaction (KIP-890), and tells the group coordinator about markers written
+to `__consumer_offsets`.
 
 `stop()` is the reverse, in an order that keeps acknowledged data safe: health turns
-NOT_SERVING, stop the coordinators (parked group requests are answered at once), refuse new RPCs, wake long
-polls, end produce streams once their request in flight is answered, wait (bounded) for
-requests in flight, stop housekeeping, then close the logs
-(LogManager.shutdown flushes and writes the clean-shutdown state), and let go of the lock. `run_broker()` is the blocking entry of `eos broker start` and `python -m broker`: it
+NOT_SERVING, stop the coordinators (parked group requests are answered at once), refuse new
+RPCs, wake long polls, end produce streams once their request in flight is answered, wait
+(bounded) for requests in flight, stop housekeeping, then close the logs
+(LogManager.shutdown flushes and writes the clean-shutdown state), and let go of the lock.
+`run_broker()` is the blocking entry of `eos broker start` and `python -m broker`: it
 prints one line "eos broker listening on HOST:PORT (data dir DIR)" once the port is bound
 and serving, and stops cleanly on SIGTERM or SIGINT.
 
