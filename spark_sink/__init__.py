@@ -18,10 +18,33 @@ _LAZY = {
 
 def register(spark) -> None:
     """Register the eos data source (`spark_sink.source.EosDataSource`) with a SparkSession
-    (the sinks need nothing registered: their tasks run through `mapInArrow`)."""
+    (the sinks need nothing registered: their tasks run through `mapInArrow`).
+
+    The source's planner runs in a Python worker that cannot see the session, so the
+    session's default parallelism is read here and travels with the registered class: a
+    batch of more partitions than that is packed into that many tasks
+    (`spark_sink.offsets.plan_tasks`)."""
     from spark_sink.source import EosDataSource
 
-    spark.dataSource.register(EosDataSource)
+    slots = _default_parallelism(spark)
+    if slots is None:
+        spark.dataSource.register(EosDataSource)
+        return
+    # A class made here is pickled by value (cloudpickle), its task_slots with it.
+    packed = type("EosDataSource", (EosDataSource,), {"task_slots": slots})
+    spark.dataSource.register(packed)
+
+
+def _default_parallelism(spark) -> int | None:
+    """spark.default.parallelism, else the SparkContext's (local[N]: N), else None (Spark
+    Connect has no SparkContext on the client)."""
+    configured = spark.conf.get("spark.default.parallelism", None)
+    if configured:
+        return max(1, int(configured))
+    try:
+        return max(1, int(spark.sparkContext.defaultParallelism))
+    except Exception:   # Spark Connect: no SparkContext here
+        return None
 
 
 def __getattr__(name: str):

@@ -33,6 +33,10 @@ the high watermark under read_uncommitted):
   ranges packed into them in order and cut where a task is full. Packing matters when a
   batch is small next to Spark's cost per task: 3 partitions on 2 cores are 2 waves of
   tasks, numPartitions=2 makes them one; and a topic of 50 partitions need not be 50 tasks.
+  With none of the three task options, a batch of more ranges than the session has task
+  slots (`task_slots`: Spark's default parallelism, which `spark_sink.register` reads from
+  the session) is packed into that many tasks, so it runs in one wave; a batch of fewer
+  ranges keeps one task per range, as Spark's Kafka source does.
 
 The end of a batch never passes the upper bound the caller passes in, so under
 read_committed an open transaction in the input holds the batch boundary back: its
@@ -102,6 +106,9 @@ class SourceOptions(NamedTuple):
     # Spark's Kafka source convention: kafka.<setting> options carry the clients' security
     # settings (kafka.security.protocol, kafka.ssl.ca.location, kafka.sasl.username, ...).
     client_config: tuple[tuple[str, str], ...] = ()
+    # The session's default parallelism (None: unknown; spark_sink.register sets it, no
+    # option does); see plan_tasks.
+    task_slots: int | None = None
 
 
 class OffsetRange(NamedTuple):
@@ -413,12 +420,18 @@ def plan_ranges(start: Mapping[TopicPartition, int], end: Mapping[TopicPartition
 
 def plan_tasks(start: Mapping[TopicPartition, int], end: Mapping[TopicPartition, int], *,
                max_records_per_partition: int | None = None, min_partitions: int | None = None,
-               num_partitions: int | None = None) -> list[tuple[OffsetRange, ...]]:
+               num_partitions: int | None = None,
+               task_slots: int | None = None) -> list[tuple[OffsetRange, ...]]:
     """The Spark tasks of a batch, each the ranges it reads in order (see the module doc).
     Together they cover every offset of `plan_ranges(start, end)` once."""
     ranges = plan_ranges(start, end, max_records_per_partition)
     if num_partitions is not None:
         return _pack(ranges, num_partitions)
+    if (task_slots is not None and len(ranges) > task_slots
+            and min_partitions is None and max_records_per_partition is None):
+        # Each task pays for a Python worker, a consumer and (behind an eos sink) a
+        # participant producer: one wave of fuller tasks beats two waves of smaller ones.
+        return _pack(ranges, task_slots)
     if min_partitions is not None:
         while len(ranges) < min_partitions:
             largest = max(range(len(ranges)), key=lambda i: ranges[i].offset_count, default=None)

@@ -142,11 +142,17 @@ class EosInputPartition(InputPartition):
 def _tasks(options: SourceOptions, start, end) -> list[EosInputPartition]:
     return [EosInputPartition(task) for task in plan_tasks(
         start, end, max_records_per_partition=options.max_records_per_partition,
-        min_partitions=options.min_partitions, num_partitions=options.num_partitions)]
+        min_partitions=options.min_partitions, num_partitions=options.num_partitions,
+        task_slots=options.task_slots)]
 
 
 class EosDataSource(DataSource):
-    """`spark.dataSource.register(EosDataSource)`, then `.format("eos")`."""
+    """`spark.dataSource.register(EosDataSource)`, then `.format("eos")`.
+
+    `spark_sink.register(spark)` registers a subclass whose `task_slots` is the session's
+    default parallelism (see `spark_sink.offsets.plan_tasks`)."""
+
+    task_slots: int | None = None
 
     @classmethod
     def name(cls) -> str:
@@ -156,10 +162,10 @@ class EosDataSource(DataSource):
         return SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return EosBatchReader(parse_options(self.options, streaming=False))
+        return EosBatchReader(parse_options(self.options, streaming=False)._replace(task_slots=self.task_slots))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return EosStreamReader(parse_options(self.options, streaming=True))
+        return EosStreamReader(parse_options(self.options, streaming=True)._replace(task_slots=self.task_slots))
 
 
 # ---- the planner's view of the broker -----------------------------------------------------

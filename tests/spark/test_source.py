@@ -204,6 +204,22 @@ def test_min_partitions_halves_the_largest_ranges_until_there_are_enough():
     assert plan_tasks({A0: 0}, {A0: 1}, min_partitions=3) == [(OffsetRange("a", 0, 0, 1),)]
 
 
+def test_task_slots_pack_only_a_batch_of_more_ranges_than_slots():
+    start = {A0: 0, A1: 0, A2: 0}
+    three = {A0: 30, A1: 30, A2: 30}
+    packed = plan_tasks(start, three, task_slots=2)
+    assert [sum(r.offset_count for r in task) for task in packed] == [45, 45]
+    assert covered(packed) == covered([(r,) for r in plan_ranges(start, three)])
+    # as many slots as ranges, or more: one task per range, as without slots
+    assert plan_tasks(start, three, task_slots=3) == plan_tasks(start, three)
+    assert plan_tasks(start, {A0: 30, A1: 0, A2: 30}, task_slots=2) == [
+        (OffsetRange("a", 0, 0, 30),), (OffsetRange("a", 2, 0, 30),)]
+    # an explicit task option wins over the session's slots
+    assert len(plan_tasks(start, three, task_slots=2, min_partitions=4)) == 4
+    assert len(plan_tasks(start, three, task_slots=2, max_records_per_partition=10)) == 9
+    assert len(plan_tasks(start, three, task_slots=2, num_partitions=3)) == 3
+
+
 @pytest.mark.parametrize("counts,tasks", [((3334, 3333, 3333), 2), ((100, 1, 1, 1, 50), 3), ((7,), 3),
                                           ((2, 0, 1), 5), ((10, 10), 1)])
 def test_num_partitions_packs_ranges_into_tasks_of_near_equal_size(counts, tasks):
@@ -267,6 +283,19 @@ def test_num_partitions_packs_the_partitions_into_that_many_tasks(spark, eos_bro
     assert df.rdd.getNumPartitions() == 2
     rows = df.collect()
     assert rows_by_position(rows) == produced and len(rows) == 90
+
+
+def test_registered_source_packs_more_partitions_than_cores_into_one_wave(spark, eos_broker, admin):
+    # spark_sink.register read local[2]'s default parallelism: 3 partitions make 2 tasks
+    assert spark.sparkContext.defaultParallelism == 2
+    admin.create_topic("slots", partitions=3)
+    produced = produce(eos_broker.address, "slots", {0: 30, 1: 31, 2: 29})
+    df = reader(spark, eos_broker, "slots")
+    assert df.rdd.getNumPartitions() == 2
+    rows = df.collect()
+    assert rows_by_position(rows) == produced and len(rows) == 90
+    # Kafka's one task per partition, when asked for
+    assert reader(spark, eos_broker, "slots", minPartitions="1").rdd.getNumPartitions() == 3
 
 
 def test_large_ranges_are_split_into_several_input_partitions(spark, eos_broker, admin):
