@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 import broker.server
-from broker.service import STREAM_REFUSAL_METADATA_KEY
+from broker.writes import STREAM_REFUSAL_METADATA_KEY
 from eos import net
 from eos.errors import ErrorCode, NetworkError
 from eos.records.codec import BatchBuilder, encode_batch, iter_decoded
