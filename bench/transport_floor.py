@@ -6,7 +6,7 @@ machine, beside eos's produce round trip, at the same paced rate.
 Theory of operation
 -------------------
 eos trails Kafka on the rows a round trip decides (produce latency, commit latency). This
-bench separates what gRPC itself costs here from what eos adds to it. Four paths are timed
+bench separates what gRPC itself costs here from what eos adds to it. Five paths are timed
 one after the other, each `--count` round trips paced at `--rate` a second (after a warm-up
 of a tenth as many), `--repeats` times, in this order each round:
 
@@ -15,6 +15,11 @@ of a tenth as many), `--repeats` times, in this order each round:
   eos is imported on either side.
 - `grpc stream echo`: the same 100 bytes as one message on a long-lived bidi stream, the
   client waiting for the echo before the next (the shape of ProduceStream).
+- `tcp stream echo`: the same 100 bytes, length-prefixed, on a plain TCP connection to the
+  same child (a thread per connection echoes each frame); on the client a reader thread
+  takes the echoes and hands them to the waiting thread, the shape a produce stream would
+  have over a socket instead of gRPC. It prices that alternative transport, which eos
+  does not have: the difference to `grpc stream echo` is what gRPC itself costs here.
 - `eos ProduceStream, raw`: a pre-built one-record ProduceRequest (acks=1) on a bidi stream
   to an eos broker process: the broker's whole produce path, no eos client.
 - `eos Producer send -> ack`: eos.Producer (acks=all, idempotent, linger 0) send() to the
@@ -31,9 +36,12 @@ from __future__ import annotations
 import argparse
 import os
 import queue
+import socket
 import statistics
+import struct
 import subprocess
 import sys
+import threading
 import time
 
 import grpc
@@ -52,9 +60,48 @@ def _identity(payload: bytes) -> bytes:
     return payload
 
 
-def serve_echo(port: int) -> None:
-    """The child process: unary and bidi echo on 127.0.0.1:`port` until killed."""
+FRAME_HEADER = struct.Struct(">I")      # a TCP echo frame: big-endian length, then the bytes
+
+
+def _read_exactly(connection: socket.socket, size: int) -> bytes:
+    chunks, remaining = [], size
+    while remaining:
+        chunk = connection.recv(remaining)
+        if not chunk:
+            raise EOFError("the connection closed")
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
+
+
+def _read_frame(connection: socket.socket) -> bytes:
+    (size,) = FRAME_HEADER.unpack(_read_exactly(connection, FRAME_HEADER.size))
+    return _read_exactly(connection, size)
+
+
+def _serve_tcp_echo(listener: socket.socket) -> None:
+    def echo(connection: socket.socket) -> None:
+        connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with connection:
+            try:
+                while True:
+                    frame = _read_frame(connection)
+                    connection.sendall(FRAME_HEADER.pack(len(frame)) + frame)
+            except (EOFError, OSError):
+                return
+
+    while True:
+        connection, _ = listener.accept()
+        threading.Thread(target=echo, args=(connection,), daemon=True).start()
+
+
+def serve_echo(port: int, tcp_port: int) -> None:
+    """The child process: unary and bidi gRPC echo on 127.0.0.1:`port`, TCP frame echo on
+    127.0.0.1:`tcp_port`, until killed."""
     from concurrent import futures
+
+    listener = socket.create_server(("127.0.0.1", tcp_port))
+    threading.Thread(target=_serve_tcp_echo, args=(listener,), daemon=True).start()
 
     def echo_stream(requests, _context):
         for request in requests:
@@ -93,6 +140,36 @@ class StreamRoundTrip:
         self._call.cancel()
 
 
+class TcpRoundTrip:
+    """One TCP connection: each call sends a frame and waits for its echo, which a reader
+    thread takes off the socket (as a stream's reader would)."""
+
+    def __init__(self, port: int):
+        self._socket = socket.create_connection(("127.0.0.1", port))
+        self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._answers: queue.SimpleQueue = queue.SimpleQueue()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        try:
+            while True:
+                self._answers.put(_read_frame(self._socket))
+        except (EOFError, OSError) as exc:
+            self._answers.put(exc)
+
+    def __call__(self, message: bytes) -> bytes:
+        self._socket.sendall(FRAME_HEADER.pack(len(message)) + message)
+        answer = self._answers.get()
+        if isinstance(answer, BaseException):
+            raise RuntimeError(f"the TCP echo failed: {answer!r}")
+        return answer
+
+    def close(self) -> None:
+        self._socket.close()
+        self._reader.join(5)
+
+
 def paced(round_trip, *, rate_per_s: int, count: int, server_pid: int) -> dict:
     """`count` round trips at `rate_per_s` after a warm-up; latencies and CPU per round trip."""
     for _ in range(max(1, count // 10)):
@@ -115,8 +192,9 @@ def paced(round_trip, *, rate_per_s: int, count: int, server_pid: int) -> dict:
             "client_cpu_us": client_cpu / count * 1e6, "server_cpu_us": server_cpu / count * 1e6}
 
 
-def echo_paths(port: int) -> tuple[dict, object]:
+def echo_paths(port: int, tcp_port: int) -> tuple[dict, object]:
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    tcp = TcpRoundTrip(tcp_port)
     unary = channel.unary_unary(f"/{ECHO_SERVICE}/Unary", request_serializer=_identity,
                                 response_deserializer=_identity)
     stream = StreamRoundTrip(channel.stream_stream(f"/{ECHO_SERVICE}/Stream", request_serializer=_identity,
@@ -124,8 +202,10 @@ def echo_paths(port: int) -> tuple[dict, object]:
     def close() -> None:
         stream.close()
         channel.close()
+        tcp.close()
 
-    return {"grpc unary echo": lambda: unary(VALUE), "grpc stream echo": lambda: stream(VALUE)}, close
+    return {"grpc unary echo": lambda: unary(VALUE), "grpc stream echo": lambda: stream(VALUE),
+            "tcp stream echo": lambda: tcp(VALUE)}, close
 
 
 def eos_paths(bootstrap: str, round_index: int) -> tuple[dict, object]:
@@ -162,18 +242,19 @@ def eos_paths(bootstrap: str, round_index: int) -> tuple[dict, object]:
 
 def measure(rate_per_s: int, count: int, repeats: int) -> dict:
     runs: dict[str, list[dict]] = {}
-    port = free_port()
-    echo_server = subprocess.Popen([sys.executable, "-m", "bench.transport_floor", "--serve", str(port)])
+    port, tcp_port = free_port(), free_port()
+    echo_server = subprocess.Popen([sys.executable, "-m", "bench.transport_floor", "--serve", str(port),
+                                    "--serve-tcp", str(tcp_port)])
     try:
         deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-        while not port_accepts("127.0.0.1", port):
+        while not (port_accepts("127.0.0.1", port) and port_accepts("127.0.0.1", tcp_port)):
             if echo_server.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("the echo server did not start")
             time.sleep(0.05)
         with EosBroker() as broker:
             for round_index in range(repeats):
                 print(f"round {round_index + 1} of {repeats}", file=sys.stderr, flush=True)
-                for open_paths, server_pid in ((lambda: echo_paths(port), echo_server.pid),
+                for open_paths, server_pid in ((lambda: echo_paths(port, tcp_port), echo_server.pid),
                                                (lambda: eos_paths(broker.bootstrap, round_index), broker.proc.pid)):
                     paths, close = open_paths()
                     try:
@@ -209,9 +290,10 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json-only", action="store_true")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)   # the echo server child
+    parser.add_argument("--serve-tcp", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
-        serve_echo(args.serve)
+        serve_echo(args.serve, args.serve_tcp)
         return 0
     results = measure(args.rate, args.count, args.repeats)
     print_results(results, _table(results), args.json_only)
