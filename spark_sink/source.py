@@ -39,6 +39,10 @@ Options (names are case-insensitive, as Spark's are):
   numPartitions           exactly this many tasks of near-equal offset counts, ranges packed
                           into them (eos's; e.g. the executors' cores, so that a small
                           micro-batch runs in one wave); not with the two above
+  (none of these three)   one task per partition; but a batch of more partitions than the
+                          session's default parallelism (spark_sink.register reads it) is
+                          packed into that many tasks. minPartitions=1 keeps one task per
+                          partition always, as Spark's Kafka source does
   isolation               read_committed (default) | read_uncommitted
   failOnDataLoss          true (default): raise when records the query has not read were
                           deleted, or a partition vanished; false: skip them and go on
