@@ -166,7 +166,11 @@ def test_a_failed_task_aborts_the_whole_batch_and_the_next_attempt_writes_once(s
     admin.create_topic("fl_out", partitions=2)
     produced = produce(eos_broker.address, "fl_in", {0: 30, 1: 30, 2: 30})
     checkpoint = hand_made_checkpoint(tmp_path / "cp", {0: {"fl_in": {"0": 30, "1": 30, "2": 30}}})
-    source = spark.read.format("eos").option("bootstrap", eos_broker.address).option("subscribe", "fl_in").load()
+    # One task per partition (minPartitions=1; by default local[2] packs 3 partitions into 2
+    # tasks that run at once): partitions 0 and 1 are the first wave, and one of them has
+    # written all it had before partition 2's task starts and fails.
+    source = (spark.read.format("eos").option("bootstrap", eos_broker.address).option("subscribe", "fl_in")
+              .option("minPartitions", "1").load())
 
     @F.udf("string", useArrow=False)
     def fail_in_partition_2(partition, value):
