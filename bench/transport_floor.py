@@ -166,6 +166,10 @@ class TcpRoundTrip:
         return answer
 
     def close(self) -> None:
+        try:
+            self._socket.shutdown(socket.SHUT_RDWR)   # wakes the reader's recv (close alone does not)
+        except OSError:
+            pass
         self._socket.close()
         self._reader.join(5)
 
