@@ -105,7 +105,7 @@ class ProducerBatch:
         "values", "keys", "timestamps_ms", "headers", "size_estimate_bytes", "reserved_bytes",
         "sealed", "single_timestamp_ms",
         "_condition", "_done", "base_offset", "log_append_time_ms", "exception",
-        "_record_callbacks", "_done_callbacks", "_watched_futures",
+        "_callback_runs", "run_callback", "_done_callbacks", "_watched_futures",
         "payload", "producer_id", "producer_epoch", "base_sequence",
         "attempts", "retry_after_ms", "last_error", "absorbed", "report_only_errors", "__weakref__",
     )
@@ -135,7 +135,14 @@ class ProducerBatch:
         self.base_offset = NO_OFFSET
         self.log_append_time_ms = NO_TIMESTAMP
         self.exception: BaseException | None = None
-        self._record_callbacks: list | None = None     # [(index, on_delivery)]
+        # on_delivery callbacks as runs, not one entry per record: a flat list
+        # [first_index, callback, first_index, callback, ...] where each pair says "records
+        # from first_index up to the next pair's have this callback" (None: no callback).
+        # A producer mostly passes the same callback to every produce() call, so the usual
+        # batch has one run and an append pays one identity test instead of a tuple (an
+        # allocation the cyclic GC then tracks). `run_callback` is the last run's callback.
+        self._callback_runs: list | None = None
+        self.run_callback = None
         self._done_callbacks: list | None = None       # [callable()]
         self._watched_futures: list | None = None      # RecordFutures with waiters
         # delivery.report.only.error: on_delivery runs only for records that failed
@@ -210,10 +217,31 @@ class ProducerBatch:
         fn()
 
     def add_record_callback(self, index: int, on_delivery) -> None:
-        """Must be called under the accumulator lock before the batch is sealed."""
-        if self._record_callbacks is None:
-            self._record_callbacks = []
-        self._record_callbacks.append((index, on_delivery))
+        """Record `index` (the last one appended) and those appended after it, until the
+        next call, have `on_delivery` (None: no callback). Called only when the callback
+        changes (`run_callback` is the current one); under the accumulator lock, before the
+        batch is sealed."""
+        runs = self._callback_runs
+        if runs is None:
+            self._callback_runs = [index, on_delivery]
+        elif runs[-2] == index:        # the run just opened has no record yet: replace it
+            runs[-1] = on_delivery
+        else:
+            runs += (index, on_delivery)
+        self.run_callback = on_delivery
+
+    def _run_record_callbacks(self, runs: list, record_count: int, exception) -> None:
+        """on_delivery(metadata, exception) for each record of each run with a callback."""
+        for position in range(0, len(runs), 2):
+            on_delivery = runs[position + 1]
+            if on_delivery is None:
+                continue
+            end = runs[position + 2] if position + 2 < len(runs) else record_count
+            for index in range(runs[position], end):
+                try:
+                    on_delivery(self.metadata(index), exception)
+                except Exception:
+                    log.exception("on_delivery callback raised for %s-%d", self.topic, self.partition)
 
     # ---- delivery (sender thread) ---------------------------------------------------------
 
@@ -244,15 +272,13 @@ class ProducerBatch:
                             waiter.add_result(future)
                         else:
                             waiter.add_exception(future)
-            record_callbacks = self._record_callbacks
+            callback_runs = self._callback_runs
             done_callbacks = self._done_callbacks
-            self._record_callbacks = self._done_callbacks = None
-        if record_callbacks and (exception is not None or not self.report_only_errors):
-            for index, on_delivery in record_callbacks:
-                try:
-                    on_delivery(self.metadata(index), exception)
-                except Exception:
-                    log.exception("on_delivery callback raised for %s-%d", self.topic, self.partition)
+            self._callback_runs = self._done_callbacks = None
+        if callback_runs and (exception is not None or not self.report_only_errors):
+            # Absorbed followers' records come after ours: they are the followers' to report.
+            own_count = self.absorbed[0][1] if self.absorbed else len(self.timestamps_ms)
+            self._run_record_callbacks(callback_runs, own_count, exception)
         if done_callbacks:
             for fn in done_callbacks:
                 try:
@@ -603,7 +629,7 @@ class RecordAccumulator:
             if headers is not None or batch.headers is not None:
                 batch.add_headers(index, headers)
             batch.size_estimate_bytes += record_bytes
-            if on_delivery is not None:
+            if on_delivery is not batch.run_callback:
                 batch.add_record_callback(index, on_delivery)
             if batch.size_estimate_bytes >= self.batch_size:
                 batch.sealed = True
@@ -665,6 +691,10 @@ class RecordAccumulator:
                 if end <= start:
                     end = start + 1
                 batch_start = len(batch.values)
+                if batch.run_callback is not None:
+                    # A bulk call's records report through its own future, not the
+                    # on_delivery of the produce() calls before them in this batch.
+                    batch.add_record_callback(batch_start, None)
                 batch.values.extend(values[start:end])
                 batch.timestamps_ms.extend(timestamps_ms[start:end])
                 if not batch_start:

@@ -325,7 +325,8 @@ class Producer:
         exception)` on the sender thread; flush() waits for every record. An error the
         producer can name before sending (too large, topic unknown after max.block.ms,
         buffer full for max.block.ms, the transaction's state) is raised here instead."""
-        self._check_can_send()
+        if self._closed or self._txn is not None:     # the check without a call when it passes
+            self._check_can_send()
         self._append_one(topic, value, key, partition, headers, timestamp_ms, on_delivery, False)
 
     def _check_can_send(self) -> None:

@@ -281,6 +281,37 @@ def test_absorbed_batches_fail_with_their_head():
     assert not futures[3].done()
 
 
+def test_each_record_reports_to_its_own_on_delivery_through_runs_absorption_and_bulk_calls():
+    # Callbacks are kept as runs (one entry per change, not per record): records with
+    # none between, a callback coming back, a bulk call's records in the same batch and a
+    # batch absorbed behind another must each still report once, to their own callback.
+    acc, clock = make(batch_size=300, buffer_memory=100_000)
+    seen = []
+
+    def reporter(name):
+        return lambda metadata, exc: seen.append((name, metadata.offset))
+
+    a, b = reporter("a"), reporter("b")
+    value = b"x" * 20
+    size = record_size_estimate(value, None, None)
+    for on_delivery in (a, a, None, b, a):       # 36 bytes each: 6 records fill 61 + 216 of 300
+        acc.append("t", 0, 1, value, None, None, 1, size, on_delivery, False)
+    bulk_future = Future()
+    bulk = _BulkCompletion(bulk_future, 1)
+    acc.append_many("t", 0, 1, [value], None, [1], None, [size], None, bulk)
+    bulk.sealed()
+    first = acc._deques[("t", 0)][0]
+    assert first.record_count == 6 and not first.sealed
+    big = b"y" * 300                             # does not fit: a batch of its own, sealed full
+    acc.append("t", 0, 1, big, None, None, 1, record_size_estimate(big, None, None), a, False)
+    assert first.sealed and len(acc._deques[("t", 0)]) == 2
+    head, = acc.drain(clock() + 10, take_all, lambda topic: 10_000)[0]
+    assert head is first and head.record_count == 7       # it absorbed the second batch
+    head.complete(base_offset=10)
+    assert seen == [("a", 10), ("a", 11), ("b", 13), ("a", 14), ("a", 16)]
+    assert [m.offset for m in bulk_future.result(0)] == [15]
+
+
 def test_sent_or_open_batches_are_never_absorbed():
     acc, clock = make(batch_size=200, linger_ms=0)
     first = append(acc, 0)._batch
