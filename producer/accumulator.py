@@ -20,7 +20,9 @@ The `RecordAccumulator` is what they share, behind one lock held only for list a
   a size check and two list appends. Everything else (a new batch, a switch of sticky
   partition, buffer memory) takes the general path. Only an open batch takes records,
   and an open batch is always the tail of its partition's deque, so a cached batch
-  that is still open is the right one.
+  that is still open is the right one. A record's on_delivery is kept only where it
+  differs from the previous record's (runs of one callback), so the usual producer, which
+  passes the same callback every time, allocates nothing per record for it.
 - Memory: each new batch reserves max(batch.size, its first record) bytes of
   buffer.memory (a bulk batch: the bytes it is made to hold) until it is delivered or
   failed; the reservation is also the batch's capacity. When the buffer is full, appends
