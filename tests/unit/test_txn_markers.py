@@ -221,3 +221,81 @@ def test_past_the_cap_of_parked_requests_the_answer_is_concurrent_transactions_a
     assert not parked, "the request was parked although no more may be"
     assert [a.error for a in answers] == [ErrorCode.CONCURRENT_TRANSACTIONS]
     assert coordinator._concurrent_waiters == 0
+
+
+# ---- answer first: an EndTxn's markers start once its answer is sent ------------------------
+
+class ProbeEvent(threading.Event):
+    """An Event that says when someone starts waiting on it."""
+
+    def __init__(self):
+        super().__init__()
+        self.waited_on = threading.Event()
+
+    def wait(self, timeout=None):
+        self.waited_on.set()
+        return super().wait(timeout)
+
+
+class CallbackContext:
+    """The part of a gRPC servicer context EndTxn uses: callbacks run when the test ends
+    the RPC."""
+
+    def __init__(self):
+        self.callbacks = []
+
+    def add_callback(self, callback):
+        self.callbacks.append(callback)
+        return True
+
+    def end_rpc(self):
+        for callback in self.callbacks:
+            callback()
+
+
+def test_the_markers_of_an_end_txn_wait_for_its_answer_to_be_sent(make_coordinator, monkeypatch):
+    monkeypatch.setattr("txn_coordinator.coordinator.ANSWER_WAIT_MAX_S", WAIT_S)
+    link = FakeLink()
+    coordinator = make_coordinator(link)
+    owner = coordinator.init_producer_id("app", 60_000)
+    assert coordinator.add_partitions("app", owner.producer_id, 0, [OUT0]).ok
+    answered = ProbeEvent()
+    assert coordinator.end_transaction("app", owner.producer_id, 0, True, answered=answered).ok
+    assert answered.waited_on.wait(WAIT_S), "the marker thread never took the decision"
+    # The marker thread waits for the answer: nothing is sent, the decision stays prepared.
+    assert link.sent == [] and coordinator.describe("app").state is TxnState.PREPARE_COMMIT
+    answered.set()
+    wait_for(lambda: coordinator.describe("app").state is TxnState.COMPLETE_COMMIT, "CompleteCommit")
+    assert [link.sent_pairs(group) for group in link.sent] == [{(owner.producer_id, 1, True, OUT0)}]   # the bumped epoch (KIP-890)
+
+
+def test_markers_whose_answer_is_never_reported_still_go_out(make_coordinator):
+    link = FakeLink()
+    coordinator = make_coordinator(link)
+    owner = coordinator.init_producer_id("app", 60_000)
+    assert coordinator.add_partitions("app", owner.producer_id, 0, [OUT0]).ok
+    never = threading.Event()
+    assert coordinator.end_transaction("app", owner.producer_id, 0, True, answered=never).ok
+    wait_for(lambda: coordinator.describe("app").state is TxnState.COMPLETE_COMMIT, "CompleteCommit")
+    assert len(link.sent) == 1 and not never.is_set()
+
+
+def test_the_end_txn_rpc_releases_its_markers_when_grpc_ends_the_call(make_coordinator, monkeypatch):
+    from eos.v1 import txn_pb2
+    from txn_coordinator.service import TxnCoordinatorServicer
+
+    monkeypatch.setattr("txn_coordinator.coordinator.ANSWER_WAIT_MAX_S", WAIT_S)
+    link = FakeLink()
+    coordinator = make_coordinator(link)
+    servicer = TxnCoordinatorServicer(producer_ids=None, coordinator=coordinator)
+    owner = coordinator.init_producer_id("app", 60_000)
+    assert coordinator.add_partitions("app", owner.producer_id, 0, [OUT0]).ok
+    context = CallbackContext()
+    response = servicer.EndTxn(txn_pb2.EndTxnRequest(transactional_id="app", producer_id=owner.producer_id,
+                                                     producer_epoch=0, committed=True), context)
+    assert response.error_code == ErrorCode.NONE and response.producer_epoch == 1
+    assert len(context.callbacks) == 1
+    assert link.sent == [] and coordinator.describe("app").state is TxnState.PREPARE_COMMIT
+    context.end_rpc()
+    wait_for(lambda: coordinator.describe("app").state is TxnState.COMPLETE_COMMIT, "CompleteCommit")
+    assert len(link.sent) == 1
