@@ -33,9 +33,9 @@ Answer first: as Kafka's coordinator does, EndTxn is answered once its Prepare* 
 written, and only then does the marker thread start on its markers. The gRPC shell passes
 an event that is set when the RPC has sent its answer (`answered`); the marker thread waits
 for it (at most ANSWER_WAIT_MAX_S) before it writes. Otherwise the marker thread, woken by
-the decision, took the GIL from the answer on its way out: the client waited for part of
-the markers and Complete* of its own commit (0.1-0.7 ms of the EndTxn call measured here),
-though neither is part of the answer. The decision is durable before either, so a crash in between changes nothing
+the decision, took the GIL from the answer on its way out: the client waited for the
+markers and Complete* of its own commit, about 0.5-1 ms here, though neither is part of the
+answer. The decision is durable before either, so a crash in between changes nothing
 (`start()` re-queues it).
 
 Locking: one lock (a condition) guards the core; I/O (log appends, marker RPCs, producer-id blocks on a
