@@ -29,15 +29,6 @@ CONCURRENT_TRANSACTIONS (and the client retries, as with Kafka) only when the wa
 A producer committing short transactions back to back thus meets its previous transaction's
 completion on the coordinator, not after a retry.
 
-Answer first: as Kafka's coordinator does, EndTxn is answered once its Prepare* record is
-written, and only then does the marker thread start on its markers. The gRPC shell passes
-an event that is set when the RPC has sent its answer (`answered`); the marker thread waits
-for it (at most ANSWER_WAIT_MAX_S) before it writes. Otherwise the marker thread, woken by
-the decision, took the GIL from the answer on its way out: the client waited for the
-markers and Complete* of its own commit, about 0.5-1 ms here, though neither is part of the
-answer. The decision is durable before either, so a crash in between changes nothing
-(`start()` re-queues it).
-
 Locking: one lock (a condition) guards the core; I/O (log appends, marker RPCs, producer-id blocks on a
 block boundary) happens outside it, except `new_producer_id`, which the core calls and which
 touches the disk once per block of 1000 ids.
@@ -77,9 +68,6 @@ EXPIRY_INTERVAL_MS = 10_000          # transaction.abort.timed.out.transaction.c
 # well under a millisecond, so the client is spared a retry round trip and its backoff.
 CONCURRENT_WAIT_MS = 100
 CONCURRENT_WAITERS_MAX = 16          # requests parked so at once (each holds an RPC worker)
-# The markers of an EndTxn start once its answer is sent (see "Answer first" in the module
-# doc), or after this long if the RPC layer never says so.
-ANSWER_WAIT_MAX_S = 0.05
 RPC_TIMEOUT_S = 30
 _MAX_MESSAGE_BYTES = 100 * 1024 * 1024
 
@@ -269,8 +257,7 @@ class TransactionCoordinator:
         self._concurrent_wait_ms = concurrent_wait_ms
         self._concurrent_waiters_max = concurrent_waiters_max
         self._concurrent_waiters = 0
-        # (decided group, the event its EndTxn's answer sets, or None)
-        self._markers: queue.Queue[tuple[MarkerRequest, threading.Event | None]] = queue.Queue(MARKER_QUEUE_MAX)
+        self._markers: queue.Queue[MarkerRequest] = queue.Queue(MARKER_QUEUE_MAX)
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self._ready = threading.Event()
@@ -302,7 +289,7 @@ class TransactionCoordinator:
                 loaded += 1
         unfinished = self._core.unfinished_markers()
         for marker in unfinished:
-            self._markers.put((marker, None))
+            self._markers.put(marker)
         log.info("transaction coordinator loaded %d records, %d transactional ids, %d decided transactions "
                  "to finish", loaded, len(self._core.durable), len(unfinished))
         self._start_threads()
@@ -340,7 +327,7 @@ class TransactionCoordinator:
             unfinished = [m for m in self._core.unfinished_markers()
                           if txn_log.partition_for(m.transactional_id, self._partitions) == partition]
         for marker in unfinished:
-            self._markers.put((marker, None))
+            self._markers.put(marker)
         log.info("transaction coordinator took %s-%d at epoch %d: %d records, %d decided transactions to finish",
                  STATE_TOPIC, partition, coordinator_epoch, len(records), len(unfinished))
 
@@ -385,10 +372,9 @@ class TransactionCoordinator:
 
     # ---- carrying out decisions ---------------------------------------------------------------
 
-    def _carry_out(self, decision: Decision, answered: threading.Event | None = None) -> Decision:
+    def _carry_out(self, decision: Decision) -> Decision:
         """Append the decision's record (if any) and apply it; a failed append becomes a
-        retriable error for the caller and leaves the durable state as it was. Markers it
-        calls for wait for `answered`, if given (see "Answer first")."""
+        retriable error for the caller and leaves the durable state as it was."""
         if decision.write is None:
             return decision
         md = decision.write
@@ -418,7 +404,7 @@ class TransactionCoordinator:
                 self.transactions_aborted += 1
             self._lock.notify_all()
         if markers is not None:
-            self._markers.put((markers, answered))
+            self._markers.put(markers)
         return decision
 
     def _marker_loop(self) -> None:
@@ -428,11 +414,9 @@ class TransactionCoordinator:
                 group = retry.popleft()[1]
             else:
                 try:
-                    group, answered = self._markers.get(timeout=0.05)
+                    group = self._markers.get(timeout=0.05)
                 except queue.Empty:
                     continue
-                if answered is not None:
-                    answered.wait(ANSWER_WAIT_MAX_S)
             try:
                 again = self._work_on(group)
             except Exception:
@@ -579,12 +563,10 @@ class TransactionCoordinator:
             return self._core.verify_partitions(transactional_id, producer_id, producer_epoch, partitions)
 
     def end_transaction(self, transactional_id: str, producer_id: int, producer_epoch: int,
-                        commit: bool, accepted_participants: list[int] = (),
-                        answered: threading.Event | None = None) -> Decision:
-        """EndTxn. `answered`: set once the answer is sent; the markers wait for it."""
+                        commit: bool, accepted_participants: list[int] = ()) -> Decision:
         return self._carry_out(self._decide(transactional_id, lambda: self._core.end_transaction(
             transactional_id, producer_id, producer_epoch, commit, self._now_ms(), self._new_producer_id,
-            accepted_participants=accepted_participants)), answered)
+            accepted_participants=accepted_participants)))
 
     def abort_hanging(self, tp: TopicPartition, producer_id: int, producer_epoch: int,
                       coordinator_epoch: int) -> tuple[int, str]:

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import threading
 
 from eos.acl import Operation, ResourceType
 from eos.errors import EosError, ErrorCode
@@ -224,14 +223,8 @@ class TxnCoordinatorServicer(txn_pb2_grpc.TxnCoordinatorServicer):
             if why is not None:
                 return txn_pb2.EndTxnResponse(error_code=ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
                                               error_message=why, producer_id=-1, producer_epoch=-1)
-        # The markers start once this answer is sent (the coordinator's "Answer first"):
-        # gRPC runs the callback when the RPC is over; an RPC already over sets it now.
-        answered = threading.Event()
-        if not context.add_callback(answered.set):
-            answered.set()
         d = self._coordinator.end_transaction(request.transactional_id, request.producer_id, request.producer_epoch,
-                                              request.committed, list(request.accepted_participants),
-                                              answered=answered)
+                                              request.committed, list(request.accepted_participants))
         return txn_pb2.EndTxnResponse(error_code=int(d.error), error_message=d.message,
                                       producer_id=d.producer_id if d.ok else -1,
                                       producer_epoch=d.producer_epoch if d.ok else -1)
