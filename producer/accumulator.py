@@ -223,13 +223,10 @@ class ProducerBatch:
         next call, have `on_delivery` (None: no callback). Called only when the callback
         changes (`run_callback` is the current one); under the accumulator lock, before the
         batch is sealed."""
-        runs = self._callback_runs
-        if runs is None:
+        if self._callback_runs is None:
             self._callback_runs = [index, on_delivery]
-        elif runs[-2] == index:        # the run just opened has no record yet: replace it
-            runs[-1] = on_delivery
         else:
-            runs += (index, on_delivery)
+            self._callback_runs += (index, on_delivery)
         self.run_callback = on_delivery
 
     def _run_record_callbacks(self, runs: list, record_count: int, exception) -> None:
