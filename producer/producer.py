@@ -50,11 +50,9 @@ from eos import net
 from eos.client_metrics import ProducerMetrics
 from eos.errors import EosError, ErrorCode, MessageTooLargeError, Reaction
 from eos.v1 import common_pb2, group_pb2, txn_pb2
-from producer.accumulator import (
+from producer.accumulator import BufferExhaustedError, ProducerClosedError, RecordAccumulator
+from producer.batch import (
     RECORD_OVERHEAD_ESTIMATE_BYTES,
-    BufferExhaustedError,
-    ProducerClosedError,
-    RecordAccumulator,
     RecordFuture,
     RecordMetadata,
     SendBatchResult,

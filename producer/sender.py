@@ -87,13 +87,8 @@ from eos.errors import (
 )
 from eos.records.codec import BatchBuilder
 from eos.v1 import broker_pb2, common_pb2, txn_pb2
-from producer.accumulator import (
-    NO_OFFSET,
-    NO_TIMESTAMP,
-    ProducerBatch,
-    ProducerClosedError,
-    RecordAccumulator,
-)
+from producer.accumulator import ProducerClosedError, RecordAccumulator
+from producer.batch import NO_OFFSET, NO_TIMESTAMP, ProducerBatch
 from eos.calls import CallThreads
 from producer.coordinator import concurrent_transactions_delay_ms
 from producer.idempotence import Decision, IdempotenceState

@@ -6,14 +6,8 @@ from concurrent.futures import Future
 
 import pytest
 
-from producer.accumulator import (
-    BATCH_HEADER_BYTES,
-    BufferExhaustedError,
-    ProducerClosedError,
-    RecordAccumulator,
-    _BulkCompletion,
-    record_size_estimate,
-)
+from producer.accumulator import BufferExhaustedError, ProducerClosedError, RecordAccumulator
+from producer.batch import BATCH_HEADER_BYTES, _BulkCompletion, record_size_estimate
 from producer.partitioner import StickyPartitions
 
 

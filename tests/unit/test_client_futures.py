@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from eos.errors import NetworkError
-from producer.accumulator import ProducerBatch, RecordFuture, RecordMetadata
+from producer.batch import ProducerBatch, RecordFuture, RecordMetadata
 
 
 def batch_with(count: int, timestamps=None) -> ProducerBatch:
