@@ -22,10 +22,13 @@ thread per call (see eos/calls.py).
 Seeks and resets bump the partition's `fetch_epoch`; data that was fetched under an older
 epoch is dropped when it arrives, so a seek is never followed by records from before it.
 
-Decoding is lazy, one batch at a time, only as far as `max_records` asks. Records before
-the position (the first batch of a response may start earlier) are skipped, control
-batches are never shown, and the position moves to the end of each batch consumed -- also
-past batches that hold nothing to show.
+Decoding is lazy, and within a batch too: a batch is decoded a part at a time, only as far
+as `max_records` asks, the next part resuming where the last stopped
+(`codec.decode_records_part`). Records before the position (the first batch of a response
+may start earlier, or a seek landed inside a batch) are walked over, never built. So a
+reader that takes a few hundred records out of a batch of thousands pays for those few
+hundred. Control batches are never shown, and the position moves to the end of each batch
+consumed -- also past batches that hold nothing to show.
 
 read_committed (Kafka's algorithm, KIP-98): the broker stops at the last stable offset and
 lists the aborted transactions of the range as (producer id, first offset). Walking the
@@ -64,7 +67,7 @@ from eos.errors import (
     error_for,
     reaction_for,
 )
-from eos.records.codec import decode_control_record, decode_records
+from eos.records.codec import PartialDecode, decode_control_record, decode_records_part
 from eos.records.header import parse_header, verify_crc
 from eos.types import Record, TopicPartition
 from eos.v1 import broker_pb2
@@ -126,17 +129,16 @@ class PartitionState:
 class _Received:
     """One partition's part of one Fetch response, consumed batch by batch."""
 
-    __slots__ = ("tp", "epoch", "buf", "position_in_buf", "records", "record_index",
-                 "batch_next_offset", "aborted_heap", "aborted_producers", "exhausted")
+    __slots__ = ("tp", "epoch", "buf", "position_in_buf", "batch", "batch_resume", "aborted_heap",
+                 "aborted_producers", "exhausted")
 
     def __init__(self, tp: TopicPartition, epoch: int, buf: bytes, aborted: list | None):
         self.tp = tp
         self.epoch = epoch
         self.buf = buf
-        self.position_in_buf = 0
-        self.records: list | None = None
-        self.record_index = 0
-        self.batch_next_offset = -1
+        self.position_in_buf = 0             # the next batch's header
+        self.batch = None                    # the header of a batch partly handed out
+        self.batch_resume: PartialDecode | None = None
         self.aborted_heap = aborted           # [(first_offset, producer_id)] heap, read_committed
         self.aborted_producers: set[int] = set()
         self.exhausted = not buf
@@ -525,46 +527,48 @@ class Fetcher:
         return out
 
     def _take(self, received: _Received, state: PartitionState, limit: int, out: list) -> None:
+        """Up to `limit` records of `received` from the partition's position on. A batch is
+        decoded only as far as it is handed out (a part at a time, resumed where the last
+        part stopped), and from the position on: a consumer that sought into a big batch,
+        or stops reading before its end, does not pay for the records it never takes."""
         buf = received.buf
         topic, partition = received.tp
         while limit > 0:
-            records = received.records
-            if records is not None:
-                index = received.record_index
-                if index < len(records):
-                    chunk = records[index:index + limit] if index or len(records) > limit else records
-                    out.extend(chunk)
-                    received.record_index = index + len(chunk)
-                    limit -= len(chunk)
-                    state.position = chunk[-1].offset + 1
-                    if received.record_index < len(records):
-                        return
-                state.position = max(state.position, received.batch_next_offset)
-                received.records = None
-            if received.position_in_buf >= len(buf):
-                received.exhausted = True
-                return
-            header = parse_header(buf, received.position_in_buf)
-            received.position_in_buf += header.size_bytes
-            next_offset = header.base_offset + header.last_offset_delta + 1
-            if next_offset <= state.position:
-                continue
-            if received.aborted_heap is not None and header.producer_id >= 0:
-                if self._skip_for_read_committed(received, header):
+            header = received.batch
+            if header is None:
+                if received.position_in_buf >= len(buf):
+                    received.exhausted = True
+                    return
+                header = parse_header(buf, received.position_in_buf)
+                received.position_in_buf += header.size_bytes
+                next_offset = header.base_offset + header.last_offset_delta + 1
+                if next_offset <= state.position:
+                    continue
+                if received.aborted_heap is not None and header.producer_id >= 0:
+                    if self._skip_for_read_committed(received, header):
+                        state.position = next_offset
+                        continue
+                if header.is_control:
                     state.position = next_offset
                     continue
-            if header.is_control:
-                state.position = next_offset
-                continue
-            if self._check_crcs:
-                verify_crc(buf, header)
-            records = decode_records(buf, header, topic, partition)
-            if records and records[0].offset < state.position:
-                position = state.position
-                records = [r for r in records if r.offset >= position]
-            received.records = records
-            received.record_index = 0
-            received.batch_next_offset = next_offset
+                if self._check_crcs:
+                    verify_crc(buf, header)
+                received.batch = header
+                received.batch_resume = None
+            records, resume = decode_records_part(buf, header, topic, partition, first_offset=state.position,
+                                                  max_records=limit, resume=received.batch_resume)
+            if records:
+                out.extend(records)
+                limit -= len(records)
+                state.position = records[-1].offset + 1
+            received.batch_resume = resume
+            if resume is None:
+                # The batch is done; offsets compaction removed from its end are passed too.
+                state.position = max(state.position, header.base_offset + header.last_offset_delta + 1)
+                received.batch = None
+                if received.position_in_buf >= len(buf):
+                    received.exhausted = True
+                    return
 
     @staticmethod
     def _skip_for_read_committed(received: _Received, header) -> bool:

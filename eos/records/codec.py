@@ -60,6 +60,7 @@ from __future__ import annotations
 import struct
 import time
 from itertools import groupby
+from typing import NamedTuple
 from operator import add as _add
 
 from crc32c import crc32c
@@ -79,7 +80,7 @@ from eos.types import Record
 
 __all__ = [
     "BatchBuilder", "encode_batch", "encode_control_batch", "decode_control_record", "decode_records",
-    "iter_decoded", "encode_varint", "encode_varlong", "decode_varint", "decode_varlong",
+    "decode_records_part", "PartialDecode", "iter_decoded", "encode_varint", "encode_varlong", "decode_varint", "decode_varlong",
     "encode_unsigned_varint", "decode_unsigned_varint", "size_of_varint", "size_of_varlong",
     "CREATE_TIME", "LOG_APPEND_TIME", "CONTROL_TYPE_ABORT", "CONTROL_TYPE_COMMIT",
 ]
@@ -713,6 +714,86 @@ def decode_records(buf, header: BatchHeader, topic: str, partition: int) -> list
     recordsCount well-formed records.
     """
     data, position, end = _records_section(buf, header)
+    records, position = _decode_section(data, position, end, header, topic, partition, 0, header.records_count)
+    if position != end:
+        _raise_trailing_bytes(header, end - position)
+    return records
+
+
+class PartialDecode(NamedTuple):
+    """Where a batch decoded in parts stands: its records section (decompressed, for a
+    compressed batch, once) and the byte position and index of its next record."""
+
+    data: bytes
+    position: int
+    end: int
+    index: int
+
+
+def decode_records_part(buf, header: BatchHeader, topic: str, partition: int, *, first_offset: int,
+                        max_records: int, resume: PartialDecode | None = None
+                        ) -> tuple[list[Record], PartialDecode | None]:
+    """At most `max_records` records of the batch, from the first whose offset is at least
+    `first_offset`, and where the next part starts (None: the batch is done). Pass the
+    PartialDecode back as `resume` for the next part.
+
+    For a reader that wants part of a batch -- a consumer that sought into it, or that
+    stops before its end -- records before `first_offset` are walked over, not built, and
+    records after the part are not touched until asked for. The records are those
+    decode_records gives, with the same checks; the section's trailing bytes are checked
+    when the last part is decoded.
+    """
+    if resume is None:
+        data, position, end = _records_section(buf, header)
+        index = 0
+    else:
+        data, position, end, index = resume
+    count = header.records_count
+    if first_offset > header.base_offset + index:
+        position, index = _skip_records(data, position, end, header, index, first_offset)
+    stop = min(count, index + max(1, max_records))
+    records, position = _decode_section(data, position, end, header, topic, partition, index, stop)
+    if stop < count:
+        return records, PartialDecode(data, position, end, stop)
+    if position != end:
+        _raise_trailing_bytes(header, end - position)
+    return records, None
+
+
+def _raise_trailing_bytes(header: BatchHeader, extra: int):
+    raise CorruptRecordError(
+        f"batch at byte {header.position}: {extra} bytes follow the {header.records_count} records "
+        f"recordsCount declares")
+
+
+def _skip_records(data, position: int, end: int, header: BatchHeader, index: int,
+                  first_offset: int) -> tuple[int, int]:
+    """(position, index) of the first record from `index` on whose offset is at least
+    `first_offset` (or of the section's end): each record before it is only measured."""
+    count = header.records_count
+    base_offset = header.base_offset
+    try:
+        while index < count:
+            length, body = decode_varint(data, position)
+            record_end = body + length
+            if length <= 0 or record_end > end:
+                _raise_bad_length(header, count, index, position, end, length, body)
+            # attributes (i8), timestampDelta (varlong), then offsetDelta (varint)
+            _, at = decode_varlong(data, body + 1)
+            offset_delta, _ = decode_varint(data, at)
+            if base_offset + offset_delta >= first_offset:
+                break
+            position = record_end
+            index += 1
+    except IndexError:
+        raise CorruptRecordError(f"batch at byte {header.position}: record {index} is truncated") from None
+    return position, index
+
+
+def _decode_section(data, position: int, end: int, header: BatchHeader, topic: str, partition: int,
+                    first_index: int, stop_index: int) -> tuple[list[Record], int]:
+    """The records of index first_index .. stop_index - 1, the first at byte `position` of
+    the records section `data[..end]`; and the byte position after them."""
     count = header.records_count
     attributes = header.attributes
     if attributes & TIMESTAMP_TYPE_MASK:
@@ -723,18 +804,18 @@ def decode_records(buf, header: BatchHeader, topic: str, partition: int) -> list
     base_offset = header.base_offset
 
     records: list[Record] = []
-    if count >= RUN_RECORDS_MIN and data.__class__ is bytes:
+    if stop_index - first_index >= RUN_RECORDS_MIN and data.__class__ is bytes:
         # uniform runs (null keys, same-length values, no headers) in bulk; the loop below
         # takes whatever they leave (see eos/records/decode.py)
-        position = decode_runs(data, position, end, count, topic, partition, base_offset, base_timestamp,
-                               delta_scale, timestamp_type, records)
+        position = decode_runs(data, position, end, first_index, stop_index, topic, partition, base_offset,
+                               base_timestamp, delta_scale, timestamp_type, records)
     append = records.append
     new_record = tuple.__new__
     record_class = Record
     zigzag1 = ZIGZAG_DECODE_1
     record_start = position
     try:
-        for _ in range(count - len(records)):
+        for _ in range(stop_index - first_index - len(records)):
             record_start = position
             # length (varint): 1 or 2 bytes inline
             byte = data[position]
@@ -751,7 +832,7 @@ def decode_records(buf, header: BatchHeader, topic: str, partition: int) -> list
                     length, position = decode_varint(data, position)
             record_end = position + length
             if length <= 0 or record_end > end:
-                _raise_bad_length(header, count, len(records), record_start, end, length, position)
+                _raise_bad_length(header, count, first_index + len(records), record_start, end, length, position)
             # attributes (i8, unused) and timestampDelta (varlong)
             byte = data[position + 1]
             if byte < 0x80:
@@ -797,7 +878,8 @@ def decode_records(buf, header: BatchHeader, topic: str, partition: int) -> list
                         key_length, position = decode_varint(data, position)
                 if key_length < 0:
                     raise CorruptRecordError(
-                        f"batch at byte {header.position}: record {len(records)} has key length {key_length}")
+                        f"batch at byte {header.position}: record {first_index + len(records)} has key length "
+                        f"{key_length}")
                 key = data[position:position + key_length]
                 position += key_length
             # value
@@ -819,7 +901,7 @@ def decode_records(buf, header: BatchHeader, topic: str, partition: int) -> list
                         value_length, position = decode_varint(data, position)
                 if value_length < 0:
                     raise CorruptRecordError(
-                        f"batch at byte {header.position}: record {len(records)} has value length "
+                        f"batch at byte {header.position}: record {first_index + len(records)} has value length "
                         f"{value_length}")
                 value = data[position:position + value_length]
                 position += value_length
@@ -828,10 +910,10 @@ def decode_records(buf, header: BatchHeader, topic: str, partition: int) -> list
                 headers = []
                 position += 1
             else:
-                headers, position = _decode_headers(data, position, record_end, header, len(records))
+                headers, position = _decode_headers(data, position, record_end, header, first_index + len(records))
             if position != record_end:
                 raise CorruptRecordError(
-                    f"batch at byte {header.position}: record {len(records)} declares {length} bytes "
+                    f"batch at byte {header.position}: record {first_index + len(records)} declares {length} bytes "
                     f"but its fields take {length + position - record_end}")
             append(new_record(record_class, (
                 topic, partition, base_offset + offset_delta, key, value,
@@ -840,14 +922,10 @@ def decode_records(buf, header: BatchHeader, topic: str, partition: int) -> list
         if record_start >= end:
             raise CorruptRecordError(
                 f"batch at byte {header.position}: recordsCount is {count} but the records section "
-                f"holds only {len(records)}") from None
+                f"holds only {first_index + len(records)}") from None
         raise CorruptRecordError(
-            f"batch at byte {header.position}: record {len(records)} is truncated") from None
-    if position != end:
-        raise CorruptRecordError(
-            f"batch at byte {header.position}: {end - position} bytes follow the {count} records "
-            f"recordsCount declares")
-    return records
+            f"batch at byte {header.position}: record {first_index + len(records)} is truncated") from None
+    return records, position
 
 
 def _raise_bad_length(header, count, index, record_start, end, length, position):

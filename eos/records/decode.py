@@ -189,14 +189,14 @@ def _search_prefix(pattern: re.Pattern, column: bytes) -> int:
     return len(column) if found is None else found.start()
 
 
-def decode_runs(data: bytes, position: int, end: int, count: int, topic: str, partition: int,
+def decode_runs(data: bytes, position: int, end: int, index: int, count: int, topic: str, partition: int,
                 base_offset: int, base_timestamp: int, delta_scale: int, timestamp_type: int,
                 records: list) -> int:
-    """Append to `records` the uniform runs from record `len(records)` on (see the module
-    doc); return the position of the first record not decoded (the general loop's)."""
+    """Append to `records` the uniform runs from record `index` (at byte `position`) up to
+    record `count` at most (see the module doc); return the position of the first record
+    not decoded (the general loop's)."""
     new_record = tuple.__new__
     zigzag1 = ZIGZAG_DECODE_1
-    index = len(records)
     while count - index >= RUN_RECORDS_MIN:
         frame = _frame(data, position, end)
         if frame is None:

@@ -13,8 +13,8 @@ from eos.errors import CorruptRecordError, InvalidRecordError
 from eos.records import codec as codec_module
 from eos.records import compression
 from eos.records.codec import (
-    CREATE_TIME, LOG_APPEND_TIME, BatchBuilder, decode_control_record, decode_records, encode_batch,
-    encode_control_batch, iter_decoded)
+    CREATE_TIME, LOG_APPEND_TIME, BatchBuilder, decode_control_record, decode_records, decode_records_part,
+    encode_batch, encode_control_batch, iter_decoded)
 from eos.records.decode import RUN_RECORDS_MIN, decode_runs
 from eos.records.header import parse_header, verify_crc
 from eos.records.varint import (
@@ -650,7 +650,7 @@ def test_uniform_runs_decode_as_the_general_loop_does(count, value_bytes, spread
     # and the bulk decoder took all but a short tail (runs break where a varint widens)
     header = parse_header(raw)
     taken: list[Record] = []
-    decode_runs(raw, 61, len(raw), count, "t", 3, header.base_offset, header.base_timestamp, 1, CREATE_TIME,
+    decode_runs(raw, 61, len(raw), 0, count, "t", 3, header.base_offset, header.base_timestamp, 1, CREATE_TIME,
                 taken)
     if spread_ms < 8192:
         # the runs break where a varint widens and leave at most one short one at the end
@@ -749,3 +749,67 @@ def test_the_gc_pause_is_shared_by_nested_builders_and_survives_an_unmatched_exi
         assert not gc.isenabled()
     finally:
         (gc.enable if was_enabled else gc.disable)()
+
+
+# --- a batch decoded in parts (decode_records_part: a consumer that sought into a batch) --
+
+def _in_parts(raw: bytes, first_offset: int, max_records: int) -> tuple[list[Record], int]:
+    """Every part from `first_offset` on, resumed until the batch is done; and the calls."""
+    header = parse_header(raw)
+    records: list[Record] = []
+    resume, calls = None, 0
+    while True:
+        part, resume = decode_records_part(raw, header, "t", 3, first_offset=first_offset,
+                                           max_records=max_records, resume=resume)
+        records += part
+        calls += 1
+        if resume is None:
+            return records, calls
+
+
+@pytest.mark.parametrize("codec", CODECS)
+@pytest.mark.parametrize("keyed", [False, True], ids=["null-keys", "keyed"])
+def test_a_batch_decoded_in_parts_gives_the_records_from_the_first_offset_on(codec, keyed):
+    count = 300
+    values = [b"value-%05d" % i for i in range(count)]          # one length: the bulk runs too
+    keys = [b"k%d" % (i % 7) for i in range(count)] if keyed else None
+    raw = encode_batch(values, keys, T0, compression=codec, base_offset=1_000)
+    whole = decode_records(raw, parse_header(raw), "t", 3)
+    for first_offset in (0, 1_000, 1_001, 1_150, 1_299, 1_300, 5_000):
+        for max_records in (1, 7, 100, 10_000):
+            records, calls = _in_parts(raw, first_offset, max_records)
+            assert records == [r for r in whole if r.offset >= first_offset], (first_offset, max_records)
+            assert calls == max(1, -(-len(records) // max_records))
+
+
+def _hand_record(offset_delta: int, value: bytes) -> bytes:
+    body = b"\x00" + encode_varlong(0) + encode_varint(offset_delta) + encode_varint(-1) \
+        + encode_varint(len(value)) + value + encode_varint(0)
+    return encode_varint(len(body)) + body
+
+
+def test_parts_of_a_compacted_batch_start_at_the_first_offset_left_at_or_after_the_one_asked():
+    deltas = [0, 2, 5, 9]                                    # compaction's gaps
+    section = b"".join(_hand_record(delta, b"v%d" % delta) for delta in deltas)
+    raw = _rewrap(_plain_batch(4), section, base_offset=100, last_offset_delta=9)
+    for first_offset, expected in ((100, [100, 102, 105, 109]), (101, [102, 105, 109]), (103, [105, 109]),
+                                   (109, [109]), (110, [])):
+        for max_records in (1, 2, 4):
+            records, _ = _in_parts(raw, first_offset, max_records)
+            assert [r.offset for r in records] == expected
+            assert [r.value for r in records] == [b"v%d" % (offset - 100) for offset in expected]
+
+
+def test_a_part_finds_what_decode_records_finds_wrong():
+    raw = _plain_batch()
+    truncated = _rewrap(raw, raw[61:-1])
+    for first_offset in (0, T0):                             # built, or walked over
+        with pytest.raises(CorruptRecordError, match="record 2 declares 14 bytes, 13 remain"):
+            _in_parts(truncated, first_offset, 1)
+    with pytest.raises(CorruptRecordError, match="2 bytes follow the 3 records"):
+        _in_parts(_rewrap(raw, raw[61:] + b"\x00\x00"), 0, 2)
+    # the earlier parts came out before the damage was reached: the last part raises
+    header = parse_header(_rewrap(raw, raw[61:] + b"\x00\x00"))
+    first, resume = decode_records_part(_rewrap(raw, raw[61:] + b"\x00\x00"), header, "t", 3, first_offset=0,
+                                        max_records=2)
+    assert [r.value for r in first] == [b"value-0", b"value-1"] and resume is not None
