@@ -13,11 +13,15 @@ code, and each does one job:
   passes the upper bound, so an open transaction in the input holds the boundary back.
 - The *executors* read. Each `EosInputPartition` is one or more offset ranges [start, end)
   (one per topic partition by default; `spark_sink.offsets.plan_tasks`); its task opens
-  its own `eos.Consumer` (no group) and, range by range, assigns the partition, seeks to
-  start and polls until the consumer's position reaches end. Under
-  read_committed, markers and aborted records take offsets but are never returned, so
-  the task stops on the position, never on a count. Records go to Spark as Arrow record
-  batches, built column by column. No record ever passes through the driver.
+  its own `eos.Consumer` (no group), assigns all the partitions of its ranges at once,
+  seeks each to its start and polls until each one's position reaches its end (ranges of
+  one partition in turn). Under read_committed, markers and aborted records take
+  offsets but are never returned, so the task stops on the position, never on a count.
+  A poll asks for no more records than the longest range still needs, and the consumer
+  decodes a batch only as far as it hands it out: a range that ends inside a batch of
+  thousands does not decode the rest. Records go to Spark as Arrow record batches, built
+  column by column, one partition's records each. No record ever passes through the
+  driver.
 - Spark's streaming engine keeps the offsets: the JSON {topic: {partition: offset}} that
   `latestOffset` returns is written to the query's offset log, and a restarted query
   replays a batch from exactly the same range. `commit` keeps nothing: the exactly-once
@@ -56,7 +60,10 @@ matters.
 """
 from __future__ import annotations
 
+import collections
+import itertools
 import logging
+import operator
 import time
 from typing import Iterator
 
@@ -124,9 +131,9 @@ RECORDS_PER_POLL_MAX = 8192
 # that ends in markers is finished by the consumer's position without any record).
 POLL_SLICE_MS = 100
 # A task reads offsets below the upper bound the planner saw, so the broker always has them:
-# a long poll never helps it. It would only hold the prefetch of a finished range's
-# partition at the broker (fetch.max.wait.ms, 500 ms) while the next range of the task
-# waits behind it (one Fetch in flight per broker).
+# a long poll never helps it. It would only hold the prefetch of a partition that just
+# finished at the broker (fetch.max.wait.ms, 500 ms) while the partitions still being read
+# wait behind it (one Fetch in flight per broker).
 FETCH_MAX_WAIT_MS = 10
 
 
@@ -336,62 +343,124 @@ class EosStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 # ---- the executor side --------------------------------------------------------------------
 
 def read_ranges(options: SourceOptions, offset_ranges) -> Iterator:
-    """The records of each [start, end) in turn, as Arrow record batches, through one
-    consumer."""
+    """The records of every [start, end) of a task, as Arrow record batches, through one
+    consumer.
+
+    The task's partitions are read together: all assigned at once, so one Fetch brings
+    data for each of them and no range waits for the one before it (read in turn, each
+    range paid its own round trips, and the prefetch of a finished partition held the next
+    one's first Fetch up). A partition that reaches its end leaves the assignment. Ranges
+    of one partition are read in offset order, adjacent ones as one. Batches of different
+    partitions interleave; within a partition, records keep their order."""
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
 
     from consumer import Consumer
 
-    offset_ranges = [r for r in offset_ranges if r.start_offset < r.end_offset_exclusive]
-    if not offset_ranges:
+    queues = _ranges_by_partition(offset_ranges)
+    if not queues:
         return
     arrow_schema = to_arrow_schema(SCHEMA, timezone="UTC")
     consumer = Consumer(options.bootstrap, isolation_level=options.isolation,
                         auto_offset_reset="none", fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
-                        max_partition_fetch_bytes=4 * 1024 * 1024, config=dict(options.client_config))
+                        config=dict(options.client_config))
     try:
-        for offset_range in offset_ranges:
-            yield from _read_range(consumer, options, offset_range, arrow_schema, pa)
+        yield from _read_together(consumer, options, queues, arrow_schema, pa)
     finally:
         consumer.close()
 
 
-def _read_range(consumer, options: SourceOptions, offset_range: OffsetRange, arrow_schema, pa) -> Iterator:
-    """The records of [start, end) of one partition, as Arrow record batches."""
-    tp = offset_range.tp
-    start, end = offset_range.start_offset, offset_range.end_offset_exclusive
+def _ranges_by_partition(offset_ranges) -> dict[TopicPartition, collections.deque]:
+    """The non-empty ranges as {partition: deque of [start, end) in offset order}, a range
+    that starts where the one before it ends merged into it."""
+    queues: dict[TopicPartition, collections.deque] = {}
+    for offset_range in sorted((r for r in offset_ranges if r.start_offset < r.end_offset_exclusive),
+                               key=lambda r: (r.topic, r.partition, r.start_offset)):
+        queue = queues.setdefault(offset_range.tp, collections.deque())
+        if queue and queue[-1][1] == offset_range.start_offset:
+            queue[-1] = (queue[-1][0], offset_range.end_offset_exclusive)
+        else:
+            queue.append((offset_range.start_offset, offset_range.end_offset_exclusive))
+    return queues
+
+
+class _RangeRead:
+    """Where one partition's current range stands (the reader's own bookkeeping)."""
+
+    __slots__ = ("start", "end", "position", "last_progress")
+
+    def __init__(self, start: int, end: int, position: int, now: float):
+        self.start = start
+        self.end = end
+        self.position = position
+        self.last_progress = now
+
+
+def _read_together(consumer, options: SourceOptions, queues: dict, arrow_schema, pa) -> Iterator:
     headers_type = arrow_schema.field("headers").type
-    consumer.assign([tp])
-    position = _start_position(consumer, options, tp, start)
-    consumer.seek(tp, position)
-    last_progress = time.monotonic()
-    while position < end:
+    earliest = consumer.beginning_offsets(list(queues))
+    consumer.assign(list(queues))
+    reading: dict[TopicPartition, _RangeRead] = {}
+
+    def start_next_range(tp: TopicPartition) -> None:
+        start, end = queues[tp].popleft()
+        position = _start_position(options, tp, start, earliest[tp])
+        consumer.seek(tp, position)
+        reading[tp] = _RangeRead(start, end, position, time.monotonic())
+
+    for tp in queues:
+        start_next_range(tp)
+    while reading:
+        # No more records per poll than the longest range still needs: the consumer decodes
+        # a batch only as far as it hands it out, so what lies past a range's end in a big
+        # batch is then mostly never decoded.
+        wanted = max(range_read.end - range_read.position for range_read in reading.values())
         try:
-            records = consumer.poll(timeout_ms=POLL_SLICE_MS,
-                                    max_records=min(end - position, RECORDS_PER_POLL_MAX))
+            records = consumer.poll(timeout_ms=POLL_SLICE_MS, max_records=min(wanted, RECORDS_PER_POLL_MAX))
         except OffsetOutOfRangeError as exc:
-            # Retention deleted the rest of our range while we read it.
-            position = _after_loss(consumer, options, tp, position, end, exc)
-            consumer.seek(tp, position)
+            # Retention deleted the rest of a range while we read it.
+            _skip_lost(consumer, options, reading, consumer.beginning_offsets(list(reading)), exc)
             continue
-        if records and records[-1].offset >= end:
-            records = [r for r in records if r.offset < end]
-        new_position = consumer.position(tp)
-        if records:
-            yield _arrow_batch(records, tp, arrow_schema, headers_type, pa)
-        if new_position > position:
-            position = new_position
-            last_progress = time.monotonic()
-        elif (time.monotonic() - last_progress) * 1000 > options.poll_timeout_ms:
-            raise EosError(
-                f"eos source: reading {tp.topic}-{tp.partition} offsets [{start}, {end}) made no "
-                f"progress for {options.poll_timeout_ms} ms at offset {position} "
-                f"({options.isolation}; option pollTimeoutMs)")
+        # A poll's records come in runs of one partition each.
+        for tp_key, run in itertools.groupby(records, key=_PARTITION_OF):
+            tp = TopicPartition(*tp_key)
+            range_read = reading.get(tp)
+            if range_read is None:
+                continue
+            run = list(run)
+            if run[-1].offset >= range_read.end:
+                run = [r for r in run if r.offset < range_read.end]
+            if run:
+                yield _arrow_batch(run, tp, arrow_schema, headers_type, pa)
+        now = time.monotonic()
+        finished = []
+        for tp, range_read in reading.items():
+            # Under read_committed, markers and aborted records move the position without
+            # a record: the position, never a count, says where a range stands.
+            new_position = consumer.position(tp)
+            if new_position > range_read.position:
+                range_read.position = new_position
+                range_read.last_progress = now
+            if range_read.position >= range_read.end:
+                finished.append(tp)
+            elif (now - range_read.last_progress) * 1000 > options.poll_timeout_ms:
+                raise EosError(
+                    f"eos source: reading {tp.topic}-{tp.partition} offsets [{range_read.start}, "
+                    f"{range_read.end}) made no progress for {options.poll_timeout_ms} ms at offset "
+                    f"{range_read.position} ({options.isolation}; option pollTimeoutMs)")
+        if finished:
+            for tp in finished:
+                del reading[tp]
+                if queues[tp]:
+                    start_next_range(tp)
+            if set(reading) != consumer.assignment():
+                consumer.assign(list(reading))
 
 
-def _start_position(consumer, options: SourceOptions, tp: TopicPartition, start: int) -> int:
-    earliest = consumer.beginning_offsets([tp])[tp]
+_PARTITION_OF = operator.itemgetter(0, 1)      # a Record's (topic, partition)
+
+
+def _start_position(options: SourceOptions, tp: TopicPartition, start: int, earliest: int) -> int:
     if start >= earliest:
         return start
     message = (f"eos source: {tp.topic}-{tp.partition} offsets {start}..{earliest - 1} were deleted "
@@ -402,16 +471,24 @@ def _start_position(consumer, options: SourceOptions, tp: TopicPartition, start:
     return earliest
 
 
-def _after_loss(consumer, options: SourceOptions, tp: TopicPartition, position: int, end: int,
-                error: Exception) -> int:
+def _skip_lost(consumer, options: SourceOptions, reading: dict, earliest: dict, error: Exception) -> None:
+    """After OffsetOutOfRange: the partitions whose position fell below the earliest offset
+    lost records; raise (failOnDataLoss) or move them to what is left."""
+    lost = [tp for tp, range_read in reading.items() if range_read.position < earliest[tp]]
+    if not lost:
+        raise error
     if options.fail_on_data_loss:
+        tp = lost[0]
         raise DataLossError(
-            f"eos source: {tp.topic}-{tp.partition} offset {position} is gone while the query read "
-            f"up to {end} ({error}). Set option failOnDataLoss=false to skip what is lost and carry on.")
-    earliest = consumer.beginning_offsets([tp])[tp]
-    log.warning("eos source: %s-%d offsets %d..%d deleted while reading; skipping them "
-                "(failOnDataLoss=false)", tp.topic, tp.partition, position, earliest - 1)
-    return max(position, earliest)
+            f"eos source: {tp.topic}-{tp.partition} offset {reading[tp].position} is gone while the query "
+            f"read up to {reading[tp].end} ({error}). Set option failOnDataLoss=false to skip what is lost "
+            f"and carry on.")
+    for tp in lost:
+        range_read = reading[tp]
+        log.warning("eos source: %s-%d offsets %d..%d deleted while reading; skipping them "
+                    "(failOnDataLoss=false)", tp.topic, tp.partition, range_read.position, earliest[tp] - 1)
+        range_read.position = earliest[tp]
+        consumer.seek(tp, range_read.position)
 
 
 def _arrow_batch(records: list, tp: TopicPartition, arrow_schema, headers_type, pa):

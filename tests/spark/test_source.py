@@ -307,6 +307,34 @@ def test_large_ranges_are_split_into_several_input_partitions(spark, eos_broker,
     assert rows_by_position(rows) == produced and len(rows) == 107
 
 
+def test_a_task_reads_its_ranges_together_in_order_from_inside_big_batches(eos_broker, admin):
+    """read_ranges, the executor side, straight: partitions read together, several ranges of
+    one partition (adjacent ones as one), ranges that start and end inside a batch of
+    thousands of records, each partition's records in offset order, nothing else."""
+    import eos
+    from spark_sink.source import read_ranges
+
+    admin.create_topic("together", partitions=2)
+    with eos.Producer(eos_broker.address, linger_ms=5) as producer:
+        for partition in (0, 1):
+            # one send_batch call: batches of thousands of records each
+            values = [b"p%d-%05d" % (partition, i) for i in range(5_000)]
+            producer.send_batch("together", values, partition=partition).result(60)
+    options = parse_options({"bootstrap": eos_broker.address, "subscribe": "together"}, streaming=True)
+    ranges = [OffsetRange("together", 0, 1_234, 1_900), OffsetRange("together", 1, 4_400, 4_401),
+              OffsetRange("together", 0, 2_500, 2_600), OffsetRange("together", 0, 1_900, 2_000),
+              OffsetRange("together", 1, 10, 4_321), OffsetRange("together", 1, 7, 7)]
+    by_partition: dict[int, list] = {0: [], 1: []}
+    for batch in read_ranges(options, ranges):
+        rows = batch.to_pydict()
+        assert batch.num_rows and len(set(rows["partition"])) == 1     # a batch is one partition's
+        by_partition[rows["partition"][0]] += list(zip(rows["offset"], rows["value"]))
+    expected_offsets = {0: [*range(1_234, 2_000), *range(2_500, 2_600)], 1: [*range(10, 4_321), 4_400]}
+    for partition, got in by_partition.items():
+        assert [offset for offset, _ in got] == expected_offsets[partition]
+        assert [value for _, value in got] == [b"p%d-%05d" % (partition, o) for o in expected_offsets[partition]]
+
+
 def test_stream_max_records_per_trigger_gives_several_micro_batches(spark, eos_broker, admin, tmp_path):
     admin.create_topic("trig", partitions=3)
     produced = produce(eos_broker.address, "trig", {0: 50, 1: 30, 2: 20})
