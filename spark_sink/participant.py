@@ -15,9 +15,7 @@ sequences, so a retried send is recognised as a duplicate by the broker. There i
 implementation of all that, the producer's; this module adds only what a task needs:
 
 - The participant is made at the task's first record: a task with no rows makes none
-  (`WriteResult.producer_id` is -1) and costs the coordinator nothing. What needs no
-  coordinator -- the producer, its connection, the topic's metadata -- is made by
-  `prepare()` on a thread while the task waits for its first rows (`write_arrow_batches`).
+  (`WriteResult.producer_id` is -1) and costs the coordinator nothing.
 - `close()` flushes and returns a `WriteResult` only when every record is written (the
   producer's flush raises when one failed, and so does any bulk send that failed before
   it was sent). The task hands the result back to the driver, which accepts exactly the
@@ -35,7 +33,6 @@ producer id, no coordinator): the baseline the benchmark compares against.
 from __future__ import annotations
 
 import dataclasses
-import threading
 from concurrent.futures import Future
 from typing import Sequence
 
@@ -123,32 +120,17 @@ class ParticipantWriter:
         """The partitions of the records acknowledged so far."""
         return frozenset(self._partitions_written)
 
-    def prepare(self) -> None:
-        """Make the producer and load the topic's metadata, without asking the coordinator
-        for anything: a task calls it while its first rows are still on their way (see
-        `write_arrow_batches`), so that the connection is ready when they come. A writer
-        that then gets no record still makes no participant."""
-        if self._closed:
-            raise EosError("the participant writer is closed", ErrorCode.INVALID_REQUEST)
+    def _producer_for_writing(self) -> Producer:
         if self._producer is None:
             owner = self.owner
             if self.transactional:
-                self._producer = Producer(owner.bootstrap, config=self._settings,
-                                          participant_of=(owner.producer_id, owner.producer_epoch),
-                                          transactional_id=owner.transactional_id)
+                self._producer = Producer.participant(
+                    owner.transactional_id, owner.producer_id, owner.producer_epoch, owner.bootstrap,
+                    timeout=self.timeout_ms / 1000, config=self._settings)
             else:
                 self._producer = Producer(owner.bootstrap, config={**self._settings, "acks": "all",
                                                                    "enable.idempotence": False})
-        self._producer.partitions_for(self.topic)
-
-    def _producer_for_writing(self) -> Producer:
-        if self._producer is None:
-            self.prepare()
-        producer = self._producer
-        if self.transactional and producer.participant_id < 0:
-            # InitParticipant: only now that there is a record to write
-            producer.init_transactions(self.timeout_ms / 1000)
-        return producer
+        return self._producer
 
     def write(self, keys: Sequence[bytes | None], values: Sequence[bytes | None]) -> None:
         """Queue records (key and value as bytes or None); the producer sends them as its
@@ -215,69 +197,16 @@ def write_arrow_batches(owner: OwnerIdentity, topic: str, batches, *, key_column
     run by mapInArrow)."""
     writer = ParticipantWriter(owner, topic, transactional=transactional, timeout_ms=timeout_ms,
                                producer_config=producer_config)
-    # The task's rows come after the source's read (Spark hands the map its input in Arrow
-    # batches of up to spark.sql.execution.arrow.maxRecordsPerBatch rows): the producer and
-    # its metadata are made meanwhile, on a thread, instead of after the first rows arrive.
-    preparing = _Preparing(writer)
-    wrote = False
     try:
         for batch in batches:
             if batch.num_rows == 0:
                 continue
-            preparing.wait()
-            wrote = True
             keys = batch.column(key_column).to_pylist() if key_column in batch.schema.names else [None] * batch.num_rows
             writer.write(keys, batch.column(value_column).to_pylist())
-        if not wrote:
-            # A task without rows writes nothing and waits for nothing: its producer, made
-            # or still being made, is dropped; it never asked the coordinator for anything.
-            preparing.abandon()
-            return WriteResult(-1, 0, 0)
         return writer.close()
     except BaseException:
-        preparing.abandon()
+        writer.abandon()
         raise
-
-
-class _Preparing:
-    """`writer.prepare()` on a thread of its own. `wait()` joins it and raises what it
-    raised; `abandon()` (the task failed) abandons the writer now, or, while the thread
-    still runs, as soon as it is done -- a failing task never waits for a connection."""
-
-    def __init__(self, writer: ParticipantWriter):
-        self._writer = writer
-        self._lock = threading.Lock()
-        self._done = False
-        self._abandon_when_done = False
-        self._error: BaseException | None = None
-        self._thread: threading.Thread | None = threading.Thread(
-            target=self._run, name="eos-participant-prepare", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            self._writer.prepare()
-        except BaseException as exc:      # handed to the task's thread by wait()
-            self._error = exc
-        with self._lock:
-            self._done = True
-            abandon = self._abandon_when_done
-        if abandon:
-            self._writer.abandon()
-
-    def wait(self) -> None:
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-            if self._error is not None:
-                raise self._error
-
-    def abandon(self) -> None:
-        with self._lock:
-            if not self._done:
-                self._abandon_when_done = True
-                return
-        self._writer.abandon()
 
 
 __all__ = ["OwnerIdentity", "ParticipantWriter", "WriteResult", "write_arrow_batches"]

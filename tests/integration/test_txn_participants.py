@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from eos.errors import EosError, ErrorCode, UnknownTopicOrPartitionError
+from eos.errors import EosError, ErrorCode
 from eos.types import TopicPartition
 from eos.v1 import common_pb2, txn_pb2
 from spark_sink.owner import TransactionOwner
@@ -146,8 +146,7 @@ def test_plain_writer_writes_without_a_transaction(cluster):
 
 
 def test_a_task_body_writes_its_arrow_batches_as_one_participant_and_commits(cluster):
-    # write_arrow_batches made its producer on a thread while the batches were on their way;
-    # the participant itself (InitParticipant) came only with the first rows.
+    # what a Spark task runs (write_arrow_batches), without Spark: an empty batch, then rows
     import pyarrow as pa
 
     owner = TransactionOwner(cluster.address, TXN_ID)
@@ -165,50 +164,6 @@ def test_a_task_body_writes_its_arrow_batches_as_one_participant_and_commits(clu
     owner.commit([result.producer_id])
     assert values_of(read_committed(cluster.address, "out")) == [b"v%d" % i for i in range(6)]
     owner.close()
-
-
-def _prepare_threads() -> list:
-    import threading
-
-    return [t for t in threading.enumerate() if t.name == "eos-participant-prepare" and t.is_alive()]
-
-
-def test_a_task_without_rows_makes_no_participant_and_waits_for_no_connection():
-    # Nothing listens at the bootstrap: the producer's metadata would wait max.block.ms
-    # (5 s), but a task that gets no rows returns at once, without a participant.
-    from eos.local_cluster import free_port
-    from spark_sink.participant import OwnerIdentity
-
-    owner = OwnerIdentity(f"127.0.0.1:{free_port()}", TXN_ID, 7, 0)
-    result = write_arrow_batches(owner, "out", iter([]), timeout_ms=5_000)
-    assert (result.producer_id, result.records) == (-1, 0)
-    assert _prepare_threads(), "the task waited for the producer it did not need"
-
-
-def test_a_task_whose_input_fails_raises_that_failure_without_waiting_for_its_producer():
-    from eos.local_cluster import free_port
-    from spark_sink.participant import OwnerIdentity
-
-    def failing_input():
-        raise RuntimeError("the source failed")
-        yield
-
-    owner = OwnerIdentity(f"127.0.0.1:{free_port()}", TXN_ID, 7, 0)
-    with pytest.raises(RuntimeError, match="the source failed"):
-        write_arrow_batches(owner, "out", failing_input(), timeout_ms=5_000)
-    assert _prepare_threads(), "the failing task waited for the producer it did not need"
-
-
-def test_a_producer_that_cannot_be_made_fails_the_task_once_rows_come():
-    import pyarrow as pa
-
-    from eos.local_cluster import free_port
-    from spark_sink.participant import OwnerIdentity
-
-    owner = OwnerIdentity(f"127.0.0.1:{free_port()}", TXN_ID, 7, 0)
-    batch = pa.RecordBatch.from_pydict({"key": [b"k"], "value": [b"v"]})
-    with pytest.raises(UnknownTopicOrPartitionError, match="'out' not present in metadata after 300 ms"):
-        write_arrow_batches(owner, "out", iter([batch]), timeout_ms=300)
 
 
 def test_a_participant_that_registered_partitions_but_wrote_nothing_still_completes(cluster):
