@@ -60,8 +60,8 @@ from __future__ import annotations
 import struct
 import time
 from itertools import groupby
-from typing import NamedTuple
 from operator import add as _add
+from typing import NamedTuple
 
 from crc32c import crc32c
 
@@ -80,7 +80,8 @@ from eos.types import Record
 
 __all__ = [
     "BatchBuilder", "encode_batch", "encode_control_batch", "decode_control_record", "decode_records",
-    "decode_records_part", "PartialDecode", "iter_decoded", "encode_varint", "encode_varlong", "decode_varint", "decode_varlong",
+    "decode_records_part", "PartialDecode", "iter_decoded", "encode_varint", "encode_varlong", "decode_varint",
+    "decode_varlong",
     "encode_unsigned_varint", "decode_unsigned_varint", "size_of_varint", "size_of_varlong",
     "CREATE_TIME", "LOG_APPEND_TIME", "CONTROL_TYPE_ABORT", "CONTROL_TYPE_COMMIT",
 ]
