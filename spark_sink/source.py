@@ -11,6 +11,9 @@ code, and each does one job:
   which the broker answers with the last stable offset under read_committed -- and hands
   the numbers to the pure planning functions of `spark_sink.offsets`. A batch end never
   passes the upper bound, so an open transaction in the input holds the boundary back.
+  A subscribed topic it has seen exist, which a broker now calls unknown (one that has
+  just restarted answers so until the controller's metadata reaches it), is asked again
+  for up to TOPIC_REAPPEAR_WAIT_S; a topic never seen fails at once.
 - The *executors* read. Each `EosInputPartition` is one or more offset ranges [start, end)
   (one per topic partition by default; `spark_sink.offsets.plan_tasks`); its task opens
   its own `eos.Consumer` (no group), assigns all the partitions of its ranges at once,
@@ -135,6 +138,10 @@ POLL_SLICE_MS = 100
 # finished at the broker (fetch.max.wait.ms, 500 ms) while the partitions still being read
 # wait behind it (one Fetch in flight per broker).
 FETCH_MAX_WAIT_MS = 10
+# How long the planner asks again for a topic it has seen exist that a broker now calls
+# unknown (a broker just restarted, its metadata not yet in), and how often.
+TOPIC_REAPPEAR_WAIT_S = 30.0
+TOPIC_REAPPEAR_BACKOFF_S = 0.1
 
 
 class EosInputPartition(InputPartition):
@@ -190,6 +197,7 @@ class _BrokerOffsets:
     def __init__(self, options: SourceOptions):
         self.options = options
         self._admin = None
+        self._described: set[str] = set()        # topics this planner has seen exist
 
     def _client(self):
         if self._admin is None:
@@ -201,12 +209,21 @@ class _BrokerOffsets:
         admin = self._client()
         found: list[TopicPartition] = []
         for topic in self.options.topics:
-            try:
-                described = admin.describe_topic(topic)
-            except UnknownTopicOrPartitionError:
-                raise UnknownTopicOrPartitionError(
-                    f"eos source: topic {topic!r} (option subscribe) does not exist on "
-                    f"{self.options.bootstrap}") from None
+            # A topic seen before is asked again for a while: a broker that has just
+            # restarted answers "unknown topic" until the controller's metadata reaches it.
+            # A topic never seen fails at once.
+            deadline = time.monotonic() + (TOPIC_REAPPEAR_WAIT_S if topic in self._described else 0)
+            while True:
+                try:
+                    described = admin.describe_topic(topic)
+                    break
+                except UnknownTopicOrPartitionError:
+                    if time.monotonic() >= deadline:
+                        raise UnknownTopicOrPartitionError(
+                            f"eos source: topic {topic!r} (option subscribe) does not exist on "
+                            f"{self.options.bootstrap}") from None
+                    time.sleep(TOPIC_REAPPEAR_BACKOFF_S)
+            self._described.add(topic)
             found.extend(TopicPartition(topic, p["partition"]) for p in described["partitions"])
         return found
 
@@ -225,7 +242,7 @@ class _BrokerOffsets:
             admin.close()
 
     def __getstate__(self):
-        return {"options": self.options, "_admin": None}
+        return {"options": self.options, "_admin": None, "_described": set()}
 
 
 # ---- batch reads --------------------------------------------------------------------------

@@ -307,6 +307,37 @@ def test_large_ranges_are_split_into_several_input_partitions(spark, eos_broker,
     assert rows_by_position(rows) == produced and len(rows) == 107
 
 
+class _FlakyAdmin:
+    """describe_topic answers "unknown topic" `unknown_answers` times, then the topic: what a
+    broker that has just restarted answers before the controller's metadata reaches it."""
+
+    def __init__(self, unknown_answers: int):
+        self.unknown_answers = unknown_answers
+        self.calls = 0
+
+    def describe_topic(self, topic):
+        from eos.errors import UnknownTopicOrPartitionError
+
+        self.calls += 1
+        if self.calls <= self.unknown_answers:
+            raise UnknownTopicOrPartitionError(f"{topic} unknown")
+        return {"partitions": [{"partition": 0}, {"partition": 1}]}
+
+
+def test_the_planner_asks_again_for_a_topic_it_has_seen_but_fails_at_once_for_one_it_never_saw():
+    from eos.errors import UnknownTopicOrPartitionError
+    from spark_sink.source import _BrokerOffsets
+
+    planner = _BrokerOffsets(parse_options({**BASE, "subscribe": "a"}, streaming=True))
+    planner._admin = _FlakyAdmin(unknown_answers=1)
+    with pytest.raises(UnknownTopicOrPartitionError, match="topic 'a' .* does not exist"):
+        planner.partitions()
+    assert planner._admin.calls == 1
+    assert planner.partitions() == [A0, A1]               # seen now
+    planner._admin = _FlakyAdmin(unknown_answers=3)         # a broker restarted under it
+    assert planner.partitions() == [A0, A1] and planner._admin.calls == 4
+
+
 def test_a_task_reads_its_ranges_together_in_order_from_inside_big_batches(eos_broker, admin):
     """read_ranges, the executor side, straight: partitions read together, several ranges of
     one partition (adjacent ones as one), ranges that start and end inside a batch of
