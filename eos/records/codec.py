@@ -28,7 +28,9 @@ Reading (`decode_records`). Decoding works on the bytes in place (no copy when t
 holds `bytes` and the batch is uncompressed), and validates as it goes: every record's
 declared length must match what its fields consume, the section must hold exactly
 recordsCount records and nothing after them. Any mismatch, a truncated field or a varint
-longer than 5 (10) bytes is CorruptRecordError saying what is wrong and where.
+longer than 5 (10) bytes is CorruptRecordError saying what is wrong and where. The decoder
+itself -- whole batches, batches in parts (`decode_records_part`) and the bulk runs -- lives
+in eos/records/decode.py; this module re-exports it.
 
 Speed (pure Python 3.11; bench/micro_records.py, 100k records of 100-byte values, null
 keys, 500-record batches, uncompressed unless said; best of 5 on the shared 2-core dev
@@ -61,22 +63,19 @@ import struct
 import time
 from itertools import groupby
 from operator import add as _add
-from typing import NamedTuple
 
 from crc32c import crc32c
 
 from eos.errors import CorruptRecordError, InvalidRecordError
 from eos.records import compression as _compression
-from eos.records.decode import RUN_RECORDS_MIN, decode_runs
+from eos.records.decode import (  # decoding lives in decode.py; codec is its public face
+    CREATE_TIME, LOG_APPEND_TIME, PartialDecode, decode_records, decode_records_part)
 from eos.records.header import (
-    COMPRESSION_CODEC_MASK, CONTROL_FLAG, HEADER_SIZE, LOG_OVERHEAD, MAGIC_V2, NO_PRODUCER_EPOCH,
-    NO_PRODUCER_ID, NO_SEQUENCE, TIMESTAMP_TYPE_MASK, TRANSACTIONAL_FLAG, BatchHeader, iter_headers,
-    verify_crc)
+    CONTROL_FLAG, HEADER_SIZE, LOG_OVERHEAD, MAGIC_V2, NO_PRODUCER_EPOCH, NO_PRODUCER_ID, NO_SEQUENCE,
+    TRANSACTIONAL_FLAG, BatchHeader, iter_headers, verify_crc)
 from eos.records.varint import (
-    INT32_MAX, INT64_MAX, INT64_MIN, VARINT_OF, VARINT_TABLE_SIZE, ZIGZAG_DECODE_1, decode_unsigned_varint,
-    decode_varint, decode_varlong, encode_unsigned_varint, encode_varint, encode_varlong, size_of_varint,
-    size_of_varlong)
-from eos.types import Record
+    INT32_MAX, INT64_MAX, INT64_MIN, VARINT_OF, VARINT_TABLE_SIZE, decode_unsigned_varint, decode_varint,
+    decode_varlong, encode_unsigned_varint, encode_varint, encode_varlong, size_of_varint, size_of_varlong)
 
 __all__ = [
     "BatchBuilder", "encode_batch", "encode_control_batch", "decode_control_record", "decode_records",
@@ -86,8 +85,6 @@ __all__ = [
     "CREATE_TIME", "LOG_APPEND_TIME", "CONTROL_TYPE_ABORT", "CONTROL_TYPE_COMMIT",
 ]
 
-CREATE_TIME = 0
-LOG_APPEND_TIME = 1
 
 # control records (transaction markers)
 CONTROL_TYPE_ABORT = 0
@@ -678,299 +675,6 @@ def encode_control_batch(*, committed: bool, producer_id: int, producer_epoch: i
 
 
 # --- decoding -----------------------------------------------------------------------------
-
-def _records_section(buf, header: BatchHeader):
-    """(data, start, end): where this batch's records live, decompressed if needed.
-
-    Uncompressed batches in a `bytes` buffer are read in place; bytes indexing and slicing
-    are the fastest reads Python has, so other buffer types are copied to bytes once.
-    """
-    start = header.position + HEADER_SIZE
-    end = header.position + header.size_bytes
-    codec = header.attributes & COMPRESSION_CODEC_MASK
-    if codec:
-        if codec not in _compression.CODECS:
-            raise CorruptRecordError(
-                f"batch at byte {header.position}: unknown compression codec id {codec} in attributes")
-        data = _compression.decompress(codec, memoryview(buf)[start:end])
-        return data, 0, len(data)
-    if buf.__class__ is bytes:
-        if end > len(buf):
-            raise CorruptRecordError(
-                f"truncated batch at byte {header.position}: needs {header.size_bytes} bytes")
-        return buf, start, end
-    data = bytes(memoryview(buf)[start:end])
-    if len(data) != end - start:
-        raise CorruptRecordError(
-            f"truncated batch at byte {header.position}: needs {header.size_bytes} bytes")
-    return data, 0, len(data)
-
-
-def decode_records(buf, header: BatchHeader, topic: str, partition: int) -> list[Record]:
-    """Every record of the batch `header` describes (parsed from the same `buf`).
-
-    Offsets are base_offset + offsetDelta; timestamps baseTimestamp + delta, or the batch's
-    maxTimestamp for every record under LogAppendTime. Headers are lists of
-    (str, bytes | None). Raises CorruptRecordError unless the section holds exactly
-    recordsCount well-formed records.
-    """
-    data, position, end = _records_section(buf, header)
-    records, position = _decode_section(data, position, end, header, topic, partition, 0, header.records_count)
-    if position != end:
-        _raise_trailing_bytes(header, end - position)
-    return records
-
-
-class PartialDecode(NamedTuple):
-    """Where a batch decoded in parts stands: its records section (decompressed, for a
-    compressed batch, once) and the byte position and index of its next record."""
-
-    data: bytes
-    position: int
-    end: int
-    index: int
-
-
-def decode_records_part(buf, header: BatchHeader, topic: str, partition: int, *, first_offset: int,
-                        max_records: int, resume: PartialDecode | None = None
-                        ) -> tuple[list[Record], PartialDecode | None]:
-    """At most `max_records` records of the batch, from the first whose offset is at least
-    `first_offset`, and where the next part starts (None: the batch is done). Pass the
-    PartialDecode back as `resume` for the next part.
-
-    For a reader that wants part of a batch -- a consumer that sought into it, or that
-    stops before its end -- records before `first_offset` are walked over, not built, and
-    records after the part are not touched until asked for. The records are those
-    decode_records gives, with the same checks; the section's trailing bytes are checked
-    when the last part is decoded.
-    """
-    if resume is None:
-        data, position, end = _records_section(buf, header)
-        index = 0
-    else:
-        data, position, end, index = resume
-    count = header.records_count
-    if first_offset > header.base_offset + index:
-        position, index = _skip_records(data, position, end, header, index, first_offset)
-    stop = min(count, index + max(1, max_records))
-    records, position = _decode_section(data, position, end, header, topic, partition, index, stop)
-    if stop < count:
-        return records, PartialDecode(data, position, end, stop)
-    if position != end:
-        _raise_trailing_bytes(header, end - position)
-    return records, None
-
-
-def _raise_trailing_bytes(header: BatchHeader, extra: int):
-    raise CorruptRecordError(
-        f"batch at byte {header.position}: {extra} bytes follow the {header.records_count} records "
-        f"recordsCount declares")
-
-
-def _skip_records(data, position: int, end: int, header: BatchHeader, index: int,
-                  first_offset: int) -> tuple[int, int]:
-    """(position, index) of the first record from `index` on whose offset is at least
-    `first_offset` (or of the section's end): each record before it is only measured."""
-    count = header.records_count
-    base_offset = header.base_offset
-    try:
-        while index < count:
-            length, body = decode_varint(data, position)
-            record_end = body + length
-            if length <= 0 or record_end > end:
-                _raise_bad_length(header, count, index, position, end, length, body)
-            # attributes (i8), timestampDelta (varlong), then offsetDelta (varint)
-            _, at = decode_varlong(data, body + 1)
-            offset_delta, _ = decode_varint(data, at)
-            if base_offset + offset_delta >= first_offset:
-                break
-            position = record_end
-            index += 1
-    except IndexError:
-        raise CorruptRecordError(f"batch at byte {header.position}: record {index} is truncated") from None
-    return position, index
-
-
-def _decode_section(data, position: int, end: int, header: BatchHeader, topic: str, partition: int,
-                    first_index: int, stop_index: int) -> tuple[list[Record], int]:
-    """The records of index first_index .. stop_index - 1, the first at byte `position` of
-    the records section `data[..end]`; and the byte position after them."""
-    count = header.records_count
-    attributes = header.attributes
-    if attributes & TIMESTAMP_TYPE_MASK:
-        # LogAppendTime: every record shows the broker's time, whatever its delta says
-        base_timestamp, delta_scale, timestamp_type = header.max_timestamp, 0, LOG_APPEND_TIME
-    else:
-        base_timestamp, delta_scale, timestamp_type = header.base_timestamp, 1, CREATE_TIME
-    base_offset = header.base_offset
-
-    records: list[Record] = []
-    if stop_index - first_index >= RUN_RECORDS_MIN and data.__class__ is bytes:
-        # uniform runs (null keys, same-length values, no headers) in bulk; the loop below
-        # takes whatever they leave (see eos/records/decode.py)
-        position = decode_runs(data, position, end, first_index, stop_index, topic, partition, base_offset,
-                               base_timestamp, delta_scale, timestamp_type, records)
-    append = records.append
-    new_record = tuple.__new__
-    record_class = Record
-    zigzag1 = ZIGZAG_DECODE_1
-    record_start = position
-    try:
-        for _ in range(stop_index - first_index - len(records)):
-            record_start = position
-            # length (varint): 1 or 2 bytes inline
-            byte = data[position]
-            if byte < 0x80:
-                length = zigzag1[byte]
-                position += 1
-            else:
-                byte2 = data[position + 1]
-                if byte2 < 0x80:
-                    raw = (byte & 0x7F) | (byte2 << 7)
-                    length = (raw >> 1) ^ -(raw & 1)
-                    position += 2
-                else:
-                    length, position = decode_varint(data, position)
-            record_end = position + length
-            if length <= 0 or record_end > end:
-                _raise_bad_length(header, count, first_index + len(records), record_start, end, length, position)
-            # attributes (i8, unused) and timestampDelta (varlong)
-            byte = data[position + 1]
-            if byte < 0x80:
-                timestamp_delta = zigzag1[byte]
-                position += 2
-            else:
-                byte2 = data[position + 2]
-                if byte2 < 0x80:
-                    raw = (byte & 0x7F) | (byte2 << 7)
-                    timestamp_delta = (raw >> 1) ^ -(raw & 1)
-                    position += 3
-                else:
-                    timestamp_delta, position = decode_varlong(data, position + 1)
-            # offsetDelta (varint)
-            byte = data[position]
-            if byte < 0x80:
-                offset_delta = zigzag1[byte]
-                position += 1
-            else:
-                byte2 = data[position + 1]
-                if byte2 < 0x80:
-                    raw = (byte & 0x7F) | (byte2 << 7)
-                    offset_delta = (raw >> 1) ^ -(raw & 1)
-                    position += 2
-                else:
-                    offset_delta, position = decode_varint(data, position)
-            # key
-            byte = data[position]
-            if byte == 1:
-                key = None
-                position += 1
-            else:
-                if byte < 0x80:
-                    key_length = zigzag1[byte]
-                    position += 1
-                else:
-                    byte2 = data[position + 1]
-                    if byte2 < 0x80:
-                        raw = (byte & 0x7F) | (byte2 << 7)
-                        key_length = (raw >> 1) ^ -(raw & 1)
-                        position += 2
-                    else:
-                        key_length, position = decode_varint(data, position)
-                if key_length < 0:
-                    raise CorruptRecordError(
-                        f"batch at byte {header.position}: record {first_index + len(records)} has key length "
-                        f"{key_length}")
-                key = data[position:position + key_length]
-                position += key_length
-            # value
-            byte = data[position]
-            if byte == 1:
-                value = None
-                position += 1
-            else:
-                if byte < 0x80:
-                    value_length = zigzag1[byte]
-                    position += 1
-                else:
-                    byte2 = data[position + 1]
-                    if byte2 < 0x80:
-                        raw = (byte & 0x7F) | (byte2 << 7)
-                        value_length = (raw >> 1) ^ -(raw & 1)
-                        position += 2
-                    else:
-                        value_length, position = decode_varint(data, position)
-                if value_length < 0:
-                    raise CorruptRecordError(
-                        f"batch at byte {header.position}: record {first_index + len(records)} has value length "
-                        f"{value_length}")
-                value = data[position:position + value_length]
-                position += value_length
-            # headers
-            if data[position] == 0:
-                headers = []
-                position += 1
-            else:
-                headers, position = _decode_headers(data, position, record_end, header, first_index + len(records))
-            if position != record_end:
-                raise CorruptRecordError(
-                    f"batch at byte {header.position}: record {first_index + len(records)} declares {length} bytes "
-                    f"but its fields take {length + position - record_end}")
-            append(new_record(record_class, (
-                topic, partition, base_offset + offset_delta, key, value,
-                base_timestamp + timestamp_delta * delta_scale, headers, timestamp_type)))
-    except IndexError:
-        if record_start >= end:
-            raise CorruptRecordError(
-                f"batch at byte {header.position}: recordsCount is {count} but the records section "
-                f"holds only {first_index + len(records)}") from None
-        raise CorruptRecordError(
-            f"batch at byte {header.position}: record {first_index + len(records)} is truncated") from None
-    return records, position
-
-
-def _raise_bad_length(header, count, index, record_start, end, length, position):
-    if record_start >= end:
-        raise CorruptRecordError(
-            f"batch at byte {header.position}: recordsCount is {count} but the records section "
-            f"holds only {index}")
-    raise CorruptRecordError(
-        f"batch at byte {header.position}: record {index} declares {length} bytes, "
-        f"{end - position} remain in the batch")
-
-
-def _decode_headers(data, position: int, record_end: int, header: BatchHeader, index: int):
-    header_count, position = decode_varint(data, position)
-    # each header takes at least two bytes: refuse absurd counts before looping on them
-    if header_count < 0 or 2 * header_count > record_end - position:
-        raise CorruptRecordError(
-            f"batch at byte {header.position}: record {index} declares {header_count} headers")
-    headers = []
-    for _ in range(header_count):
-        key_length, position = decode_varint(data, position)
-        if key_length < 0:
-            raise CorruptRecordError(
-                f"batch at byte {header.position}: record {index} has a header key of length {key_length}")
-        try:
-            header_key = data[position:position + key_length].decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise CorruptRecordError(
-                f"batch at byte {header.position}: record {index} has a header key that is not "
-                f"UTF-8: {exc}") from None
-        position += key_length
-        value_length, position = decode_varint(data, position)
-        if value_length == -1:
-            header_value = None
-        elif value_length < 0:
-            raise CorruptRecordError(
-                f"batch at byte {header.position}: record {index} has a header value of length "
-                f"{value_length}")
-        else:
-            header_value = data[position:position + value_length]
-            position += value_length
-        headers.append((header_key, header_value))
-    return headers, position
-
 
 def decode_control_record(buf, header: BatchHeader) -> tuple[int, int]:
     """(marker type, coordinator epoch) of a transaction-marker batch.

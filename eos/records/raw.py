@@ -29,7 +29,7 @@ from crc32c import crc32c
 
 from eos.errors import CorruptRecordError
 from eos.records import compression as _compression
-from eos.records.codec import _records_section
+from eos.records.decode import _records_section
 from eos.records.header import COMPRESSION_CODEC_MASK, CRC_START, HEADER_SIZE, LOG_OVERHEAD, BatchHeader
 from eos.records.varint import ZIGZAG_DECODE_1, decode_varint, decode_varlong
 

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from eos.errors import CorruptRecordError, InvalidRecordError
 from eos.records import codec as codec_module
 from eos.records import compression
+from eos.records import decode as decode_module
 from eos.records.codec import (
     CREATE_TIME, LOG_APPEND_TIME, BatchBuilder, decode_control_record, decode_records, decode_records_part,
     encode_batch, encode_control_batch, iter_decoded)
@@ -624,7 +625,7 @@ def _decode_both(raw: bytes, monkeypatch) -> tuple[object, object]:
 
     bulk = outcome()
     with monkeypatch.context() as patch:
-        patch.setattr(codec_module, "RUN_RECORDS_MIN", 1 << 62)   # the general loop takes every record
+        patch.setattr(decode_module, "RUN_RECORDS_MIN", 1 << 62)   # the general loop takes every record
         general = outcome()
     return bulk, general
 
