@@ -129,6 +129,11 @@ class BrokerConfig:
     # metrics over HTTP on this port of the broker's host; -1 (the default): none, and no
     # per-request metrics are kept; 0: a free port.
     metrics_port: int = -1
+    # eos's own key: the broker's calls also served as frames over plain TCP on this port
+    # of the PLAINTEXT listener's host (broker/socket_server.py), which PLAINTEXT clients
+    # then use (Kafka's clients speak such frames; Python gRPC's thread hand-offs cost
+    # about 0.4 ms a round trip more). -1 (the default): none; 0: a free port.
+    socket_transport_port: int = -1
     # ---- listeners and TLS (broker/security.py) ----
     # Kafka's listeners; empty: one PLAINTEXT listener on the host and port BrokerServer is given.
     listeners: tuple[Listener, ...] = ()
@@ -181,6 +186,8 @@ class BrokerConfig:
                 "group_max_session_timeout_ms", GROUP_MAX_SESSION_TIMEOUT_MS):
             raise InvalidConfigError("group.min.session.timeout.ms must not exceed group.max.session.timeout.ms")
         values.update(_security_settings(security, clustered=bool(values.get("zookeeper_connect"))))
+        if values.get("socket_transport_port", -1) >= 0:
+            _check_socket_transport(values)
         topic_overrides.update(_time_defaults(time_forms))
         try:
             topic_defaults = TopicConfig.from_overrides(topic_overrides)
@@ -274,6 +281,19 @@ def _security_settings(raw: Mapping[str, str], *, clustered: bool) -> dict:
     return values
 
 
+def _check_socket_transport(values: dict) -> None:
+    """socket.transport.port serves plain TCP: a PLAINTEXT listener's calls, on one broker."""
+    if values.get("zookeeper_connect"):
+        # Other brokers' socket ports would have to be in their registrations and in the
+        # metadata the controller sends; not built yet.
+        raise InvalidConfigError("socket.transport.port is not available on a ZooKeeper cluster yet: "
+                                 "use it on a single broker")
+    listeners = values.get("listeners") or ()
+    if listeners and not any(listener.security_protocol == PLAINTEXT for listener in listeners):
+        raise InvalidConfigError("socket.transport.port carries a PLAINTEXT listener's calls over plain TCP, "
+                                 "and no listener is PLAINTEXT")
+
+
 # Settings that are one integer, one boolean or one string: name -> BrokerConfig field
 # (and the integer's bounds, maximum None: unbounded).
 _INT_SETTINGS = {
@@ -290,6 +310,7 @@ _INT_SETTINGS = {
     "transactional.id.expiration.ms": ("transactional_id_expiration_ms", 1, None),
     "num.io.threads": ("num_io_threads", 1, 1024),
     "metrics.port": ("metrics_port", -1, 65535),
+    "socket.transport.port": ("socket_transport_port", -1, 65535),
     "quota.window.num": ("quota_window_num", 2, 1000),
     "quota.window.size.seconds": ("quota_window_size_seconds", 1, 3600),
     "queued.max.requests": ("queued_max_requests", 1, None),

@@ -57,6 +57,7 @@ from broker.data_dir import (META_PROPERTIES, DataDirLock, load_or_create_meta_p
                              read_data_dir_cluster_id, read_known_log_dirs, write_known_log_dirs)
 from broker.in_process import InProcessBrokerStub
 from broker.listener_servers import LateServices, ServerGroup, group_listeners
+from broker.socket_server import SocketRpcServer
 from broker.authorizer import ACL_FILE_NAME, Authorizer, FileAclStore
 from broker.purgatory import FetchPurgatory
 from broker.metadata.types import ListenerEndpoint, format_host_port
@@ -153,6 +154,7 @@ class BrokerServer:
         self.host = self._advertised.get(inter_broker_name, (advertised_host(self.inter_broker_listener.host), 0))[0]
         self.node_id = node_id
         self.port: int | None = None
+        self.socket_port: int | None = None             # socket.transport.port once bound
         self.bound_ports: dict[str, int] = {}           # listener name -> the port it bound
         self.listener_nodes: dict[str, NodeAddress] = {}  # listener name -> advertised address
         self._certificates: ReloadingServerCertificates | None = None
@@ -470,15 +472,11 @@ class BrokerServer:
                     # silently instead of failing to start
                     ("grpc.so_reuseport", 0),
                 ],
-                # A broker with one PLAINTEXT listener has one address and one principal
-                # (ANONYMOUS): it skips the identity interceptor (a wrapper and an auth_context()
-                # call on every RPC, which the latency rows would pay for nothing). The request
-                # quota's costs one dict lookup per call while no entity has one. Request
-                # metrics, outermost so they time the throttles too, only with metrics.port.
-                interceptors=([self._metrics.interceptor] if self._metrics is not None else [])
-                + ([interceptor] if identity else []) + [self._request_quota])
+                interceptors=self._server_interceptors(interceptor if identity else None))
             servers.servers.append(server)
             self._bind_listeners(server, group)
+        if config.socket_transport_port >= 0:
+            servers.servers.append(self._new_socket_server(identity))
         # The broker's services first: gRPC asks the generic handlers in order, and health and
         # reflection are found as registered methods anyway.
         servers.add_generic_rpc_handlers((self._late_services,))
@@ -488,6 +486,33 @@ class BrokerServer:
             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), servers)
         servers.start()
         return servers
+
+    def _server_interceptors(self, identity_interceptor) -> list:
+        # A broker with one PLAINTEXT listener has one address and one principal
+        # (ANONYMOUS): it skips the identity interceptor (a wrapper and an auth_context()
+        # call on every RPC, which the latency rows would pay for nothing). The request
+        # quota's costs one dict lookup per call while no entity has one. Request
+        # metrics, outermost so they time the throttles too, only with metrics.port.
+        return (([self._metrics.interceptor] if self._metrics is not None else [])
+                + ([identity_interceptor] if identity_interceptor is not None else []) + [self._request_quota])
+
+    def _new_socket_server(self, identity: bool) -> SocketRpcServer:
+        """socket.transport.port: the PLAINTEXT listener's calls as frames over plain TCP
+        (broker/socket_server.py), on that listener's host, with the interceptors of the gRPC
+        server that serves the listener (its identity interceptor names it)."""
+        listener = next(l for l in self.listeners if l.security_protocol == PLAINTEXT)  # config.py checked
+        group_index = next(i for i, group in enumerate(self._listener_groups) if listener in group)
+        bind_host = listener.host or "::"
+        try:
+            server = SocketRpcServer(
+                bind_host, self.config.socket_transport_port,
+                interceptors=self._server_interceptors(self._interceptors[group_index] if identity else None),
+                request_bytes_max=self.config.socket_request_max_bytes)
+        except OSError as exc:
+            raise StorageError(f"cannot listen on {format_host_port(bind_host, self.config.socket_transport_port)} "
+                               f"(socket.transport.port): {exc}") from None
+        self.socket_port = server.port
+        return server
 
     def _start_services(self, server: LateServices, bound_port: int) -> None:
         """The group coordinator, the Broker, Cluster, TxnCoordinator and GroupCoordinator
@@ -529,7 +554,7 @@ class BrokerServer:
             replicas=None if cluster is None else cluster.replicas,
             topic_admin=None if cluster is None else cluster.topic_admin,
             listener_nodes=self.listener_nodes, authorizer=self._authorizer, quotas=self._quotas,
-            traffic=TopicTraffic() if self._metrics is not None else None)
+            traffic=TopicTraffic() if self._metrics is not None else None, socket_port=self.socket_port or 0)
         broker_pb2_grpc.add_BrokerServicer_to_server(self._servicer, server)
         if cluster is not None:
             from broker.cluster_service import ClusterServicer

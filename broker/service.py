@@ -39,7 +39,7 @@ from typing import Callable, NamedTuple
 from broker.acl import SUPPORTED_OPERATIONS, InvalidAclError, Operation, ResourceType
 from broker.log_dir_descriptions import describe_log_dirs
 from broker.purgatory import FetchPurgatory
-from broker.security import current_call, listener_name_of_call
+from broker.security import PLAINTEXT, current_call, listener_name_of_call
 from broker.local_topic_admin import LocalTopicAdmin
 from broker.produce_streams import ProduceStreams
 from broker.reads import FETCH_MAX_WAIT_CAP_MS, ReadHandlers
@@ -107,7 +107,7 @@ class BrokerServicer(WriteHandlers, ReadHandlers, broker_pb2_grpc.BrokerServicer
                  max_produce_streams: int = PRODUCE_STREAMS_MAX,
                  metadata=None, replicas=None, topic_admin=None,
                  listener_nodes: dict[str, NodeAddress] | None = None, authorizer=None, quotas=None,
-                 traffic: TopicTraffic | None = None):
+                 traffic: TopicTraffic | None = None, socket_port: int = 0):
         """`verify_txn` asks the transaction coordinator whether partitions are registered in
         a producer's open transaction (None: no coordinator, transactional writes are not
         verified); `add_txn_partitions` adds them for a request that asks it (KIP-890 part 2;
@@ -118,7 +118,9 @@ class BrokerServicer(WriteHandlers, ReadHandlers, broker_pb2_grpc.BrokerServicer
         came in on a listener is answered with that listener's address (Kafka's rule).
         `authorizer` (broker.authorizer.Authorizer) checks each call's ACLs; None: no checks.
         `quotas` (broker.client_quotas.ClientQuotas) holds clients to their byte rates; None: none.
-        `traffic` counts bytes and records per topic for the broker's metrics; None: not counted."""
+        `traffic` counts bytes and records per topic for the broker's metrics; None: not counted.
+        `socket_port` is where this broker serves its calls over plain TCP (socket.transport.port,
+        broker/socket_server.py), told to clients that came in on a PLAINTEXT listener; 0: none."""
         self._registry = registry
         self._log_manager = log_manager
         self._purgatory = purgatory
@@ -145,6 +147,7 @@ class BrokerServicer(WriteHandlers, ReadHandlers, broker_pb2_grpc.BrokerServicer
         self._quotas = quotas
         self.traffic = traffic
         self.storage_errors = StorageErrors()
+        self._socket_port = socket_port
 
     # ---- authorization (see "Authorization" in the module doc) ---------------------------------
 
@@ -252,7 +255,8 @@ class BrokerServicer(WriteHandlers, ReadHandlers, broker_pb2_grpc.BrokerServicer
                 topics.append(self._topic_metadata(info))
         node = self.node_for_call()
         return broker_pb2.MetadataResponse(
-            brokers=[broker_pb2.BrokerNode(node_id=node.node_id, host=node.host, port=node.port)],
+            brokers=[broker_pb2.BrokerNode(node_id=node.node_id, host=node.host, port=node.port,
+                                           socket_port=self._socket_port_for_call())],
             controller_id=node.node_id, topics=topics, cluster_id=self._cluster_id)
 
     def node_for_call(self) -> NodeAddress:
@@ -262,6 +266,14 @@ class BrokerServicer(WriteHandlers, ReadHandlers, broker_pb2_grpc.BrokerServicer
         if call is None:
             return self._node
         return self._listener_nodes.get(call.listener.name, self._node)
+
+    def _socket_port_for_call(self) -> int:
+        """The socket port for a client on a PLAINTEXT listener (the port is plain TCP); 0
+        for one that came in over TLS, which stays on TLS."""
+        call = current_call()
+        if call is not None and call.listener.security_protocol != PLAINTEXT:
+            return 0
+        return self._socket_port
 
     def _metadata_from_cache(self, request: broker_pb2.MetadataRequest) -> broker_pb2.MetadataResponse:
         """Cluster mode: what the controller last told this broker (UpdateMetadata). Brokers

@@ -253,7 +253,8 @@ class ConsumerCoordinator:
         self.wakeup = wakeup or threading.Event()
         self._clock = clock
         self._sleep_ms = sleep_ms or (lambda ms: threading.Event().wait(ms / 1000))
-        self._stub_for = stub_for or (lambda address: group_pb2_grpc.GroupCoordinatorStub(metadata.channel(address)))
+        # the client's stub there (cached; over the broker's socket port when it has one)
+        self._stub_for = stub_for or (lambda address: metadata.stub_at(address, group_pb2_grpc.GroupCoordinatorStub))
         self._start_heartbeat_thread = start_heartbeat_thread
         self._call_metadata = net.client_id_metadata(client_id)
         self._metrics = metrics       # commit_latency_seconds: each OffsetCommit answered

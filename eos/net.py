@@ -90,6 +90,8 @@ DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 RETRY_BACKOFF_MS_DEFAULT = 100
 RETRY_BACKOFF_MAX_MS_DEFAULT = 1000
 METADATA_MAX_AGE_MS_DEFAULT = 300_000
+# How long a broker's socket port that refused a connection is left for gRPC (eos/socket_rpc.py).
+SOCKET_RETRY_MS = 30_000
 REQUEST_TIMEOUT_MS_DEFAULT = 30_000
 NO_LEADER = -1
 
@@ -495,6 +497,11 @@ class ClusterMetadata:
         self._bootstrap_index = 0       # the bootstrap address that answered last
         self._stale_topics: set[str] = set()
         self._coordinators: dict[tuple[int, str], str] = {}   # (key type, id) -> coordinator address
+        # Brokers with socket.transport.port (eos/socket_rpc.py), for a PLAINTEXT client:
+        # gRPC address -> socket port, as Metadata last told; and the socket channels made.
+        self._socket_ports: dict[str, int] = {}
+        self._socket_channels: dict[str, object] = {}
+        self._socket_down_until_ms: dict[str, int] = {}  # address -> back on gRPC until then
         self._closed = False
 
     # ---- channels ----------------------------------------------------------------------
@@ -519,11 +526,49 @@ class ClusterMetadata:
         return channel
 
     def stub_at(self, address: str, stub_class):
-        """The `stub_class` stub (BrokerStub, TxnCoordinatorStub, ...) on `address`."""
+        """The `stub_class` stub (BrokerStub, TxnCoordinatorStub, ...) on `address`: over
+        the broker's socket port when it has one (see `_socket_channel`), else gRPC."""
         stub = self._stubs.get((address, stub_class))
         if stub is None:
-            stub = self._stubs[(address, stub_class)] = stub_class(self.channel(address))
+            channel = self._socket_channel(address) or self.channel(address)
+            stub = self._stubs[(address, stub_class)] = stub_class(channel)
         return stub
+
+    def _socket_channel(self, address: str):
+        """A SocketChannel to the broker at `address` when Metadata named its socket port and
+        this client is PLAINTEXT (TLS and SASL stay on gRPC); None otherwise, and for a while
+        after the port could not be reached (`_socket_unreachable`)."""
+        port = self._socket_ports.get(address)
+        if not port or self.security.is_tls or self.security.sasl is not None:
+            return None
+        down_until_ms = self._socket_down_until_ms.get(address)
+        if down_until_ms is not None:
+            if now_ms() < down_until_ms:
+                return None
+            del self._socket_down_until_ms[address]
+        channel = self._socket_channels.get(address)
+        if channel is not None and channel.address[1] == port:
+            return channel
+        from eos.socket_rpc import SocketChannel
+        fallback = self.channel(address)      # for the calls the socket does not carry
+        with self._channels_lock:
+            if self._closed:
+                raise NetworkError("client is closed")
+            channel = self._socket_channels.get(address)
+            if channel is None or channel.address[1] != port:
+                host = address.rsplit(":", 1)[0].strip("[]")
+                channel = self._socket_channels[address] = SocketChannel(
+                    host, port, fallback, on_unreachable=lambda: self._socket_unreachable(address))
+        return channel
+
+    def _socket_unreachable(self, address: str) -> None:
+        """The socket port of `address` refused a connection: its calls go over gRPC for
+        SOCKET_RETRY_MS (the broker may be down, or the port not reachable from here while
+        its gRPC port is, through a tunnel)."""
+        with self._channels_lock:
+            self._socket_down_until_ms[address] = now_ms() + SOCKET_RETRY_MS
+            for key in [key for key in self._stubs if key[0] == address]:
+                del self._stubs[key]
 
     def broker_stub_at(self, address: str) -> broker_pb2_grpc.BrokerStub:
         return self.stub_at(address, broker_pb2_grpc.BrokerStub)
@@ -679,6 +724,7 @@ class ClusterMetadata:
         with self._refresh_lock:
             old = self._snapshot
             brokers = {b.node_id: f"{b.host}:{b.port}" for b in response.brokers}
+            self._learn_socket_ports(response.brokers)
             topics = dict(old.topics)
             fetched = dict(old.fetched_ms)
             now = now_ms()
@@ -706,6 +752,21 @@ class ClusterMetadata:
                         fetched.pop(name, None)
             self._snapshot = _Snapshot(brokers, topics, fetched, response.controller_id,
                                        response.cluster_id)
+
+    def _learn_socket_ports(self, brokers) -> None:
+        """Which brokers serve a socket port (the single broker also at the one bootstrap
+        address, which `address_of` uses for it); stubs made before a broker's port was
+        known, or after it changed, are made again."""
+        ports = {f"{b.host}:{b.port}": b.socket_port for b in brokers if b.socket_port > 0}
+        if len(brokers) == 1 and len(self.bootstrap_addresses) == 1 and brokers[0].socket_port > 0:
+            ports[self.bootstrap_addresses[0]] = brokers[0].socket_port
+        if ports == self._socket_ports:
+            return
+        with self._channels_lock:
+            changed = {a for a in set(ports) | set(self._socket_ports) if ports.get(a) != self._socket_ports.get(a)}
+            self._socket_ports = ports
+            for key in [key for key in self._stubs if key[0] in changed]:
+                del self._stubs[key]
 
     def refresh_topics(self, topics: Iterable[str]) -> None:
         """Refresh now, one RPC; transport errors propagate (callers back off)."""
@@ -754,8 +815,9 @@ class ClusterMetadata:
     def close(self) -> None:
         with self._channels_lock:
             self._closed = True
-            channels = list(self._channels.values())
+            channels = list(self._channels.values()) + list(self._socket_channels.values())
             self._channels.clear()
+            self._socket_channels.clear()
             self._stubs.clear()
         for channel in channels:
             channel.close()

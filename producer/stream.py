@@ -31,6 +31,10 @@ max.in.flight.requests.per.connection requests on it.
   `eos-produce-stream-refused`); the stream says so (`refused`) and the sender uses unary
   Produce for that broker for a while before it tries a stream again.
 
+Over a broker's socket port (eos/socket_rpc.py, when Metadata names one) the call is a
+`SocketStreamCall`: the same answers and errors, but `send` writes the request to the
+connection on the sender's own thread, with no queue and no gRPC thread in between.
+
 One lock guards the outstanding list and the closed flag, so that a request is either
 accepted before the stream fails (and is failed with it) or refused (and the sender sends
 it elsewhere): none is lost between the two.
@@ -105,7 +109,15 @@ class ProduceStream:
         self._abort_error: EosError | None = None
         self.unimplemented = False      # the broker has no ProduceStream
         self.refused = False            # the broker had no room for another stream
-        self._call = stub.ProduceStream(self._request_iterator(), metadata=metadata or None)
+        open_direct = getattr(stub.ProduceStream, "open", None)
+        if open_direct is not None:
+            # the broker's socket port (eos/socket_rpc.py): the sender's thread writes each
+            # request to the connection itself, with no thread between it and the socket
+            self._call = open_direct(metadata=metadata or None)
+            self._put = self._call.send
+        else:
+            self._call = stub.ProduceStream(self._request_iterator(), metadata=metadata or None)
+            self._put = self._requests.put
         self._reader = threading.Thread(target=self._read, name=f"eos-produce-stream-{node_id}", daemon=True)
         self._reader.start()
 
@@ -136,7 +148,11 @@ class ProduceStream:
             self._next_correlation_id = (correlation_id + 1) % CORRELATION_ID_MODULUS
             request.correlation_id = correlation_id
             self._outstanding.append((correlation_id, request_id, now_ms))
-            self._requests.put(request)
+        # Outside the lock: a socket's send may wait for room in the connection, while the
+        # reader needs the lock to take the answers that make room. Requests still go out in
+        # order: the sender's one thread is the only caller. A send that fails (the stream
+        # broke) leaves the request outstanding, and the reader fails it with the stream.
+        self._put(request)
         return True
 
     def abort(self, error: EosError) -> None:

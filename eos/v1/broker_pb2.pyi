@@ -200,16 +200,18 @@ class MetadataResponse(_message.Message):
     def __init__(self, brokers: _Optional[_Iterable[_Union[BrokerNode, _Mapping]]] = ..., controller_id: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[TopicMetadata, _Mapping]]] = ..., cluster_id: _Optional[str] = ..., cluster_authorized_operations: _Optional[int] = ...) -> None: ...
 
 class BrokerNode(_message.Message):
-    __slots__ = ("node_id", "host", "port", "rack")
+    __slots__ = ("node_id", "host", "port", "rack", "socket_port")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PORT_FIELD_NUMBER: _ClassVar[int]
     RACK_FIELD_NUMBER: _ClassVar[int]
+    SOCKET_PORT_FIELD_NUMBER: _ClassVar[int]
     node_id: int
     host: str
     port: int
     rack: str
-    def __init__(self, node_id: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., rack: _Optional[str] = ...) -> None: ...
+    socket_port: int
+    def __init__(self, node_id: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., rack: _Optional[str] = ..., socket_port: _Optional[int] = ...) -> None: ...
 
 class TopicMetadata(_message.Message):
     __slots__ = ("name", "error_code", "error_message", "is_internal", "partitions", "configs")

@@ -1,0 +1,568 @@
+"""gRPC's calls over a plain TCP socket: the frames, and the client's channel.
+
+Theory of operation
+-------------------
+A message on a Python gRPC stream costs about 0.55 ms and 300-500 us of CPU on each side on
+this project's 2-core VM, most of it thread hand-offs inside gRPC (bench/README, "The
+round-trip floor"); the same exchange as a length-prefixed frame on a TCP connection costs
+0.15 ms. Kafka's clients speak such frames. A broker with `socket.transport.port` serves the
+same services, the same handlers and the same server interceptors (identity, request quota,
+metrics) over such a connection too (broker/socket_server.py), and says so in Metadata
+(`BrokerNode.socket_port`); a PLAINTEXT client then makes its calls to that broker there.
+It carries gRPC's call model, not a second protocol: a method name, the request's protobuf
+bytes, the response's protobuf bytes or a gRPC status code with details and trailing
+metadata. So every handler, and every client's error handling (`grpc.RpcError.code()`),
+is the same code on both transports.
+
+Frames (big-endian): `u32 size` (the bytes after it), `u8 kind`, `u32 correlation id`, then
+by kind:
+- CALL (client): `u16 method length`, method (`/eos.v1.Broker/Produce`), a metadata block,
+  the request's bytes. One call at a time per connection: the answer comes before the next
+  CALL is sent. Concurrency comes from more connections (the channel keeps a pool).
+- REPLY (server): the response's bytes. STATUS (server): `u8 status code`, a metadata block
+  (trailing metadata), the details (UTF-8). A call ends with REPLY or STATUS.
+- OPEN (client): like CALL without request bytes: the connection now carries one
+  bidirectional stream (ProduceStream) until it closes. MESSAGE (both ways): one message
+  of it. HALF_CLOSE (client): no more requests. The stream ends with STATUS.
+A metadata block is `u16 count`, then per pair `u16 key length`, key, `u32 value length`,
+value (UTF-8 text, or bytes for keys ending in `-bin`, as in gRPC).
+
+The client's side (`SocketChannel`) has the face of a `grpc.Channel` for what the generated
+stubs build (`unary_unary`, `stream_stream`), so `stub_class(SocketChannel(...))` is a stub
+whose calls go over the socket: `Method(request, timeout=, metadata=)` makes the call on the
+calling thread itself (it sends, then reads its answer: no other thread is woken);
+`Method.future(...)` runs that on a thread of its own; `ProduceStream.open(metadata=)`
+gives a stream the caller sends on directly (`send`), with answers read by iterating it.
+Failures are `SocketRpcError`, a `grpc.RpcError` with gRPC's codes: a connection that cannot
+be made or breaks is UNAVAILABLE (the request may or may not have been handled), a call
+past its timeout is DEADLINE_EXCEEDED, and the server's own statuses come through as sent.
+A connection that failed is closed, never reused. Plaintext only: TLS and SASL clients stay
+on gRPC.
+"""
+from __future__ import annotations
+
+import logging
+import socket
+import struct
+import threading
+from typing import Callable, Iterator
+
+import grpc
+
+log = logging.getLogger("eos.socket_rpc")
+
+CALL, REPLY, STATUS, OPEN, MESSAGE, HALF_CLOSE = 1, 2, 3, 4, 5, 6
+FRAME_HEAD = struct.Struct(">IBI")         # size of the rest, kind, correlation id
+_KIND_AND_ID_BYTES = 5
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+_STATUS_HEAD = struct.Struct(">B")
+READ_BUFFER_BYTES = 64 * 1024
+CONNECT_TIMEOUT_S = 10.0
+IDLE_CONNECTIONS_MAX = 8                   # kept open per channel for later calls
+CORRELATION_ID_MODULUS = 1 << 32
+
+_CODE_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
+
+
+class FrameError(Exception):
+    """The peer sent bytes that are not a frame of this protocol."""
+
+
+class ConnectionClosed(Exception):
+    """The peer closed the connection (end of file where a frame should begin or go on)."""
+
+
+class FrameTooLarge(Exception):
+    """A frame larger than the reader's limit; its body is still unread."""
+
+    def __init__(self, size: int, limit: int, correlation_id: int = 0):
+        super().__init__(f"a message of {size} bytes is over the limit of {limit} bytes")
+        self.size = size
+        self.limit = limit
+        self.correlation_id = correlation_id
+
+
+# ---- frames (pure) ------------------------------------------------------------------------------
+
+def encode_metadata(pairs) -> bytes:
+    parts = [_U16.pack(len(pairs))]
+    for key, value in pairs:
+        key_bytes = key.encode("ascii")
+        value_bytes = value if isinstance(value, bytes) else str(value).encode("utf-8")
+        parts += (_U16.pack(len(key_bytes)), key_bytes, _U32.pack(len(value_bytes)), value_bytes)
+    return b"".join(parts)
+
+
+def decode_metadata(body, position: int) -> tuple[tuple, int]:
+    """The pairs of the metadata block at `position`, and the position after it."""
+    try:
+        (count,) = _U16.unpack_from(body, position)
+        position += 2
+        pairs = []
+        for _ in range(count):
+            (key_length,) = _U16.unpack_from(body, position)
+            key = bytes(body[position + 2:position + 2 + key_length]).decode("ascii")
+            position += 2 + key_length
+            (value_length,) = _U32.unpack_from(body, position)
+            value = bytes(body[position + 4:position + 4 + value_length])
+            position += 4 + value_length
+            if position > len(body):
+                raise FrameError("a metadata value runs past the end of its frame")
+            pairs.append((key, value if key.endswith("-bin") else value.decode("utf-8")))
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise FrameError(f"a malformed metadata block: {exc}") from None
+    return tuple(pairs), position
+
+
+def frame(kind: int, correlation_id: int, *parts: bytes) -> bytes:
+    size = _KIND_AND_ID_BYTES + sum(len(part) for part in parts)
+    return b"".join((FRAME_HEAD.pack(size, kind, correlation_id), *parts))
+
+
+def call_frame(kind: int, correlation_id: int, method: str, metadata, payload: bytes = b"") -> bytes:
+    """A CALL (with the request's bytes) or an OPEN (without)."""
+    method_bytes = method.encode("ascii")
+    return frame(kind, correlation_id, _U16.pack(len(method_bytes)), method_bytes,
+                 encode_metadata(metadata or ()), payload)
+
+
+def decode_call(body) -> tuple[str, tuple, memoryview]:
+    """(method, metadata, request bytes) of a CALL or OPEN frame's body."""
+    try:
+        (method_length,) = _U16.unpack_from(body, 0)
+        method = bytes(body[2:2 + method_length]).decode("ascii")
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise FrameError(f"a malformed call frame: {exc}") from None
+    metadata, position = decode_metadata(body, 2 + method_length)
+    return method, metadata, memoryview(body)[position:]
+
+
+def status_frame(correlation_id: int, code: grpc.StatusCode, details: str, trailing=()) -> bytes:
+    return frame(STATUS, correlation_id, _STATUS_HEAD.pack(code.value[0]), encode_metadata(trailing or ()),
+                 (details or "").encode("utf-8"))
+
+
+def decode_status(body) -> tuple[grpc.StatusCode, str, tuple]:
+    try:
+        (number,) = _STATUS_HEAD.unpack_from(body, 0)
+    except struct.error as exc:
+        raise FrameError(f"a malformed status frame: {exc}") from None
+    trailing, position = decode_metadata(body, 1)
+    return (_CODE_BY_NUMBER.get(number, grpc.StatusCode.UNKNOWN),
+            bytes(body[position:]).decode("utf-8", "replace"), trailing)
+
+
+def read_frame(reader, size_max: int) -> tuple[int, int, bytes]:
+    """(kind, correlation id, body) of the next frame from a buffered binary reader.
+    ConnectionClosed at the end of the stream; FrameTooLarge (body unread) over `size_max`."""
+    head = reader.read(FRAME_HEAD.size)
+    if len(head) < FRAME_HEAD.size:
+        raise ConnectionClosed("the connection was closed" if not head else "the connection closed mid-frame")
+    size, kind, correlation_id = FRAME_HEAD.unpack(head)
+    if size < _KIND_AND_ID_BYTES:
+        raise FrameError(f"a frame of {size} bytes is shorter than its own header")
+    body_size = size - _KIND_AND_ID_BYTES
+    if body_size > size_max:
+        raise FrameTooLarge(body_size, size_max, correlation_id)
+    body = reader.read(body_size) if body_size else b""
+    if len(body) < body_size:
+        raise ConnectionClosed("the connection closed mid-frame")
+    return kind, correlation_id, body
+
+
+def skip_bytes(reader, count: int) -> None:
+    """Read and drop `count` bytes (an oversized frame's body), so the connection goes on."""
+    while count > 0:
+        chunk = reader.read(min(count, READ_BUFFER_BYTES))
+        if not chunk:
+            raise ConnectionClosed("the connection closed mid-frame")
+        count -= len(chunk)
+
+
+# ---- the client's side --------------------------------------------------------------------------
+
+class SocketRpcError(grpc.RpcError, grpc.Call):
+    """A failed call, shaped like gRPC's: code(), details(), trailing_metadata()."""
+
+    def __init__(self, code: grpc.StatusCode, details: str, trailing=()):
+        super().__init__(f"{code.name}: {details}")
+        self._code = code
+        self._details = details
+        self._trailing = tuple(trailing or ())
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def trailing_metadata(self):
+        return self._trailing
+
+    def initial_metadata(self):
+        return ()
+
+    def is_active(self) -> bool:
+        return False
+
+    def time_remaining(self):
+        return None
+
+    def cancel(self) -> bool:
+        return False
+
+    def add_callback(self, callback) -> bool:
+        return False
+
+
+class _Connection:
+    """One TCP connection to the broker's socket port."""
+
+    def __init__(self, address: tuple[str, int], connect_timeout_s: float):
+        try:
+            self.sock = socket.create_connection(address, timeout=connect_timeout_s)
+        except OSError as exc:
+            raise SocketRpcError(grpc.StatusCode.UNAVAILABLE,
+                                 f"cannot connect to {address[0]}:{address[1]}: {exc}") from None
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.reader = self.sock.makefile("rb", buffering=READ_BUFFER_BYTES)
+        self.next_correlation_id = 0
+        self.address = address
+
+    def take_correlation_id(self) -> int:
+        correlation_id = self.next_correlation_id
+        self.next_correlation_id = (correlation_id + 1) % CORRELATION_ID_MODULUS
+        return correlation_id
+
+    def close(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        try:
+            self.reader.close()
+        except Exception:       # a reader failed mid-read is already unusable
+            pass
+        self.sock.close()
+
+
+def _failure(exc: BaseException, where: str) -> SocketRpcError:
+    if isinstance(exc, SocketRpcError):
+        return exc
+    if isinstance(exc, socket.timeout):
+        return SocketRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, f"Deadline Exceeded ({where})")
+    return SocketRpcError(grpc.StatusCode.UNAVAILABLE, f"the connection to {where} failed: {exc}")
+
+
+class SocketChannel:
+    """A channel's face over the broker's socket port (see the module doc); method kinds the
+    socket does not carry (unary-stream, stream-unary) go to `fallback`, a grpc.Channel."""
+
+    def __init__(self, host: str, port: int, fallback: grpc.Channel | None = None, *,
+                 receive_bytes_max: int = 100 * 1024 * 1024, on_unreachable: Callable[[], None] | None = None):
+        self.address = (host, port)
+        self._on_unreachable = on_unreachable     # told when a connection cannot be made
+        self._where = f"{host}:{port}"
+        self._fallback = fallback
+        self.receive_bytes_max = receive_bytes_max
+        self._idle: list[_Connection] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # what the generated stubs call
+    def unary_unary(self, method, request_serializer=None, response_deserializer=None, **_):
+        return _UnaryMethod(self, method, request_serializer, response_deserializer)
+
+    def stream_stream(self, method, request_serializer=None, response_deserializer=None, **_):
+        return _StreamMethod(self, method, request_serializer, response_deserializer)
+
+    def unary_stream(self, method, *args, **kwargs):
+        return self._fallback.unary_stream(method, *args, **kwargs)
+
+    def stream_unary(self, method, *args, **kwargs):
+        return self._fallback.stream_unary(method, *args, **kwargs)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for connection in idle:
+            connection.close()
+
+    # connections
+    def connect(self, timeout_s: float | None = None) -> _Connection:
+        if self._closed:
+            raise SocketRpcError(grpc.StatusCode.CANCELLED, "the channel was closed")
+        try:
+            return _Connection(self.address, min(timeout_s or CONNECT_TIMEOUT_S, CONNECT_TIMEOUT_S))
+        except SocketRpcError:
+            if self._on_unreachable is not None:
+                self._on_unreachable()
+            raise
+
+    def _take(self, timeout_s: float | None) -> _Connection:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        return self.connect(timeout_s)
+
+    def _give_back(self, connection: _Connection) -> None:
+        with self._lock:
+            if not self._closed and len(self._idle) < IDLE_CONNECTIONS_MAX:
+                self._idle.append(connection)
+                return
+        connection.close()
+
+    def call(self, method: str, payload: bytes, timeout_s: float | None, metadata,
+             on_connection: Callable[[_Connection], None] | None = None) -> bytes:
+        """One unary call on a connection of the pool, on this thread: the response's bytes,
+        or SocketRpcError."""
+        connection = self._take(timeout_s)
+        if on_connection is not None:
+            on_connection(connection)
+        reusable = False
+        try:
+            connection.sock.settimeout(timeout_s)
+            correlation_id = connection.take_correlation_id()
+            connection.sock.sendall(call_frame(CALL, correlation_id, method, metadata, payload))
+            kind, answered_id, body = read_frame(connection.reader, self.receive_bytes_max)
+            if answered_id != correlation_id or kind not in (REPLY, STATUS):
+                raise FrameError(f"answer {kind}/{answered_id} to call {correlation_id}")
+            reusable = True
+            if kind == STATUS:
+                code, details, trailing = decode_status(body)
+                raise SocketRpcError(code, details, trailing)
+            return body
+        except SocketRpcError:
+            raise
+        except FrameTooLarge as exc:
+            raise SocketRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                 f"Received message larger than max ({exc.size} vs. {exc.limit})") from None
+        except (OSError, ConnectionClosed, FrameError, ValueError) as exc:
+            raise _failure(exc, f"{self._where} ({method})") from None
+        finally:
+            if reusable:
+                self._give_back(connection)
+            else:
+                connection.close()
+
+
+class _UnaryMethod:
+    """`stub.Method`: called, or `.future(...)`."""
+
+    def __init__(self, channel: SocketChannel, method: str, serialize, deserialize):
+        self._channel = channel
+        self._method = method
+        self._serialize = serialize
+        self._deserialize = deserialize
+
+    def __call__(self, request, timeout=None, metadata=None, **_):
+        return self._deserialize(self._channel.call(self._method, self._serialize(request), timeout, metadata))
+
+    def future(self, request, timeout=None, metadata=None, **_) -> "SocketFuture":
+        return SocketFuture(self._channel, self._method, self._serialize(request), self._deserialize,
+                            timeout, metadata)
+
+
+class SocketFuture(grpc.Future):
+    """A unary call made on a thread of its own (`stub.Method.future`): the rare calls a
+    client must not wait for (JoinGroup, SyncGroup, an async offset commit)."""
+
+    def __init__(self, channel: SocketChannel, method: str, payload: bytes, deserialize, timeout_s, metadata):
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._callbacks: list = []
+        self._response = None
+        self._error: BaseException | None = None
+        self._cancelled = False
+        self._connection: _Connection | None = None
+
+        def run() -> None:
+            try:
+                body = channel.call(method, payload, timeout_s, metadata, on_connection=self._using)
+                response, error = deserialize(body), None
+            except BaseException as exc:   # handed to whoever asks result()
+                response, error = None, exc
+            self._finish(response, error)
+        threading.Thread(target=run, name="eos-socket-call", daemon=True).start()
+
+    def _using(self, connection: _Connection) -> None:
+        with self._lock:
+            self._connection = connection
+            cancelled = self._cancelled
+        if cancelled:
+            connection.close()
+
+    def _finish(self, response, error) -> None:
+        with self._lock:
+            if self._done.is_set():
+                return
+            self._response, self._error = response, error
+            self._done.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback(self)
+
+    def cancel(self) -> bool:
+        with self._lock:
+            if self._done.is_set():
+                return False
+            self._cancelled = True
+            connection = self._connection
+        if connection is not None:
+            connection.close()         # its call fails at once; the answer is dropped
+        self._finish(None, grpc.FutureCancelledError())
+        return True
+
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def running(self) -> bool:
+        return not self._done.is_set()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def result(self, timeout=None):
+        if not self._done.wait(timeout):
+            raise grpc.FutureTimeoutError()
+        if self._error is not None:
+            raise self._error
+        return self._response
+
+    def exception(self, timeout=None):
+        if not self._done.wait(timeout):
+            raise grpc.FutureTimeoutError()
+        return self._error
+
+    def traceback(self, timeout=None):
+        error = self.exception(timeout)
+        return None if error is None else error.__traceback__
+
+    def add_done_callback(self, fn) -> None:
+        with self._lock:
+            if not self._done.is_set():
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
+
+class _StreamMethod:
+    """`stub.ProduceStream`: `open(metadata=)` for a stream sent on directly, or called with
+    a request iterator as gRPC's is (a thread then sends what the iterator gives)."""
+
+    def __init__(self, channel: SocketChannel, method: str, serialize, deserialize):
+        self._channel = channel
+        self._method = method
+        self._serialize = serialize
+        self._deserialize = deserialize
+
+    def open(self, metadata=None, timeout=None) -> "SocketStreamCall":
+        return SocketStreamCall(self._channel, self._method, self._serialize, self._deserialize, metadata)
+
+    def __call__(self, request_iterator, timeout=None, metadata=None, **_) -> "SocketStreamCall":
+        call = self.open(metadata)
+
+        def pump() -> None:
+            try:
+                for request in request_iterator:
+                    if not call.send(request):
+                        return
+                call.done_sending()
+            except Exception:       # the iterator failed: the call is cancelled, as gRPC does
+                log.exception("a request iterator of %s failed", self._method)
+                call.cancel()
+        threading.Thread(target=pump, name="eos-socket-stream-send", daemon=True).start()
+        return call
+
+
+class SocketStreamCall:
+    """One bidirectional stream on a connection of its own. Sending happens on the caller's
+    thread; the answers are read by iterating the call (one reader). Ends with StopIteration
+    after an OK status, else SocketRpcError."""
+
+    def __init__(self, channel: SocketChannel, method: str, serialize, deserialize, metadata):
+        self._channel = channel
+        self._method = method
+        self._serialize = serialize
+        self._deserialize = deserialize
+        self._where = f"{channel.address[0]}:{channel.address[1]} ({method})"
+        self._send_lock = threading.Lock()
+        self._cancelled = False
+        self._ended: SocketRpcError | None = None    # the outcome, once the stream is over
+        self._connection: _Connection | None = None
+        try:
+            self._connection = channel.connect()
+            self._connection.sock.sendall(call_frame(OPEN, 0, method, metadata))
+        except (SocketRpcError, OSError) as exc:
+            self._ended = _failure(exc, self._where)
+            if self._connection is not None:
+                self._connection.close()
+
+    def send(self, message) -> bool:
+        """Send one request; False when the stream is over (the reader sees why)."""
+        if self._ended is not None or self._cancelled:
+            return False
+        data = frame(MESSAGE, 0, self._serialize(message))
+        try:
+            with self._send_lock:
+                self._connection.sock.sendall(data)
+        except OSError:
+            self._connection.close()    # the reader ends with UNAVAILABLE
+            return False
+        return True
+
+    def done_sending(self) -> None:
+        if self._ended is not None or self._cancelled:
+            return
+        try:
+            with self._send_lock:
+                self._connection.sock.sendall(frame(HALF_CLOSE, 0))
+        except OSError:
+            self._connection.close()
+
+    def cancel(self) -> bool:
+        if self._cancelled or self._ended is not None:
+            return False
+        self._cancelled = True
+        if self._connection is not None:
+            self._connection.close()
+        return True
+
+    def __iter__(self) -> Iterator:
+        return self
+
+    def __next__(self):
+        if self._ended is not None:
+            raise self._end(self._ended)
+        try:
+            kind, _, body = read_frame(self._connection.reader, self._channel.receive_bytes_max)
+        except (OSError, ConnectionClosed, FrameError, FrameTooLarge, ValueError) as exc:
+            if self._cancelled:
+                error = SocketRpcError(grpc.StatusCode.CANCELLED, "Locally cancelled by application!")
+            else:
+                error = _failure(exc, self._where)
+            raise self._end(error) from None
+        if kind == MESSAGE:
+            return self._deserialize(body)
+        if kind == STATUS:
+            code, details, trailing = decode_status(body)
+            raise self._end(SocketRpcError(code, details, trailing))
+        raise self._end(SocketRpcError(grpc.StatusCode.INTERNAL, f"{self._where}: an unexpected frame kind {kind}"))
+
+    def _end(self, outcome: SocketRpcError):
+        if self._ended is None:
+            self._ended = outcome
+            self._connection.close()
+        return StopIteration() if outcome.code() is grpc.StatusCode.OK else outcome
+
+    # the parts of a grpc.Call the clients read after the end
+    def code(self):
+        return None if self._ended is None else self._ended.code()
+
+    def details(self):
+        return None if self._ended is None else self._ended.details()
+
+    def trailing_metadata(self):
+        return None if self._ended is None else self._ended.trailing_metadata()

@@ -1,0 +1,233 @@
+"""The broker's calls over plain TCP (socket.transport.port; eos/socket_rpc.py and
+broker/socket_server.py): clients find the port in Metadata and use it for produce streams,
+transactions and groups; statuses, limits, ACLs and the stop path behave as over gRPC; a
+port that refuses sends the client back to gRPC."""
+import threading
+
+import grpc
+import pytest
+
+import eos
+from broker.config import BrokerConfig
+from broker.server import BrokerServer
+from broker.acl import Operation, ResourceType
+from eos.errors import ErrorCode, InvalidConfigError
+from eos.records.codec import encode_batch
+from eos.socket_rpc import SocketChannel, SocketRpcError, SocketStreamCall
+from eos.v1 import broker_pb2, broker_pb2_grpc
+from tests.integration.test_acl_matrix import ANONYMOUS, broker_config, grant, make_pki
+from tests.waits import wait_for
+
+SOCKET = {"socket.transport.port": "0", "group.initial.rebalance.delay.ms": "0"}
+
+
+def _start(tmp_path, config=SOCKET) -> BrokerServer:
+    broker = BrokerServer(tmp_path / "data", port=0, config=config).start()
+    wait_for(lambda: broker.txn_coordinator.ready, "the transaction coordinator loaded")
+    return broker
+
+
+@pytest.fixture
+def broker(tmp_path):
+    server = _start(tmp_path)
+    yield server
+    server.stop()
+
+
+def _socket_stub(broker: BrokerServer) -> broker_pb2_grpc.BrokerStub:
+    return broker_pb2_grpc.BrokerStub(SocketChannel("127.0.0.1", broker.socket_port))
+
+
+def _read_committed(bootstrap: str, topic: str, count: int) -> list[bytes]:
+    values: list[bytes] = []
+    with eos.Consumer(bootstrap, config={"auto.offset.reset": "earliest", "isolation.level": "read_committed"}) as c:
+        c.assign([(topic, 0)])
+        wait_for(lambda: values.extend(r.value for r in c.poll(200)) or len(values) >= count,
+                 f"{count} records of {topic}")
+        assert not c.poll(300)         # and nothing more
+    return values
+
+
+def test_metadata_names_the_socket_port_and_an_idempotent_producer_streams_over_it(broker):
+    response = broker_pb2_grpc.BrokerStub(grpc.insecure_channel(broker.address)).Metadata(
+        broker_pb2.MetadataRequest())
+    assert response.brokers[0].socket_port == broker.socket_port > 0
+    with eos.Admin(broker.address) as admin:
+        admin.create_topic("orders")
+    with eos.Producer(broker.address, config={"linger.ms": 0, "acks": "all"}) as producer:
+        offsets = [producer.send("orders", value=b"%d" % i).result(10).offset for i in range(300)]
+        streams = list(producer._sender._streams.values())
+        assert streams and all(isinstance(s._call, SocketStreamCall) for s in streams)
+    assert offsets == list(range(300))
+    assert _read_committed(broker.address, "orders", 300) == [b"%d" % i for i in range(300)]
+
+
+def test_a_broker_without_the_setting_names_no_port_and_clients_stay_on_grpc(tmp_path):
+    broker = _start(tmp_path, {})
+    try:
+        assert broker.socket_port is None
+        with eos.Admin(broker.address) as admin:
+            admin.create_topic("plain")
+        with eos.Producer(broker.address, config={"linger.ms": 0}) as producer:
+            producer.send("plain", value=b"v").result(10)
+            assert not isinstance(producer._sender._streams[0]._call, SocketStreamCall)
+            assert producer._metadata._socket_ports == {}
+    finally:
+        broker.stop()
+
+
+def test_transactions_and_group_offsets_over_the_socket_are_exact(broker):
+    with eos.Admin(broker.address) as admin:
+        admin.create_topic("in")
+        admin.create_topic("out")
+    producer = eos.Producer(broker.address, config={"transactional.id": "copier"})
+    try:
+        producer.init_transactions()
+        for n, commit in ((1, True), (2, False), (3, True)):
+            producer.begin_transaction()
+            for i in range(3):
+                producer.send("out", value=b"t%d-%d" % (n, i))
+            producer.send_offsets_to_transaction({("in", 0): n * 10}, "copier-group")
+            if commit:
+                producer.commit_transaction()
+            else:
+                producer.abort_transaction()
+        assert producer._metadata._socket_channels, "the coordinator's calls went over the socket"
+    finally:
+        producer.close()
+    assert _read_committed(broker.address, "out", 6) == [b"t1-0", b"t1-1", b"t1-2", b"t3-0", b"t3-1", b"t3-2"]
+    with eos.Consumer(broker.address, config={"group.id": "copier-group"}) as consumer:
+        assert consumer.committed([("in", 0)])[("in", 0)] == 30
+
+
+def test_a_consumer_group_joins_commits_and_leaves_over_the_socket(broker):
+    with eos.Admin(broker.address) as admin:
+        admin.create_topic("events", partitions=2)
+    with eos.Producer(broker.address, config={"linger.ms": 0}) as producer:
+        for i in range(20):
+            producer.send("events", value=b"%d" % i, partition=i % 2)
+    values = []
+    with eos.Consumer(broker.address, config={"group.id": "readers", "auto.offset.reset": "earliest"}) as consumer:
+        consumer.subscribe(["events"])
+        wait_for(lambda: values.extend(r.value for r in consumer.poll(200)) or len(values) >= 20, "20 records")
+        assert len(consumer.assignment()) == 2
+        consumer.commit()
+        assert consumer._metadata._socket_channels
+    assert sorted(values, key=int) == [b"%d" % i for i in range(20)]
+    with eos.Consumer(broker.address, config={"group.id": "readers"}) as again:
+        assert again.committed([("events", 0), ("events", 1)]) == {
+            ("events", 0): 10, ("events", 1): 10}
+
+
+def test_statuses_come_back_as_grpc_errors_and_the_connection_goes_on(tmp_path):
+    broker = _start(tmp_path, {**SOCKET, "socket.request.max.bytes": "2000"})
+    try:
+        stub = _socket_stub(broker)
+        # a handler's own answer: unknown topic, as a per-partition error
+        batch = encode_batch([b"v"])
+        answer = stub.Produce(broker_pb2.ProduceRequest(acks=1, partitions=[
+            broker_pb2.PartitionRecords(topic="nowhere", partition=0, records=batch)]), timeout=10)
+        assert answer.partitions[0].error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        # gRPC's own refusal of a message over the broker's limit, then the same connection serves
+        with pytest.raises(SocketRpcError) as too_large:
+            stub.Produce(broker_pb2.ProduceRequest(acks=1, partitions=[
+                broker_pb2.PartitionRecords(topic="nowhere", partition=0, records=b"x" * 5000)]), timeout=10)
+        assert too_large.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert stub.Metadata(broker_pb2.MetadataRequest(), timeout=10).brokers[0].socket_port == broker.socket_port
+        # a method the broker does not have
+        missing = SocketChannel("127.0.0.1", broker.socket_port).unary_unary(
+            "/eos.v1.Broker/NoSuchCall", request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=broker_pb2.MetadataResponse.FromString)
+        with pytest.raises(SocketRpcError) as unimplemented:
+            missing(broker_pb2.MetadataRequest(), timeout=10)
+        assert unimplemented.value.code() is grpc.StatusCode.UNIMPLEMENTED
+    finally:
+        broker.stop()
+
+
+def test_a_produce_stream_answers_pipelined_requests_in_order_then_ends_ok(broker):
+    with eos.Admin(broker.address) as admin:
+        admin.create_topic("s")
+    call = _socket_stub(broker).ProduceStream.open()
+    for correlation_id in range(4):
+        batch = encode_batch([b"r%d" % correlation_id])
+        assert call.send(broker_pb2.ProduceRequest(acks=1, correlation_id=correlation_id, partitions=[
+            broker_pb2.PartitionRecords(topic="s", partition=0, records=batch)]))
+    call.done_sending()
+    answers = list(call)          # ends with StopIteration: the broker's OK status
+    assert [a.correlation_id for a in answers] == [0, 1, 2, 3]
+    assert [a.partitions[0].base_offset for a in answers] == [0, 1, 2, 3]
+    assert call.code() is grpc.StatusCode.OK
+    assert not call.send(broker_pb2.ProduceRequest())      # over: nothing more is taken
+
+
+def test_a_stopping_broker_ends_an_idle_stream_and_idle_connections(tmp_path):
+    broker = _start(tmp_path)
+    stub = _socket_stub(broker)
+    stub.Metadata(broker_pb2.MetadataRequest(), timeout=10)      # leaves a pooled idle connection
+    call = stub.ProduceStream.open()
+    wait_for(lambda: broker._servicer.produce_stream_count == 1, "the stream opened on the broker")
+    stopper = threading.Thread(target=broker.stop)
+    stopper.start()
+    with pytest.raises(SocketRpcError) as ended:
+        next(call)
+    assert ended.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+    stopper.join(30)
+    assert not stopper.is_alive(), "the broker stopped"
+    with pytest.raises(SocketRpcError) as refused:
+        stub.Metadata(broker_pb2.MetadataRequest(), timeout=5)
+    assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+
+
+def test_a_socket_port_that_refuses_sends_the_client_back_to_grpc(broker):
+    with eos.Admin(broker.address) as admin:
+        admin.create_topic("fallback")
+    with eos.Producer(broker.address, config={"linger.ms": 0, "retry.backoff.ms": 20}) as producer:
+        producer.send("fallback", value=b"before").result(10)
+        assert isinstance(producer._sender._streams[0]._call, SocketStreamCall)
+        socket_server = broker._grpc_server.servers[-1]
+        socket_server.stop(0).wait(10)      # the port refuses from now on; gRPC still serves
+        offsets = [producer.send("fallback", value=b"after-%d" % i).result(30).offset for i in range(5)]
+        assert offsets == [1, 2, 3, 4, 5]   # each once, in order: the retry went over gRPC
+        assert broker.address in producer._metadata._socket_down_until_ms
+        assert not isinstance(producer._sender._streams[0]._call, SocketStreamCall)
+    assert _read_committed(broker.address, "fallback", 6)[1:] == [b"after-%d" % i for i in range(5)]
+
+
+def test_calls_over_the_socket_are_the_plaintext_listeners_and_acls_apply(tmp_path):
+    pki = make_pki(tmp_path / "pki")
+    broker = _start(tmp_path, broker_config(pki, **SOCKET))
+    seen = []
+    broker.call_identity_observer = lambda method, identity: seen.append((method, identity))
+    try:
+        admin = eos.Admin(broker.address_of("SSL"), config={
+            "security.protocol": "SSL", "ssl.ca.location": str(pki["ca_path"]),
+            "ssl.certificate.location": str(pki["admin"].certificate_path),
+            "ssl.key.location": str(pki["admin"].key_path)})
+        admin.create_topic("guarded")
+        # over TLS the client is told no socket port: it stays on TLS
+        assert admin._metadata.fetch().brokers[0].socket_port == 0
+        stub = _socket_stub(broker)
+        batch = encode_batch([b"v"])
+        request = broker_pb2.ProduceRequest(acks=1, partitions=[
+            broker_pb2.PartitionRecords(topic="guarded", partition=0, records=batch)])
+        assert stub.Produce(request, timeout=10).partitions[0].error_code == ErrorCode.TOPIC_AUTHORIZATION_FAILED
+        assert ("/eos.v1.Broker/Produce", "PLAINTEXT", ANONYMOUS) in [
+            (method, identity.listener.name, identity.principal) for method, identity in seen]
+        admin.create_acls(grant(ResourceType.TOPIC, "guarded", Operation.WRITE, principal=ANONYMOUS))
+        admin.close()
+        assert stub.Produce(request, timeout=10).partitions[0].error_code == ErrorCode.NONE
+    finally:
+        broker.stop()
+
+
+def test_the_setting_is_refused_where_it_cannot_serve():
+    with pytest.raises(InvalidConfigError, match="ZooKeeper cluster"):
+        BrokerConfig.from_dict({"socket.transport.port": "0", "zookeeper.connect": "127.0.0.1:2181"})
+    with pytest.raises(InvalidConfigError, match="no listener is PLAINTEXT"):
+        BrokerConfig.from_dict({"socket.transport.port": "0", "listeners": "SSL://127.0.0.1:0",
+                                "ssl.certificate.location": "c.pem", "ssl.key.location": "k.pem"})
+    with pytest.raises(InvalidConfigError):
+        BrokerConfig.from_dict({"socket.transport.port": "70000"})
+    assert BrokerConfig.from_dict({"socket.transport.port": "0"}).socket_transport_port == 0
+    assert BrokerConfig.from_dict({}).socket_transport_port == -1
