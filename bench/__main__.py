@@ -163,7 +163,8 @@ def run_system(system: str, broker, workloads: list[str], sizes: Sizes, disk_spe
     return outcomes
 
 
-def start_broker(system: str, kafka_version: str, tmp_dir: str, progress: Progress):
+def start_broker(system: str, kafka_version: str, tmp_dir: str, progress: Progress,
+                 eos_config: tuple[str, ...] = ()):
     if system == "kafka":
         progress("kafka: resolving jars from Maven Central (cached after the first run)")
         dist = resolve_kafka(kafka_version)
@@ -171,7 +172,8 @@ def start_broker(system: str, kafka_version: str, tmp_dir: str, progress: Progre
         return KafkaBroker(dist, base_dir=tmp_dir).start(), dist.version
     progress("eos: starting the eos broker")
     from eos import __version__
-    return EosBroker(base_dir=tmp_dir).start(), __version__
+    extra_args = tuple(arg for pair in eos_config for arg in ("--config", pair))
+    return EosBroker(base_dir=tmp_dir, extra_args=extra_args).start(), __version__
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -190,6 +192,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                                              tempfile.gettempdir()),
                         help="where broker data and the disk test go (same filesystem)")
     parser.add_argument("--json", action="store_true", help="also print the JSON to stdout")
+    parser.add_argument("--eos-config", action="append", default=[], metavar="NAME=VALUE",
+                        help="a setting for the eos broker (repeatable), as `eos broker start --config`")
     args = parser.parse_args(argv)
     args.workloads = [w.strip() for w in args.only.split(",") if w.strip()] or \
         [name for name, w in REGISTRY.items() if w.default_on]
@@ -241,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             try:
                 broker, version = start_broker(system, args.kafka_version, args.tmp_dir,
-                                               progress)
+                                               progress, tuple(args.eos_config))
             except (KafkaUnavailable, EosUnavailable, ImportError) as exc:
                 # No eos broker program yet is "not available"; one that crashes is an error.
                 missing = system == "eos" and broker_available() is not None

@@ -6,7 +6,7 @@ machine, beside eos's produce round trip, at the same paced rate.
 Theory of operation
 -------------------
 eos trails Kafka on the rows a round trip decides (produce latency, commit latency). This
-bench separates what gRPC itself costs here from what eos adds to it. Five paths are timed
+bench separates what gRPC itself costs here from what eos adds to it. Seven paths are timed
 one after the other, each `--count` round trips paced at `--rate` a second (after a warm-up
 of a tenth as many), `--repeats` times, in this order each round:
 
@@ -18,12 +18,14 @@ of a tenth as many), `--repeats` times, in this order each round:
 - `tcp stream echo`: the same 100 bytes, length-prefixed, on a plain TCP connection to the
   same child (a thread per connection echoes each frame); on the client a reader thread
   takes the echoes and hands them to the waiting thread, the shape a produce stream would
-  have over a socket instead of gRPC. It prices that alternative transport, which eos
-  does not have: the difference to `grpc stream echo` is what gRPC itself costs here.
-- `eos ProduceStream, raw`: a pre-built one-record ProduceRequest (acks=1) on a bidi stream
-  to an eos broker process: the broker's whole produce path, no eos client.
-- `eos Producer send -> ack`: eos.Producer (acks=all, idempotent, linger 0) send() to the
-  future's completion: what the `latency` workload measures, here at the same pace.
+  have over a socket instead of gRPC: the difference to `grpc stream echo` is what gRPC
+  itself costs here.
+- `eos ProduceStream, raw (gRPC)`: a pre-built one-record ProduceRequest (acks=1) on a bidi
+  stream to an eos broker process: the broker's whole produce path, no eos client.
+- `eos Producer send -> ack (gRPC)`: eos.Producer (acks=all, idempotent, linger 0) send() to
+  the future's completion: what the `latency` workload measures, here at the same pace.
+- the same two against a second broker with `socket.transport.port` (eos/socket_rpc.py):
+  the raw stream on the socket port, and a Producer that finds the port in Metadata.
 
 For each: p50 and p99 of the round trip, and the CPU time the client and the server
 process used per round trip (from /proc, so gRPC's own C threads count too). Kafka is not
@@ -129,10 +131,16 @@ class StreamRoundTrip:
 
     def __init__(self, multi_callable):
         self._requests: queue.SimpleQueue = queue.SimpleQueue()
-        self._call = multi_callable(iter(self._requests.get, None))
+        open_direct = getattr(multi_callable, "open", None)     # the socket transport's stream
+        if open_direct is not None:
+            self._call = open_direct()
+            self._send = self._call.send
+        else:
+            self._call = multi_callable(iter(self._requests.get, None))
+            self._send = self._requests.put
 
     def __call__(self, message):
-        self._requests.put(message)
+        self._send(message)
         return next(self._call)
 
     def close(self) -> None:
@@ -212,16 +220,21 @@ def echo_paths(port: int, tcp_port: int) -> tuple[dict, object]:
             "tcp stream echo": lambda: tcp(VALUE)}, close
 
 
-def eos_paths(bootstrap: str, round_index: int) -> tuple[dict, object]:
+def eos_paths(bootstrap: str, round_index: int, socket_port: int | None = None) -> tuple[dict, object]:
+    """The raw ProduceStream and the Producer's send -> ack on the broker at `bootstrap`:
+    over gRPC, or, with `socket_port`, over the broker's socket port (the Producer finds it
+    in Metadata)."""
     import eos
     from bench.workloads.clients import eos_create_topic
     from eos.records.codec import encode_batch
+    from eos.socket_rpc import SocketChannel
     from eos.v1 import broker_pb2, broker_pb2_grpc
 
+    over = "socket" if socket_port else "gRPC"
     raw_topic, producer_topic = f"transport-raw-{round_index}", f"transport-producer-{round_index}"
     eos_create_topic(bootstrap, raw_topic)
     eos_create_topic(bootstrap, producer_topic)
-    channel = grpc.insecure_channel(bootstrap)
+    channel = SocketChannel("127.0.0.1", socket_port) if socket_port else grpc.insecure_channel(bootstrap)
     stream = StreamRoundTrip(broker_pb2_grpc.BrokerStub(channel).ProduceStream)
     records = encode_batch([VALUE])
     correlation_ids = iter(range(1 << 30))
@@ -240,8 +253,8 @@ def eos_paths(bootstrap: str, round_index: int) -> tuple[dict, object]:
         stream.close()
         channel.close()
 
-    return {"eos ProduceStream, raw": raw_produce,
-            "eos Producer send -> ack": lambda: producer.send(producer_topic, value=VALUE).result()}, close
+    return {f"eos ProduceStream, raw ({over})": raw_produce,
+            f"eos Producer send -> ack ({over})": lambda: producer.send(producer_topic, value=VALUE).result()}, close
 
 
 def measure(rate_per_s: int, count: int, repeats: int) -> dict:
@@ -255,11 +268,15 @@ def measure(rate_per_s: int, count: int, repeats: int) -> dict:
             if echo_server.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("the echo server did not start")
             time.sleep(0.05)
-        with EosBroker() as broker:
+        socket_port = free_port()
+        with EosBroker() as broker, EosBroker(
+                extra_args=("--config", f"socket.transport.port={socket_port}")) as socket_broker:
             for round_index in range(repeats):
                 print(f"round {round_index + 1} of {repeats}", file=sys.stderr, flush=True)
-                for open_paths, server_pid in ((lambda: echo_paths(port, tcp_port), echo_server.pid),
-                                               (lambda: eos_paths(broker.bootstrap, round_index), broker.proc.pid)):
+                for open_paths, server_pid in (
+                        (lambda: echo_paths(port, tcp_port), echo_server.pid),
+                        (lambda: eos_paths(broker.bootstrap, round_index), broker.proc.pid),
+                        (lambda: eos_paths(socket_broker.bootstrap, round_index, socket_port), socket_broker.proc.pid)):
                     paths, close = open_paths()
                     try:
                         for name, round_trip in paths.items():

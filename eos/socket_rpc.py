@@ -278,9 +278,13 @@ class SocketChannel:
         return _StreamMethod(self, method, request_serializer, response_deserializer)
 
     def unary_stream(self, method, *args, **kwargs):
+        if self._fallback is None:
+            return _not_carried(method)
         return self._fallback.unary_stream(method, *args, **kwargs)
 
     def stream_unary(self, method, *args, **kwargs):
+        if self._fallback is None:
+            return _not_carried(method)
         return self._fallback.stream_unary(method, *args, **kwargs)
 
     def close(self) -> None:
@@ -301,11 +305,20 @@ class SocketChannel:
                 self._on_unreachable()
             raise
 
-    def _take(self, timeout_s: float | None) -> _Connection:
+    def _take(self, timeout_s: float | None) -> tuple[_Connection, bool]:
+        """A connection for one call, and whether it was idle in the pool (used before)."""
         with self._lock:
             if self._idle:
-                return self._idle.pop()
-        return self.connect(timeout_s)
+                return self._idle.pop(), True
+        return self.connect(timeout_s), False
+
+    def _drop_idle(self) -> None:
+        """A connection from the pool broke: the others were opened to the same broker
+        process and most likely broke with it (a restart), so none is tried again."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for connection in idle:
+            connection.close()
 
     def _give_back(self, connection: _Connection) -> None:
         with self._lock:
@@ -318,7 +331,7 @@ class SocketChannel:
              on_connection: Callable[[_Connection], None] | None = None) -> bytes:
         """One unary call on a connection of the pool, on this thread: the response's bytes,
         or SocketRpcError."""
-        connection = self._take(timeout_s)
+        connection, reused = self._take(timeout_s)
         if on_connection is not None:
             on_connection(connection)
         reusable = False
@@ -340,12 +353,21 @@ class SocketChannel:
             raise SocketRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                  f"Received message larger than max ({exc.size} vs. {exc.limit})") from None
         except (OSError, ConnectionClosed, FrameError, ValueError) as exc:
+            if reused and not isinstance(exc, socket.timeout):
+                self._drop_idle()
             raise _failure(exc, f"{self._where} ({method})") from None
         finally:
             if reusable:
                 self._give_back(connection)
             else:
                 connection.close()
+
+
+def _not_carried(method: str):
+    def call(*_args, **_kwargs):
+        raise SocketRpcError(grpc.StatusCode.UNIMPLEMENTED,
+                             f"{method}: the socket transport carries unary calls and bidirectional streams only")
+    return call
 
 
 class _UnaryMethod:

@@ -231,3 +231,28 @@ def test_the_setting_is_refused_where_it_cannot_serve():
         BrokerConfig.from_dict({"socket.transport.port": "70000"})
     assert BrokerConfig.from_dict({"socket.transport.port": "0"}).socket_transport_port == 0
     assert BrokerConfig.from_dict({}).socket_transport_port == -1
+
+
+def test_after_a_broker_restart_one_call_fails_and_the_pooled_connections_are_dropped(tmp_path):
+    from eos.local_cluster import free_port
+    config = {**SOCKET, "socket.transport.port": str(free_port())}
+    port = free_port()
+    broker = BrokerServer(tmp_path / "data", port=port, config=config).start()
+    channel = SocketChannel("127.0.0.1", broker.socket_port)
+    stub = broker_pb2_grpc.BrokerStub(channel)
+    try:
+        # four connections in the pool, as four calls at once leave them
+        for _ in range(4):
+            channel._give_back(channel.connect())
+        stub.Metadata(broker_pb2.MetadataRequest(), timeout=10)
+        assert len(channel._idle) == 4
+        broker.stop()
+        broker = BrokerServer(tmp_path / "data", port=port, config=config).start()
+        with pytest.raises(SocketRpcError) as broken:
+            stub.Metadata(broker_pb2.MetadataRequest(), timeout=10)   # a connection to the old process
+        assert broken.value.code() is grpc.StatusCode.UNAVAILABLE
+        assert channel._idle == []                                     # the rest were dropped with it
+        assert stub.Metadata(broker_pb2.MetadataRequest(), timeout=10).brokers[0].socket_port == broker.socket_port
+    finally:
+        channel.close()
+        broker.stop()
