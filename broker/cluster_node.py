@@ -145,10 +145,11 @@ class ClusterNode:
             now_ms_fn=self._now_ms,
             rebalance_interval_ms=config.leader_imbalance_check_interval_seconds * 1000, security=self.security)
 
-    def join(self, port: int, endpoints: tuple = ()) -> None:
+    def join(self, port: int, endpoints: tuple = (), socket_port: int = 0) -> None:
         """Register in ZooKeeper and start the roles; the gRPC server already serves.
         `port` is the inter-broker listener's; `endpoints` (ListenerEndpoint) every
-        listener's advertised address, which Metadata hands to the clients of each."""
+        listener's advertised address, which Metadata hands to the clients of each;
+        `socket_port` the socket.transport.port (0: none), handed to PLAINTEXT clients."""
         from broker.metadata.zk_store import BrokerRegistration
 
         self._port = port
@@ -157,7 +158,7 @@ class ClusterNode:
         self._loader.start()
         self.broker_epoch = self.store.register_broker(
             BrokerRegistration(self.broker_id, self.host, port, self.config.broker_rack or None,
-                               endpoints=tuple(endpoints)))
+                               endpoints=tuple(endpoints), socket_port=socket_port))
         self.store.add_session_listener(self._session_changed)
         self.controller.start()
         log.info("broker %d registered in ZooKeeper (broker epoch %d)", self.broker_id, self.broker_epoch)

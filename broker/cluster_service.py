@@ -128,7 +128,7 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServicer):
                 controller_id=request.controller_id, controller_epoch=request.controller_epoch,
                 brokers=[BrokerEndpoint(b.broker_id, b.host, b.port, b.rack or None, b.broker_epoch,
                                         tuple(ListenerEndpoint(e.listener_name, e.security_protocol, e.host, e.port)
-                                              for e in b.endpoints))
+                                              for e in b.endpoints), b.socket_port)
                          for b in request.live_brokers],
                 partitions=[partition_info_from_proto(p) for p in request.partitions],
                 topic_configs=configs, full=request.full, deleted_topics=list(request.deleted_topics))

@@ -282,12 +282,7 @@ def _security_settings(raw: Mapping[str, str], *, clustered: bool) -> dict:
 
 
 def _check_socket_transport(values: dict) -> None:
-    """socket.transport.port serves plain TCP: a PLAINTEXT listener's calls, on one broker."""
-    if values.get("zookeeper_connect"):
-        # Other brokers' socket ports would have to be in their registrations and in the
-        # metadata the controller sends; not built yet.
-        raise InvalidConfigError("socket.transport.port is not available on a ZooKeeper cluster yet: "
-                                 "use it on a single broker")
+    """socket.transport.port serves plain TCP: a PLAINTEXT listener's calls."""
     listeners = values.get("listeners") or ()
     if listeners and not any(listener.security_protocol == PLAINTEXT for listener in listeners):
         raise InvalidConfigError("socket.transport.port carries a PLAINTEXT listener's calls over plain TCP, "

@@ -577,7 +577,7 @@ class BrokerServer:
             threading.Thread(target=self._start_txn_coordinator, name="eos-txn-load", daemon=True).start()
         else:
             self._txn_coordinator.start()     # threads only: partitions load with leadership
-            cluster.join(bound_port, self._advertised_endpoints())
+            cluster.join(bound_port, self._advertised_endpoints(), self.socket_port or 0)
             self._became_ready()
 
     def _new_txn_coordinator(self, bound_port: int) -> TransactionCoordinator:

@@ -267,13 +267,15 @@ class BrokerServicer(WriteHandlers, ReadHandlers, broker_pb2_grpc.BrokerServicer
             return self._node
         return self._listener_nodes.get(call.listener.name, self._node)
 
-    def _socket_port_for_call(self) -> int:
-        """The socket port for a client on a PLAINTEXT listener (the port is plain TCP); 0
-        for one that came in over TLS, which stays on TLS."""
+    @staticmethod
+    def _call_is_plaintext() -> bool:
+        """Did the current call come in on a PLAINTEXT listener? Only such a client is told
+        the brokers' socket ports (plain TCP): one that came over TLS stays on TLS."""
         call = current_call()
-        if call is not None and call.listener.security_protocol != PLAINTEXT:
-            return 0
-        return self._socket_port
+        return call is None or call.listener.security_protocol == PLAINTEXT
+
+    def _socket_port_for_call(self) -> int:
+        return self._socket_port if self._call_is_plaintext() else 0
 
     def _metadata_from_cache(self, request: broker_pb2.MetadataRequest) -> broker_pb2.MetadataResponse:
         """Cluster mode: what the controller last told this broker (UpdateMetadata). Brokers
@@ -309,12 +311,14 @@ class BrokerServicer(WriteHandlers, ReadHandlers, broker_pb2_grpc.BrokerServicer
                     leader_id=info.leader, leader_epoch=info.leader_epoch, replica_ids=info.replicas,
                     isr_ids=info.isr, offline_replica_ids=info.offline_replicas) for info in partitions]))
         listener_name = listener_name_of_call()
+        plaintext = self._call_is_plaintext()
         brokers = []
         for broker in sorted(snapshot.brokers.values(), key=lambda b: b.broker_id):
             address = broker.endpoint(listener_name)
             if address is not None:
                 brokers.append(broker_pb2.BrokerNode(node_id=broker.broker_id, host=address[0], port=address[1],
-                                                     rack=broker.rack or ""))
+                                                     rack=broker.rack or "",
+                                                     socket_port=broker.socket_port if plaintext else 0))
         return broker_pb2.MetadataResponse(brokers=brokers, controller_id=snapshot.controller_id, topics=topics,
                                            cluster_id=self._cluster_id)
 

@@ -452,7 +452,8 @@ class Controller:
             live_brokers=[cluster_pb2.ClusterBroker(
                 broker_id=b.broker_id, host=b.host, port=b.port, rack=b.rack or "", broker_epoch=b.epoch,
                 endpoints=[cluster_pb2.ListenerEndpoint(listener_name=e.name, security_protocol=e.security_protocol,
-                                                        host=e.host, port=e.port) for e in b.endpoints])
+                                                        host=e.host, port=e.port) for e in b.endpoints],
+                socket_port=b.socket_port)
                 for b in effect.live_brokers])
         offline = effect.offline_replicas or {}
         for state in effect.partitions:

@@ -26,7 +26,8 @@ class BrokerInfo:
     """A registered broker: where it listens, its rack, and its broker epoch (the czxid of
     its /brokers/ids znode; -1 when not read from ZooKeeper). `host`/`port` are its
     inter-broker listener's; `endpoints` every listener's (empty: the one PLAINTEXT
-    listener at host:port, as a registration without endpoints means)."""
+    listener at host:port, as a registration without endpoints means); `socket_port` its
+    socket.transport.port on its PLAINTEXT listener's host (0: none; eos/socket_rpc.py)."""
 
     broker_id: int
     host: str
@@ -34,6 +35,7 @@ class BrokerInfo:
     rack: str | None = None
     epoch: int = -1
     endpoints: tuple[ListenerEndpoint, ...] = ()
+    socket_port: int = 0
 
     def endpoint(self, listener_name: str | None) -> tuple[str, int] | None:
         """host and port of the broker's listener `listener_name` (None: the inter-broker

@@ -107,7 +107,7 @@ def encode_broker(reg: BrokerRegistration, timestamp_ms: int) -> bytes:
     return _dumps({"features": {}, "listener_security_protocol_map": {e.name: e.security_protocol for e in endpoints},
                    "endpoints": [f"{e.name}://{format_host_port(e.host, e.port)}" for e in endpoints], "jmx_port": -1,
                    "port": reg.port, "host": reg.host, "version": 5, "timestamp": str(timestamp_ms),
-                   "rack": reg.rack})
+                   "rack": reg.rack, **({"eos_socket_port": reg.socket_port} if reg.socket_port else {})})
 
 
 def decode_broker(broker_id: int, data: bytes, epoch: int) -> BrokerRegistration:
@@ -118,8 +118,9 @@ def decode_broker(broker_id: int, data: bytes, epoch: int) -> BrokerRegistration
         name, _, address = str(text).partition("://")
         host, _, port = address.rpartition(":")
         endpoints.append(ListenerEndpoint(name, protocols.get(name, name), host.strip("[]"), int(port)))
+    # eos_socket_port: eos's own field (Kafka's readers ignore fields they do not know)
     return BrokerRegistration(broker_id, value["host"], int(value["port"]), value.get("rack"), epoch,
-                              tuple(endpoints))
+                              tuple(endpoints), int(value.get("eos_socket_port") or 0))
 
 
 def encode_config(config) -> bytes:

@@ -16,20 +16,22 @@ PREFERRED: ElectionType
 UNCLEAN: ElectionType
 
 class ClusterBroker(_message.Message):
-    __slots__ = ("broker_id", "host", "port", "rack", "broker_epoch", "endpoints")
+    __slots__ = ("broker_id", "host", "port", "rack", "broker_epoch", "endpoints", "socket_port")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PORT_FIELD_NUMBER: _ClassVar[int]
     RACK_FIELD_NUMBER: _ClassVar[int]
     BROKER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
+    SOCKET_PORT_FIELD_NUMBER: _ClassVar[int]
     broker_id: int
     host: str
     port: int
     rack: str
     broker_epoch: int
     endpoints: _containers.RepeatedCompositeFieldContainer[ListenerEndpoint]
-    def __init__(self, broker_id: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., rack: _Optional[str] = ..., broker_epoch: _Optional[int] = ..., endpoints: _Optional[_Iterable[_Union[ListenerEndpoint, _Mapping]]] = ...) -> None: ...
+    socket_port: int
+    def __init__(self, broker_id: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., rack: _Optional[str] = ..., broker_epoch: _Optional[int] = ..., endpoints: _Optional[_Iterable[_Union[ListenerEndpoint, _Mapping]]] = ..., socket_port: _Optional[int] = ...) -> None: ...
 
 class ListenerEndpoint(_message.Message):
     __slots__ = ("listener_name", "security_protocol", "host", "port")

@@ -134,13 +134,25 @@ def assert_exactly_once_in_order(records, acked: list[int]):
 
 # ---- leader failover ------------------------------------------------------------------------------
 
-def test_kill_leader_elects_new_leader_from_isr_and_loses_nothing(cluster):
+@pytest.mark.parametrize("transport", ["grpc", "socket"])
+def test_kill_leader_elects_new_leader_from_isr_and_loses_nothing(cluster_factory, transport):
+    # socket: every broker also serves socket.transport.port (eos/socket_rpc.py), which the
+    # controller's metadata hands to the clients, so the produce streams go over it
+    cluster = cluster_factory({**CLUSTER_CONFIG, "socket.transport.port": "0"} if transport == "socket"
+                              else CLUSTER_CONFIG)
     admin = eos.Admin(bootstrap=cluster.bootstrap)
     admin.create_topic("orders", partitions=1, replication_factor=3, config={"min.insync.replicas": "2"})
     before = wait_for(lambda: (lambda p: p if len(p["isr"]) == 3 else None)(describe(admin, "orders")[0]),
                       "the full ISR")
     with SteadyProducer(cluster.bootstrap, "orders") as producer:
         wait_for(lambda: producer.acked_count() >= 200, "200 acknowledged records")
+        socket_ports = {b.node_id: b.socket_port for b in producer.producer._metadata.fetch().brokers}
+        assert len(socket_ports) == 3
+        if transport == "socket":
+            assert all(socket_ports.values()) and len(set(socket_ports.values())) == 3
+            assert producer.producer._metadata._socket_channels, "the producer's calls went over a socket"
+        else:
+            assert set(socket_ports.values()) == {0}
         killed_at = time.monotonic()
         cluster.kill(before["leader"])
         after = wait_for_leader(admin, "orders", other_than=before["leader"])

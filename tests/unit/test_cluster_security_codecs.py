@@ -30,6 +30,15 @@ def test_a_registration_lists_every_listener_and_reads_back():
                                                                                info.endpoints)
 
 
+def test_a_registration_carries_the_socket_port_only_when_there_is_one():
+    info = BrokerInfo(2, "h", 9092, socket_port=9192)
+    assert json.loads(encode_broker(info, 0))["eos_socket_port"] == 9192
+    assert decode_broker(2, encode_broker(info, 0), epoch=3).socket_port == 9192
+    plain = BrokerInfo(2, "h", 9092)
+    assert "eos_socket_port" not in json.loads(encode_broker(plain, 0))
+    assert decode_broker(2, encode_broker(plain, 0), epoch=3).socket_port == 0
+
+
 def test_a_registration_without_endpoints_is_one_plaintext_listener():
     legacy = json.dumps({"host": "h", "port": 9092, "version": 4}).encode()
     info = decode_broker(1, legacy, epoch=1)
