@@ -131,7 +131,8 @@ class ClusterNode:
         self.replicas.on_role_change = self._role_changed
         self.replicas.fetchers = FetcherManager(
             self.broker_id, log_manager, address_of=self._address_of, on_appended=notify,
-            broker_epoch_fn=lambda: self.broker_epoch, security=self.security)
+            broker_epoch_fn=lambda: self.broker_epoch, security=self.security,
+            socket_address_of=self._socket_address_of)
         self.topic_admin = ClusterTopicAdmin(
             self.store, self.metadata, default_num_partitions=config.num_partitions,
             default_replication_factor=config.default_replication_factor, default_config=config.topic_defaults,
@@ -199,6 +200,18 @@ class ClusterNode:
                 return None
             return f"{registration.host}:{registration.port}"
         return f"{endpoint.host}:{endpoint.port}"
+
+    def _socket_address_of(self, broker_id: int) -> tuple[str, int] | None:
+        """Where a broker serves socket.transport.port: its PLAINTEXT listener's host, when
+        it has the port and this broker's inter-broker listener is PLAINTEXT (the socket is
+        plain TCP, and the broker's own calls over TLS stay on TLS)."""
+        if self.security.is_tls:
+            return None
+        endpoint = self.metadata.broker(broker_id)
+        if endpoint is None or not endpoint.socket_port:
+            return None
+        plaintext = next((e for e in endpoint.endpoints if e.security_protocol == "PLAINTEXT"), None)
+        return (plaintext.host if plaintext is not None else endpoint.host), endpoint.socket_port
 
     def _write_isr(self, topic: str, partition: int, leader: int, leader_epoch: int, isr: tuple[int, ...],
                    controller_epoch: int, zk_version: int) -> int:

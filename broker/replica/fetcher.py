@@ -66,7 +66,7 @@ class ReplicaFetcher(threading.Thread):
 
     def __init__(self, broker_id: int, leader_id: int, address: str, log_manager, *,
                  on_appended: Callable[[tuple[str, int]], None], broker_epoch_fn: Callable[[], int],
-                 security: ChannelSecurity | None = None):
+                 security: ChannelSecurity | None = None, socket_address: tuple[str, int] | None = None):
         super().__init__(name=f"eos-fetcher-{leader_id}", daemon=True)
         self.broker_id = broker_id
         self.leader_id = leader_id
@@ -79,6 +79,23 @@ class ReplicaFetcher(threading.Thread):
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._channel = open_channel(address, security)
+        self._broker = broker_pb2_grpc.BrokerStub(self._channel)
+        self._cluster = cluster_pb2_grpc.ClusterStub(self._channel)
+        # The leader's socket.transport.port (eos/socket_rpc.py), when it has one and the
+        # inter-broker listener is PLAINTEXT: each Fetch is then sent and answered on this
+        # thread over plain TCP, without gRPC's thread hand-offs on either broker. A port
+        # that refuses a connection sends this fetcher back to gRPC for its life.
+        self.socket_address = socket_address
+        self._socket_channel = None
+        if socket_address is not None:
+            from eos.socket_rpc import SocketChannel
+            self._socket_channel = SocketChannel(*socket_address, self._channel, on_unreachable=self._back_to_grpc)
+            self._broker = broker_pb2_grpc.BrokerStub(self._socket_channel)
+            self._cluster = cluster_pb2_grpc.ClusterStub(self._socket_channel)
+
+    def _back_to_grpc(self) -> None:
+        log.info("fetcher for leader %d: its socket port %s:%d refused a connection; fetching over gRPC",
+                 self.leader_id, *self.socket_address)
         self._broker = broker_pb2_grpc.BrokerStub(self._channel)
         self._cluster = cluster_pb2_grpc.ClusterStub(self._channel)
 
@@ -106,6 +123,8 @@ class ReplicaFetcher(threading.Thread):
     def close(self) -> None:
         self.shutdown()
         self.join(RPC_TIMEOUT_S + 1)
+        if self._socket_channel is not None:
+            self._socket_channel.close()
         self._channel.close()
 
     # ---- the loop ------------------------------------------------------------------------------
@@ -250,17 +269,20 @@ class FetcherManager:
     """The fetcher threads of one broker, one per leader broker; see the module doc.
 
     `address_of(broker_id)` gives a leader's host:port from the metadata cache (its
-    inter-broker listener's); `security` secures the channels (that listener's protocol)."""
+    inter-broker listener's); `security` secures the channels (that listener's protocol);
+    `socket_address_of(broker_id)` the leader's socket port, (host, port) or None."""
 
     def __init__(self, broker_id: int, log_manager, *, address_of: Callable[[int], str | None],
                  on_appended: Callable[[tuple[str, int]], None], broker_epoch_fn: Callable[[], int],
-                 security: ChannelSecurity | None = None):
+                 security: ChannelSecurity | None = None,
+                 socket_address_of: Callable[[int], tuple[str, int] | None] = lambda _broker_id: None):
         self.broker_id = broker_id
         self._log_manager = log_manager
         self._address_of = address_of
         self._on_appended = on_appended
         self._broker_epoch = broker_epoch_fn
         self._security = security
+        self._socket_address_of = socket_address_of
         self._fetchers: dict[int, ReplicaFetcher] = {}
         self._lock = threading.Lock()
         self._stopped = False
@@ -279,15 +301,18 @@ class FetcherManager:
                 if address is None:
                     log.warning("no address for leader broker %d; cannot follow %s", leader_id, sorted(group))
                     continue
+                socket_address = self._socket_address_of(leader_id)
                 fetcher = self._fetchers.get(leader_id)
-                if fetcher is not None and fetcher.address != address:
+                if fetcher is not None and (fetcher.address, fetcher.socket_address) != (address, socket_address):
                     fetcher.shutdown()
                     fetcher = None
                 if fetcher is None or not fetcher.is_alive():
                     fetcher = ReplicaFetcher(self.broker_id, leader_id, address, self._log_manager,
                                              on_appended=self._on_appended, broker_epoch_fn=self._broker_epoch,
-                                             security=self._security)
+                                             security=self._security, socket_address=socket_address)
                     self._fetchers[leader_id] = fetcher
+                    log.info("following leader %d at %s%s", leader_id, address,
+                             "" if socket_address is None else " (socket port %s:%d)" % socket_address)
                     fetcher.start()
                 fetcher.add(group)
 

@@ -168,6 +168,12 @@ def test_kill_leader_elects_new_leader_from_isr_and_loses_nothing(cluster_factor
     records = read_all(cluster.bootstrap, "orders", 1, len(producer.acked))
     assert_exactly_once_in_order(records, producer.acked)
     admin.close()
+    followed_over_socket = [broker_id for broker_id, proc in cluster.processes.items()
+                            if "(socket port " in proc.log_path.read_text(errors="replace")]
+    # the followers' Fetch goes over the leader's socket port too (broker/replica/fetcher.py)
+    assert len(followed_over_socket) >= (2 if transport == "socket" else 0)
+    if transport == "grpc":
+        assert followed_over_socket == []
 
 
 def test_a_consumer_asking_offsets_while_its_partition_has_no_leader_gets_them_once_one_is_back(cluster):
