@@ -131,9 +131,10 @@ class BrokerConfig:
     metrics_port: int = -1
     # eos's own key: the broker's calls also served as frames over plain TCP on this port
     # of the PLAINTEXT listener's host (broker/socket_server.py), which PLAINTEXT clients
-    # then use (Kafka's clients speak such frames; Python gRPC's thread hand-offs cost
-    # about 0.4 ms a round trip more). -1 (the default): none; 0: a free port.
-    socket_transport_port: int = -1
+    # and followers then use (Kafka's clients speak such frames; Python gRPC's thread
+    # hand-offs cost about 0.4 ms a round trip more). 0 (the default): a free port, on a
+    # broker with a PLAINTEXT listener; N: that port; -1: none, everything over gRPC.
+    socket_transport_port: int = 0
     # ---- listeners and TLS (broker/security.py) ----
     # Kafka's listeners; empty: one PLAINTEXT listener on the host and port BrokerServer is given.
     listeners: tuple[Listener, ...] = ()
@@ -186,7 +187,7 @@ class BrokerConfig:
                 "group_max_session_timeout_ms", GROUP_MAX_SESSION_TIMEOUT_MS):
             raise InvalidConfigError("group.min.session.timeout.ms must not exceed group.max.session.timeout.ms")
         values.update(_security_settings(security, clustered=bool(values.get("zookeeper_connect"))))
-        if values.get("socket_transport_port", -1) >= 0:
+        if values.get("socket_transport_port", -1) > 0:
             _check_socket_transport(values)
         topic_overrides.update(_time_defaults(time_forms))
         try:
@@ -282,7 +283,8 @@ def _security_settings(raw: Mapping[str, str], *, clustered: bool) -> dict:
 
 
 def _check_socket_transport(values: dict) -> None:
-    """socket.transport.port serves plain TCP: a PLAINTEXT listener's calls."""
+    """A port named for socket.transport.port serves plain TCP: a PLAINTEXT listener's calls
+    (the default, 0, serves only where there is such a listener)."""
     listeners = values.get("listeners") or ()
     if listeners and not any(listener.security_protocol == PLAINTEXT for listener in listeners):
         raise InvalidConfigError("socket.transport.port carries a PLAINTEXT listener's calls over plain TCP, "

@@ -475,7 +475,7 @@ class BrokerServer:
                 interceptors=self._server_interceptors(interceptor if identity else None))
             servers.servers.append(server)
             self._bind_listeners(server, group)
-        if config.socket_transport_port >= 0:
+        if config.socket_transport_port >= 0 and any(l.security_protocol == PLAINTEXT for l in self.listeners):
             servers.servers.append(self._new_socket_server(identity))
         # The broker's services first: gRPC asks the generic handlers in order, and health and
         # reflection are found as registered methods anyway.
@@ -500,7 +500,7 @@ class BrokerServer:
         """socket.transport.port: the PLAINTEXT listener's calls as frames over plain TCP
         (broker/socket_server.py), on that listener's host, with the interceptors of the gRPC
         server that serves the listener (its identity interceptor names it)."""
-        listener = next(l for l in self.listeners if l.security_protocol == PLAINTEXT)  # config.py checked
+        listener = next(l for l in self.listeners if l.security_protocol == PLAINTEXT)
         group_index = next(i for i, group in enumerate(self._listener_groups) if listener in group)
         bind_host = listener.host or "::"
         try:
@@ -862,6 +862,8 @@ def run_broker(data_dir: str, host: str = "127.0.0.1", port: int = 9092, node_id
                 f"{listener.name}://{server.address_of(listener.name)}" for listener in server.listeners), flush=True)
         if server.metrics_port is not None:
             print(f"eos broker metrics on {server.metrics_url}", flush=True)
+        if server.socket_port is not None:
+            print(f"eos broker socket transport on port {server.socket_port} (socket.transport.port)", flush=True)
         # a timeout keeps the main thread returning to the interpreter, where signal
         # handlers run
         while not stop_requested.wait(0.5):

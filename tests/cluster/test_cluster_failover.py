@@ -136,10 +136,10 @@ def assert_exactly_once_in_order(records, acked: list[int]):
 
 @pytest.mark.parametrize("transport", ["grpc", "socket"])
 def test_kill_leader_elects_new_leader_from_isr_and_loses_nothing(cluster_factory, transport):
-    # socket: every broker also serves socket.transport.port (eos/socket_rpc.py), which the
-    # controller's metadata hands to the clients, so the produce streams go over it
-    cluster = cluster_factory({**CLUSTER_CONFIG, "socket.transport.port": "0"} if transport == "socket"
-                              else CLUSTER_CONFIG)
+    # socket: every broker also serves socket.transport.port (eos/socket_rpc.py, the default),
+    # which the controller's metadata hands to the clients, so the produce streams go over it;
+    # grpc: the port turned off (-1)
+    cluster = cluster_factory({**CLUSTER_CONFIG, "socket.transport.port": "0" if transport == "socket" else "-1"})
     admin = eos.Admin(bootstrap=cluster.bootstrap)
     admin.create_topic("orders", partitions=1, replication_factor=3, config={"min.insync.replicas": "2"})
     before = wait_for(lambda: (lambda p: p if len(p["isr"]) == 3 else None)(describe(admin, "orders")[0]),

@@ -62,8 +62,8 @@ def test_metadata_names_the_socket_port_and_an_idempotent_producer_streams_over_
     assert _read_committed(broker.address, "orders", 300) == [b"%d" % i for i in range(300)]
 
 
-def test_a_broker_without_the_setting_names_no_port_and_clients_stay_on_grpc(tmp_path):
-    broker = _start(tmp_path, {})
+def test_a_broker_with_the_port_turned_off_names_none_and_clients_stay_on_grpc(tmp_path):
+    broker = _start(tmp_path, {"socket.transport.port": "-1"})
     try:
         assert broker.socket_port is None
         with eos.Admin(broker.address) as admin:
@@ -222,15 +222,36 @@ def test_calls_over_the_socket_are_the_plaintext_listeners_and_acls_apply(tmp_pa
 
 
 def test_the_setting_is_refused_where_it_cannot_serve():
-    assert BrokerConfig.from_dict({"socket.transport.port": "0",
-                                   "zookeeper.connect": "127.0.0.1:2181"}).socket_transport_port == 0
+    ssl_only = {"listeners": "SSL://127.0.0.1:0", "ssl.certificate.location": "c.pem", "ssl.key.location": "k.pem"}
     with pytest.raises(InvalidConfigError, match="no listener is PLAINTEXT"):
-        BrokerConfig.from_dict({"socket.transport.port": "0", "listeners": "SSL://127.0.0.1:0",
-                                "ssl.certificate.location": "c.pem", "ssl.key.location": "k.pem"})
+        BrokerConfig.from_dict({"socket.transport.port": "9192", **ssl_only})
+    # the default (a free port) asks for nothing: a broker without a PLAINTEXT listener has none
+    assert BrokerConfig.from_dict(ssl_only).socket_transport_port == 0
     with pytest.raises(InvalidConfigError):
         BrokerConfig.from_dict({"socket.transport.port": "70000"})
-    assert BrokerConfig.from_dict({"socket.transport.port": "0"}).socket_transport_port == 0
-    assert BrokerConfig.from_dict({}).socket_transport_port == -1
+    assert BrokerConfig.from_dict({"socket.transport.port": "9192",
+                                   "zookeeper.connect": "127.0.0.1:2181"}).socket_transport_port == 9192
+    assert BrokerConfig.from_dict({"socket.transport.port": "-1"}).socket_transport_port == -1
+    assert BrokerConfig.from_dict({}).socket_transport_port == 0
+
+
+def test_a_broker_serves_the_port_by_default_unless_it_has_no_plaintext_listener(tmp_path):
+    broker = _start(tmp_path / "plain", {})
+    try:
+        assert broker.socket_port > 0
+        assert broker_pb2_grpc.BrokerStub(grpc.insecure_channel(broker.address)).Metadata(
+            broker_pb2.MetadataRequest(), timeout=10).brokers[0].socket_port == broker.socket_port
+    finally:
+        broker.stop()
+    pki = make_pki(tmp_path / "pki")
+    tls_only = BrokerServer(tmp_path / "tls" / "data", port=0, config={
+        "listeners": "SSL://127.0.0.1:0", "ssl.certificate.location": str(pki["server"].certificate_path),
+        "ssl.key.location": str(pki["server"].key_path)}).start()
+    try:
+        assert tls_only.socket_port is None
+        assert len(tls_only._grpc_server.servers) == 1      # the one gRPC server, no socket server
+    finally:
+        tls_only.stop()
 
 
 def test_after_a_broker_restart_one_call_fails_and_the_pooled_connections_are_dropped(tmp_path):
