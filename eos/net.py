@@ -545,26 +545,31 @@ class ClusterMetadata:
         if down_until_ms is not None:
             if now_ms() < down_until_ms:
                 return None
-            del self._socket_down_until_ms[address]
+            self._socket_down_until_ms.pop(address, None)
         channel = self._socket_channels.get(address)
         if channel is not None and channel.address[1] == port:
             return channel
         from eos.socket_rpc import SocketChannel
         fallback = self.channel(address)      # for the calls the socket does not carry
+        replaced = None
         with self._channels_lock:
             if self._closed:
                 raise NetworkError("client is closed")
             channel = self._socket_channels.get(address)
             if channel is None or channel.address[1] != port:
+                replaced = channel            # the broker's port changed (a restart on a free port)
                 host = address.rsplit(":", 1)[0].strip("[]")
                 channel = self._socket_channels[address] = SocketChannel(
                     host, port, fallback, on_unreachable=lambda: self._socket_unreachable(address))
+        if replaced is not None:
+            replaced.close()
         return channel
 
     def _socket_unreachable(self, address: str) -> None:
         """The socket port of `address` refused a connection: its calls go over gRPC for
-        SOCKET_RETRY_MS (the broker may be down, or the port not reachable from here while
-        its gRPC port is, through a tunnel)."""
+        SOCKET_RETRY_MS, until the first metadata refresh after that (the broker may be
+        down, or the port not reachable from here while its gRPC port is, through a
+        tunnel)."""
         with self._channels_lock:
             self._socket_down_until_ms[address] = now_ms() + SOCKET_RETRY_MS
             for key in [key for key in self._stubs if key[0] == address]:
@@ -760,10 +765,15 @@ class ClusterMetadata:
         ports = {f"{b.host}:{b.port}": b.socket_port for b in brokers if b.socket_port > 0}
         if len(brokers) == 1 and len(self.bootstrap_addresses) == 1 and brokers[0].socket_port > 0:
             ports[self.bootstrap_addresses[0]] = brokers[0].socket_port
-        if ports == self._socket_ports:
+        now = now_ms()
+        retry = {a for a, until_ms in self._socket_down_until_ms.items() if until_ms <= now}
+        if ports == self._socket_ports and not retry:
             return
         with self._channels_lock:
-            changed = {a for a in set(ports) | set(self._socket_ports) if ports.get(a) != self._socket_ports.get(a)}
+            for address in retry:      # its gRPC stubs are made again, on the socket
+                self._socket_down_until_ms.pop(address, None)
+            changed = retry | {a for a in set(ports) | set(self._socket_ports)
+                               if ports.get(a) != self._socket_ports.get(a)}
             self._socket_ports = ports
             for key in [key for key in self._stubs if key[0] in changed]:
                 del self._stubs[key]
