@@ -474,6 +474,20 @@ class _CoordinatorLookupFailed(grpc.RpcError):
         return str(self.error)
 
 
+_LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
+
+
+def _same_endpoint(address: str, host: str, port: int) -> bool:
+    """Is `address` (host:port as the client was given it) the broker's advertised
+    host:port: the same port, and the same host or both loopback names (no lookup)."""
+    given_host, _, given_port = address.rpartition(":")
+    if not given_port.isdigit() or int(given_port) != port:
+        return False
+    given_host = given_host.strip("[]").lower()
+    host = host.strip("[]").lower()
+    return given_host == host or (given_host in _LOOPBACK_NAMES and host in _LOOPBACK_NAMES)
+
+
 class ClusterMetadata:
     """Brokers, topics, partition counts and leaders, refreshed via the Metadata RPC."""
 
@@ -759,11 +773,14 @@ class ClusterMetadata:
                                        response.cluster_id)
 
     def _learn_socket_ports(self, brokers) -> None:
-        """Which brokers serve a socket port (the single broker also at the one bootstrap
-        address, which `address_of` uses for it); stubs made before a broker's port was
-        known, or after it changed, are made again."""
+        """Which brokers serve a socket port; stubs made before a broker's port was known,
+        or after it changed, are made again. A single broker reached at its one bootstrap
+        address (`address_of`) gets its port there only when that address is the broker's
+        own (`_same_endpoint`): a bootstrap address that is a proxy or a tunnel in front of
+        it is kept for every call, as the socket would go around it."""
         ports = {f"{b.host}:{b.port}": b.socket_port for b in brokers if b.socket_port > 0}
-        if len(brokers) == 1 and len(self.bootstrap_addresses) == 1 and brokers[0].socket_port > 0:
+        if (len(brokers) == 1 and len(self.bootstrap_addresses) == 1 and brokers[0].socket_port > 0
+                and _same_endpoint(self.bootstrap_addresses[0], brokers[0].host, brokers[0].port)):
             ports[self.bootstrap_addresses[0]] = brokers[0].socket_port
         now = now_ms()
         retry = {a for a, until_ms in self._socket_down_until_ms.items() if until_ms <= now}

@@ -2,7 +2,9 @@
 broker/socket_server.py): clients find the port in Metadata and use it for produce streams,
 transactions and groups; statuses, limits, ACLs and the stop path behave as over gRPC; a
 port that refuses sends the client back to gRPC."""
+import random
 import threading
+import time
 
 import grpc
 import pytest
@@ -277,3 +279,51 @@ def test_after_a_broker_restart_one_call_fails_and_the_pooled_connections_are_dr
     finally:
         channel.close()
         broker.stop()
+
+
+def test_connections_cut_at_random_moments_lose_nothing_and_write_nothing_twice(broker):
+    """The dropped-response fault on the socket: the broker's side of the producer's
+    connections is shut down at random moments (after a request was appended, before its
+    answer left, as often as not) while records are sent, 30 times. Every record must be
+    acknowledged, read once, and in send order per partition."""
+    from tests.integration.test_clients_producer import by_partition, consume_all
+
+    with eos.Admin(broker.address) as admin:
+        admin.create_topic("cut", partitions=3)
+    socket_server = broker._grpc_server.servers[-1]
+    rng = random.Random(5)
+    cuts_wanted, cuts = 30, []
+
+    def cut_connections():
+        while len(cuts) < cuts_wanted:
+            time.sleep(rng.uniform(0.002, 0.01))
+            with socket_server._lock:
+                connections = sorted(socket_server._connections, key=id)
+            if connections:
+                rng.choice(connections).shut_down()
+                cuts.append(1)
+
+    sent = {p: 0 for p in range(3)}
+    futures = []
+    cutter = threading.Thread(target=cut_connections, daemon=True)
+    with eos.Producer(broker.address, retry_backoff_ms=10, retry_backoff_max_ms=100, request_timeout_ms=5000,
+                      delivery_timeout_ms=120_000, linger_ms=1, batch_size=2048, max_request_size=2048,
+                      acks="all", enable_idempotence=True) as producer:
+        producer.send("cut", value=b"warm-up", partition=0).result(10)
+        assert isinstance(producer._sender._streams[0]._call, SocketStreamCall)
+        cutter.start()
+        deadline = time.monotonic() + 60
+        while cutter.is_alive():
+            assert time.monotonic() < deadline, f"only {len(cuts)} connections were cut in 60 s"
+            for p in range(3):
+                futures.append(producer.send("cut", value=b"%d-%d" % (p, sent[p]), partition=p))
+                sent[p] += 1
+            if len(futures) % 300 == 0:
+                time.sleep(0.001)      # let the cutter's thread in
+        producer.flush(120)
+        assert all(f.exception() is None for f in futures)
+    records = consume_all(broker.address, "cut", 3, sum(sent.values()) + 1)
+    assert len(records) == sum(sent.values()) + 1, "a record was lost or written twice"
+    for partition, in_partition in by_partition(records).items():
+        values = [r.value for r in in_partition if r.value != b"warm-up"]
+        assert values == [b"%d-%d" % (partition, i) for i in range(sent[partition])]

@@ -88,3 +88,18 @@ def test_tls_and_sasl_clients_stay_on_grpc():
         assert metadata._socket_channel(ADDRESS) is None
     finally:
         metadata.close()
+
+
+def test_a_bootstrap_address_that_is_not_the_brokers_own_keeps_every_call():
+    # a proxy or tunnel on another port (or host) in front of the one broker: the socket
+    # would go around it, so the client stays on the address it was given
+    proxied = net.ClusterMetadata("127.0.0.1:18000")
+    local_name = net.ClusterMetadata("localhost:19092")
+    try:
+        proxied._apply(_metadata(29092), None)
+        assert not _over_socket(proxied.broker_stub(0))
+        local_name._apply(_metadata(29092), None)     # the same broker by its loopback name
+        assert _over_socket(local_name.broker_stub(0))
+    finally:
+        proxied.close()
+        local_name.close()
