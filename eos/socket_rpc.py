@@ -516,6 +516,9 @@ class SocketStreamCall:
         self._connection: _Connection | None = None
         try:
             self._connection = channel.connect()
+            # No read timeout past the connect: a stream waits for answers as long as its
+            # owner lets it (the producer aborts it after request.timeout.ms itself).
+            self._connection.sock.settimeout(None)
             self._connection.sock.sendall(call_frame(OPEN, 0, method, metadata))
         except (SocketRpcError, OSError) as exc:
             self._ended = _failure(exc, self._where)

@@ -327,3 +327,21 @@ def test_connections_cut_at_random_moments_lose_nothing_and_write_nothing_twice(
     for partition, in_partition in by_partition(records).items():
         values = [r.value for r in in_partition if r.value != b"warm-up"]
         assert values == [b"%d-%d" % (partition, i) for i in range(sent[partition])]
+
+
+def test_a_stream_idle_longer_than_the_connect_timeout_still_answers(broker, monkeypatch):
+    # the connect timeout bounds the connect only: an idle produce stream stays open
+    import eos.socket_rpc
+    monkeypatch.setattr(eos.socket_rpc, "CONNECT_TIMEOUT_S", 0.1)
+    with eos.Admin(broker.address) as admin:
+        admin.create_topic("idle")
+    call = _socket_stub(broker).ProduceStream.open()
+    answers = []
+    reader = threading.Thread(target=lambda: answers.append(next(call)))   # waits as the producer's reader does
+    reader.start()
+    time.sleep(0.5)
+    assert call.send(broker_pb2.ProduceRequest(acks=1, correlation_id=0, partitions=[
+        broker_pb2.PartitionRecords(topic="idle", partition=0, records=encode_batch([b"late"]))]))
+    reader.join(10)
+    assert [a.partitions[0].error_code for a in answers] == [ErrorCode.NONE]
+    call.cancel()
