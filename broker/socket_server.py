@@ -375,9 +375,10 @@ class SocketRpcServer:
             return
         context = SocketCallContext(connection, metadata)
         requests = self._requests(connection, handler.request_deserializer, context)
-        responses = handler.stream_stream(requests, context)
         serialize = handler.response_serializer
+        responses = iter(())
         try:
+            responses = handler.stream_stream(requests, context)
             for response in responses:
                 connection.send(socket_rpc.frame(MESSAGE, correlation_id, serialize(response)))
             status = context.failure or context.status()
@@ -386,7 +387,8 @@ class SocketRpcServer:
         except _Aborted:
             connection.send(status_frame(correlation_id, *context.status()))
         except OSError:
-            responses.close()      # the client is gone: the handler's finally blocks run now
+            if hasattr(responses, "close"):
+                responses.close()  # the client is gone: the handler's finally blocks run now
             raise
         except Exception as exc:
             log.exception("Exception iterating responses of %s", method)
