@@ -24,8 +24,10 @@ of a tenth as many), `--repeats` times, in this order each round:
   stream to an eos broker process: the broker's whole produce path, no eos client.
 - `eos Producer send -> ack (gRPC)`: eos.Producer (acks=all, idempotent, linger 0) send() to
   the future's completion: what the `latency` workload measures, here at the same pace.
-- the same two against a second broker with `socket.transport.port` (eos/socket_rpc.py):
-  the raw stream on the socket port, and a Producer that finds the port in Metadata.
+  These two run against a broker with the socket transport turned off
+  (`socket.transport.port=-1`).
+- the same two against a second broker with `socket.transport.port` (eos/socket_rpc.py, the
+  default): the raw stream on the socket port, and a Producer that finds the port in Metadata.
 
 For each: p50 and p99 of the round trip, and the CPU time the client and the server
 process used per round trip (from /proc, so gRPC's own C threads count too). Kafka is not
@@ -269,7 +271,7 @@ def measure(rate_per_s: int, count: int, repeats: int) -> dict:
                 raise RuntimeError("the echo server did not start")
             time.sleep(0.05)
         socket_port = free_port()
-        with EosBroker() as broker, EosBroker(
+        with EosBroker(extra_args=("--config", "socket.transport.port=-1")) as broker, EosBroker(
                 extra_args=("--config", f"socket.transport.port={socket_port}")) as socket_broker:
             for round_index in range(repeats):
                 print(f"round {round_index + 1} of {repeats}", file=sys.stderr, flush=True)
