@@ -155,6 +155,7 @@ class BrokerServer:
         self.node_id = node_id
         self.port: int | None = None
         self.socket_port: int | None = None             # socket.transport.port once bound
+        self.socket_listener: str | None = None         # the PLAINTEXT listener it serves
         self.bound_ports: dict[str, int] = {}           # listener name -> the port it bound
         self.listener_nodes: dict[str, NodeAddress] = {}  # listener name -> advertised address
         self._certificates: ReloadingServerCertificates | None = None
@@ -512,6 +513,7 @@ class BrokerServer:
             raise StorageError(f"cannot listen on {format_host_port(bind_host, self.config.socket_transport_port)} "
                                f"(socket.transport.port): {exc}") from None
         self.socket_port = server.port
+        self.socket_listener = listener.name
         return server
 
     def _start_services(self, server: LateServices, bound_port: int) -> None:
@@ -554,7 +556,8 @@ class BrokerServer:
             replicas=None if cluster is None else cluster.replicas,
             topic_admin=None if cluster is None else cluster.topic_admin,
             listener_nodes=self.listener_nodes, authorizer=self._authorizer, quotas=self._quotas,
-            traffic=TopicTraffic() if self._metrics is not None else None, socket_port=self.socket_port or 0)
+            traffic=TopicTraffic() if self._metrics is not None else None, socket_port=self.socket_port or 0,
+            socket_listener=self.socket_listener)
         broker_pb2_grpc.add_BrokerServicer_to_server(self._servicer, server)
         if cluster is not None:
             from broker.cluster_service import ClusterServicer

@@ -107,7 +107,7 @@ class BrokerServicer(WriteHandlers, ReadHandlers, broker_pb2_grpc.BrokerServicer
                  max_produce_streams: int = PRODUCE_STREAMS_MAX,
                  metadata=None, replicas=None, topic_admin=None,
                  listener_nodes: dict[str, NodeAddress] | None = None, authorizer=None, quotas=None,
-                 traffic: TopicTraffic | None = None, socket_port: int = 0):
+                 traffic: TopicTraffic | None = None, socket_port: int = 0, socket_listener: str | None = None):
         """`verify_txn` asks the transaction coordinator whether partitions are registered in
         a producer's open transaction (None: no coordinator, transactional writes are not
         verified); `add_txn_partitions` adds them for a request that asks it (KIP-890 part 2;
@@ -120,7 +120,8 @@ class BrokerServicer(WriteHandlers, ReadHandlers, broker_pb2_grpc.BrokerServicer
         `quotas` (broker.client_quotas.ClientQuotas) holds clients to their byte rates; None: none.
         `traffic` counts bytes and records per topic for the broker's metrics; None: not counted.
         `socket_port` is where this broker serves its calls over plain TCP (socket.transport.port,
-        broker/socket_server.py), told to clients that came in on a PLAINTEXT listener; 0: none."""
+        broker/socket_server.py), for the PLAINTEXT listener `socket_listener` (the brokers'
+        ports are told to clients that came in on that listener only); 0: none."""
         self._registry = registry
         self._log_manager = log_manager
         self._purgatory = purgatory
@@ -148,6 +149,7 @@ class BrokerServicer(WriteHandlers, ReadHandlers, broker_pb2_grpc.BrokerServicer
         self.traffic = traffic
         self.storage_errors = StorageErrors()
         self._socket_port = socket_port
+        self._socket_listener = socket_listener
 
     # ---- authorization (see "Authorization" in the module doc) ---------------------------------
 
@@ -267,15 +269,18 @@ class BrokerServicer(WriteHandlers, ReadHandlers, broker_pb2_grpc.BrokerServicer
             return self._node
         return self._listener_nodes.get(call.listener.name, self._node)
 
-    @staticmethod
-    def _call_is_plaintext() -> bool:
-        """Did the current call come in on a PLAINTEXT listener? Only such a client is told
-        the brokers' socket ports (plain TCP): one that came over TLS stays on TLS."""
+    def _call_may_use_socket(self) -> bool:
+        """Did the current call come in on the listener the socket port serves (the first
+        PLAINTEXT one)? Only such a client is told the brokers' socket ports: one that came
+        over TLS stays on TLS, and one of another PLAINTEXT listener (another network, other
+        advertised addresses) stays on its listener."""
         call = current_call()
-        return call is None or call.listener.security_protocol == PLAINTEXT
+        if call is None:
+            return True     # in process, or one PLAINTEXT listener without identities
+        return call.listener.security_protocol == PLAINTEXT and call.listener.name == self._socket_listener
 
     def _socket_port_for_call(self) -> int:
-        return self._socket_port if self._call_is_plaintext() else 0
+        return self._socket_port if self._call_may_use_socket() else 0
 
     def _metadata_from_cache(self, request: broker_pb2.MetadataRequest) -> broker_pb2.MetadataResponse:
         """Cluster mode: what the controller last told this broker (UpdateMetadata). Brokers
@@ -311,7 +316,7 @@ class BrokerServicer(WriteHandlers, ReadHandlers, broker_pb2_grpc.BrokerServicer
                     leader_id=info.leader, leader_epoch=info.leader_epoch, replica_ids=info.replicas,
                     isr_ids=info.isr, offline_replica_ids=info.offline_replicas) for info in partitions]))
         listener_name = listener_name_of_call()
-        plaintext = self._call_is_plaintext()
+        plaintext = self._call_may_use_socket()
         brokers = []
         for broker in sorted(snapshot.brokers.values(), key=lambda b: b.broker_id):
             address = broker.endpoint(listener_name)

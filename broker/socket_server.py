@@ -49,6 +49,11 @@ from eos.socket_rpc import (CALL, HALF_CLOSE, MESSAGE, OPEN, REPLY, ConnectionCl
 log = logging.getLogger("eos.broker.socket")
 
 CONNECTIONS_MAX_DEFAULT = 1000
+ACCEPT_RETRY_S = 0.1
+# An oversized request's bytes are read and dropped (so the connection goes on and the
+# client reads its RESOURCE_EXHAUSTED) up to this many times the limit; past it the
+# connection is closed after the status, as Kafka closes one on an oversized request.
+SKIP_LIMITS_MAX = 4
 _INSECURE_AUTH_CONTEXT = {"transport_security_type": [b"insecure"]}
 
 
@@ -64,6 +69,10 @@ class _Aborted(Exception):
 
 class _StreamBroken(grpc.RpcError):
     """The stream's connection broke or carried something else than its requests."""
+
+
+class _ClientGone(Exception):
+    """Writing an answer failed: the client went away (not an error of the handler's)."""
 
 
 class SocketCallContext:
@@ -157,7 +166,10 @@ class _ServedConnection:
         self.thread: threading.Thread | None = None
 
     def send(self, data: bytes) -> None:
-        self.sock.sendall(data)
+        try:
+            self.sock.sendall(data)
+        except OSError as exc:
+            raise _ClientGone(str(exc)) from None
 
     def shut_down(self) -> None:
         try:
@@ -198,8 +210,11 @@ class SocketRpcServer:
         self.request_bytes_max = request_bytes_max
         self.connections_max = connections_max
         if host in ("", "::"):     # every interface, IPv4 too where the system allows
-            self._listening = socket.create_server(("::", port), family=socket.AF_INET6, backlog=128,
-                                                   dualstack_ipv6=socket.has_dualstack_ipv6())
+            try:
+                self._listening = socket.create_server(("::", port), family=socket.AF_INET6, backlog=128,
+                                                       dualstack_ipv6=socket.has_dualstack_ipv6())
+            except OSError:        # IPv6 turned off in this kernel: every IPv4 interface
+                self._listening = socket.create_server(("0.0.0.0", port), backlog=128)
         else:
             self._listening = socket.create_server((host, port), backlog=128,
                                                    family=socket.AF_INET6 if ":" in host else socket.AF_INET)
@@ -253,23 +268,42 @@ class SocketRpcServer:
         while True:
             try:
                 sock, address = self._listening.accept()
-            except OSError:
-                return          # the port was closed: stop()
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            connection = _ServedConnection(sock, address)
-            with self._lock:
-                refused = self._stopping or len(self._connections) >= self.connections_max
-                if not refused:
-                    self._connections.add(connection)
-            if refused:
-                log.warning("refused a connection from %s: %s", connection.peer,
-                            "the broker is stopping" if self._stopping
-                            else f"{self.connections_max} connections are open (the most it serves)")
-                connection.close()
+            except OSError as exc:
+                if self._stopping:
+                    return      # the port was closed: stop()
+                # out of file descriptors or buffers for now: the port stays open, so
+                # accepting must go on once they are back
+                log.warning("accepting a connection on the socket transport's port failed: %s", exc)
+                time.sleep(ACCEPT_RETRY_S)
                 continue
-            connection.thread = threading.Thread(target=self._serve, args=(connection,),
-                                                 name="eos-socket-conn", daemon=True)
+            try:
+                self._serve_in_thread(sock, address)
+            except Exception:   # a thread that cannot be started: this connection only
+                log.exception("could not serve a connection from %s", address)
+                sock.close()
+
+    def _serve_in_thread(self, sock: socket.socket, address) -> None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)   # a vanished peer ends in time
+        connection = _ServedConnection(sock, address)
+        with self._lock:
+            refused = self._stopping or len(self._connections) >= self.connections_max
+            if not refused:
+                self._connections.add(connection)
+        if refused:
+            log.warning("refused a connection from %s: %s", connection.peer,
+                        "the broker is stopping" if self._stopping
+                        else f"{self.connections_max} connections are open (the most it serves)")
+            connection.close()
+            return
+        connection.thread = threading.Thread(target=self._serve, args=(connection,),
+                                             name="eos-socket-conn", daemon=True)
+        try:
             connection.thread.start()
+        except BaseException:
+            with self._lock:
+                self._connections.discard(connection)
+            raise
 
     def _serve(self, connection: _ServedConnection) -> None:
         try:
@@ -277,9 +311,13 @@ class SocketRpcServer:
                 try:
                     kind, correlation_id, body = read_frame(connection.reader, self.request_bytes_max)
                 except FrameTooLarge as exc:
+                    refusal = status_frame(exc.correlation_id, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                           f"Received message larger than max ({exc.size} vs. {exc.limit})")
+                    if exc.size > SKIP_LIMITS_MAX * exc.limit:
+                        connection.send(refusal)
+                        return
                     skip_bytes(connection.reader, exc.size)
-                    connection.send(status_frame(exc.correlation_id, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                                 f"Received message larger than max ({exc.size} vs. {exc.limit})"))
+                    connection.send(refusal)
                     continue
                 with self._lock:
                     stopping = self._stopping
@@ -299,7 +337,7 @@ class SocketRpcServer:
                     connection.busy = False
                     if self._stopping:
                         return
-        except (ConnectionClosed, OSError):
+        except (ConnectionClosed, OSError, _ClientGone):
             pass                   # the client went away, or stop() shut the connection down
         except FrameError as exc:
             log.warning("closing the connection from %s: %s", connection.peer, exc)
@@ -358,9 +396,9 @@ class SocketRpcServer:
                 connection.send(socket_rpc.frame(REPLY, correlation_id, handler.response_serializer(response)))
         except _Aborted:
             connection.send(status_frame(correlation_id, *context.status()))
-        except OSError:
+        except _ClientGone:
             raise
-        except Exception as exc:
+        except Exception as exc:      # the handler's own failure, an OSError of its disk too
             log.exception("Exception calling application %s", method)
             connection.send(status_frame(correlation_id, grpc.StatusCode.UNKNOWN,
                                          f"Exception calling application: {exc}"))
@@ -386,7 +424,7 @@ class SocketRpcServer:
                             else status_frame(correlation_id, grpc.StatusCode.OK, ""))
         except _Aborted:
             connection.send(status_frame(correlation_id, *context.status()))
-        except OSError:
+        except _ClientGone:
             if hasattr(responses, "close"):
                 responses.close()  # the client is gone: the handler's finally blocks run now
             raise

@@ -586,8 +586,9 @@ class ClusterMetadata:
         tunnel)."""
         with self._channels_lock:
             self._socket_down_until_ms[address] = now_ms() + SOCKET_RETRY_MS
-            for key in [key for key in self._stubs if key[0] == address]:
-                del self._stubs[key]
+            # list(): stub_at adds stubs without the lock; a dict copy is one step under the GIL
+            for key in [key for key in list(self._stubs) if key[0] == address]:
+                self._stubs.pop(key, None)
 
     def broker_stub_at(self, address: str) -> broker_pb2_grpc.BrokerStub:
         return self.stub_at(address, broker_pb2_grpc.BrokerStub)
@@ -783,7 +784,7 @@ class ClusterMetadata:
                 and _same_endpoint(self.bootstrap_addresses[0], brokers[0].host, brokers[0].port)):
             ports[self.bootstrap_addresses[0]] = brokers[0].socket_port
         now = now_ms()
-        retry = {a for a, until_ms in self._socket_down_until_ms.items() if until_ms <= now}
+        retry = {a for a, until_ms in list(self._socket_down_until_ms.items()) if until_ms <= now}
         if ports == self._socket_ports and not retry:
             return
         with self._channels_lock:
@@ -792,8 +793,8 @@ class ClusterMetadata:
             changed = retry | {a for a in set(ports) | set(self._socket_ports)
                                if ports.get(a) != self._socket_ports.get(a)}
             self._socket_ports = ports
-            for key in [key for key in self._stubs if key[0] in changed]:
-                del self._stubs[key]
+            for key in [key for key in list(self._stubs) if key[0] in changed]:
+                self._stubs.pop(key, None)
 
     def refresh_topics(self, topics: Iterable[str]) -> None:
         """Refresh now, one RPC; transport errors propagate (callers back off)."""

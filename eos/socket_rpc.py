@@ -42,9 +42,12 @@ on gRPC.
 from __future__ import annotations
 
 import logging
+import select
 import socket
 import struct
 import threading
+import time
+import weakref
 from typing import Callable, Iterator
 
 import grpc
@@ -52,6 +55,7 @@ import grpc
 log = logging.getLogger("eos.socket_rpc")
 
 CALL, REPLY, STATUS, OPEN, MESSAGE, HALF_CLOSE = 1, 2, 3, 4, 5, 6
+_KINDS = frozenset((CALL, REPLY, STATUS, OPEN, MESSAGE, HALF_CLOSE))
 FRAME_HEAD = struct.Struct(">IBI")         # size of the rest, kind, correlation id
 _KIND_AND_ID_BYTES = 5
 _U16 = struct.Struct(">H")
@@ -59,6 +63,9 @@ _U32 = struct.Struct(">I")
 _STATUS_HEAD = struct.Struct(">B")
 READ_BUFFER_BYTES = 64 * 1024
 CONNECT_TIMEOUT_S = 10.0
+# How long a stream's send may wait for room in the connection (a broker that stopped
+# reading) before the stream is given up; the producer passes its request.timeout.ms.
+STREAM_SEND_TIMEOUT_S = 30.0
 IDLE_CONNECTIONS_MAX = 8                   # kept open per channel for later calls
 CORRELATION_ID_MODULUS = 1 << 32
 
@@ -160,6 +167,10 @@ def read_frame(reader, size_max: int) -> tuple[int, int, bytes]:
     if len(head) < FRAME_HEAD.size:
         raise ConnectionClosed("the connection was closed" if not head else "the connection closed mid-frame")
     size, kind, correlation_id = FRAME_HEAD.unpack(head)
+    if kind not in _KINDS:
+        # before the size: another protocol's bytes (an HTTP/2 preface, "GET /") would
+        # otherwise read as a frame of a gigabyte, waited for forever
+        raise FrameError(f"not a frame of this protocol (kind {kind}): another protocol's client?")
     if size < _KIND_AND_ID_BYTES:
         raise FrameError(f"a frame of {size} bytes is shorter than its own header")
     body_size = size - _KIND_AND_ID_BYTES
@@ -267,6 +278,7 @@ class SocketChannel:
         self._fallback = fallback
         self.receive_bytes_max = receive_bytes_max
         self._idle: list[_Connection] = []
+        self._streams: weakref.WeakSet = weakref.WeakSet()   # open streams, cancelled by close()
         self._lock = threading.Lock()
         self._closed = False
 
@@ -288,11 +300,24 @@ class SocketChannel:
         return self._fallback.stream_unary(method, *args, **kwargs)
 
     def close(self) -> None:
+        """Close the pooled connections and cancel the open streams (as closing a gRPC
+        channel cancels its calls)."""
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
+            streams = list(self._streams)
         for connection in idle:
             connection.close()
+        for stream in streams:
+            stream.cancel()
+
+    def track_stream(self, stream: "SocketStreamCall") -> None:
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self._streams.add(stream)
+        if closed:
+            stream.cancel()
 
     # connections
     def connect(self, timeout_s: float | None = None) -> _Connection:
@@ -328,9 +353,11 @@ class SocketChannel:
         connection.close()
 
     def call(self, method: str, payload: bytes, timeout_s: float | None, metadata,
-             on_connection: Callable[[_Connection], None] | None = None) -> bytes:
+             on_connection: Callable[[_Connection | None], bool] | None = None) -> bytes:
         """One unary call on a connection of the pool, on this thread: the response's bytes,
-        or SocketRpcError."""
+        or SocketRpcError. `on_connection` (a SocketFuture's) is told the connection when
+        the call takes it and None when it lets go of it; False means the call was
+        cancelled meanwhile, and the connection is closed rather than pooled."""
         connection, reused = self._take(timeout_s)
         if on_connection is not None:
             on_connection(connection)
@@ -353,11 +380,12 @@ class SocketChannel:
             raise SocketRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                  f"Received message larger than max ({exc.size} vs. {exc.limit})") from None
         except (OSError, ConnectionClosed, FrameError, ValueError) as exc:
-            if reused and not isinstance(exc, socket.timeout):
+            cancelled = on_connection is not None and not on_connection(None)
+            if reused and not cancelled and not isinstance(exc, socket.timeout):
                 self._drop_idle()
             raise _failure(exc, f"{self._where} ({method})") from None
         finally:
-            if reusable:
+            if reusable and (on_connection is None or on_connection(None)):
                 self._give_back(connection)
             else:
                 connection.close()
@@ -409,12 +437,15 @@ class SocketFuture(grpc.Future):
             self._finish(response, error)
         threading.Thread(target=run, name="eos-socket-call", daemon=True).start()
 
-    def _using(self, connection: _Connection) -> None:
+    def _using(self, connection: _Connection | None) -> bool:
+        """The call took `connection`, or let go of it (None); False once cancelled."""
         with self._lock:
+            if self._cancelled:
+                if connection is not None:
+                    connection.close()     # cancelled before the call began
+                return False
             self._connection = connection
-            cancelled = self._cancelled
-        if cancelled:
-            connection.close()
+            return True
 
     def _finish(self, response, error) -> None:
         with self._lock:
@@ -431,9 +462,10 @@ class SocketFuture(grpc.Future):
             if self._done.is_set():
                 return False
             self._cancelled = True
-            connection = self._connection
-        if connection is not None:
-            connection.close()         # its call fails at once; the answer is dropped
+            connection, self._connection = self._connection, None
+            if connection is not None:
+                # under the lock: the call cannot hand it back to the pool meanwhile
+                connection.close()     # its call fails at once; the answer is dropped
         self._finish(None, grpc.FutureCancelledError())
         return True
 
@@ -480,8 +512,9 @@ class _StreamMethod:
         self._serialize = serialize
         self._deserialize = deserialize
 
-    def open(self, metadata=None, timeout=None) -> "SocketStreamCall":
-        return SocketStreamCall(self._channel, self._method, self._serialize, self._deserialize, metadata)
+    def open(self, metadata=None, timeout=None, send_timeout_s: float = STREAM_SEND_TIMEOUT_S) -> "SocketStreamCall":
+        return SocketStreamCall(self._channel, self._method, self._serialize, self._deserialize, metadata,
+                                send_timeout_s=send_timeout_s)
 
     def __call__(self, request_iterator, timeout=None, metadata=None, **_) -> "SocketStreamCall":
         call = self.open(metadata)
@@ -504,8 +537,10 @@ class SocketStreamCall:
     thread; the answers are read by iterating the call (one reader). Ends with StopIteration
     after an OK status, else SocketRpcError."""
 
-    def __init__(self, channel: SocketChannel, method: str, serialize, deserialize, metadata):
+    def __init__(self, channel: SocketChannel, method: str, serialize, deserialize, metadata, *,
+                 send_timeout_s: float = STREAM_SEND_TIMEOUT_S):
         self._channel = channel
+        self._send_timeout_s = send_timeout_s
         self._method = method
         self._serialize = serialize
         self._deserialize = deserialize
@@ -515,15 +550,38 @@ class SocketStreamCall:
         self._ended: SocketRpcError | None = None    # the outcome, once the stream is over
         self._connection: _Connection | None = None
         try:
-            self._connection = channel.connect()
+            self._connection = channel.connect(send_timeout_s)
             # No read timeout past the connect: a stream waits for answers as long as its
-            # owner lets it (the producer aborts it after request.timeout.ms itself).
+            # owner lets it (the producer aborts it after request.timeout.ms itself). Sends
+            # are bounded by `_send_all` instead, so that the reader can keep blocking.
             self._connection.sock.settimeout(None)
-            self._connection.sock.sendall(call_frame(OPEN, 0, method, metadata))
+            self._send_all(call_frame(OPEN, 0, method, metadata))
         except (SocketRpcError, OSError) as exc:
             self._ended = _failure(exc, self._where)
             if self._connection is not None:
                 self._connection.close()
+            return
+        channel.track_stream(self)
+
+    def _send_all(self, data: bytes) -> None:
+        """Send `data` within the stream's send timeout, on a blocking socket whose reader
+        must stay blocking: each send takes what fits (MSG_DONTWAIT), and select() waits
+        for room. A broker that stops reading thus cannot hold the sender's thread longer
+        than the timeout (socket.timeout, an OSError: the stream is given up)."""
+        sock = self._connection.sock
+        view = memoryview(data)
+        deadline = None
+        while view:
+            try:
+                view = view[sock.send(view, socket.MSG_DONTWAIT):]
+                continue
+            except BlockingIOError:
+                pass
+            if deadline is None:
+                deadline = time.monotonic() + self._send_timeout_s
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([], [sock], [], remaining)[1]:
+                raise socket.timeout(f"no room to send in {self._send_timeout_s:.0f} s: the broker is not reading")
 
     def send(self, message) -> bool:
         """Send one request; False when the stream is over (the reader sees why)."""
@@ -532,7 +590,7 @@ class SocketStreamCall:
         data = frame(MESSAGE, 0, self._serialize(message))
         try:
             with self._send_lock:
-                self._connection.sock.sendall(data)
+                self._send_all(data)
         except OSError:
             self._connection.close()    # the reader ends with UNAVAILABLE
             return False
@@ -543,7 +601,7 @@ class SocketStreamCall:
             return
         try:
             with self._send_lock:
-                self._connection.sock.sendall(frame(HALF_CLOSE, 0))
+                self._send_all(frame(HALF_CLOSE, 0))
         except OSError:
             self._connection.close()
 

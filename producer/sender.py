@@ -614,7 +614,7 @@ class Sender(threading.Thread):
                 try:
                     stream = self._streams[node] = ProduceStream(
                         stub, node, in_flight_max=self._max_in_flight, on_answer=self._post_answer,
-                        metadata=self._call_metadata)
+                        metadata=self._call_metadata, send_timeout_s=self._request_timeout_ms / 1000)
                 except Exception as exc:  # the channel is closed
                     log.info("opening a produce stream to node %d failed: %r", node, exc)
                     return False

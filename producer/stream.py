@@ -33,7 +33,9 @@ max.in.flight.requests.per.connection requests on it.
 
 Over a broker's socket port (eos/socket_rpc.py, when Metadata names one) the call is a
 `SocketStreamCall`: the same answers and errors, but `send` writes the request to the
-connection on the sender's own thread, with no queue and no gRPC thread in between.
+connection on the sender's own thread, with no queue and no gRPC thread in between. A send
+waits for room in the connection at most `send_timeout_s` (request.timeout.ms): a broker that
+stops reading fails the stream instead of holding the sender.
 
 One lock guards the outstanding list and the closed flag, so that a request is either
 accepted before the stream fails (and is failed with it) or refused (and the sender sends
@@ -96,7 +98,8 @@ class ProduceStream:
     """One ProduceStream call to `node_id`; see the module doc."""
 
     def __init__(self, stub, node_id: int, *, in_flight_max: int,
-                 on_answer: Callable[[int, StreamAnswer], None], metadata: tuple = ()):
+                 on_answer: Callable[[int, StreamAnswer], None], metadata: tuple = (),
+                 send_timeout_s: float = 30.0):
         self.node_id = node_id
         self._on_answer = on_answer
         self._in_flight_max = in_flight_max
@@ -113,7 +116,7 @@ class ProduceStream:
         if open_direct is not None:
             # the broker's socket port (eos/socket_rpc.py): the sender's thread writes each
             # request to the connection itself, with no thread between it and the socket
-            self._call = open_direct(metadata=metadata or None)
+            self._call = open_direct(metadata=metadata or None, send_timeout_s=send_timeout_s)
             self._put = self._call.send
         else:
             self._call = stub.ProduceStream(self._request_iterator(), metadata=metadata or None)

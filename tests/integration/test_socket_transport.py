@@ -345,3 +345,76 @@ def test_a_stream_idle_longer_than_the_connect_timeout_still_answers(broker, mon
     reader.join(10)
     assert [a.partitions[0].error_code for a in answers] == [ErrorCode.NONE]
     call.cancel()
+
+
+def test_garbage_on_the_port_closes_that_connection_and_the_broker_serves_on(broker):
+    import socket as sockets
+    for garbage in (b"GET / HTTP/1.1\r\n\r\n", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", b"\x00\x00\x00\x09\x01"):
+        with sockets.create_connection(("127.0.0.1", broker.socket_port), timeout=10) as raw:
+            raw.sendall(garbage)
+            if garbage.startswith(b"\x00"):
+                raw.shutdown(sockets.SHUT_WR)      # a frame cut short: the client went away
+            assert raw.recv(100) == b""            # closed by the broker, nothing answered
+    assert _socket_stub(broker).Metadata(broker_pb2.MetadataRequest(), timeout=10).brokers
+
+
+def test_a_stream_send_to_a_peer_that_stops_reading_gives_up_after_its_send_timeout():
+    import socket as sockets
+    listener = sockets.create_server(("127.0.0.1", 0))     # accepts, never reads
+    accepted = []
+    acceptor = threading.Thread(target=lambda: accepted.append(listener.accept()), daemon=True)
+    acceptor.start()
+    try:
+        channel = SocketChannel("127.0.0.1", listener.getsockname()[1])
+        call = broker_pb2_grpc.BrokerStub(channel).ProduceStream.open(send_timeout_s=0.3)
+        request = broker_pb2.ProduceRequest(partitions=[broker_pb2.PartitionRecords(records=b"x" * (4 << 20))])
+        results = []
+        sender = threading.Thread(target=lambda: results.extend(call.send(request) for _ in range(64)))
+        sender.start()
+        sender.join(30)
+        assert not sender.is_alive(), "a send waited past its timeout"
+        assert results[-1] is False                         # the stream was given up
+        with pytest.raises(SocketRpcError) as ended:
+            next(call)
+        assert ended.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+        channel.close()
+    finally:
+        listener.close()
+        for connection, _ in accepted:
+            connection.close()
+
+
+def test_a_cancelled_future_leaves_the_pool_usable(broker):
+    with eos.Admin(broker.address) as admin:
+        admin.create_topic("waits")
+    channel = SocketChannel("127.0.0.1", broker.socket_port)
+    stub = broker_pb2_grpc.BrokerStub(channel)
+    stub.Metadata(broker_pb2.MetadataRequest(), timeout=10)               # one pooled connection
+    long_poll = stub.Fetch.future(broker_pb2.FetchRequest(
+        max_wait_ms=5000, min_bytes=1, max_bytes=1024, partitions=[
+            broker_pb2.FetchPartition(topic="waits", partition=0, fetch_offset=0, partition_max_bytes=1024)]), timeout=30)
+    assert long_poll.cancel()
+    with pytest.raises(grpc.FutureCancelledError):
+        long_poll.result(10)
+    for _ in range(3):     # the pool holds no connection the cancel closed
+        assert stub.Metadata(broker_pb2.MetadataRequest(), timeout=10).brokers[0].socket_port == broker.socket_port
+    channel.close()
+
+
+def test_only_clients_of_the_listener_the_port_serves_are_told_it(tmp_path):
+    broker = _start(tmp_path, {"listeners": "INTERNAL://127.0.0.1:0,EXTERNAL://127.0.0.1:0",
+                               "listener.security.protocol.map": "INTERNAL:PLAINTEXT,EXTERNAL:PLAINTEXT",
+                               "inter.broker.listener.name": "INTERNAL"})
+    try:
+        assert broker.socket_listener == "INTERNAL"
+        def told(listener):
+            channel = grpc.insecure_channel(broker.address_of(listener))
+            try:
+                return broker_pb2_grpc.BrokerStub(channel).Metadata(
+                    broker_pb2.MetadataRequest(), timeout=10).brokers[0].socket_port
+            finally:
+                channel.close()
+        assert told("INTERNAL") == broker.socket_port
+        assert told("EXTERNAL") == 0      # another network's clients stay on their listener
+    finally:
+        broker.stop()

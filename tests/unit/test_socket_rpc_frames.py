@@ -89,3 +89,9 @@ def test_metadata_blocks_follow_each_other():
     first, position = decode_metadata(data, 0)
     second, end = decode_metadata(data, position)
     assert (first, second, end) == ((("a", "1"),), (("b", "2"), ("c", "3")), len(data))
+
+
+@pytest.mark.parametrize("garbage", [b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"])
+def test_another_protocols_bytes_are_refused_at_once_not_read_as_a_huge_frame(garbage):
+    with pytest.raises(FrameError, match="not a frame of this protocol"):
+        _read(garbage)
