@@ -172,18 +172,10 @@ class _ServedConnection:
             raise _ClientGone(str(exc)) from None
 
     def shut_down(self) -> None:
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+        socket_rpc.shut_down(self.sock)
 
     def close(self) -> None:
-        self.shut_down()
-        try:
-            self.reader.close()
-        except Exception:
-            pass
-        self.sock.close()
+        socket_rpc.close_connection(self.sock, self.reader)
 
 
 class _AllEnded:
@@ -204,7 +196,7 @@ class SocketRpcServer:
 
     def __init__(self, host: str, port: int, *, interceptors=(), request_bytes_max: int,
                  connections_max: int = CONNECTIONS_MAX_DEFAULT):
-        self._interceptors = tuple(interceptors)
+        self._handler = self._pipeline(tuple(interceptors))
         self._generic: list = []                  # generic handlers, asked in order
         self._registered: dict[str, object] = {}  # "/service/method" -> handler
         self.request_bytes_max = request_bytes_max
@@ -348,23 +340,24 @@ class SocketRpcServer:
                 self._connections.discard(connection)
             connection.close()
 
-    def _handler(self, details: _CallDetails):
-        """The method's handler wrapped by the interceptors, as gRPC's server pipeline does."""
-        def lookup(call_details):
-            handler = self._registered.get(call_details.method)
+    def _lookup(self, call_details: _CallDetails):
+        """The method's own handler: registered, or from a generic handler (LateServices)."""
+        handler = self._registered.get(call_details.method)
+        if handler is not None:
+            return handler
+        for generic in self._generic:
+            handler = generic.service(call_details)
             if handler is not None:
                 return handler
-            for generic in self._generic:
-                handler = generic.service(call_details)
-                if handler is not None:
-                    return handler
-            return None
+        return None
 
-        def through(index: int):
-            if index == len(self._interceptors):
-                return lookup
-            return lambda call_details: self._interceptors[index].intercept_service(through(index + 1), call_details)
-        return through(0)(details)
+    def _pipeline(self, interceptors: tuple):
+        """`details -> handler`: the lookup wrapped by the interceptors, outermost first, as
+        gRPC's server pipeline calls them (built once; each interceptor still decides per call)."""
+        if not interceptors:
+            return self._lookup
+        outer, inner = interceptors[0], self._pipeline(interceptors[1:])
+        return lambda call_details: outer.intercept_service(inner, call_details)
 
     def _unary(self, connection: _ServedConnection, correlation_id: int, body: bytes) -> None:
         method, metadata, payload = decode_call(body)

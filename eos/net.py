@@ -54,6 +54,7 @@ from eos.errors import (
     reaction_for,
     Reaction,
 )
+from eos.socket_routes import ClosedError as SocketRoutesClosed, SocketRoutes
 from eos.v1 import broker_pb2, broker_pb2_grpc, group_pb2, group_pb2_grpc, txn_pb2_grpc
 
 if TYPE_CHECKING:
@@ -90,8 +91,6 @@ DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 RETRY_BACKOFF_MS_DEFAULT = 100
 RETRY_BACKOFF_MAX_MS_DEFAULT = 1000
 METADATA_MAX_AGE_MS_DEFAULT = 300_000
-# How long a broker's socket port that refused a connection is left for gRPC (eos/socket_rpc.py).
-SOCKET_RETRY_MS = 30_000
 REQUEST_TIMEOUT_MS_DEFAULT = 30_000
 NO_LEADER = -1
 
@@ -474,20 +473,6 @@ class _CoordinatorLookupFailed(grpc.RpcError):
         return str(self.error)
 
 
-_LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
-
-
-def _same_endpoint(address: str, host: str, port: int) -> bool:
-    """Is `address` (host:port as the client was given it) the broker's advertised
-    host:port: the same port, and the same host or both loopback names (no lookup)."""
-    given_host, _, given_port = address.rpartition(":")
-    if not given_port.isdigit() or int(given_port) != port:
-        return False
-    given_host = given_host.strip("[]").lower()
-    host = host.strip("[]").lower()
-    return given_host == host or (given_host in _LOOPBACK_NAMES and host in _LOOPBACK_NAMES)
-
-
 class ClusterMetadata:
     """Brokers, topics, partition counts and leaders, refreshed via the Metadata RPC."""
 
@@ -511,11 +496,8 @@ class ClusterMetadata:
         self._bootstrap_index = 0       # the bootstrap address that answered last
         self._stale_topics: set[str] = set()
         self._coordinators: dict[tuple[int, str], str] = {}   # (key type, id) -> coordinator address
-        # Brokers with socket.transport.port (eos/socket_rpc.py), for a PLAINTEXT client:
-        # gRPC address -> socket port, as Metadata last told; and the socket channels made.
-        self._socket_ports: dict[str, int] = {}
-        self._socket_channels: dict[str, object] = {}
-        self._socket_down_until_ms: dict[str, int] = {}  # address -> back on gRPC until then
+        # Brokers with socket.transport.port (eos/socket_routes.py), for a PLAINTEXT client.
+        self.socket_routes = SocketRoutes(on_unreachable=lambda address: self._forget_stubs({address}))
         self._closed = False
 
     # ---- channels ----------------------------------------------------------------------
@@ -541,54 +523,26 @@ class ClusterMetadata:
 
     def stub_at(self, address: str, stub_class):
         """The `stub_class` stub (BrokerStub, TxnCoordinatorStub, ...) on `address`: over
-        the broker's socket port when it has one (see `_socket_channel`), else gRPC."""
+        the broker's socket port when Metadata named one and this client is PLAINTEXT (TLS
+        and SASL stay on gRPC; eos/socket_routes.py), else gRPC."""
         stub = self._stubs.get((address, stub_class))
         if stub is None:
-            channel = self._socket_channel(address) or self.channel(address)
-            stub = self._stubs[(address, stub_class)] = stub_class(channel)
+            channel = None
+            if not self.security.is_tls and self.security.sasl is None:
+                try:
+                    channel = self.socket_routes.channel(address, self.channel)
+                except SocketRoutesClosed:
+                    raise NetworkError("client is closed") from None
+            stub = self._stubs[(address, stub_class)] = stub_class(channel or self.channel(address))
         return stub
 
-    def _socket_channel(self, address: str):
-        """A SocketChannel to the broker at `address` when Metadata named its socket port and
-        this client is PLAINTEXT (TLS and SASL stay on gRPC); None otherwise, and for a while
-        after the port could not be reached (`_socket_unreachable`)."""
-        port = self._socket_ports.get(address)
-        if not port or self.security.is_tls or self.security.sasl is not None:
-            return None
-        down_until_ms = self._socket_down_until_ms.get(address)
-        if down_until_ms is not None:
-            if now_ms() < down_until_ms:
-                return None
-            self._socket_down_until_ms.pop(address, None)
-        channel = self._socket_channels.get(address)
-        if channel is not None and channel.address[1] == port:
-            return channel
-        from eos.socket_rpc import SocketChannel
-        fallback = self.channel(address)      # for the calls the socket does not carry
-        replaced = None
-        with self._channels_lock:
-            if self._closed:
-                raise NetworkError("client is closed")
-            channel = self._socket_channels.get(address)
-            if channel is None or channel.address[1] != port:
-                replaced = channel            # the broker's port changed (a restart on a free port)
-                host = address.rsplit(":", 1)[0].strip("[]")
-                channel = self._socket_channels[address] = SocketChannel(
-                    host, port, fallback, on_unreachable=lambda: self._socket_unreachable(address))
-        if replaced is not None:
-            replaced.close()
-        return channel
-
-    def _socket_unreachable(self, address: str) -> None:
-        """The socket port of `address` refused a connection: its calls go over gRPC for
-        SOCKET_RETRY_MS, until the first metadata refresh after that (the broker may be
-        down, or the port not reachable from here while its gRPC port is, through a
-        tunnel)."""
-        with self._channels_lock:
-            self._socket_down_until_ms[address] = now_ms() + SOCKET_RETRY_MS
-            # list(): stub_at adds stubs without the lock; a dict copy is one step under the GIL
-            for key in [key for key in list(self._stubs) if key[0] == address]:
-                self._stubs.pop(key, None)
+    def _forget_stubs(self, addresses: set[str]) -> None:
+        """The stubs on `addresses` are made again at their next use (their transport changed)."""
+        if not addresses:
+            return
+        # list(): stub_at adds stubs without the lock; a dict copy is one step under the GIL
+        for key in [key for key in list(self._stubs) if key[0] in addresses]:
+            self._stubs.pop(key, None)
 
     def broker_stub_at(self, address: str) -> broker_pb2_grpc.BrokerStub:
         return self.stub_at(address, broker_pb2_grpc.BrokerStub)
@@ -744,7 +698,7 @@ class ClusterMetadata:
         with self._refresh_lock:
             old = self._snapshot
             brokers = {b.node_id: f"{b.host}:{b.port}" for b in response.brokers}
-            self._learn_socket_ports(response.brokers)
+            self._forget_stubs(self.socket_routes.learn(response.brokers, self.bootstrap_addresses))
             topics = dict(old.topics)
             fetched = dict(old.fetched_ms)
             now = now_ms()
@@ -772,29 +726,6 @@ class ClusterMetadata:
                         fetched.pop(name, None)
             self._snapshot = _Snapshot(brokers, topics, fetched, response.controller_id,
                                        response.cluster_id)
-
-    def _learn_socket_ports(self, brokers) -> None:
-        """Which brokers serve a socket port; stubs made before a broker's port was known,
-        or after it changed, are made again. A single broker reached at its one bootstrap
-        address (`address_of`) gets its port there only when that address is the broker's
-        own (`_same_endpoint`): a bootstrap address that is a proxy or a tunnel in front of
-        it is kept for every call, as the socket would go around it."""
-        ports = {f"{b.host}:{b.port}": b.socket_port for b in brokers if b.socket_port > 0}
-        if (len(brokers) == 1 and len(self.bootstrap_addresses) == 1 and brokers[0].socket_port > 0
-                and _same_endpoint(self.bootstrap_addresses[0], brokers[0].host, brokers[0].port)):
-            ports[self.bootstrap_addresses[0]] = brokers[0].socket_port
-        now = now_ms()
-        retry = {a for a, until_ms in list(self._socket_down_until_ms.items()) if until_ms <= now}
-        if ports == self._socket_ports and not retry:
-            return
-        with self._channels_lock:
-            for address in retry:      # its gRPC stubs are made again, on the socket
-                self._socket_down_until_ms.pop(address, None)
-            changed = retry | {a for a in set(ports) | set(self._socket_ports)
-                               if ports.get(a) != self._socket_ports.get(a)}
-            self._socket_ports = ports
-            for key in [key for key in list(self._stubs) if key[0] in changed]:
-                self._stubs.pop(key, None)
 
     def refresh_topics(self, topics: Iterable[str]) -> None:
         """Refresh now, one RPC; transport errors propagate (callers back off)."""
@@ -843,10 +774,10 @@ class ClusterMetadata:
     def close(self) -> None:
         with self._channels_lock:
             self._closed = True
-            channels = list(self._channels.values()) + list(self._socket_channels.values())
+            channels = list(self._channels.values())
             self._channels.clear()
-            self._socket_channels.clear()
             self._stubs.clear()
+        self.socket_routes.close()
         for channel in channels:
             channel.close()
 

@@ -247,15 +247,26 @@ class _Connection:
         return correlation_id
 
     def close(self) -> None:
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        try:
-            self.reader.close()
-        except Exception:       # a reader failed mid-read is already unusable
-            pass
-        self.sock.close()
+        close_connection(self.sock, self.reader)
+
+
+def shut_down(sock: socket.socket) -> None:
+    """End both directions now: a thread blocked reading the socket wakes with end of file."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+def close_connection(sock: socket.socket, reader) -> None:
+    """Close a connection and its buffered reader (client's or broker's side). Shut down
+    first: closing the reader waits for its lock, which a thread blocked reading holds."""
+    shut_down(sock)
+    try:
+        reader.close()
+    except Exception:       # a reader failed mid-read is already unusable
+        pass
+    sock.close()
 
 
 def _failure(exc: BaseException, where: str) -> SocketRpcError:
@@ -304,10 +315,8 @@ class SocketChannel:
         channel cancels its calls)."""
         with self._lock:
             self._closed = True
-            idle, self._idle = self._idle, []
             streams = list(self._streams)
-        for connection in idle:
-            connection.close()
+        self._drop_idle()
         for stream in streams:
             stream.cancel()
 
@@ -449,24 +458,33 @@ class SocketFuture(grpc.Future):
 
     def _finish(self, response, error) -> None:
         with self._lock:
-            if self._done.is_set():
-                return
-            self._response, self._error = response, error
-            self._done.set()
-            callbacks, self._callbacks = self._callbacks, []
+            callbacks = self._settle(response, error)
         for callback in callbacks:
             callback(self)
+
+    def _settle(self, response, error) -> list:
+        """Under the lock: the outcome, unless there is one; the callbacks to run."""
+        if self._done.is_set():
+            return []
+        self._response, self._error = response, error
+        self._done.set()
+        callbacks, self._callbacks = self._callbacks, []
+        return callbacks
 
     def cancel(self) -> bool:
         with self._lock:
             if self._done.is_set():
                 return False
             self._cancelled = True
+            # settled before the connection closes: the call's own failure, which the close
+            # brings about, must not become the outcome
+            callbacks = self._settle(None, grpc.FutureCancelledError())
             connection, self._connection = self._connection, None
             if connection is not None:
                 # under the lock: the call cannot hand it back to the pool meanwhile
                 connection.close()     # its call fails at once; the answer is dropped
-        self._finish(None, grpc.FutureCancelledError())
+        for callback in callbacks:
+            callback(self)
         return True
 
     def cancelled(self) -> bool:

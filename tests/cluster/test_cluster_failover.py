@@ -150,7 +150,7 @@ def test_kill_leader_elects_new_leader_from_isr_and_loses_nothing(cluster_factor
         assert len(socket_ports) == 3
         if transport == "socket":
             assert all(socket_ports.values()) and len(set(socket_ports.values())) == 3
-            assert producer.producer._metadata._socket_channels, "the producer's calls went over a socket"
+            assert producer.producer._metadata.socket_routes.channel_count, "the producer's calls went over a socket"
         else:
             assert set(socket_ports.values()) == {0}
         killed_at = time.monotonic()

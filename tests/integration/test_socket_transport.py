@@ -73,7 +73,7 @@ def test_a_broker_with_the_port_turned_off_names_none_and_clients_stay_on_grpc(t
         with eos.Producer(broker.address, config={"linger.ms": 0}) as producer:
             producer.send("plain", value=b"v").result(10)
             assert not isinstance(producer._sender._streams[0]._call, SocketStreamCall)
-            assert producer._metadata._socket_ports == {}
+            assert producer._metadata.socket_routes.ports == {}
     finally:
         broker.stop()
 
@@ -94,7 +94,7 @@ def test_transactions_and_group_offsets_over_the_socket_are_exact(broker):
                 producer.commit_transaction()
             else:
                 producer.abort_transaction()
-        assert producer._metadata._socket_channels, "the coordinator's calls went over the socket"
+        assert producer._metadata.socket_routes.channel_count, "the coordinator's calls went over the socket"
     finally:
         producer.close()
     assert _read_committed(broker.address, "out", 6) == [b"t1-0", b"t1-1", b"t1-2", b"t3-0", b"t3-1", b"t3-2"]
@@ -114,7 +114,7 @@ def test_a_consumer_group_joins_commits_and_leaves_over_the_socket(broker):
         wait_for(lambda: values.extend(r.value for r in consumer.poll(200)) or len(values) >= 20, "20 records")
         assert len(consumer.assignment()) == 2
         consumer.commit()
-        assert consumer._metadata._socket_channels
+        assert consumer._metadata.socket_routes.channel_count
     assert sorted(values, key=int) == [b"%d" % i for i in range(20)]
     with eos.Consumer(broker.address, config={"group.id": "readers"}) as again:
         assert again.committed([("events", 0), ("events", 1)]) == {
@@ -191,7 +191,7 @@ def test_a_socket_port_that_refuses_sends_the_client_back_to_grpc(broker):
         socket_server.stop(0).wait(10)      # the port refuses from now on; gRPC still serves
         offsets = [producer.send("fallback", value=b"after-%d" % i).result(30).offset for i in range(5)]
         assert offsets == [1, 2, 3, 4, 5]   # each once, in order: the retry went over gRPC
-        assert broker.address in producer._metadata._socket_down_until_ms
+        assert producer._metadata.socket_routes.is_down(broker.address)
         assert not isinstance(producer._sender._streams[0]._call, SocketStreamCall)
     assert _read_committed(broker.address, "fallback", 6)[1:] == [b"after-%d" % i for i in range(5)]
 

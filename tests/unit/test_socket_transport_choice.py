@@ -1,4 +1,4 @@
-"""Which transport a client's stubs use (eos/net.py ClusterMetadata with eos/socket_rpc.py):
+"""Which transport a client's stubs use (eos/net.py ClusterMetadata with eos/socket_routes.py):
 the socket port Metadata names, for PLAINTEXT clients only, gRPC for a while after the port
 refused, and the socket again after that. No broker: the metadata answers are made here."""
 import grpc
@@ -51,11 +51,11 @@ def test_a_port_that_refused_is_left_for_grpc_then_tried_again_after_a_metadata_
     try:
         metadata._apply(_metadata(29092), None)
         assert _over_socket(metadata.broker_stub_at(ADDRESS))
-        metadata._socket_unreachable(ADDRESS)
+        metadata.socket_routes.unreachable(ADDRESS)
         assert not _over_socket(metadata.broker_stub_at(ADDRESS))
         metadata._apply(_metadata(29092), None)             # a refresh within SOCKET_RETRY_MS changes nothing
         assert not _over_socket(metadata.broker_stub_at(ADDRESS))
-        metadata._socket_down_until_ms[ADDRESS] = net.now_ms() - 1
+        metadata.socket_routes._down_until_ms[ADDRESS] = -1     # its time on gRPC is over
         metadata._apply(_metadata(29092), None)             # the first refresh after it
         assert _over_socket(metadata.broker_stub_at(ADDRESS))
     finally:
@@ -74,7 +74,7 @@ def test_a_connection_refused_by_the_port_tells_the_client():
             assert exc.code() is grpc.StatusCode.UNAVAILABLE
         else:
             raise AssertionError("a call to a closed port succeeded")
-        assert ADDRESS in metadata._socket_down_until_ms
+        assert metadata.socket_routes.is_down(ADDRESS)
         assert not _over_socket(metadata.broker_stub_at(ADDRESS))
     finally:
         metadata.close()
@@ -85,7 +85,7 @@ def test_tls_and_sasl_clients_stay_on_grpc():
     metadata = net.ClusterMetadata(ADDRESS, security=tls)
     try:
         metadata._apply(_metadata(29092), None)
-        assert metadata._socket_channel(ADDRESS) is None
+        assert not _over_socket(metadata.broker_stub_at(ADDRESS))
     finally:
         metadata.close()
 
