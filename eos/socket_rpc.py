@@ -160,13 +160,9 @@ def decode_status(body) -> tuple[grpc.StatusCode, str, tuple]:
             bytes(body[position:]).decode("utf-8", "replace"), trailing)
 
 
-def read_frame(reader, size_max: int) -> tuple[int, int, bytes]:
-    """(kind, correlation id, body) of the next frame from a buffered binary reader.
-    ConnectionClosed at the end of the stream; FrameTooLarge (body unread) over `size_max`."""
-    head = reader.read(FRAME_HEAD.size)
-    if len(head) < FRAME_HEAD.size:
-        raise ConnectionClosed("the connection was closed" if not head else "the connection closed mid-frame")
-    size, kind, correlation_id = FRAME_HEAD.unpack(head)
+def _body_size(size: int, kind: int, correlation_id: int, size_max: int) -> int:
+    """The body's size of a frame whose head says `size` and `kind`; FrameError if no frame
+    of this protocol has that head, FrameTooLarge over `size_max`."""
     if kind not in _KINDS:
         # before the size: another protocol's bytes (an HTTP/2 preface, "GET /") would
         # otherwise read as a frame of a gigabyte, waited for forever
@@ -176,10 +172,40 @@ def read_frame(reader, size_max: int) -> tuple[int, int, bytes]:
     body_size = size - _KIND_AND_ID_BYTES
     if body_size > size_max:
         raise FrameTooLarge(body_size, size_max, correlation_id)
+    return body_size
+
+
+def read_frame(reader, size_max: int) -> tuple[int, int, bytes]:
+    """(kind, correlation id, body) of the next frame from a buffered binary reader.
+    ConnectionClosed at the end of the stream; FrameTooLarge (body unread) over `size_max`."""
+    head = reader.read(FRAME_HEAD.size)
+    if len(head) < FRAME_HEAD.size:
+        raise ConnectionClosed("the connection was closed" if not head else "the connection closed mid-frame")
+    size, kind, correlation_id = FRAME_HEAD.unpack(head)
+    body_size = _body_size(size, kind, correlation_id, size_max)
     body = reader.read(body_size) if body_size else b""
     if len(body) < body_size:
         raise ConnectionClosed("the connection closed mid-frame")
     return kind, correlation_id, body
+
+
+def split_frames(buffer: bytearray, size_max: int) -> list[tuple[int, int, bytes]]:
+    """Take the whole frames at the front of `buffer` (bytes as they came off a connection)
+    out of it, as (kind, correlation id, body); a frame still arriving stays. FrameError or
+    FrameTooLarge as `read_frame`."""
+    frames = []
+    position = 0
+    head_size = FRAME_HEAD.size
+    while len(buffer) - position >= head_size:
+        size, kind, correlation_id = FRAME_HEAD.unpack_from(buffer, position)
+        body_size = _body_size(size, kind, correlation_id, size_max)
+        end = position + head_size + body_size
+        if end > len(buffer):
+            break
+        frames.append((kind, correlation_id, bytes(buffer[position + head_size:end])))
+        position = end
+    del buffer[:position]
+    return frames
 
 
 def skip_bytes(reader, count: int) -> None:
@@ -567,6 +593,7 @@ class SocketStreamCall:
         self._cancelled = False
         self._ended: SocketRpcError | None = None    # the outcome, once the stream is over
         self._connection: _Connection | None = None
+        self._inbox = bytearray()     # receive_ready(): bytes of a frame still arriving
         try:
             self._connection = channel.connect(send_timeout_s)
             # No read timeout past the connect: a stream waits for answers as long as its
@@ -640,17 +667,72 @@ class SocketStreamCall:
         try:
             kind, _, body = read_frame(self._connection.reader, self._channel.receive_bytes_max)
         except (OSError, ConnectionClosed, FrameError, FrameTooLarge, ValueError) as exc:
-            if self._cancelled:
-                error = SocketRpcError(grpc.StatusCode.CANCELLED, "Locally cancelled by application!")
-            else:
-                error = _failure(exc, self._where)
-            raise self._end(error) from None
+            raise self._end(self._broken(exc)) from None
+        outcome = self._outcome_of(kind, body)
+        if isinstance(outcome, SocketRpcError):
+            raise self._end(outcome)
+        return outcome
+
+    # ---- read by the stream's owner itself, without a reader thread ----------------------
+
+    def fileno(self) -> int:
+        """The connection's descriptor, to wait on with poll() (-1 once it is closed)."""
+        return -1 if self._connection is None else self._connection.sock.fileno()
+
+    def receive_ready(self) -> tuple[list, SocketRpcError | None]:
+        """(the messages that have arrived, the stream's outcome if it is over), without
+        waiting: for an owner that waits on `fileno()` itself instead of iterating the call
+        on a thread of its own. The outcome is a SocketRpcError, code OK after the server's
+        OK status; once it is given, every later call gives it again with no messages. Not
+        to be mixed with iterating the call."""
+        if self._ended is not None:
+            return [], self._ended
+        inbox = self._inbox
+        failure: BaseException | None = None
+        try:
+            sock = self._connection.sock
+            while True:
+                try:
+                    chunk = sock.recv(READ_BUFFER_BYTES, socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    break
+                if not chunk:
+                    raise ConnectionClosed("the connection was closed" if not inbox else
+                                           "the connection closed mid-frame")
+                inbox += chunk
+                if len(chunk) < READ_BUFFER_BYTES:
+                    break       # the socket is drained: spare the call that says so
+        except (OSError, ConnectionClosed) as exc:
+            failure = exc       # the whole frames before it are still answers
+        try:
+            frames = split_frames(inbox, self._channel.receive_bytes_max)
+        except (FrameError, FrameTooLarge) as exc:
+            frames, failure = [], exc
+        messages = []
+        for kind, _, body in frames:
+            outcome = self._outcome_of(kind, body)
+            if isinstance(outcome, SocketRpcError):
+                self._end(outcome)
+                return messages, self._ended
+            messages.append(outcome)
+        if failure is not None:
+            self._end(self._broken(failure))
+        return messages, self._ended
+
+    def _broken(self, exc: BaseException) -> SocketRpcError:
+        if self._cancelled:
+            return SocketRpcError(grpc.StatusCode.CANCELLED, "Locally cancelled by application!")
+        return _failure(exc, self._where)
+
+    def _outcome_of(self, kind: int, body: bytes):
+        """A MESSAGE's message, or the SocketRpcError that a STATUS (or a stray frame) ends
+        the stream with."""
         if kind == MESSAGE:
             return self._deserialize(body)
         if kind == STATUS:
             code, details, trailing = decode_status(body)
-            raise self._end(SocketRpcError(code, details, trailing))
-        raise self._end(SocketRpcError(grpc.StatusCode.INTERNAL, f"{self._where}: an unexpected frame kind {kind}"))
+            return SocketRpcError(code, details, trailing)
+        return SocketRpcError(grpc.StatusCode.INTERNAL, f"{self._where}: an unexpected frame kind {kind}")
 
     def _end(self, outcome: SocketRpcError):
         if self._ended is None:

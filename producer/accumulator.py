@@ -35,6 +35,12 @@ The `RecordAccumulator` is what they share, behind one lock held only for list a
   request slot, idempotence allows another unacknowledged batch).
 - Retries go back into their partition's deque *in append order* (`creation_index`),
   ahead of younger batches, so a retried batch is resent before anything that followed it.
+- Waking the sender: whatever gives it work (a new or sealed batch, a flush, a close, a
+  posted answer) sets `wake_requested` and notifies `wakeup` under the lock. While the
+  sender also waits for answers on sockets it reads itself (direct produce streams), it
+  sleeps in poll() on those sockets and a pipe instead, and the notifier writes one byte
+  to the pipe (`_wake_sender_locked`; armed for one byte per sleep, so appends pay the
+  write only when the sender is asleep).
 
 The batches and their futures are in `producer/batch.py`.
 """
@@ -44,6 +50,8 @@ import bisect
 import collections
 import itertools
 import logging
+import os
+import select
 import threading
 from typing import Callable, Sequence
 
@@ -74,6 +82,10 @@ class RecordAccumulator:
         self._clock = clock
         self.lock = threading.Lock()
         self.wakeup = threading.Condition(self.lock)      # the sender waits on this
+        # ... or, while it also waits for answers on sockets, in poll() on them and this pipe
+        # (`wait_for_work`); armed while it does, so that a notifier writes at most one byte
+        self._wake_pipe: tuple[int, int] | None = None
+        self._wake_pipe_armed = False
         self._space = threading.Condition(self.lock)      # appenders wait for buffer memory
         self._deques: dict[tuple, collections.deque] = {}
         self._creation_counter = itertools.count()
@@ -124,8 +136,7 @@ class RecordAccumulator:
         dq.append(batch)
         self._incomplete[batch] = None
         # A new batch starts a linger timer the sender may not know about yet.
-        self.wake_requested = True
-        self.wakeup.notify()
+        self._wake_sender_locked()
         return batch
 
     def _check_open(self) -> None:
@@ -192,8 +203,7 @@ class RecordAccumulator:
                 batch.add_record_callback(index, on_delivery)
             if batch.size_estimate_bytes >= self.batch_size:
                 batch.sealed = True
-                self.wake_requested = True
-                self.wakeup.notify()
+                self._wake_sender_locked()
         finally:
             lock.release()
         return RecordFuture(batch, index) if want_future else None
@@ -278,8 +288,7 @@ class RecordAccumulator:
                 bulk.watch(_Segment(batch, batch_start, end - start, positions[start:end]))
                 if end < count or batch.size_estimate_bytes >= self.batch_size:
                     batch.sealed = True
-                    self.wake_requested = True
-                    self.wakeup.notify()
+                    self._wake_sender_locked()
                 start = end
 
     # ---- flush and close (application threads) --------------------------------------------
@@ -288,8 +297,7 @@ class RecordAccumulator:
         """Make every batch ready now; returns the batches the flush waits for."""
         with self.lock:
             self._flushes_in_progress += 1
-            self.wake_requested = True
-            self.wakeup.notify()
+            self._wake_sender_locked()
             return list(self._incomplete)
 
     def end_flush(self) -> None:
@@ -299,8 +307,7 @@ class RecordAccumulator:
     def begin_close(self) -> None:
         with self.lock:
             self.closing = True
-            self.wake_requested = True
-            self.wakeup.notify()
+            self._wake_sender_locked()
 
     def incomplete_batches(self) -> list[ProducerBatch]:
         with self.lock:
@@ -316,14 +323,43 @@ class RecordAccumulator:
         """From any thread (gRPC callbacks): hand something to the sender and wake it."""
         with self.lock:
             self.posted.append(item)
-            self.wake_requested = True
-            self.wakeup.notify()
+            self._wake_sender_locked()
 
-    def wait_for_work(self, timeout_s: float) -> list:
-        """Sender: sleep until woken or timeout; returns what was posted meanwhile."""
-        with self.lock:
-            if not self.wake_requested and not self.posted and timeout_s > 0:
+    def _wake_sender_locked(self) -> None:
+        """Under the lock: the sender has something to do; wake it, wherever it sleeps."""
+        self.wake_requested = True
+        self.wakeup.notify()
+        if self._wake_pipe_armed:
+            self._wake_pipe_armed = False
+            os.write(self._wake_pipe[1], b"\0")
+
+    def wait_for_work(self, timeout_s: float, readable_fds: Sequence[int] = ()) -> list:
+        """Sender: sleep until woken, `timeout_s` passed, or (when given) one of
+        `readable_fds` can be read; returns what was posted meanwhile."""
+        lock = self.lock
+        with lock:
+            idle = not self.wake_requested and not self.posted and timeout_s > 0
+            if idle and not readable_fds:
                 self.wakeup.wait(timeout_s)
+            elif idle:
+                if self._wake_pipe is None:
+                    self._wake_pipe = os.pipe()
+                    for fd in self._wake_pipe:
+                        os.set_blocking(fd, False)
+                self._wake_pipe_armed = True
+        if idle and readable_fds:
+            wake_fd = self._wake_pipe[0]
+            poller = select.poll()
+            poller.register(wake_fd, select.POLLIN)
+            for fd in readable_fds:
+                poller.register(fd, select.POLLIN)
+            poller.poll(timeout_s * 1000)
+            with lock:
+                woken = not self._wake_pipe_armed    # a notifier disarmed it and wrote its byte
+                self._wake_pipe_armed = False
+            if woken:
+                os.read(wake_fd, 1)
+        with lock:
             self.wake_requested = False
             posted = list(self.posted)
             self.posted.clear()
@@ -451,9 +487,14 @@ class RecordAccumulator:
                 self._space.notify_all()
 
     def mark_closed(self) -> None:
+        """The sender stopped (it never waits again, so nothing writes to its pipe)."""
         with self.lock:
             self.closed = True
             self._space.notify_all()
+            if self._wake_pipe is not None:
+                for fd in self._wake_pipe:
+                    os.close(fd)
+                self._wake_pipe = None
 
     def available_bytes(self) -> int:
         """buffer.memory not reserved by a batch (read without the lock: one int, for the

@@ -5,7 +5,9 @@ Theory of operation
 One thread per producer owns everything about sending: the requests in flight, retries,
 the idempotence bookkeeping (`IdempotenceState`), and the producer id. It loops:
 
-1. Take what was posted (answers to Produce requests) and handle each partition's answer:
+1. Take the answers to Produce requests -- read from the sockets of direct produce streams
+   (the socket port: this thread reads them itself), or posted by reader threads and gRPC
+   callbacks -- and handle each partition's answer:
    success completes the batch's futures; a retriable error puts the batch back in its
    partition's queue, in append order, with an exponential backoff; anything else fails
    it with the exception of its error code (`eos.errors.error_for`). With idempotence the
@@ -30,8 +32,9 @@ the idempotence bookkeeping (`IdempotenceState`), and the producer id. It loops:
    Kafka handles a connection. So up to max.in.flight requests are pipelined, and an
    idempotent producer keeps up to 5 batches of a partition in flight without the broker
    ever seeing them out of order. Answers are posted back to step 1.
-8. Sleep until something is posted, a new batch appears, or the next linger or backoff
-   deadline.
+8. Sleep until something is posted, a new batch appears, an answer arrives on a direct
+   stream's socket (poll() on those sockets and the accumulator's wake-up pipe), or the
+   next linger or backoff deadline.
 
 Unary Produce is still used where order cannot matter or the stream is missing:
 - acks=0: the batches are completed as soon as they are handed to gRPC (offset -1).
@@ -229,8 +232,18 @@ class Sender(threading.Thread):
         timeout_ms = 0
         try:
             while True:
-                posted = acc.wait_for_work(timeout_ms / 1000)
+                # Streams read on this thread (the socket port) with answers due: sleep on
+                # their sockets too, and read what came as soon as the loop wakes.
+                awaited = [stream for stream in self._streams.values()
+                           if stream.direct and not stream.closed and stream.outstanding_count()]
+                fds = [stream.fileno() for stream in awaited]
+                if -1 in fds:
+                    timeout_ms = 0    # a connection closed under its stream: read its end now
+                posted = acc.wait_for_work(timeout_ms / 1000, fds)
                 now = self._clock()
+                for stream in awaited:
+                    for answer in stream.take_answers():
+                        self._handle_completed_call(answer, now)
                 for item in posted:
                     if isinstance(item, tuple):
                         self._handle_completed_call(item, now)

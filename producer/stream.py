@@ -1,4 +1,4 @@
-"""One ordered ProduceStream to one broker: Kafka's connection, over a gRPC bidi stream.
+"""One ordered ProduceStream to one broker: Kafka's connection, over gRPC or the socket port.
 
 Theory of operation
 -------------------
@@ -31,11 +31,17 @@ max.in.flight.requests.per.connection requests on it.
   `eos-produce-stream-refused`); the stream says so (`refused`) and the sender uses unary
   Produce for that broker for a while before it tries a stream again.
 
-Over a broker's socket port (eos/socket_rpc.py, when Metadata names one) the call is a
-`SocketStreamCall`: the same answers and errors, but `send` writes the request to the
-connection on the sender's own thread, with no queue and no gRPC thread in between. A send
-waits for room in the connection at most `send_timeout_s` (request.timeout.ms): a broker that
-stops reading fails the stream instead of holding the sender.
+Over a broker's socket port (eos/socket_rpc.py, when Metadata names one) the stream is
+*direct*: the call is a `SocketStreamCall`, and the sender's own thread does both halves.
+`send` writes the request to the connection, with no queue and no gRPC thread in between (a
+send waits for room in the connection at most `send_timeout_s`, request.timeout.ms: a broker
+that stops reading fails the stream instead of holding the sender). There is no reader
+thread: the sender sleeps in poll() on the stream's socket (`fileno`) beside its wake-up
+pipe, and `take_answers` hands it the answers that came, read without waiting. So an answer
+reaches the sender with no thread woken in between, as a Kafka client's sender reads its own
+connections. A direct stream that ends (the broker closed it, an answer out of order, an
+abort) fails its outstanding requests through `on_answer`, as a reader thread would: from
+`take_answers`, or from `abort` itself.
 
 One lock guards the outstanding list and the closed flag, so that a request is either
 accepted before the stream fails (and is failed with it) or refused (and the sender sends
@@ -113,16 +119,19 @@ class ProduceStream:
         self.unimplemented = False      # the broker has no ProduceStream
         self.refused = False            # the broker had no room for another stream
         open_direct = getattr(stub.ProduceStream, "open", None)
-        if open_direct is not None:
-            # the broker's socket port (eos/socket_rpc.py): the sender's thread writes each
-            # request to the connection itself, with no thread between it and the socket
+        # direct: the broker's socket port (eos/socket_rpc.py); the sender's thread writes
+        # each request to the connection and reads the answers itself (`take_answers`, when
+        # poll() says `fileno()` is readable), with no thread between it and the socket
+        self.direct = open_direct is not None
+        if self.direct:
             self._call = open_direct(metadata=metadata or None, send_timeout_s=send_timeout_s)
             self._put = self._call.send
+            self._reader = None
         else:
             self._call = stub.ProduceStream(self._request_iterator(), metadata=metadata or None)
             self._put = self._requests.put
-        self._reader = threading.Thread(target=self._read, name=f"eos-produce-stream-{node_id}", daemon=True)
-        self._reader.start()
+            self._reader = threading.Thread(target=self._read, name=f"eos-produce-stream-{node_id}", daemon=True)
+            self._reader.start()
 
     # ---- the sender's side ----------------------------------------------------------------
 
@@ -160,20 +169,53 @@ class ProduceStream:
 
     def abort(self, error: EosError) -> None:
         """Fail the stream and every outstanding request with `error` (the answers arrive
-        through on_answer, from the reader thread)."""
+        through on_answer: from the reader thread, or at once on a direct stream)."""
         with self._lock:
             if self._closed:
                 return
             if self._abort_error is None:
                 self._abort_error = error
         self._call.cancel()
+        if self.direct:
+            self._fail(error)
 
     def close(self) -> None:
         """Half-close (no more requests) and cancel: used when the producer stops."""
         self.abort(NetworkError(f"the produce stream to node {self.node_id} was closed"))
 
     def join(self, timeout_s: float | None = None) -> None:
-        self._reader.join(timeout_s)
+        if self._reader is not None:
+            self._reader.join(timeout_s)
+
+    # ---- a direct stream: read by the sender's thread ---------------------------------------
+
+    def fileno(self) -> int:
+        return self._call.fileno()
+
+    def take_answers(self) -> list[tuple[int, StreamAnswer]]:
+        """The (request id, answer) pairs that have arrived on a direct stream, in order,
+        without waiting (the sender's thread, after poll()). When the stream is over, its
+        outstanding requests are failed through on_answer as on a reader thread, and
+        `closed` turns true."""
+        answers: list[tuple[int, StreamAnswer]] = []
+        error: EosError | None = None
+        try:
+            responses, outcome = self._call.receive_ready()
+            for response in responses:
+                request_id, error = self._match(response)
+                if error is not None:
+                    break
+                answers.append((request_id, StreamAnswer(response)))
+            else:
+                if outcome is not None:
+                    error = self._error_of_end(outcome)
+        except Exception as exc:   # a malformed answer: fail the stream rather than the sender
+            log.exception("reading the produce stream failed")
+            error = NetworkError(f"the produce stream to node {self.node_id} failed: {exc!r}")
+        if error is not None:
+            self._call.cancel()
+            self._fail(error)
+        return answers
 
     # ---- gRPC's side -----------------------------------------------------------------------
 
@@ -189,38 +231,49 @@ class ProduceStream:
         error: EosError | None = None
         try:
             for response in self._call:
-                with self._lock:
-                    if not self._outstanding:
-                        error = NetworkError(f"the produce stream to node {self.node_id} answered a "
-                                             f"request it was never sent (correlation id {response.correlation_id})")
-                        break
-                    correlation_id, request_id, _ = self._outstanding[0]
-                    if response.correlation_id != correlation_id:
-                        error = NetworkError(f"the produce stream to node {self.node_id} answered correlation id "
-                                             f"{response.correlation_id} where {correlation_id} was due")
-                        break
-                    self._outstanding.popleft()
+                request_id, error = self._match(response)
+                if error is not None:
+                    break
                 self._on_answer(request_id, StreamAnswer(response))
             else:
                 error = NetworkError(f"the broker (node {self.node_id}) ended the produce stream")
         except grpc.RpcError as exc:
-            refusal = _refusal_of(exc)
-            if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
-                self.unimplemented = True
-                error = NetworkError(f"node {self.node_id} does not serve ProduceStream; using unary Produce")
-            elif refusal == REFUSED_RESOURCE_EXHAUSTED:
-                # The broker serves as many streams as it can: nothing was handled.
-                self.refused = True
-                error = NetworkError(f"node {self.node_id} refused a produce stream (too many open); "
-                                     f"using unary Produce for a while")
-            elif refusal is not None:   # "unavailable": the broker is stopping
-                error = NetworkError(f"node {self.node_id} refused a produce stream: {exc.details()}")
-            else:
-                error = net.error_from_rpc(exc, f"ProduceStream to node {self.node_id}")
+            error = self._error_of_end(exc)
         except Exception as exc:   # a bug in a callback: fail the stream rather than hang it
             log.exception("produce stream reader failed")
             error = NetworkError(f"the produce stream to node {self.node_id} failed: {exc!r}")
         self._fail(error)
+
+    def _match(self, response) -> tuple[int, EosError | None]:
+        """(the request id `response` answers, None), or (-1, the error) when it answers
+        no request or not the oldest one."""
+        with self._lock:
+            if not self._outstanding:
+                return -1, NetworkError(f"the produce stream to node {self.node_id} answered a request it "
+                                        f"was never sent (correlation id {response.correlation_id})")
+            correlation_id, request_id, _ = self._outstanding[0]
+            if response.correlation_id != correlation_id:
+                return -1, NetworkError(f"the produce stream to node {self.node_id} answered correlation id "
+                                        f"{response.correlation_id} where {correlation_id} was due")
+            self._outstanding.popleft()
+        return request_id, None
+
+    def _error_of_end(self, end: grpc.RpcError) -> EosError:
+        """The error that fails the outstanding requests when the stream ended with `end`."""
+        if end.code() is grpc.StatusCode.OK:
+            return NetworkError(f"the broker (node {self.node_id}) ended the produce stream")
+        refusal = _refusal_of(end)
+        if end.code() is grpc.StatusCode.UNIMPLEMENTED:
+            self.unimplemented = True
+            return NetworkError(f"node {self.node_id} does not serve ProduceStream; using unary Produce")
+        if refusal == REFUSED_RESOURCE_EXHAUSTED:
+            # The broker serves as many streams as it can: nothing was handled.
+            self.refused = True
+            return NetworkError(f"node {self.node_id} refused a produce stream (too many open); "
+                                f"using unary Produce for a while")
+        if refusal is not None:   # "unavailable": the broker is stopping
+            return NetworkError(f"node {self.node_id} refused a produce stream: {end.details()}")
+        return net.error_from_rpc(end, f"ProduceStream to node {self.node_id}")
 
     def _fail(self, error: EosError) -> None:
         with self._lock:

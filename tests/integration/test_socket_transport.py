@@ -59,7 +59,9 @@ def test_metadata_names_the_socket_port_and_an_idempotent_producer_streams_over_
     with eos.Producer(broker.address, config={"linger.ms": 0, "acks": "all"}) as producer:
         offsets = [producer.send("orders", value=b"%d" % i).result(10).offset for i in range(300)]
         streams = list(producer._sender._streams.values())
-        assert streams and all(isinstance(s._call, SocketStreamCall) for s in streams)
+        assert streams and all(isinstance(s._call, SocketStreamCall) and s.direct for s in streams)
+        # the sender read the answers itself: no reader thread was started for the stream
+        assert not [t.name for t in threading.enumerate() if t.name.startswith("eos-produce-stream")]
     assert offsets == list(range(300))
     assert _read_committed(broker.address, "orders", 300) == [b"%d" % i for i in range(300)]
 
@@ -418,3 +420,50 @@ def test_only_clients_of_the_listener_the_port_serves_are_told_it(tmp_path):
         assert told("EXTERNAL") == 0      # another network's clients stay on their listener
     finally:
         broker.stop()
+
+
+def test_a_direct_stream_answered_out_of_order_fails_its_requests_as_retriable():
+    """A peer that answers a correlation id other than the oldest one: the sender's own
+    read of the stream fails every outstanding request (retriable, so idempotence resends
+    them) and the stream takes no more requests."""
+    import socket as sockets
+    from producer.stream import ProduceStream
+    from eos.errors import NetworkError
+    from eos.socket_rpc import MESSAGE, frame, read_frame
+
+    listener = sockets.create_server(("127.0.0.1", 0))
+    served = []
+
+    def serve() -> None:       # reads OPEN and two requests, answers the second one first
+        connection, _ = listener.accept()
+        served.append(connection)
+        reader = connection.makefile("rb")
+        requests = [read_frame(reader, 1 << 20) for _ in range(3)][1:]
+        answer = broker_pb2.ProduceResponse(correlation_id=broker_pb2.ProduceRequest.FromString(
+            requests[1][2]).correlation_id)
+        connection.sendall(frame(MESSAGE, 0, answer.SerializeToString()))
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    answers = []
+    channel = SocketChannel("127.0.0.1", listener.getsockname()[1])
+    try:
+        stream = ProduceStream(broker_pb2_grpc.BrokerStub(channel), 1, in_flight_max=5,
+                               on_answer=lambda request_id, answer: answers.append((request_id, answer)))
+        assert stream.direct
+        for request_id in (10, 11):
+            assert stream.send(request_id, broker_pb2.ProduceRequest(acks=-1), now_ms=0)
+        server.join(10)
+        taken = []
+        wait_for(lambda: taken.extend(stream.take_answers()) or stream.closed, "the stream failed")
+        assert taken == []                                   # the stray answer completed nothing
+        assert [request_id for request_id, _ in answers] == [10, 11]
+        for _, answer in answers:
+            with pytest.raises(NetworkError, match="answered correlation id 1 where 0 was due"):
+                answer.result()
+        assert stream.send(12, broker_pb2.ProduceRequest(acks=-1), now_ms=0) is False
+    finally:
+        channel.close()
+        listener.close()
+        for connection in served:
+            connection.close()

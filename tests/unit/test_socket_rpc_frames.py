@@ -7,7 +7,7 @@ import pytest
 
 from eos.socket_rpc import (CALL, OPEN, REPLY, STATUS, ConnectionClosed, FrameError, FrameTooLarge, call_frame,
                             decode_call, decode_metadata, decode_status, encode_metadata, frame, read_frame,
-                            skip_bytes, status_frame)
+                            skip_bytes, split_frames, status_frame)
 
 
 def _read(data: bytes, size_max: int = 1 << 20):
@@ -95,3 +95,23 @@ def test_metadata_blocks_follow_each_other():
 def test_another_protocols_bytes_are_refused_at_once_not_read_as_a_huge_frame(garbage):
     with pytest.raises(FrameError, match="not a frame of this protocol"):
         _read(garbage)
+
+
+def test_split_frames_takes_the_whole_frames_and_keeps_one_still_arriving():
+    first, second = frame(REPLY, 1, b"one"), status_frame(2, grpc.StatusCode.OK, "done")
+    third = frame(REPLY, 3, b"three" * 100)
+    buffer = bytearray(first + second + third[:9])
+    frames = split_frames(buffer, 1 << 20)
+    assert [(kind, correlation_id) for kind, correlation_id, _ in frames] == [(REPLY, 1), (STATUS, 2)]
+    assert frames[0][2] == b"one" and decode_status(frames[1][2])[1] == "done"
+    assert bytes(buffer) == third[:9]                      # the head of a frame still arriving
+    assert split_frames(buffer, 1 << 20) == []             # nothing whole yet: nothing taken
+    buffer += third[9:]
+    assert split_frames(buffer, 1 << 20) == [(REPLY, 3, b"three" * 100)] and not buffer
+
+
+def test_split_frames_refuses_what_read_frame_refuses():
+    with pytest.raises(FrameError):
+        split_frames(bytearray(b"GET / HTTP/1.1\r\n\r\n"), 1 << 20)
+    with pytest.raises(FrameTooLarge):
+        split_frames(bytearray(frame(REPLY, 7, b"x" * 100)[:12]), 50)   # refused on its head alone
