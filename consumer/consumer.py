@@ -484,7 +484,7 @@ class Consumer:
             # Wait for a Fetch to finish, or (nothing in flight: leaders unknown, backing
             # off) a short while before trying again.
             wait_s = remaining_ms / 1000 if fetcher.has_in_flight else min(remaining_ms / 1000, 0.05)
-            fetcher.wakeup.wait(wait_s)
+            fetcher.wait(wait_s)
 
     # ---- shutdown ------------------------------------------------------------------------
 

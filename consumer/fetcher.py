@@ -14,7 +14,11 @@ received response of it waits to be consumed. Each broker gets at most one Fetch
 response the next one is already on its way, and memory is bounded by two responses per
 partition plus the one in flight.
 
-The calls themselves run on `eos.calls.CallThreads`: one long-lived daemon thread per
+The calls themselves: over a broker's socket port (eos/socket_rpc.py) each Fetch is a
+`PendingCall`, sent from the application's thread and read by it too: `handle_arrivals` polls
+the calls in flight without waiting, and `wait` sleeps on their sockets and on `wakeup` (an
+`eos.wakeup.Wakeup` that other threads set), so no thread stands between an answer and
+poll(). Over gRPC they run on `eos.calls.CallThreads`: one long-lived daemon thread per
 broker that makes each Fetch as a blocking gRPC call and completes a
 `concurrent.futures.Future` -- not `stub.Fetch.future`, which on an idle channel starts a
 thread per call (see eos/calls.py).
@@ -47,7 +51,6 @@ import functools
 import heapq
 import logging
 import math
-import threading
 import weakref
 from concurrent import futures
 from typing import Callable, NamedTuple
@@ -72,6 +75,7 @@ from eos.records.header import parse_header, verify_crc
 from eos.types import Record, TopicPartition
 from eos.v1 import broker_pb2
 from eos.v1.common_pb2 import IsolationLevel
+from eos.wakeup import Wakeup
 
 log = logging.getLogger("eos.consumer")
 
@@ -147,8 +151,9 @@ class _Received:
 class _FetchInFlight(NamedTuple):
     node_id: int
     epochs: dict            # tp -> fetch_epoch when sent
-    call: object
+    call: object            # a concurrent.futures.Future, or a socket_rpc.PendingCall (direct)
     sent_ms: int = 0        # the clock when it was sent: the start of its latency
+    direct: bool = False    # read by the application's thread itself (the socket port)
 
 
 def _records_lag(state: PartitionState, read_committed: bool) -> float:
@@ -188,7 +193,7 @@ class Fetcher:
         # (node, when its call finished) from gRPC threads: the time is the end of the fetch's
         # latency, which must not include how long the application took to poll again.
         self._arrived: collections.deque = collections.deque()
-        self.wakeup = threading.Event()
+        self.wakeup = Wakeup()     # set by other threads (a Fetch done, a rebalance step)
         self._pending_error: BaseException | None = None
         self._metadata_retry_at_ms = 0
         self._metadata_attempts = 0
@@ -375,6 +380,13 @@ class Fetcher:
                 s.in_flight = True
                 epochs[s.tp] = (s.fetch_epoch, s.fetch_offset)
             timeout_s = (self._request_timeout_ms + self._fetch_max_wait_ms) / 1000
+            start = getattr(stub.Fetch, "start", None)
+            if start is not None:
+                # the broker's socket port: sent from this thread now, its answer read by
+                # this thread too (`handle_arrivals`, after `wait` on its socket)
+                call = start(request, timeout=timeout_s, metadata=self._call_metadata or None)
+                self._in_flight[node] = _FetchInFlight(node, epochs, call, now, direct=True)
+                continue
             call = self._callers.submit(node, stub.Fetch, request, timeout=timeout_s,
                                         metadata=self._call_metadata or None)
             self._in_flight[node] = _FetchInFlight(node, epochs, call, now)
@@ -388,9 +400,19 @@ class Fetcher:
     def has_in_flight(self) -> bool:
         return bool(self._in_flight)
 
+    def wait(self, timeout_s: float) -> None:
+        """Sleep until a Fetch may have finished or another thread set `wakeup`, at most
+        `timeout_s` (application thread)."""
+        self.wakeup.wait(timeout_s, [in_flight.call.fileno() for in_flight in self._in_flight.values()
+                                     if in_flight.direct and not in_flight.call.done()])
+
     def handle_arrivals(self) -> bool:
         """Turn finished Fetch calls into received data (application thread); True when
         any call finished."""
+        for in_flight in self._in_flight.values():
+            if in_flight.direct and in_flight.call.poll():
+                self._arrived.append((in_flight.node_id, self._clock()))
+                self.wakeup.set()     # as `_on_done` does: the poll() loop must not sleep now
         handled = False
         while self._arrived:
             node, arrived_ms = self._arrived.popleft()
@@ -593,4 +615,5 @@ class Fetcher:
             in_flight.call.cancel()   # only one not started yet; a running one ends with its channel
         self._in_flight.clear()
         self._callers.close()
+        self.wakeup.close()
         self._ready.clear()

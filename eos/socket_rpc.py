@@ -31,8 +31,11 @@ The client's side (`SocketChannel`) has the face of a `grpc.Channel` for what th
 stubs build (`unary_unary`, `stream_stream`), so `stub_class(SocketChannel(...))` is a stub
 whose calls go over the socket: `Method(request, timeout=, metadata=)` makes the call on the
 calling thread itself (it sends, then reads its answer: no other thread is woken);
-`Method.future(...)` runs that on a thread of its own; `ProduceStream.open(metadata=)`
-gives a stream the caller sends on directly (`send`), with answers read by iterating it.
+`Method.future(...)` runs that on a thread of its own; `Method.start(...)` (a `PendingCall`)
+sends the call at once and leaves its answer to the caller, who waits on its `fileno()` and
+reads it with `poll()` (the consumer's Fetch); `ProduceStream.open(metadata=)` gives a stream
+the caller sends on directly (`send`), with answers read by iterating it on a thread, or by
+its owner with `receive_ready()` when `fileno()` is readable (the producer's sender).
 Failures are `SocketRpcError`, a `grpc.RpcError` with gRPC's codes: a connection that cannot
 be made or breaks is UNAVAILABLE (the request may or may not have been handled), a call
 past its timeout is DEADLINE_EXCEEDED, and the server's own statuses come through as sent.
@@ -48,6 +51,7 @@ import struct
 import threading
 import time
 import weakref
+from concurrent.futures import InvalidStateError
 from typing import Callable, Iterator
 
 import grpc
@@ -215,6 +219,26 @@ def skip_bytes(reader, count: int) -> None:
         if not chunk:
             raise ConnectionClosed("the connection closed mid-frame")
         count -= len(chunk)
+
+
+def receive_available(sock: socket.socket, inbox: bytearray) -> BaseException | None:
+    """Append what the connection has to `inbox`, without waiting (a blocking socket: a
+    socket with a timeout would wait inside recv). None, or why the connection is over
+    (end of file, OSError): the whole frames read before it are still good."""
+    try:
+        while True:
+            try:
+                chunk = sock.recv(READ_BUFFER_BYTES, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return None
+            if not chunk:
+                return ConnectionClosed("the connection was closed" if not inbox else
+                                        "the connection closed mid-frame")
+            inbox += chunk
+            if len(chunk) < READ_BUFFER_BYTES:
+                return None       # drained: spare the call that would say so
+    except OSError as exc:
+        return exc
 
 
 # ---- the client's side --------------------------------------------------------------------------
@@ -448,6 +472,116 @@ class _UnaryMethod:
     def future(self, request, timeout=None, metadata=None, **_) -> "SocketFuture":
         return SocketFuture(self._channel, self._method, self._serialize(request), self._deserialize,
                             timeout, metadata)
+
+    def start(self, request, timeout=None, metadata=None) -> "PendingCall":
+        """Send the call now and read its answer later, on the caller's thread (`PendingCall`)."""
+        return PendingCall(self._channel, self._method, self._serialize(request), self._deserialize,
+                           timeout, metadata)
+
+
+class PendingCall:
+    """A unary call sent at once whose answer its caller reads itself, later, without a
+    thread: it waits on `fileno()` (eos.wakeup.Wakeup) and calls `poll()`, which reads what
+    came without waiting and says whether the call is over; `result()` then gives the
+    response or raises SocketRpcError, as the call itself would have. Past its timeout,
+    poll() ends it with DEADLINE_EXCEEDED. One thread uses a PendingCall; the connection
+    goes back to the channel's pool when the answer is read, and is closed if the call
+    fails or is cancelled."""
+
+    def __init__(self, channel: SocketChannel, method: str, payload: bytes, deserialize, timeout_s, metadata):
+        self._channel = channel
+        self._deserialize = deserialize
+        self._where = f"{channel.address[0]}:{channel.address[1]} ({method})"
+        self._deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        self._inbox = bytearray()
+        self._response = None
+        self._error: SocketRpcError | None = None
+        self._done = False
+        self._connection: _Connection | None = None
+        reused = False
+        try:
+            self._connection, reused = channel._take(timeout_s)
+            self._connection.sock.settimeout(timeout_s)
+            self._correlation_id = self._connection.take_correlation_id()
+            self._connection.sock.sendall(call_frame(CALL, self._correlation_id, method, metadata, payload))
+            # Blocking, so that poll()'s MSG_DONTWAIT reads return at once: on a socket with
+            # a timeout, Python's recv first waits for data up to that timeout.
+            self._connection.sock.settimeout(None)
+        except (SocketRpcError, OSError) as exc:
+            if reused and not isinstance(exc, socket.timeout):
+                channel._drop_idle()
+            self._finish(None, _failure(exc, self._where))
+
+    def fileno(self) -> int:
+        return -1 if self._done or self._connection is None else self._connection.sock.fileno()
+
+    def done(self) -> bool:
+        return self._done
+
+    def poll(self) -> bool:
+        """Read what has arrived, without waiting; True once the call is over."""
+        if self._done:
+            return True
+        failure = receive_available(self._connection.sock, self._inbox)
+        try:
+            frames = split_frames(self._inbox, self._channel.receive_bytes_max)
+        except FrameTooLarge as exc:
+            self._finish(None, SocketRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                              f"Received message larger than max ({exc.size} vs. {exc.limit})"))
+            return True
+        except FrameError as exc:
+            frames, failure = [], exc
+        if frames:
+            # an answer that came before the connection ended is still the answer
+            self._answered(*frames[0], stray=len(frames) > 1 or bool(self._inbox), reusable=failure is None)
+        elif failure is not None:
+            self._finish(None, _failure(failure, self._where))
+        elif self._deadline is not None and time.monotonic() >= self._deadline:
+            self._finish(None, SocketRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, f"Deadline Exceeded ({self._where})"))
+        return self._done
+
+    def _answered(self, kind: int, answered_id: int, body: bytes, *, stray: bool, reusable: bool) -> None:
+        if stray or answered_id != self._correlation_id or kind not in (REPLY, STATUS):
+            # more than one answer, or not this call's: the connection is out of step
+            self._finish(None, _failure(FrameError(f"answer {kind}/{answered_id} to call {self._correlation_id}"),
+                                        self._where))
+        elif kind == REPLY:
+            self._finish(body, None, reusable=reusable)
+        else:
+            try:
+                code, details, trailing = decode_status(body)
+            except FrameError as exc:
+                self._finish(None, _failure(exc, self._where))
+                return
+            self._finish(None, SocketRpcError(code, details, trailing), reusable=reusable)
+
+    def result(self):
+        if not self._done:
+            raise InvalidStateError(f"{self._where}: the call is not over")
+        if self._error is not None:
+            raise self._error
+        return self._response
+
+    def cancel(self) -> bool:
+        if self._done:
+            return False
+        self._finish(None, SocketRpcError(grpc.StatusCode.CANCELLED, "Locally cancelled by application!"))
+        return True
+
+    def _finish(self, body, error: SocketRpcError | None, reusable: bool = False) -> None:
+        self._done = True
+        self._error = error
+        if body is not None:
+            try:
+                self._response = self._deserialize(body)
+            except Exception as exc:   # a malformed answer: the call fails, not its reader
+                self._error = SocketRpcError(grpc.StatusCode.INTERNAL, f"{self._where}: a malformed answer: {exc}")
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            if reusable:
+                self._channel._give_back(connection)
+            else:
+                connection.close()
 
 
 class SocketFuture(grpc.Future):
@@ -688,22 +822,8 @@ class SocketStreamCall:
         if self._ended is not None:
             return [], self._ended
         inbox = self._inbox
-        failure: BaseException | None = None
-        try:
-            sock = self._connection.sock
-            while True:
-                try:
-                    chunk = sock.recv(READ_BUFFER_BYTES, socket.MSG_DONTWAIT)
-                except BlockingIOError:
-                    break
-                if not chunk:
-                    raise ConnectionClosed("the connection was closed" if not inbox else
-                                           "the connection closed mid-frame")
-                inbox += chunk
-                if len(chunk) < READ_BUFFER_BYTES:
-                    break       # the socket is drained: spare the call that says so
-        except (OSError, ConnectionClosed) as exc:
-            failure = exc       # the whole frames before it are still answers
+        # a failure after whole frames: those are still answers, handed out before the end
+        failure: BaseException | None = receive_available(self._connection.sock, inbox)
         try:
             frames = split_frames(inbox, self._channel.receive_bytes_max)
         except (FrameError, FrameTooLarge) as exc:

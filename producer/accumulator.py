@@ -36,11 +36,10 @@ The `RecordAccumulator` is what they share, behind one lock held only for list a
 - Retries go back into their partition's deque *in append order* (`creation_index`),
   ahead of younger batches, so a retried batch is resent before anything that followed it.
 - Waking the sender: whatever gives it work (a new or sealed batch, a flush, a close, a
-  posted answer) sets `wake_requested` and notifies `wakeup` under the lock. While the
-  sender also waits for answers on sockets it reads itself (direct produce streams), it
-  sleeps in poll() on those sockets and a pipe instead, and the notifier writes one byte
-  to the pipe (`_wake_sender_locked`; armed for one byte per sleep, so appends pay the
-  write only when the sender is asleep).
+  posted answer) sets `wakeup`, an `eos.wakeup.Wakeup`. While the sender also waits for
+  answers on sockets it reads itself (direct produce streams), it sleeps in poll() on those
+  sockets and the Wakeup's pipe, and set() writes one byte to the pipe -- only while the
+  sender sleeps, so appends pay the write only then.
 
 The batches and their futures are in `producer/batch.py`.
 """
@@ -50,12 +49,11 @@ import bisect
 import collections
 import itertools
 import logging
-import os
-import select
 import threading
 from typing import Callable, Sequence
 
 from eos.errors import EosError, ErrorCode, RequestTimedOutError
+from eos.wakeup import Wakeup
 from producer.batch import BATCH_HEADER_BYTES, ProducerBatch, RecordFuture, _BulkCompletion, _Segment
 
 log = logging.getLogger("eos.producer")
@@ -81,11 +79,7 @@ class RecordAccumulator:
         self._sticky = sticky
         self._clock = clock
         self.lock = threading.Lock()
-        self.wakeup = threading.Condition(self.lock)      # the sender waits on this
-        # ... or, while it also waits for answers on sockets, in poll() on them and this pipe
-        # (`wait_for_work`); armed while it does, so that a notifier writes at most one byte
-        self._wake_pipe: tuple[int, int] | None = None
-        self._wake_pipe_armed = False
+        self.wakeup = Wakeup()      # the sender waits on this (set: it has something to do)
         self._space = threading.Condition(self.lock)      # appenders wait for buffer memory
         self._deques: dict[tuple, collections.deque] = {}
         self._creation_counter = itertools.count()
@@ -94,7 +88,6 @@ class RecordAccumulator:
         self._flushes_in_progress = 0
         self.closing = False
         self.closed = False
-        self.wake_requested = False
         self._drain_start = 0
         # The open batch the last per-record append of a topic's sticky partition (key:
         # topic) or of an explicit partition (key: (topic, partition)) went to; see the
@@ -136,7 +129,7 @@ class RecordAccumulator:
         dq.append(batch)
         self._incomplete[batch] = None
         # A new batch starts a linger timer the sender may not know about yet.
-        self._wake_sender_locked()
+        self.wakeup.set()
         return batch
 
     def _check_open(self) -> None:
@@ -203,7 +196,7 @@ class RecordAccumulator:
                 batch.add_record_callback(index, on_delivery)
             if batch.size_estimate_bytes >= self.batch_size:
                 batch.sealed = True
-                self._wake_sender_locked()
+                self.wakeup.set()
         finally:
             lock.release()
         return RecordFuture(batch, index) if want_future else None
@@ -288,7 +281,7 @@ class RecordAccumulator:
                 bulk.watch(_Segment(batch, batch_start, end - start, positions[start:end]))
                 if end < count or batch.size_estimate_bytes >= self.batch_size:
                     batch.sealed = True
-                    self._wake_sender_locked()
+                    self.wakeup.set()
                 start = end
 
     # ---- flush and close (application threads) --------------------------------------------
@@ -297,7 +290,7 @@ class RecordAccumulator:
         """Make every batch ready now; returns the batches the flush waits for."""
         with self.lock:
             self._flushes_in_progress += 1
-            self._wake_sender_locked()
+            self.wakeup.set()
             return list(self._incomplete)
 
     def end_flush(self) -> None:
@@ -307,7 +300,7 @@ class RecordAccumulator:
     def begin_close(self) -> None:
         with self.lock:
             self.closing = True
-            self._wake_sender_locked()
+            self.wakeup.set()
 
     def incomplete_batches(self) -> list[ProducerBatch]:
         with self.lock:
@@ -323,44 +316,17 @@ class RecordAccumulator:
         """From any thread (gRPC callbacks): hand something to the sender and wake it."""
         with self.lock:
             self.posted.append(item)
-            self._wake_sender_locked()
-
-    def _wake_sender_locked(self) -> None:
-        """Under the lock: the sender has something to do; wake it, wherever it sleeps."""
-        self.wake_requested = True
-        self.wakeup.notify()
-        if self._wake_pipe_armed:
-            self._wake_pipe_armed = False
-            os.write(self._wake_pipe[1], b"\0")
+            self.wakeup.set()
 
     def wait_for_work(self, timeout_s: float, readable_fds: Sequence[int] = ()) -> list:
         """Sender: sleep until woken, `timeout_s` passed, or (when given) one of
         `readable_fds` can be read; returns what was posted meanwhile."""
-        lock = self.lock
-        with lock:
-            idle = not self.wake_requested and not self.posted and timeout_s > 0
-            if idle and not readable_fds:
-                self.wakeup.wait(timeout_s)
-            elif idle:
-                if self._wake_pipe is None:
-                    self._wake_pipe = os.pipe()
-                    for fd in self._wake_pipe:
-                        os.set_blocking(fd, False)
-                self._wake_pipe_armed = True
-        if idle and readable_fds:
-            wake_fd = self._wake_pipe[0]
-            poller = select.poll()
-            poller.register(wake_fd, select.POLLIN)
-            for fd in readable_fds:
-                poller.register(fd, select.POLLIN)
-            poller.poll(timeout_s * 1000)
-            with lock:
-                woken = not self._wake_pipe_armed    # a notifier disarmed it and wrote its byte
-                self._wake_pipe_armed = False
-            if woken:
-                os.read(wake_fd, 1)
-        with lock:
-            self.wake_requested = False
+        if timeout_s > 0:
+            self.wakeup.wait(timeout_s, readable_fds)
+        # Cleared before the sender looks at anything: work that comes after this sets it
+        # again for the next sleep; work that came before is what the sender now handles.
+        self.wakeup.clear()
+        with self.lock:
             posted = list(self.posted)
             self.posted.clear()
             return posted
@@ -435,7 +401,7 @@ class RecordAccumulator:
             else:
                 position = len(dq)
             dq.insert(position, batch)
-            self.wake_requested = True
+            self.wakeup.set()
 
     def expire(self, now_ms: int, delivery_timeout_ms: int) -> list[ProducerBatch]:
         """Pop queued batches older than delivery.timeout.ms (none of them is in flight)."""
@@ -491,10 +457,7 @@ class RecordAccumulator:
         with self.lock:
             self.closed = True
             self._space.notify_all()
-            if self._wake_pipe is not None:
-                for fd in self._wake_pipe:
-                    os.close(fd)
-                self._wake_pipe = None
+        self.wakeup.close()
 
     def available_bytes(self) -> int:
         """buffer.memory not reserved by a batch (read without the lock: one int, for the

@@ -467,3 +467,72 @@ def test_a_direct_stream_answered_out_of_order_fails_its_requests_as_retriable()
         listener.close()
         for connection in served:
             connection.close()
+
+
+def _fetch_request(topic: str, offset: int, max_wait_ms: int) -> broker_pb2.FetchRequest:
+    return broker_pb2.FetchRequest(max_wait_ms=max_wait_ms, min_bytes=1, max_bytes=1 << 20, partitions=[
+        broker_pb2.FetchPartition(topic=topic, partition=0, fetch_offset=offset, partition_max_bytes=1 << 20)])
+
+
+def test_a_started_call_is_answered_to_the_thread_that_polls_it_and_its_connection_is_pooled(broker):
+    """PendingCall (the consumer's Fetch over the socket): sent at once, never waited for
+    inside poll(); its caller sleeps on fileno() and reads the answer itself."""
+    from eos.wakeup import Wakeup
+    with eos.Admin(broker.address) as admin:
+        admin.create_topic("started")
+    channel = SocketChannel("127.0.0.1", broker.socket_port)
+    try:
+        call = broker_pb2_grpc.BrokerStub(channel).Fetch.start(_fetch_request("started", 0, 30_000), timeout=60)
+        assert call.poll() is False and not call.done()       # a long poll: nothing yet, and no wait
+        with eos.Producer(broker.address) as producer:
+            producer.send("started", value=b"first").result(10)
+        wakeup = Wakeup()
+        wait_for(lambda: wakeup.wait(1, [call.fileno()]) or call.poll(), "the Fetch answered")
+        partition = call.result().partitions[0]
+        assert partition.error_code == ErrorCode.NONE and partition.high_watermark == 1 and partition.records
+        assert call.fileno() == -1 and len(channel._idle) == 1        # the connection went back
+        again = broker_pb2_grpc.BrokerStub(channel).Fetch.start(_fetch_request("started", 0, 0), timeout=60)
+        wait_for(again.poll, "the second Fetch answered")
+        assert again.result().partitions[0].records == partition.records   # on the pooled connection
+    finally:
+        channel.close()
+
+
+def test_a_started_call_past_its_timeout_or_cancelled_fails_and_its_connection_is_closed(broker):
+    with eos.Admin(broker.address) as admin:
+        admin.create_topic("late")
+    channel = SocketChannel("127.0.0.1", broker.socket_port)
+    stub = broker_pb2_grpc.BrokerStub(channel)
+    try:
+        late = stub.Fetch.start(_fetch_request("late", 0, 30_000), timeout=0.2)
+        wait_for(late.poll, "the call past its deadline")
+        with pytest.raises(SocketRpcError) as failed:
+            late.result()
+        assert failed.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+        cancelled = stub.Fetch.start(_fetch_request("late", 0, 30_000), timeout=60)
+        assert cancelled.cancel() and cancelled.poll() and not cancelled.cancel()
+        with pytest.raises(SocketRpcError) as failed:
+            cancelled.result()
+        assert failed.value.code() is grpc.StatusCode.CANCELLED
+        assert channel._idle == []          # neither connection, mid-call, went back to the pool
+        refused = stub.Produce.start(broker_pb2.ProduceRequest(partitions=[broker_pb2.PartitionRecords(
+            topic="late", partition=0, records=b"x" * 64)]), timeout=60)
+        wait_for(refused.poll, "the Produce answered")
+        assert refused.result().partitions[0].error_code == ErrorCode.CORRUPT_MESSAGE
+    finally:
+        channel.close()
+
+
+def test_a_consumer_over_the_socket_reads_its_fetches_itself(broker):
+    with eos.Admin(broker.address) as admin:
+        admin.create_topic("direct-reads")
+    with eos.Producer(broker.address) as producer:
+        for i in range(50):
+            producer.send("direct-reads", value=b"%d" % i)
+    with eos.Consumer(broker.address, config={"auto.offset.reset": "earliest"}) as consumer:
+        consumer.assign([("direct-reads", 0)])
+        values = []
+        wait_for(lambda: values.extend(r.value for r in consumer.poll(200)) or len(values) >= 50, "50 records")
+        assert values == [b"%d" % i for i in range(50)]
+        assert all(in_flight.direct for in_flight in consumer._fetcher._in_flight.values())
+        assert consumer._fetcher._callers._queues == {}      # no fetch thread was ever started

@@ -396,71 +396,27 @@ def test_delivery_report_only_error_calls_back_failed_records_only(report_only_e
     assert seen == (expected_failed if report_only_errors else [(0, None)] * 3 + expected_failed)
 
 
-def _wait_in_thread(acc, timeout_s, fds):
-    """Run the sender's wait_for_work on a thread; returns (thread, what it returned)."""
+
+def test_a_sender_asleep_on_sockets_wakes_for_a_post_and_for_a_new_batch():
+    """wait_for_work with sockets (a sender that reads its produce streams itself) still
+    wakes for work from other threads; the Wakeup underneath is tested in test_wakeup."""
+    import socket
     import threading
-    returned = []
-    waiter = threading.Thread(target=lambda: returned.append(acc.wait_for_work(timeout_s, fds)), daemon=True)
-    waiter.start()
-    return waiter, returned
-
-
-def _wait_until_armed(acc):
     from tests.waits import wait_for
-    wait_for(lambda: acc._wake_pipe_armed, "the sender asleep on its pipe", timeout_s=10)
-
-
-def test_a_sender_asleep_on_sockets_wakes_when_one_is_readable():
-    import socket
-    acc, _ = make()
-    ours, theirs = socket.socketpair()
-    try:
-        waiter, returned = _wait_in_thread(acc, 60, [ours.fileno()])
-        _wait_until_armed(acc)
-        theirs.send(b"answer")
-        waiter.join(10)
-        assert not waiter.is_alive() and returned == [[]]    # woken by the socket, nothing posted
-        assert not acc._wake_pipe_armed
-    finally:
-        ours.close()
-        theirs.close()
-
-
-def test_a_sender_asleep_on_sockets_wakes_for_a_post_and_a_new_batch_and_no_wake_byte_is_left():
-    import os
-    import socket
     acc, _ = make(linger_ms=0)
     ours, theirs = socket.socketpair()
     try:
-        for wake in (lambda: acc.post(("request", "answer")), lambda: append(acc, 0)):
-            waiter, returned = _wait_in_thread(acc, 60, [ours.fileno()])
-            _wait_until_armed(acc)
+        for wake, expected in ((lambda: acc.post(("request", "answer")), [("request", "answer")]),
+                               (lambda: append(acc, 0), [])):
+            returned = []
+            waiter = threading.Thread(target=lambda: returned.append(acc.wait_for_work(60, [ours.fileno()])),
+                                      daemon=True)
+            waiter.start()
+            wait_for(lambda: acc.wakeup._armed, "the sender asleep on its sockets", timeout_s=10)
             wake()
             waiter.join(10)
-            assert not waiter.is_alive()
-        assert returned == [[]]                  # the second wake was a batch, not a post
-        with pytest.raises(BlockingIOError):     # each wake's byte was read: the next sleep sleeps
-            os.read(acc._wake_pipe[0], 1)
-    finally:
-        ours.close()
-        theirs.close()
-
-
-def test_work_that_came_before_the_sleep_is_not_slept_through_and_close_releases_the_pipe():
-    import os
-    import socket
-    acc, _ = make()
-    ours, theirs = socket.socketpair()
-    try:
-        acc.post("early")
-        assert acc.wait_for_work(60, [ours.fileno()]) == ["early"]   # returns at once
-        assert acc.wait_for_work(0.01, [ours.fileno()]) == []        # the pipe made, nothing due
-        read_end, write_end = acc._wake_pipe
-        acc.mark_closed()
-        assert acc._wake_pipe is None
-        for fd in (read_end, write_end):
-            with pytest.raises(OSError):
-                os.fstat(fd)
+            assert not waiter.is_alive() and returned == [expected]
+        assert acc.drain(1000, take_all)[0]            # the batch that woke it is there to drain
     finally:
         ours.close()
         theirs.close()
