@@ -51,6 +51,7 @@ import functools
 import heapq
 import logging
 import math
+import time
 import weakref
 from concurrent import futures
 from typing import Callable, NamedTuple
@@ -402,9 +403,14 @@ class Fetcher:
 
     def wait(self, timeout_s: float) -> None:
         """Sleep until a Fetch may have finished or another thread set `wakeup`, at most
-        `timeout_s` (application thread)."""
-        self.wakeup.wait(timeout_s, [in_flight.call.fileno() for in_flight in self._in_flight.values()
-                                     if in_flight.direct and not in_flight.call.done()])
+        `timeout_s` (application thread) -- and no later than the first deadline of a Fetch
+        read here, so that a broker that never answers fails the call on time."""
+        direct = [in_flight.call for in_flight in self._in_flight.values()
+                  if in_flight.direct and not in_flight.call.done()]
+        deadlines = [call.deadline for call in direct if call.deadline is not None]
+        if deadlines:
+            timeout_s = min(timeout_s, max(0.0, min(deadlines) - time.monotonic()))
+        self.wakeup.wait(timeout_s, [call.fileno() for call in direct])
 
     def handle_arrivals(self) -> bool:
         """Turn finished Fetch calls into received data (application thread); True when

@@ -492,15 +492,16 @@ class PendingCall:
         self._channel = channel
         self._deserialize = deserialize
         self._where = f"{channel.address[0]}:{channel.address[1]} ({method})"
-        self._deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        # when poll() ends the call as DEADLINE_EXCEEDED (time.monotonic()); None: never
+        self.deadline = None if timeout_s is None else time.monotonic() + timeout_s
         self._inbox = bytearray()
         self._response = None
         self._error: SocketRpcError | None = None
         self._done = False
         self._connection: _Connection | None = None
-        reused = False
+        self._reused = False      # the connection came from the pool (it may have gone stale)
         try:
-            self._connection, reused = channel._take(timeout_s)
+            self._connection, self._reused = channel._take(timeout_s)
             self._connection.sock.settimeout(timeout_s)
             self._correlation_id = self._connection.take_correlation_id()
             self._connection.sock.sendall(call_frame(CALL, self._correlation_id, method, metadata, payload))
@@ -508,9 +509,7 @@ class PendingCall:
             # a timeout, Python's recv first waits for data up to that timeout.
             self._connection.sock.settimeout(None)
         except (SocketRpcError, OSError) as exc:
-            if reused and not isinstance(exc, socket.timeout):
-                channel._drop_idle()
-            self._finish(None, _failure(exc, self._where))
+            self._fail(exc)
 
     def fileno(self) -> int:
         return -1 if self._done or self._connection is None else self._connection.sock.fileno()
@@ -535,10 +534,17 @@ class PendingCall:
             # an answer that came before the connection ended is still the answer
             self._answered(*frames[0], stray=len(frames) > 1 or bool(self._inbox), reusable=failure is None)
         elif failure is not None:
-            self._finish(None, _failure(failure, self._where))
-        elif self._deadline is not None and time.monotonic() >= self._deadline:
+            self._fail(failure)
+        elif self.deadline is not None and time.monotonic() >= self.deadline:
             self._finish(None, SocketRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, f"Deadline Exceeded ({self._where})"))
         return self._done
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._reused and not isinstance(exc, (socket.timeout, SocketRpcError)):
+            # as `SocketChannel.call`: a pooled connection that broke most likely broke with
+            # the others (a broker restart), so none of them is tried again
+            self._channel._drop_idle()
+        self._finish(None, _failure(exc, self._where))
 
     def _answered(self, kind: int, answered_id: int, body: bytes, *, stray: bool, reusable: bool) -> None:
         if stray or answered_id != self._correlation_id or kind not in (REPLY, STATUS):
