@@ -192,9 +192,12 @@ class Fetcher:
         # A consumer dropped without close(): its idle fetch threads stop with it.
         weakref.finalize(self, self._callers.close)
         # (node, when its call finished) from gRPC threads: the time is the end of the fetch's
-        # latency, which must not include how long the application took to poll again.
+        # latency, which must not include how long the application took to poll again. (A
+        # direct call's answer is read by poll() itself, so its time is when poll() read it,
+        # as in Kafka's consumer, whose network I/O happens in poll() too.)
         self._arrived: collections.deque = collections.deque()
         self.wakeup = Wakeup()     # set by other threads (a Fetch done, a rebalance step)
+        weakref.finalize(self, self.wakeup.close)     # its pipe, for a consumer dropped unclosed
         self._pending_error: BaseException | None = None
         self._metadata_retry_at_ms = 0
         self._metadata_attempts = 0

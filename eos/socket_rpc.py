@@ -71,6 +71,12 @@ CONNECT_TIMEOUT_S = 10.0
 # reading) before the stream is given up; the producer passes its request.timeout.ms.
 STREAM_SEND_TIMEOUT_S = 30.0
 IDLE_CONNECTIONS_MAX = 8                   # kept open per channel for later calls
+# A started call (`PendingCall`) connects on its caller's thread, which is an application's
+# poll(): a port that drops connection attempts (a firewall) must not hold it for the full
+# CONNECT_TIMEOUT_S. Past this the call fails UNAVAILABLE, and the client's routes send that
+# broker's calls back to gRPC (eos/socket_routes.py). A loopback or LAN connect takes well
+# under a millisecond; one SYN lost to a full accept queue is resent after 1 s.
+STARTED_CALL_CONNECT_TIMEOUT_S = 2.0
 CORRELATION_ID_MODULUS = 1 << 32
 
 _CODE_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
@@ -501,7 +507,8 @@ class PendingCall:
         self._connection: _Connection | None = None
         self._reused = False      # the connection came from the pool (it may have gone stale)
         try:
-            self._connection, self._reused = channel._take(timeout_s)
+            self._connection, self._reused = channel._take(
+                STARTED_CALL_CONNECT_TIMEOUT_S if timeout_s is None else min(timeout_s, STARTED_CALL_CONNECT_TIMEOUT_S))
             self._connection.sock.settimeout(timeout_s)
             self._correlation_id = self._connection.take_correlation_id()
             self._connection.sock.sendall(call_frame(CALL, self._correlation_id, method, metadata, payload))

@@ -16,7 +16,9 @@ threading.Event's. The flag semantics are Event's: set() stays set until clear()
 wait() on a set flag returns at once.
 
 One thread at a time may wait with sockets (the one byte is for one waiter); any number may
-wait without. `close()` releases the pipe once no thread will wait again.
+wait without. The waiter disarms the pipe and reads its byte back however poll() ends, an
+exception from a signal handler included. `close()` releases the pipe once no thread will
+wait again; an owner dropped without closing releases it with `weakref.finalize`.
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ class Wakeup:
         self._flag = False
         self._pipe: tuple[int, int] | None = None     # (read end, write end), made at first need
         self._armed = False      # a waiter is in poll(): set() writes one byte and disarms
+        self._close_requested = False   # close() came while a waiter was in poll(): it frees the pipe
 
     def set(self) -> None:
         with self._lock:
@@ -68,22 +71,37 @@ class Wakeup:
                     os.set_blocking(fd, False)
             self._armed = True
             wake_fd = self._pipe[0]
-        poller = select.poll()
-        poller.register(wake_fd, select.POLLIN)
-        for fd in readable_fds:
-            poller.register(fd, select.POLLIN)
-        poller.poll(None if timeout_s is None else max(0.0, timeout_s) * 1000)
-        with self._lock:
-            written = not self._armed      # set() disarmed it and wrote its byte
-            self._armed = False
-        if written:
-            os.read(wake_fd, 1)
+        try:
+            poller = select.poll()
+            poller.register(wake_fd, select.POLLIN)
+            for fd in readable_fds:
+                poller.register(fd, select.POLLIN)
+            poller.poll(None if timeout_s is None else max(0.0, timeout_s) * 1000)
+        finally:
+            # Also when poll() raised (a signal handler's exception, KeyboardInterrupt): left
+            # armed, a later set() would write a byte nobody reads, and every later sleep on
+            # sockets would return at once. Under the lock, so close() cannot free the pipe
+            # between the check and the read.
+            with self._lock:
+                written = not self._armed      # set() disarmed it and wrote its byte
+                self._armed = False
+                if written and self._pipe is not None:
+                    os.read(self._pipe[0], 1)
+                if self._close_requested:
+                    self._close_pipe_locked()
         return self._flag
 
     def close(self) -> None:
-        """Release the pipe: for when no thread will wait with sockets again."""
+        """Release the pipe: for when no thread will wait with sockets again (a waiter still
+        in poll() releases it as it leaves)."""
         with self._lock:
-            if self._pipe is not None and not self._armed:
-                for fd in self._pipe:
-                    os.close(fd)
-                self._pipe = None
+            if self._armed:
+                self._close_requested = True
+            else:
+                self._close_pipe_locked()
+
+    def _close_pipe_locked(self) -> None:
+        if self._pipe is not None:
+            for fd in self._pipe:
+                os.close(fd)
+            self._pipe = None

@@ -310,7 +310,8 @@ class Sender(threading.Thread):
             wait_ms = min(wait_ms, min(self._throttled_until_ms[node] for node in throttled) - now)
         elif self._throttled_until_ms:
             self._throttled_until_ms.clear()
-        take, slots_by_node = self._make_taker(throttled)
+        held = self._aborting_nodes() if self._streams else ()
+        take, slots_by_node = self._make_taker(throttled.union(held) if held else throttled)
         batches, next_ready_ms = acc.drain(now, take, self._batch_bytes_max)
         if batches:
             self._send(slots_by_node, now)
@@ -488,7 +489,10 @@ class Sender(threading.Thread):
             return False
         return True
 
-    def _make_taker(self, throttled_nodes: set[int]):
+    def _make_taker(self, held_nodes: set[int]):
+        """The drain's `take(batch)`, and the request slots it fills per node; nothing goes
+        to `held_nodes` in this drain (a quota throttle, an aborted stream still failing its
+        requests)."""
         metadata = self._metadata
         idem = self._idempotence
         slots_by_node: dict[int, list[_RequestSlot]] = {}
@@ -507,7 +511,7 @@ class Sender(threading.Thread):
             if node == net.NO_LEADER or metadata.address_of(node) is None:
                 self._topics_without_leader.add(batch.topic)
                 return False
-            if node in throttled_nodes:
+            if node in held_nodes:
                 return False
             ordered = ordered_by_node.get(node)
             if ordered is None:
@@ -663,12 +667,26 @@ class Sender(threading.Thread):
                              node, STREAM_REFUSED_RETRY_MS)
                     self._unary_nodes[node] = now + STREAM_REFUSED_RETRY_MS
                 continue
+            if stream.aborted:
+                continue    # its reader thread is failing its requests; the drain holds the node
             oldest_ms = stream.oldest_sent_ms()
             if oldest_ms is not None and now - oldest_ms >= self._request_timeout_ms:
                 stream.abort(RequestTimedOutError(
                     f"no answer from node {node} within request.timeout.ms ({self._request_timeout_ms} ms); "
                     f"the produce stream is reopened"))
+                # Nothing newer may go to the node before the failed requests are handled and
+                # queued for their retry, or it would overtake them: a direct stream failed them
+                # at once (they are in the mailbox), so the loop handles them before it drains;
+                # a gRPC stream's reader fails them later, and the drain holds the node until
+                # then (`_aborting_nodes`).
+                if stream.closed:
+                    del self._streams[node]
+                    dropped = True
         return dropped
+
+    def _aborting_nodes(self) -> set[int]:
+        """Nodes whose stream was aborted and is still failing its requests (gRPC's reader)."""
+        return {node for node, stream in self._streams.items() if stream.aborted and not stream.closed}
 
     def _close_streams(self) -> None:
         streams = list(self._streams.values())

@@ -139,6 +139,11 @@ class ProduceStream:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def aborted(self) -> bool:
+        """abort() was called: its requests are being failed (or were), none is taken."""
+        return self._abort_error is not None
+
     def outstanding_count(self) -> int:
         return len(self._outstanding)
 

@@ -536,3 +536,45 @@ def test_a_consumer_over_the_socket_reads_its_fetches_itself(broker):
         assert values == [b"%d" % i for i in range(50)]
         assert all(in_flight.direct for in_flight in consumer._fetcher._in_flight.values())
         assert consumer._fetcher._callers._queues == {}      # no fetch thread was ever started
+
+
+def test_requests_a_timed_out_stream_failed_are_resent_before_anything_newer(broker, monkeypatch):
+    """request.timeout.ms aborts a direct stream whose requests never reached the broker,
+    just as a newer record is queued: the aborted requests are retried before it (a plain
+    producer, whose order only the sender keeps)."""
+    from eos import net
+    from producer.accumulator import RecordAccumulator
+
+    with eos.Admin(broker.address) as admin:
+        admin.create_topic("resent")
+    lost = threading.Event()
+    send = SocketStreamCall.send
+    monkeypatch.setattr(SocketStreamCall, "send",
+                        lambda call, message: True if lost.is_set() else send(call, message))
+    config = {"linger.ms": 0, "acks": 1, "enable.idempotence": False, "retries": 10,
+              "max.in.flight.requests.per.connection": 5, "request.timeout.ms": 1000,
+              "delivery.timeout.ms": 30_000}
+    with eos.Producer(broker.address, config=config) as producer:
+        later = []
+        wait_for_work = RecordAccumulator.wait_for_work
+
+        def a_record_arrives_as_the_stream_times_out(acc, timeout_s, fds=()):
+            posted = wait_for_work(acc, timeout_s, fds)
+            oldest = [s.oldest_sent_ms() for s in producer._sender._streams.values()]
+            if not later and any(sent is not None and net.now_ms() - sent >= 1000 for sent in oldest):
+                # the sender's pass that times the stream out also finds this record queued
+                later.append(producer.send("resent", value=b"r3", partition=0))
+                lost.clear()
+            return posted
+
+        monkeypatch.setattr(RecordAccumulator, "wait_for_work", a_record_arrives_as_the_stream_times_out)
+        producer.send("resent", value=b"warm", partition=0).result(10)
+        lost.set()                       # these three requests never reach the broker
+        early = []
+        for i in range(3):
+            early.append(producer.send("resent", value=b"r%d" % i, partition=0))
+            wait_for(lambda: sum(producer._sender._in_flight_by_node.values()) == i + 1, f"request {i} in flight")
+        for future in early:
+            future.result(30)
+        later[0].result(30)
+    assert _read_committed(broker.address, "resent", 5) == [b"warm", b"r0", b"r1", b"r2", b"r3"]

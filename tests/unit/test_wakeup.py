@@ -75,3 +75,45 @@ def test_close_releases_the_pipe(sockets):
     for fd in (read_end, write_end):
         with pytest.raises(OSError):
             os.fstat(fd)
+
+
+def test_a_signal_that_interrupts_the_sleep_leaves_it_disarmed(sockets):
+    """An exception from a signal handler inside poll(): without the disarm, the next set()
+    would write a byte nobody reads and every later sleep on sockets return at once."""
+    import signal
+
+    class Interrupted(Exception):
+        pass
+
+    def interrupt(*_):
+        raise Interrupted()
+
+    ours, _ = sockets
+    wakeup = Wakeup()
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        with pytest.raises(Interrupted):
+            wakeup.wait(30, [ours.fileno()])
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert not wakeup._armed
+    wakeup.set()
+    with pytest.raises(BlockingIOError):      # no byte was written for a sleeper that is gone
+        os.read(wakeup._pipe[0], 1)
+
+
+def test_close_during_a_sleep_releases_the_pipe_when_the_sleeper_leaves(sockets):
+    ours, _ = sockets
+    wakeup = Wakeup()
+    waiter, returned = _wait_in_thread(wakeup, [ours.fileno()])
+    read_end, _ = wakeup._pipe
+    wakeup.close()                         # the waiter is still in poll() on the pipe
+    assert wakeup._pipe is not None
+    wakeup.set()
+    waiter.join(10)
+    assert not waiter.is_alive() and returned == [True]
+    assert wakeup._pipe is None
+    with pytest.raises(OSError):
+        os.fstat(read_end)
