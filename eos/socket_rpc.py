@@ -325,6 +325,28 @@ def close_connection(sock: socket.socket, reader) -> None:
     sock.close()
 
 
+def _status_error(body) -> SocketRpcError:
+    """The SocketRpcError a STATUS frame's body carries (FrameError if it is malformed)."""
+    code, details, trailing = decode_status(body)
+    return SocketRpcError(code, details, trailing)
+
+
+def _check_answer(kind: int, answered_id: int, correlation_id: int) -> None:
+    """FrameError unless the frame is a REPLY or STATUS to unary call `correlation_id`: the
+    connection is out of step, and never reused."""
+    if answered_id != correlation_id or kind not in (REPLY, STATUS):
+        raise FrameError(f"answer {kind}/{answered_id} to call {correlation_id}")
+
+
+def _too_large(exc: FrameTooLarge) -> SocketRpcError:
+    return SocketRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"Received message larger than max ({exc.size} vs. {exc.limit})")
+
+
+def _cancelled() -> SocketRpcError:
+    return SocketRpcError(grpc.StatusCode.CANCELLED, "Locally cancelled by application!")
+
+
 def _failure(exc: BaseException, where: str) -> SocketRpcError:
     if isinstance(exc, SocketRpcError):
         return exc
@@ -432,18 +454,15 @@ class SocketChannel:
             correlation_id = connection.take_correlation_id()
             connection.sock.sendall(call_frame(CALL, correlation_id, method, metadata, payload))
             kind, answered_id, body = read_frame(connection.reader, self.receive_bytes_max)
-            if answered_id != correlation_id or kind not in (REPLY, STATUS):
-                raise FrameError(f"answer {kind}/{answered_id} to call {correlation_id}")
+            _check_answer(kind, answered_id, correlation_id)
             reusable = True
             if kind == STATUS:
-                code, details, trailing = decode_status(body)
-                raise SocketRpcError(code, details, trailing)
+                raise _status_error(body)
             return body
         except SocketRpcError:
             raise
         except FrameTooLarge as exc:
-            raise SocketRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                 f"Received message larger than max ({exc.size} vs. {exc.limit})") from None
+            raise _too_large(exc) from None
         except (OSError, ConnectionClosed, FrameError, ValueError) as exc:
             cancelled = on_connection is not None and not on_connection(None)
             if reused and not cancelled and not isinstance(exc, socket.timeout):
@@ -532,8 +551,7 @@ class PendingCall:
         try:
             frames = split_frames(self._inbox, self._channel.receive_bytes_max)
         except FrameTooLarge as exc:
-            self._finish(None, SocketRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                              f"Received message larger than max ({exc.size} vs. {exc.limit})"))
+            self._finish(None, _too_large(exc))
             return True
         except FrameError as exc:
             frames, failure = [], exc
@@ -554,19 +572,16 @@ class PendingCall:
         self._finish(None, _failure(exc, self._where))
 
     def _answered(self, kind: int, answered_id: int, body: bytes, *, stray: bool, reusable: bool) -> None:
-        if stray or answered_id != self._correlation_id or kind not in (REPLY, STATUS):
-            # more than one answer, or not this call's: the connection is out of step
-            self._finish(None, _failure(FrameError(f"answer {kind}/{answered_id} to call {self._correlation_id}"),
-                                        self._where))
-        elif kind == REPLY:
-            self._finish(body, None, reusable=reusable)
-        else:
-            try:
-                code, details, trailing = decode_status(body)
-            except FrameError as exc:
-                self._finish(None, _failure(exc, self._where))
-                return
-            self._finish(None, SocketRpcError(code, details, trailing), reusable=reusable)
+        try:
+            if stray:     # more than one answer: the connection is out of step
+                raise FrameError(f"more than one answer to call {self._correlation_id}")
+            _check_answer(kind, answered_id, self._correlation_id)
+            if kind == STATUS:
+                self._finish(None, _status_error(body), reusable=reusable)
+            else:
+                self._finish(body, None, reusable=reusable)
+        except FrameError as exc:
+            self._finish(None, _failure(exc, self._where))
 
     def result(self):
         if not self._done:
@@ -578,7 +593,7 @@ class PendingCall:
     def cancel(self) -> bool:
         if self._done:
             return False
-        self._finish(None, SocketRpcError(grpc.StatusCode.CANCELLED, "Locally cancelled by application!"))
+        self._finish(None, _cancelled())
         return True
 
     def _finish(self, body, error: SocketRpcError | None, reusable: bool = False) -> None:
@@ -854,7 +869,7 @@ class SocketStreamCall:
 
     def _broken(self, exc: BaseException) -> SocketRpcError:
         if self._cancelled:
-            return SocketRpcError(grpc.StatusCode.CANCELLED, "Locally cancelled by application!")
+            return _cancelled()
         return _failure(exc, self._where)
 
     def _outcome_of(self, kind: int, body: bytes):
@@ -863,8 +878,7 @@ class SocketStreamCall:
         if kind == MESSAGE:
             return self._deserialize(body)
         if kind == STATUS:
-            code, details, trailing = decode_status(body)
-            return SocketRpcError(code, details, trailing)
+            return _status_error(body)
         return SocketRpcError(grpc.StatusCode.INTERNAL, f"{self._where}: an unexpected frame kind {kind}")
 
     def _end(self, outcome: SocketRpcError):

@@ -2,7 +2,9 @@
 broker/socket_server.py): clients find the port in Metadata and use it for produce streams,
 transactions and groups; statuses, limits, ACLs and the stop path behave as over gRPC; a
 port that refuses sends the client back to gRPC."""
+import contextlib
 import random
+import socket
 import threading
 import time
 
@@ -360,14 +362,32 @@ def test_garbage_on_the_port_closes_that_connection_and_the_broker_serves_on(bro
     assert _socket_stub(broker).Metadata(broker_pb2.MetadataRequest(), timeout=10).brokers
 
 
-def test_a_stream_send_to_a_peer_that_stops_reading_gives_up_after_its_send_timeout():
-    import socket as sockets
-    listener = sockets.create_server(("127.0.0.1", 0))     # accepts, never reads
+@contextlib.contextmanager
+def _peer(serve=lambda connection: None):
+    """A server on a free loopback port in place of a broker that misbehaves on purpose: it
+    accepts one connection and runs `serve(connection)` on a thread. Yields (port, thread);
+    the listener and the connection are closed at the end."""
+    listener = socket.create_server(("127.0.0.1", 0))
     accepted = []
-    acceptor = threading.Thread(target=lambda: accepted.append(listener.accept()), daemon=True)
-    acceptor.start()
+
+    def run() -> None:
+        connection, _ = listener.accept()
+        accepted.append(connection)
+        serve(connection)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
     try:
-        channel = SocketChannel("127.0.0.1", listener.getsockname()[1])
+        yield listener.getsockname()[1], thread
+    finally:
+        listener.close()
+        for connection in accepted:
+            connection.close()
+
+
+def test_a_stream_send_to_a_peer_that_stops_reading_gives_up_after_its_send_timeout():
+    with _peer() as (port, _):         # accepts, never reads
+        channel = SocketChannel("127.0.0.1", port)
         call = broker_pb2_grpc.BrokerStub(channel).ProduceStream.open(send_timeout_s=0.3)
         request = broker_pb2.ProduceRequest(partitions=[broker_pb2.PartitionRecords(records=b"x" * (4 << 20))])
         results = []
@@ -380,10 +400,6 @@ def test_a_stream_send_to_a_peer_that_stops_reading_gives_up_after_its_send_time
             next(call)
         assert ended.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
         channel.close()
-    finally:
-        listener.close()
-        for connection, _ in accepted:
-            connection.close()
 
 
 def test_a_cancelled_future_leaves_the_pool_usable(broker):
@@ -426,28 +442,20 @@ def test_a_direct_stream_answered_out_of_order_fails_its_requests_as_retriable()
     """A peer that answers a correlation id other than the oldest one: the sender's own
     read of the stream fails every outstanding request (retriable, so idempotence resends
     them) and the stream takes no more requests."""
-    import socket as sockets
     from producer.stream import ProduceStream
     from eos.errors import NetworkError
     from eos.socket_rpc import MESSAGE, frame, read_frame
 
-    listener = sockets.create_server(("127.0.0.1", 0))
-    served = []
-
-    def serve() -> None:       # reads OPEN and two requests, answers the second one first
-        connection, _ = listener.accept()
-        served.append(connection)
+    def serve(connection) -> None:       # reads OPEN and two requests, answers the second one first
         reader = connection.makefile("rb")
         requests = [read_frame(reader, 1 << 20) for _ in range(3)][1:]
         answer = broker_pb2.ProduceResponse(correlation_id=broker_pb2.ProduceRequest.FromString(
             requests[1][2]).correlation_id)
         connection.sendall(frame(MESSAGE, 0, answer.SerializeToString()))
 
-    server = threading.Thread(target=serve, daemon=True)
-    server.start()
     answers = []
-    channel = SocketChannel("127.0.0.1", listener.getsockname()[1])
-    try:
+    with _peer(serve) as (port, server):
+        channel = SocketChannel("127.0.0.1", port)
         stream = ProduceStream(broker_pb2_grpc.BrokerStub(channel), 1, in_flight_max=5,
                                on_answer=lambda request_id, answer: answers.append((request_id, answer)))
         assert stream.direct
@@ -462,11 +470,7 @@ def test_a_direct_stream_answered_out_of_order_fails_its_requests_as_retriable()
             with pytest.raises(NetworkError, match="answered correlation id 1 where 0 was due"):
                 answer.result()
         assert stream.send(12, broker_pb2.ProduceRequest(acks=-1), now_ms=0) is False
-    finally:
         channel.close()
-        listener.close()
-        for connection in served:
-            connection.close()
 
 
 def _fetch_request(topic: str, offset: int, max_wait_ms: int) -> broker_pb2.FetchRequest:
