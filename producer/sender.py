@@ -13,7 +13,8 @@ the idempotence bookkeeping (`IdempotenceState`), and the producer id. It loops:
    it with the exception of its error code (`eos.errors.error_for`). With idempotence the
    decision comes from `IdempotenceState.on_error` (RETRY, REBUILD, FAIL, FAIL_AND_BUMP).
 2. Drop failed produce streams; abort a stream whose oldest request outlived
-   request.timeout.ms (Kafka closes the connection in that case) and reopen it.
+   request.timeout.ms (Kafka closes the connection in that case) and reopen it
+   (`producer.stream.ProduceStreams`, which owns the streams).
 3. Fail queued batches older than delivery.timeout.ms, naming the last broker error their
    partition was retried on (a batch queued behind a retried one was never sent itself, and
    "Expiring 5 record(s)" alone hides a broker that refuses every produce).
@@ -95,7 +96,7 @@ from producer.batch import NO_OFFSET, NO_TIMESTAMP, ProducerBatch
 from eos.calls import CallThreads
 from producer.coordinator import concurrent_transactions_delay_ms
 from producer.idempotence import Decision, IdempotenceState
-from producer.stream import ProduceStream
+from producer.stream import IDEMPOTENT_IN_FLIGHT_PER_PARTITION_UNARY, ProduceStreams
 from producer.transactions import (
     TransactionAbortedError,
     TransactionManager,
@@ -111,16 +112,6 @@ log = logging.getLogger("eos.producer")
 # locates every record -- and a request costs far more than a batch in Python's gRPC.
 IDEMPOTENT_BATCHES_PER_PARTITION_PER_REQUEST = 1
 PLAIN_BATCHES_PER_PARTITION_PER_REQUEST = 1 << 30   # bounded by max.request.size
-# New batches of one partition in flight at once for an idempotent producer that has to
-# fall back to unary Produce (a broker without ProduceStream). gRPC hands concurrent unary
-# calls to the broker's worker threads, which may append them in either order; every
-# inversion costs an OUT_OF_ORDER_SEQUENCE_NUMBER answer and a resend of the batch and of
-# those behind it. Measured on one partition, 16 KiB batches: 2 in flight gave the most
-# records/s. On a ProduceStream the broker keeps the order, and the window (5) is the bound.
-IDEMPOTENT_IN_FLIGHT_PER_PARTITION_UNARY = 2
-# A broker that refused a produce stream (it serves as many as it can) gets unary Produce
-# calls for this long before the sender asks for a stream again.
-STREAM_REFUSED_RETRY_MS = 30_000
 SLEEP_MAX_MS = 250          # wake at least this often to expire batches and retry metadata
 CLOSE_POLL_MS = 50
 
@@ -187,15 +178,9 @@ class Sender(threading.Thread):
         self._in_flight_by_node: collections.Counter = collections.Counter()
         # tp -> creation indexes of its batches in flight (at most 5 with idempotence)
         self._in_flight_tps: dict[tuple, set[int]] = {}
-        # One ProduceStream per broker (ordered, pipelined); nodes in _unary_nodes have none
-        # and get unary Produce calls. acks=0 always goes unary: nothing answers it.
-        self._use_streams = use_streams
         # topic -> the size up to which a never-sent head batch absorbs the batches queued
         # behind it (RecordAccumulator.drain); None: batches go as they were built
         self._batch_bytes_max = batch_bytes_max
-        self._streams: dict[int, ProduceStream] = {}
-        # node -> None (no ProduceStream there) or the time to try a stream again (refused)
-        self._unary_nodes: dict[int, int | None] = {}
         self._pid_attempts = 0
         self._pid_retry_at_ms = 0
         self._metadata_attempts = 0
@@ -211,6 +196,11 @@ class Sender(threading.Thread):
         self._add_partitions_in_flight = False
         self._throttled_until_ms: dict[int, int] = {}   # node -> when its quota throttle ends
         self._call_metadata = net.client_id_metadata(client_id)   # the broker's client quotas read it
+        # One ProduceStream per broker (ordered, pipelined), or unary Produce calls to a broker
+        # without one. acks=0 always goes unary: nothing answers it.
+        self._streams = ProduceStreams(enabled=use_streams and acks != 0, in_flight_max=max_in_flight,
+                                       on_answer=self._post_answer, call_metadata=self._call_metadata,
+                                       request_timeout_ms=request_timeout_ms)
         self._call_threads = CallThreads(f"eos-producer-calls{'-' + client_id if client_id else ''}")
         self._add_partitions_attempts = 0
         self._add_partitions_retry_at_ms = 0
@@ -234,8 +224,7 @@ class Sender(threading.Thread):
             while True:
                 # Streams read on this thread (the socket port) with answers due: sleep on
                 # their sockets too, and read what came as soon as the loop wakes.
-                awaited = [stream for stream in self._streams.values()
-                           if stream.direct and not stream.closed and stream.outstanding_count()]
+                awaited = self._streams.awaited()
                 fds = [stream.fileno() for stream in awaited]
                 if -1 in fds:
                     timeout_ms = 0    # a connection closed under its stream: read its end now
@@ -255,7 +244,7 @@ class Sender(threading.Thread):
                     break
                 if acc.closing and not acc.has_incomplete and not self._in_flight:
                     break
-                if (self._streams or self._unary_nodes) and self._check_streams(now):
+                if self._streams.any and self._streams.check(now, self._in_flight_by_node):
                     timeout_ms = 0      # handle the dropped stream's failures first
                     continue
                 timeout_ms = self._run_once(now)
@@ -263,7 +252,7 @@ class Sender(threading.Thread):
             log.exception("producer sender thread failed")
             self._abort_everything(EosError(f"producer sender thread failed: {exc!r}"))
         finally:
-            self._close_streams()
+            self._streams.close()
             self._call_threads.close()
             acc.mark_closed()
 
@@ -310,7 +299,7 @@ class Sender(threading.Thread):
             wait_ms = min(wait_ms, min(self._throttled_until_ms[node] for node in throttled) - now)
         elif self._throttled_until_ms:
             self._throttled_until_ms.clear()
-        held = self._aborting_nodes() if self._streams else ()
+        held = self._streams.aborting_nodes() if self._streams.any else ()
         take, slots_by_node = self._make_taker(throttled.union(held) if held else throttled)
         batches, next_ready_ms = acc.drain(now, take, self._batch_bytes_max)
         if batches:
@@ -449,10 +438,6 @@ class Sender(threading.Thread):
 
     # ---- draining and sending ------------------------------------------------------------
 
-    def _ordered(self, node: int) -> bool:
-        """Whether requests to `node` go on its ProduceStream (which keeps their order)."""
-        return self._use_streams and self._acks != 0 and node not in self._unary_nodes
-
     def _may_send(self, batch: ProducerBatch, ordered: bool, taken_now: dict) -> bool:
         """Whether the transaction and the partition's order let `batch` go in this drain
         (`ordered`: on its node's ProduceStream; `taken_now`: batches per partition taken so far)."""
@@ -515,7 +500,7 @@ class Sender(threading.Thread):
                 return False
             ordered = ordered_by_node.get(node)
             if ordered is None:
-                ordered = ordered_by_node[node] = self._ordered(node)
+                ordered = ordered_by_node[node] = self._streams.ordered(node)
             if not self._may_send(batch, ordered, taken_now):
                 return False
             slots = slots_by_node.get(node)
@@ -606,8 +591,8 @@ class Sender(threading.Thread):
                     if flying is None:
                         flying = self._in_flight_tps[batch.tp] = set()
                     flying.add(batch.creation_index)
-                if self._ordered(node):
-                    if not self._send_on_stream(node, stub, request_id, request, now):
+                if self._streams.ordered(node):
+                    if not self._streams.send(node, stub, request_id, request, now):
                         self._acc.post((request_id, _FailedCall(NetworkError(
                             f"could not open a produce stream to node {node}"))))
                     continue
@@ -622,79 +607,8 @@ class Sender(threading.Thread):
                     for batch in slot.batches:
                         self._complete(batch, NO_OFFSET, NO_TIMESTAMP)
 
-    def _send_on_stream(self, node: int, stub, request_id: int, request, now: int) -> bool:
-        """Queue the request on the node's ProduceStream, opening one if there is none
-        (or the one there just failed). False if no stream could be opened."""
-        for _ in range(2):
-            stream = self._streams.get(node)
-            if stream is None or stream.closed:
-                try:
-                    stream = self._streams[node] = ProduceStream(
-                        stub, node, in_flight_max=self._max_in_flight, on_answer=self._post_answer,
-                        metadata=self._call_metadata, send_timeout_s=self._request_timeout_ms / 1000)
-                except Exception as exc:  # the channel is closed
-                    log.info("opening a produce stream to node %d failed: %r", node, exc)
-                    return False
-            if stream.send(request_id, request, now):
-                return True
-        return False
-
     def _post_answer(self, request_id: int, answer) -> None:
         self._acc.post((request_id, answer))
-
-    def _check_streams(self, now: int) -> bool:
-        """Drop failed streams (falling back to unary Produce for a broker without
-        ProduceStream) and abort streams whose oldest request outlived request.timeout.ms.
-        True if a stream was dropped: its failed requests are in the mailbox, and the loop
-        handles them before it drains again."""
-        dropped = False
-        for node, until_ms in list(self._unary_nodes.items()):
-            if until_ms is not None and now >= until_ms and not self._in_flight_by_node[node]:
-                # Try a stream again, once no unary call is in flight there: a plain
-                # producer's next request must not overtake one that is.
-                del self._unary_nodes[node]
-        for node, stream in list(self._streams.items()):
-            if stream.closed:
-                del self._streams[node]
-                dropped = True
-                if stream.unimplemented and node not in self._unary_nodes:
-                    log.warning("node %d has no ProduceStream RPC: falling back to unary Produce "
-                                "(idempotent producers then keep at most %d batches of a partition in flight)",
-                                node, IDEMPOTENT_IN_FLIGHT_PER_PARTITION_UNARY)
-                    self._unary_nodes[node] = None
-                elif stream.refused:
-                    log.info("node %d refused a produce stream (too many open): unary Produce for %d ms",
-                             node, STREAM_REFUSED_RETRY_MS)
-                    self._unary_nodes[node] = now + STREAM_REFUSED_RETRY_MS
-                continue
-            if stream.aborted:
-                continue    # its reader thread is failing its requests; the drain holds the node
-            oldest_ms = stream.oldest_sent_ms()
-            if oldest_ms is not None and now - oldest_ms >= self._request_timeout_ms:
-                stream.abort(RequestTimedOutError(
-                    f"no answer from node {node} within request.timeout.ms ({self._request_timeout_ms} ms); "
-                    f"the produce stream is reopened"))
-                # Nothing newer may go to the node before the failed requests are handled and
-                # queued for their retry, or it would overtake them: a direct stream failed them
-                # at once (they are in the mailbox), so the loop handles them before it drains;
-                # a gRPC stream's reader fails them later, and the drain holds the node until
-                # then (`_aborting_nodes`).
-                if stream.closed:
-                    del self._streams[node]
-                    dropped = True
-        return dropped
-
-    def _aborting_nodes(self) -> set[int]:
-        """Nodes whose stream was aborted and is still failing its requests (gRPC's reader)."""
-        return {node for node, stream in self._streams.items() if stream.aborted and not stream.closed}
-
-    def _close_streams(self) -> None:
-        streams = list(self._streams.values())
-        self._streams.clear()
-        for stream in streams:
-            stream.close()
-        for stream in streams:
-            stream.join(1.0)
 
     # ---- answers -------------------------------------------------------------------------
 

@@ -46,6 +46,11 @@ abort) fails its outstanding requests through `on_answer`, as a reader thread wo
 One lock guards the outstanding list and the closed flag, so that a request is either
 accepted before the stream fails (and is failed with it) or refused (and the sender sends
 it elsewhere): none is lost between the two.
+
+`ProduceStreams` is the sender's set of them: the stream of each broker (opened on the first
+send, reopened after a failure), the brokers on unary Produce instead (none there, or one
+refused lately: tried again after STREAM_REFUSED_RETRY_MS), the abort of a stream whose
+oldest request outlived request.timeout.ms, and which streams the sender sleeps on.
 """
 from __future__ import annotations
 
@@ -58,7 +63,7 @@ from typing import Callable
 import grpc
 
 from eos import net
-from eos.errors import EosError, InvariantError, NetworkError
+from eos.errors import EosError, InvariantError, NetworkError, RequestTimedOutError
 from eos.v1 import broker_pb2
 
 log = logging.getLogger("eos.producer")
@@ -71,6 +76,16 @@ CORRELATION_ID_MODULUS = 1 << 31      # int32 on the wire, kept non-negative
 STREAM_REFUSAL_METADATA_KEY = "eos-produce-stream-refused"
 REFUSED_RESOURCE_EXHAUSTED = "resource_exhausted"
 _END_OF_STREAM = object()
+# New batches of one partition in flight at once for an idempotent producer that has to
+# fall back to unary Produce (a broker without ProduceStream). gRPC hands concurrent unary
+# calls to the broker's worker threads, which may append them in either order; every
+# inversion costs an OUT_OF_ORDER_SEQUENCE_NUMBER answer and a resend of the batch and of
+# those behind it. Measured on one partition, 16 KiB batches: 2 in flight gave the most
+# records/s. On a ProduceStream the broker keeps the order, and the window (5) is the bound.
+IDEMPOTENT_IN_FLIGHT_PER_PARTITION_UNARY = 2
+# A broker that refused a produce stream (it serves as many as it can) gets unary Produce
+# calls for this long before the sender asks for a stream again.
+STREAM_REFUSED_RETRY_MS = 30_000
 
 
 def _refusal_of(exc: grpc.RpcError) -> str | None:
@@ -293,3 +308,115 @@ class ProduceStream:
             self._outstanding.clear()
             self._closed = True
         self._call.cancel()
+
+
+class ProduceStreams:
+    """The sender's produce streams: one `ProduceStream` per broker, and the brokers that get
+    unary Produce calls instead (one without ProduceStream, or one that refused a stream
+    lately). The sender's thread alone uses it; nothing here is shared.
+
+    `enabled` is false for acks=0 (nothing answers it, so nothing needs order) and when the
+    producer was told not to use streams: then every node is unary."""
+
+    def __init__(self, *, enabled: bool, in_flight_max: int, on_answer: Callable[[int, StreamAnswer], None],
+                 call_metadata: tuple, request_timeout_ms: int):
+        self._enabled = enabled
+        self._in_flight_max = in_flight_max
+        self._on_answer = on_answer
+        self._call_metadata = call_metadata
+        self._request_timeout_ms = request_timeout_ms
+        self._by_node: dict[int, ProduceStream] = {}
+        # node -> None (no ProduceStream there) or the time to try a stream again (refused)
+        self._unary_nodes: dict[int, int | None] = {}
+
+    @property
+    def any(self) -> bool:
+        """Whether there is anything for `check` to look at."""
+        return bool(self._by_node or self._unary_nodes)
+
+    def stream_to(self, node: int) -> ProduceStream | None:
+        return self._by_node.get(node)
+
+    def all(self) -> list[ProduceStream]:
+        return list(self._by_node.values())
+
+    def ordered(self, node: int) -> bool:
+        """Whether requests to `node` go on its ProduceStream (which keeps their order)."""
+        return self._enabled and node not in self._unary_nodes
+
+    def send(self, node: int, stub, request_id: int, request: broker_pb2.ProduceRequest, now_ms: int) -> bool:
+        """Queue the request on the node's stream, opening one if there is none (or the one
+        there just failed). False if no stream could be opened."""
+        for _ in range(2):
+            stream = self._by_node.get(node)
+            if stream is None or stream.closed:
+                try:
+                    stream = self._by_node[node] = ProduceStream(
+                        stub, node, in_flight_max=self._in_flight_max, on_answer=self._on_answer,
+                        metadata=self._call_metadata, send_timeout_s=self._request_timeout_ms / 1000)
+                except Exception as exc:  # the channel is closed
+                    log.info("opening a produce stream to node %d failed: %r", node, exc)
+                    return False
+            if stream.send(request_id, request, now_ms):
+                return True
+        return False
+
+    def awaited(self) -> list[ProduceStream]:
+        """The direct streams with answers due: the sender sleeps on their sockets too."""
+        return [stream for stream in self._by_node.values()
+                if stream.direct and not stream.closed and stream.outstanding_count()]
+
+    def check(self, now_ms: int, unary_in_flight_by_node) -> bool:
+        """Drop failed streams (a broker without ProduceStream, or one that refused a stream,
+        gets unary Produce) and abort streams whose oldest request outlived
+        request.timeout.ms. `unary_in_flight_by_node[node]`: requests in flight to the node.
+        True if a stream was dropped: its failed requests are in the mailbox, and the sender
+        handles them before it drains again."""
+        dropped = False
+        for node, until_ms in list(self._unary_nodes.items()):
+            if until_ms is not None and now_ms >= until_ms and not unary_in_flight_by_node[node]:
+                # Try a stream again, once no unary call is in flight there: a plain
+                # producer's next request must not overtake one that is.
+                del self._unary_nodes[node]
+        for node, stream in list(self._by_node.items()):
+            if stream.closed:
+                del self._by_node[node]
+                dropped = True
+                if stream.unimplemented and node not in self._unary_nodes:
+                    log.warning("node %d has no ProduceStream RPC: falling back to unary Produce "
+                                "(idempotent producers then keep at most %d batches of a partition in flight)",
+                                node, IDEMPOTENT_IN_FLIGHT_PER_PARTITION_UNARY)
+                    self._unary_nodes[node] = None
+                elif stream.refused:
+                    log.info("node %d refused a produce stream (too many open): unary Produce for %d ms",
+                             node, STREAM_REFUSED_RETRY_MS)
+                    self._unary_nodes[node] = now_ms + STREAM_REFUSED_RETRY_MS
+                continue
+            if stream.aborted:
+                continue    # its reader thread is failing its requests; the drain holds the node
+            oldest_ms = stream.oldest_sent_ms()
+            if oldest_ms is not None and now_ms - oldest_ms >= self._request_timeout_ms:
+                stream.abort(RequestTimedOutError(
+                    f"no answer from node {node} within request.timeout.ms ({self._request_timeout_ms} ms); "
+                    f"the produce stream is reopened"))
+                # Nothing newer may go to the node before the failed requests are handled and
+                # queued for their retry, or it would overtake them: a direct stream failed them
+                # at once (they are in the mailbox), so the sender handles them before it
+                # drains; a gRPC stream's reader fails them later, and the drain holds the node
+                # until then (`aborting_nodes`).
+                if stream.closed:
+                    del self._by_node[node]
+                    dropped = True
+        return dropped
+
+    def aborting_nodes(self) -> set[int]:
+        """Nodes whose stream was aborted and is still failing its requests (gRPC's reader)."""
+        return {node for node, stream in self._by_node.items() if stream.aborted and not stream.closed}
+
+    def close(self) -> None:
+        streams = list(self._by_node.values())
+        self._by_node.clear()
+        for stream in streams:
+            stream.close()
+        for stream in streams:
+            stream.join(1.0)

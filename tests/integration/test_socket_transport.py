@@ -60,7 +60,7 @@ def test_metadata_names_the_socket_port_and_an_idempotent_producer_streams_over_
         admin.create_topic("orders")
     with eos.Producer(broker.address, config={"linger.ms": 0, "acks": "all"}) as producer:
         offsets = [producer.send("orders", value=b"%d" % i).result(10).offset for i in range(300)]
-        streams = list(producer._sender._streams.values())
+        streams = list(producer._sender._streams.all())
         assert streams and all(isinstance(s._call, SocketStreamCall) and s.direct for s in streams)
         # the sender read the answers itself: no reader thread was started for the stream
         assert not [t.name for t in threading.enumerate() if t.name.startswith("eos-produce-stream")]
@@ -76,7 +76,7 @@ def test_a_broker_with_the_port_turned_off_names_none_and_clients_stay_on_grpc(t
             admin.create_topic("plain")
         with eos.Producer(broker.address, config={"linger.ms": 0}) as producer:
             producer.send("plain", value=b"v").result(10)
-            assert not isinstance(producer._sender._streams[0]._call, SocketStreamCall)
+            assert not isinstance(producer._sender._streams.stream_to(0)._call, SocketStreamCall)
             assert producer._metadata.socket_routes.ports == {}
     finally:
         broker.stop()
@@ -190,13 +190,13 @@ def test_a_socket_port_that_refuses_sends_the_client_back_to_grpc(broker):
         admin.create_topic("fallback")
     with eos.Producer(broker.address, config={"linger.ms": 0, "retry.backoff.ms": 20}) as producer:
         producer.send("fallback", value=b"before").result(10)
-        assert isinstance(producer._sender._streams[0]._call, SocketStreamCall)
+        assert isinstance(producer._sender._streams.stream_to(0)._call, SocketStreamCall)
         socket_server = broker._grpc_server.servers[-1]
         socket_server.stop(0).wait(10)      # the port refuses from now on; gRPC still serves
         offsets = [producer.send("fallback", value=b"after-%d" % i).result(30).offset for i in range(5)]
         assert offsets == [1, 2, 3, 4, 5]   # each once, in order: the retry went over gRPC
         assert producer._metadata.socket_routes.is_down(broker.address)
-        assert not isinstance(producer._sender._streams[0]._call, SocketStreamCall)
+        assert not isinstance(producer._sender._streams.stream_to(0)._call, SocketStreamCall)
     assert _read_committed(broker.address, "fallback", 6)[1:] == [b"after-%d" % i for i in range(5)]
 
 
@@ -314,7 +314,7 @@ def test_connections_cut_at_random_moments_lose_nothing_and_write_nothing_twice(
                       delivery_timeout_ms=120_000, linger_ms=1, batch_size=2048, max_request_size=2048,
                       acks="all", enable_idempotence=True) as producer:
         producer.send("cut", value=b"warm-up", partition=0).result(10)
-        assert isinstance(producer._sender._streams[0]._call, SocketStreamCall)
+        assert isinstance(producer._sender._streams.stream_to(0)._call, SocketStreamCall)
         cutter.start()
         deadline = time.monotonic() + 60
         while cutter.is_alive():
@@ -564,7 +564,7 @@ def test_requests_a_timed_out_stream_failed_are_resent_before_anything_newer(bro
 
         def a_record_arrives_as_the_stream_times_out(acc, timeout_s, fds=()):
             posted = wait_for_work(acc, timeout_s, fds)
-            oldest = [s.oldest_sent_ms() for s in producer._sender._streams.values()]
+            oldest = [s.oldest_sent_ms() for s in producer._sender._streams.all()]
             if not later and any(sent is not None and net.now_ms() - sent >= 1000 for sent in oldest):
                 # the sender's pass that times the stream out also finds this record queued
                 later.append(producer.send("resent", value=b"r3", partition=0))
