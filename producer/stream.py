@@ -366,15 +366,15 @@ class ProduceStreams:
         return [stream for stream in self._by_node.values()
                 if stream.direct and not stream.closed and stream.outstanding_count()]
 
-    def check(self, now_ms: int, unary_in_flight_by_node) -> bool:
+    def check(self, now_ms: int, in_flight_by_node: dict[int, int]) -> bool:
         """Drop failed streams (a broker without ProduceStream, or one that refused a stream,
         gets unary Produce) and abort streams whose oldest request outlived
-        request.timeout.ms. `unary_in_flight_by_node[node]`: requests in flight to the node.
+        request.timeout.ms. `in_flight_by_node[node]`: requests in flight to the node.
         True if a stream was dropped: its failed requests are in the mailbox, and the sender
         handles them before it drains again."""
         dropped = False
         for node, until_ms in list(self._unary_nodes.items()):
-            if until_ms is not None and now_ms >= until_ms and not unary_in_flight_by_node[node]:
+            if until_ms is not None and now_ms >= until_ms and not in_flight_by_node.get(node, 0):
                 # Try a stream again, once no unary call is in flight there: a plain
                 # producer's next request must not overtake one that is.
                 del self._unary_nodes[node]

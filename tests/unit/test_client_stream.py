@@ -1,4 +1,5 @@
-"""producer/stream.py against a scripted in-process ProduceStream server."""
+"""producer/stream.py against a scripted in-process ProduceStream server: one stream, and
+the sender's set of them (ProduceStreams)."""
 from __future__ import annotations
 
 import queue
@@ -10,7 +11,7 @@ import pytest
 
 from eos.errors import InvariantError, NetworkError, RequestTimedOutError
 from eos.v1 import broker_pb2, broker_pb2_grpc
-from producer.stream import ProduceStream
+from producer.stream import STREAM_REFUSED_RETRY_MS, ProduceStream, ProduceStreams
 
 WAIT_S = 10
 
@@ -193,6 +194,85 @@ def test_refusals_at_open_say_why(channel, refusal, flag):
         stream.join(WAIT_S)
         assert getattr(stream, flag) and stream.closed
     finally:
+        broker.stop()
+
+
+# ---- ProduceStreams: the sender's stream per broker, and the brokers on unary Produce ----
+
+def _streams(answers, request_timeout_ms=30_000):
+    return ProduceStreams(enabled=True, in_flight_max=5, on_answer=answers, call_metadata=(),
+                          request_timeout_ms=request_timeout_ms)
+
+
+def _until_dropped(streams, now_ms, in_flight_by_node=None):
+    """check() until the failed stream is dropped (its failure arrives on gRPC's thread)."""
+    for _ in range(WAIT_S * 100):
+        if streams.check(now_ms, in_flight_by_node or {}):
+            return
+        threading.Event().wait(0.01)
+    raise AssertionError("the failed stream was never dropped")
+
+
+def test_a_broker_that_refused_a_stream_gets_unary_calls_for_a_while_then_a_stream_again(channel):
+    refusal = ((("eos-produce-stream-refused", "resource_exhausted"),), (grpc.StatusCode.RESOURCE_EXHAUSTED, "full"))
+    broker = ScriptedBroker(refuse=refusal)
+    try:
+        answers = Answers()
+        streams = _streams(answers)
+        assert streams.ordered(0)
+        if streams.send(0, channel(broker), 1, broker_pb2.ProduceRequest(), now_ms=1_000):
+            [(request_id, error)] = answers.take(1)
+            assert request_id == 1 and isinstance(error, NetworkError) and error.retriable
+        _until_dropped(streams, 1_000)
+        assert not streams.ordered(0) and streams.stream_to(0) is None
+        streams.check(1_000 + STREAM_REFUSED_RETRY_MS - 1, {})
+        assert not streams.ordered(0)                       # not yet
+        streams.check(1_000 + STREAM_REFUSED_RETRY_MS, {0: 1})
+        assert not streams.ordered(0)                       # a unary call is still in flight there
+        streams.check(1_000 + STREAM_REFUSED_RETRY_MS, {0: 0})
+        assert streams.ordered(0)
+        streams.close()
+    finally:
+        broker.stop()
+
+
+def test_a_broker_without_produce_stream_gets_unary_calls_for_good(channel):
+    broker = ScriptedBroker(refuse=((), (grpc.StatusCode.UNIMPLEMENTED, "no such method")))
+    try:
+        answers = Answers()
+        streams = _streams(answers)
+        if streams.send(0, channel(broker), 1, broker_pb2.ProduceRequest(), now_ms=0):
+            answers.take(1)
+        _until_dropped(streams, 0)
+        streams.check(10 * STREAM_REFUSED_RETRY_MS, {})
+        assert not streams.ordered(0) and not streams.all()
+        streams.close()
+    finally:
+        broker.stop()
+
+
+def test_a_request_past_request_timeout_aborts_the_stream_and_the_next_send_opens_another(channel):
+    never = threading.Event()
+    broker = ScriptedBroker(lambda request: never.wait(WAIT_S) and None)
+    try:
+        answers = Answers()
+        streams = _streams(answers, request_timeout_ms=500)
+        stub = channel(broker)
+        assert streams.send(0, stub, 1, broker_pb2.ProduceRequest(), now_ms=1_000)
+        first = streams.stream_to(0)
+        assert not streams.check(1_499, {}) and not first.aborted     # within request.timeout.ms
+        streams.check(1_500, {})
+        assert first.aborted
+        [(request_id, error)] = answers.take(1)
+        assert request_id == 1 and isinstance(error, RequestTimedOutError)
+        _until_dropped(streams, 1_500)
+        assert streams.ordered(0)                            # a timeout is no reason for unary calls
+        assert streams.send(0, stub, 2, broker_pb2.ProduceRequest(), now_ms=1_600)
+        assert streams.stream_to(0) is not first
+        never.set()
+        streams.close()
+    finally:
+        never.set()
         broker.stop()
 
 
