@@ -24,12 +24,14 @@ Spark's own Kafka source and sink (``system: kafka``; the connector jars come in
 or the eos source and ExactlyOnceSink (``system: eos``). The spec (JSON) names an optional
 warm-up run, the measured runs and a last run (the one the workload kills, or, in a standby
 driver, the restart of it: that one waits for a "go" file before its last run); after each
-run the driver rewrites the result file with every wall time so far, so a killed driver
-leaves what it finished.
+run the driver rewrites the result file with every wall time so far (and, for the measured
+runs, their `query_phases`: start() to the first micro-batch, and the pace of the batches
+after it, from Spark's progress reports), so a killed driver leaves what it finished.
 """
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import statistics
 import sys
@@ -62,6 +64,30 @@ def seed(address: str, records: int, topic: str = STAGE_INPUT) -> None:
             producer.send_batch(topic, values, keys=keys).result(120)
 
 
+def _epoch_s(timestamp: str) -> float:
+    """A progress report's "timestamp" (ISO 8601, UTC, e.g. 2026-11-27T12:00:01.250Z) in
+    seconds since the epoch."""
+    return dt.datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+
+
+def query_phases(progress: list, started_epoch_s: float) -> dict:
+    """Where a finished query's time went, from Spark's own progress reports (so the same
+    for either source and sink): `to_first_batch_s`, from start() (`started_epoch_s`) to
+    the start of the first micro-batch that read records -- what the query pays before
+    any work (on eos mostly the Python worker Spark starts for a Python streaming source);
+    `first_batch_s`, that batch's triggerExecution; `later_records` and `later_s`, the
+    records and summed triggerExecution of the micro-batches after it (the steady pace).
+    None of them when no batch read anything."""
+    batches = sorted((p for p in progress if p["numInputRows"] > 0), key=lambda p: p["batchId"])
+    if not batches:
+        return {}
+    first, later = batches[0], batches[1:]
+    return {"to_first_batch_s": _epoch_s(first["timestamp"]) - started_epoch_s,
+            "first_batch_s": first["durationMs"]["triggerExecution"] / 1000,
+            "later_records": sum(p["numInputRows"] for p in later),
+            "later_s": sum(p["durationMs"]["triggerExecution"] for p in later) / 1000}
+
+
 def run_stage(spark, address: str, sink, checkpoint: str, batch: int, source: str = STAGE_INPUT) -> float:
     """Run the stage to the end of the input; return its wall time in seconds."""
     from pyspark.sql import functions as F
@@ -87,8 +113,9 @@ def _await(query, timeout_s: float) -> None:
 
 
 def run_kafka_stage(spark, bootstrap: str, source: str, output: str, checkpoint: str,
-                    per_trigger: int, timeout_s: float) -> float:
-    """The stage through Spark's built-in Kafka source and sink; its wall time in seconds.
+                    per_trigger: int, timeout_s: float) -> dict:
+    """The stage through Spark's built-in Kafka source and sink: its wall time in seconds
+    (`wall_s`) and its `query_phases`.
 
     The source reads read_committed (the eos source's default; Kafka's consumer default
     is read_uncommitted) and caps each micro-batch at `per_trigger` offsets; the sink is
@@ -101,17 +128,18 @@ def run_kafka_stage(spark, bootstrap: str, source: str, output: str, checkpoint:
               .option("maxOffsetsPerTrigger", str(per_trigger))
               .option("kafka.isolation.level", "read_committed").load())
     staged = stream.select("key", F.upper(F.col("value").cast("string")).alias("value"))
-    started = time.perf_counter()
+    started, started_epoch_s = time.perf_counter(), time.time()
     query = (staged.writeStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
              .option("topic", output).option("checkpointLocation", checkpoint)
              .trigger(availableNow=True).start())
     _await(query, timeout_s)
-    return time.perf_counter() - started
+    return {"wall_s": time.perf_counter() - started, **query_phases(query.recentProgress, started_epoch_s)}
 
 
 def run_eos_stage(spark, bootstrap: str, source: str, output: str, checkpoint: str,
-                  per_trigger: int, timeout_s: float) -> float:
-    """The stage through the eos source and ExactlyOnceSink; its wall time in seconds.
+                  per_trigger: int, timeout_s: float) -> dict:
+    """The stage through the eos source and ExactlyOnceSink: its wall time in seconds
+    (`wall_s`) and its `query_phases`.
 
     The transactional id and the group are named after the output topic, so a restarted
     driver on the same checkpoint fences the killed one and recognises its batches."""
@@ -125,11 +153,11 @@ def run_eos_stage(spark, bootstrap: str, source: str, output: str, checkpoint: s
     sink = ExactlyOnceSink(bootstrap, output, transactional_id=f"bench-spark-{output}",
                            group_id=f"bench-spark-{output}", checkpoint_location=checkpoint)
     try:
-        started = time.perf_counter()
+        started, started_epoch_s = time.perf_counter(), time.time()
         query = (staged.writeStream.foreachBatch(sink).option("checkpointLocation", checkpoint)
                  .trigger(availableNow=True).start())
         _await(query, timeout_s)
-        return time.perf_counter() - started
+        return {"wall_s": time.perf_counter() - started, **query_phases(query.recentProgress, started_epoch_s)}
     finally:
         sink.close()
 
@@ -179,16 +207,19 @@ def stage_main(argv: list[str]) -> int:
             import spark_sink
 
             spark_sink.register(spark)
-        results: dict[str, list] = {"warmup_s": [], "wall_s": [], "last_s": []}
+        # `phases`: the query_phases of each measured run ("wall_s"), in the same order
+        results: dict[str, list] = {"warmup_s": [], "wall_s": [], "last_s": [], "phases": []}
         for kind, runs in (("warmup_s", spec.get("warmup", [])), ("wall_s", spec.get("runs", [])),
                            ("last_s", spec.get("last", []))):
             if kind == "last_s" and spec.get("go_file"):
                 _wait_for_file(Path(spec["go_file"]), float(spec.get("timeout_s", 600)))
             for run in runs:
-                wall_s = run_fn(spark, spec["bootstrap"], run["input"], run["output"], run["checkpoint"],
+                timing = run_fn(spark, spec["bootstrap"], run["input"], run["output"], run["checkpoint"],
                                 int(spec["per_trigger"]), float(spec.get("timeout_s", 600)))
-                results[kind].append(wall_s)
-                print(f"{kind[:-2]} {run['output']}: {wall_s:.2f} s", flush=True)
+                if kind == "wall_s":
+                    results["phases"].append({k: v for k, v in timing.items() if k != "wall_s"})
+                results[kind].append(timing["wall_s"])
+                print(f"{kind[:-2]} {run['output']}: {timing['wall_s']:.2f} s", flush=True)
                 result_path.write_text(json.dumps(results))
     finally:
         spark.stop()

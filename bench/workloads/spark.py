@@ -25,7 +25,10 @@ Throughput: one driver runs a small warm-up stage (first-query costs: class load
 generation, Python workers), then `Sizes.repeats` measured runs, each into a fresh output
 topic from a fresh checkpoint. A run's time is the query's wall time from start() to
 termination (Spark start-up excluded); records/s is the median. Every output is read back
-and must hold each input record exactly once.
+and must hold each input record exactly once. That time is also split in two, from Spark's
+own progress reports (the same on both systems): start() to the first micro-batch (what a
+query pays before any work), and the records/s of the micro-batches after the first (the
+pace a long-running query keeps).
 
 Kill and restart: after its measured runs the same driver runs the stage once more, into a
 fresh output topic, while the harness polls the output's end offsets with the system's own
@@ -455,7 +458,7 @@ def _run(ctx: RunContext, system: str) -> list[Metric]:
         ctx.progress(f"  one Spark driver: warm-up, {len(outputs)} measured run(s), then the run to kill")
         driver = Driver.start(work, "driver", spec)
         drivers.append(driver)
-        wall_times = _wait_measured(driver, len(outputs))
+        wall_times, phases = _wait_measured(driver, len(outputs))
         # --- one hard kill inside a micro-batch, and a restart from the checkpoint. The
         # restarting driver starts now, in standby: its Spark start-up and a warm-up of its
         # own overlap the run to kill instead of adding to the workload's time; it begins
@@ -503,6 +506,7 @@ def _run(ctx: RunContext, system: str) -> list[Metric]:
             Metric("spark.records_per_s", "Spark stage: records/s", round(rate), "records/s", True,
                    f"{connector_note}{records:,} records, {per_trigger:,} per trigger, wall time of "
                    f"the query", samples=tuple(round(r) for r in rates)),
+            *_phase_metrics(phases),
             Metric("spark.duplicates_after_kill", "Spark stage, kill -9 + restart: duplicates",
                    float(counted.duplicates), "records", False,
                    f"{sink}; {placed}; read_committed"),
@@ -517,17 +521,41 @@ def _run(ctx: RunContext, system: str) -> list[Metric]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _wait_measured(driver: Driver, runs: int) -> list[float]:
-    """The wall times of the measured runs, once the driver has written them all. Polled
-    slowly: a fast poll would take CPU from the runs being measured."""
+def _phase_metrics(phases: list[dict]) -> list[Metric]:
+    """The wall time's two parts (bench/spark_sink.query_phases), medians over the measured
+    runs: start() to the first micro-batch, and the records/s of the micro-batches after
+    it. A run whose query reported no batch to split is left out."""
+    complete = [p for p in phases if p.get("later_s")]
+    if not complete:
+        return []
+    to_first_ms = [p["to_first_batch_s"] * 1000 for p in complete]
+    later_rates = [p["later_records"] / p["later_s"] for p in complete]
+    first_ms = [p["first_batch_s"] * 1000 for p in complete]
+    return [
+        Metric("spark.to_first_batch_ms", "Spark stage: start() to the first micro-batch (ms)",
+               round(median_low(to_first_ms)), "ms", False,
+               "from Spark's progress reports: the first batch's start time less the time of "
+               f"start(); the first batch itself then took {median_low(first_ms):,.0f} ms",
+               samples=tuple(round(v) for v in to_first_ms)),
+        Metric("spark.later_batches_records_per_s", "Spark stage: records/s of the micro-batches after the first",
+               round(median_low(later_rates)), "records/s", True,
+               "their records over their summed triggerExecution (Spark's progress reports)",
+               samples=tuple(round(v) for v in later_rates)),
+    ]
+
+
+def _wait_measured(driver: Driver, runs: int) -> tuple[list[float], list[dict]]:
+    """The wall times and `query_phases` of the measured runs, once the driver has written
+    them all. Polled slowly: a fast poll would take CPU from the runs being measured."""
     deadline = time.monotonic() + DRIVER_TIMEOUT_S
     while True:
         try:
-            wall_times = json.loads(driver.result_path.read_text())["wall_s"]
+            written = json.loads(driver.result_path.read_text())
+            wall_times, phases = written["wall_s"], written["phases"]
         except (OSError, ValueError, KeyError):
-            wall_times = []
+            wall_times, phases = [], []
         if len(wall_times) >= runs:
-            return wall_times[:runs]
+            return wall_times[:runs], phases[:runs]
         if driver.process.poll() is not None:
             raise RuntimeError(f"the Spark driver exited with {driver.process.returncode} after "
                                f"{len(wall_times)} of {runs} measured runs:\n{driver.tail()}")

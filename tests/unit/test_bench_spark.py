@@ -1,15 +1,17 @@
 """The pure parts of the Spark bench workload (bench/workloads/spark.py): the tally of an
-output against the expected values, where the kill is placed, and which connector jars
-and versions are chosen."""
+output against the expected values, where the kill is placed, which connector jars and
+versions are chosen, and how a query's wall time is split from its progress reports."""
 from __future__ import annotations
 
 import pytest
 
+from bench.spark_sink import query_phases
 from bench.workloads import RunContext, Sizes
 from bench.workloads.spark import (
     BATCHES_PER_RUN,
     KEYS,
     Tally,
+    _phase_metrics,
     _sizes,
     connector_candidates,
     expected_output,
@@ -130,3 +132,46 @@ def test_token_provider_is_the_connector_version_or_the_newest_before_it():
     assert token_provider_for("4.2.0", ["4.0.0", "4.2.0"]) == "4.2.0"
     assert token_provider_for("4.2.0", ["3.5.4", "4.0.0", "4.3.0"]) == "4.0.0"
     assert token_provider_for("4.2.0", ["4.3.0"]) is None
+
+
+# ---- the wall time's parts, from Spark's progress reports
+
+def _progress(batch_id: int, timestamp: str, rows: int, trigger_ms: int) -> dict:
+    # the keys of a StreamingQueryProgress that query_phases reads (a dict in PySpark 4)
+    return {"batchId": batch_id, "timestamp": timestamp, "numInputRows": rows,
+            "durationMs": {"triggerExecution": trigger_ms}}
+
+
+def test_query_phases_splits_the_time_before_the_first_batch_from_the_later_batches():
+    started = _epoch("2026-11-27T12:00:00.000Z")
+    progress = [_progress(2, "2026-11-27T12:00:03.000Z", 5_000, 400),
+                _progress(0, "2026-11-27T12:00:01.750Z", 10_000, 800),   # out of order on purpose
+                _progress(1, "2026-11-27T12:00:02.550Z", 10_000, 450),
+                _progress(3, "2026-11-27T12:00:03.400Z", 0, 5)]          # availableNow's empty last
+    phases = query_phases(progress, started)
+    assert phases["to_first_batch_s"] == pytest.approx(1.75)
+    assert phases["first_batch_s"] == pytest.approx(0.8)
+    assert phases["later_records"] == 15_000
+    assert phases["later_s"] == pytest.approx(0.85)
+
+
+def test_query_phases_of_a_query_that_read_nothing_is_empty():
+    assert query_phases([_progress(0, "2026-11-27T12:00:01.000Z", 0, 10)], 0.0) == {}
+
+
+def test_phase_metrics_are_medians_over_runs_and_skip_runs_without_later_batches():
+    phases = [{"to_first_batch_s": 1.5, "first_batch_s": 0.6, "later_records": 9_000, "later_s": 4.5},
+              {"to_first_batch_s": 2.5, "first_batch_s": 0.8, "later_records": 9_000, "later_s": 3.0},
+              {"to_first_batch_s": 0.4, "first_batch_s": 0.7, "later_records": 0, "later_s": 0.0},
+              {}]
+    by_key = {m.key: m for m in _phase_metrics(phases)}
+    assert by_key["spark.to_first_batch_ms"].value == 1500          # median_low of 1500, 2500
+    assert by_key["spark.to_first_batch_ms"].higher_is_better is False
+    assert by_key["spark.later_batches_records_per_s"].value == 2000   # median_low of 2000, 3000
+    assert by_key["spark.later_batches_records_per_s"].samples == (2000, 3000)
+    assert _phase_metrics([{}]) == []
+
+
+def _epoch(timestamp: str) -> float:
+    import datetime as dt
+    return dt.datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
