@@ -26,13 +26,15 @@ timestamp (KIP-734).
 
 `ReadHandlers` is a part of `broker/service.BrokerServicer` (which inherits it): it uses
 the servicer's `_log_for`, `_authorizer`, `_topic_denied`, `_denial`, `_replicas`,
-`_purgatory`, `_quotas`, `_fetch_max_wait_cap_ms`, `_log_partition_error` and `traffic`.
+`_purgatory`, `_fetch_sessions`, `_quotas`, `_fetch_max_wait_cap_ms`, `_log_partition_error` and
+`traffic`.
 """
 from __future__ import annotations
 
 import time
 
 from broker.acl import Operation
+from broker.fetch_sessions import FINAL_EPOCH, INITIAL_EPOCH
 from broker.quotas import CONSUMER_BYTE_RATE
 from broker.request_gate import gated
 from eos.errors import EosError, ErrorCode, InvalidRequestError, error_code_and_message
@@ -103,6 +105,8 @@ class ReadHandlers:
                 # a fetch with a refusal in it does not wait (an error answers at once).
                 results, _, _ = self._read_all(request, denied=denied)
                 return broker_pb2.FetchResponse(partitions=results)
+        if request.is_replica and request.HasField("session_epoch") and self._replicas is not None:
+            return self._fetch_in_session(request, context, max_wait_ms, deadline_s)
         results, bytes_read, has_error = self._read_all(request)
         if bytes_read >= request.min_bytes or max_wait_ms == 0 or has_error or not results:
             return broker_pb2.FetchResponse(partitions=results)
@@ -138,6 +142,144 @@ class ReadHandlers:
             # view. Nothing moved (the usual timeout): the last read is that view already.
             results, _, _ = self._read_all(request, replica_reported=True)
         return broker_pb2.FetchResponse(partitions=results)
+
+    # ---- a follower's fetch session (KIP-227, broker/fetch_sessions.py) --------------------------
+
+    def _fetch_in_session(self, request: broker_pb2.FetchRequest, context, max_wait_ms: int,
+                          deadline_s: float) -> broker_pb2.FetchResponse:
+        """A follower's Fetch with a session epoch: a full one that opens (or closes) its
+        session, or an incremental one answered with only what is new. Long poll as `_fetch`:
+        an incremental fetch with no records to give waits for an append to any partition of
+        the session."""
+        epoch = request.session_epoch
+        sessions = self._fetch_sessions
+        if epoch == FINAL_EPOCH or epoch == INITIAL_EPOCH:
+            if epoch == FINAL_EPOCH:
+                sessions.close(request.session_id)
+                session = None
+            else:
+                session = sessions.open(request.replica_id, request.partitions)
+            plain = broker_pb2.FetchRequest()
+            plain.CopyFrom(request)
+            plain.ClearField("session_epoch")
+            response = self._fetch(plain, context)
+            if session is not None:
+                for result in response.partitions:
+                    told = session.partitions.get((result.topic, result.partition))
+                    if told is not None and result.error_code == ErrorCode.NONE:
+                        told.told(result.high_watermark, result.log_start_offset)
+                response.session_id = session.session_id
+            return response
+        try:
+            session = sessions.resume(request.session_id, epoch, request.replica_id)
+        except EosError as exc:
+            return broker_pb2.FetchResponse(error_code=exc.code, error_message=str(exc))
+        listed = session.apply(request.partitions, request.forgotten)
+        budget_bytes = min(request.max_bytes if request.max_bytes > 0 else FETCH_MAX_BYTES_DEFAULT,
+                           FETCH_RESPONSE_BYTES_MAX)
+        now_s = time.monotonic()
+        if session.report_all_due(now_s):
+            to_report = list(session.partitions)
+        else:
+            to_report = listed
+        errors = self._report_session(request, session, to_report)
+        if errors or max_wait_ms == 0:
+            results, told, _ = self._read_session(request, session, errors, budget_bytes)
+        else:
+            waiter = self._purgatory.watch(TopicPartition(*key) for key in session.partitions)
+            if waiter is not None:
+                context.add_callback(waiter.cancel)
+            try:
+                while True:
+                    # Registered before this read, so an append after it wakes the waiter;
+                    # the follower's offsets stay as it sent them, only the logs move.
+                    results, told, bytes_read = self._read_session(request, session, errors, budget_bytes)
+                    if waiter is None or bytes_read >= request.min_bytes or errors:
+                        break
+                    remaining_s = deadline_s - time.monotonic()
+                    if remaining_s <= 0 or not waiter.wait(remaining_s) or waiter.cancelled:
+                        break
+                    waiter.clear()
+            finally:
+                if waiter is not None:
+                    self._purgatory.unwatch(waiter)
+        for told_partition, result in told:
+            told_partition.told(result.high_watermark, result.log_start_offset)
+        return broker_pb2.FetchResponse(partitions=results, session_id=session.session_id)
+
+    def _report_session(self, request: broker_pb2.FetchRequest, session, keys) -> dict:
+        """Report the follower's fetch offset of each partition of `keys` to the replica
+        manager, as a full fetch reports every partition it lists: it moves the high
+        watermark, keeps the follower caught up, lets it join the ISR, and refuses a
+        partition this broker no longer leads or a stale leader epoch. Each report also
+        notes the partition's log in the session. Returns {key: error FetchedPartition}
+        for those refused.
+
+        Which keys: those the Fetch listed (their offsets moved); every partition of the
+        session once per REPORT_ALL_INTERVAL_S (an idle partition the follower never
+        lists again stays caught up, and joins the ISR when the high watermark reaches it);
+        and, in `_read_session`, any partition about to be answered -- so records never go
+        out for a partition without this broker's leadership checked in the same Fetch."""
+        errors = {}
+        replicas = self._replicas
+        partitions = session.partitions
+        for key in keys:
+            held = partitions.get(key)
+            if held is None:
+                continue
+            try:
+                held.log = partition_log = self._log_for(*key)
+                replicas.on_replica_fetch(request.replica_id, key[0], key[1], held.fetch_offset,
+                                          held.current_leader_epoch if held.has_leader_epoch else None,
+                                          partition_log)
+            except Exception as exc:
+                code, message = error_code_and_message(exc)
+                self._log_partition_error("Fetch", key[0], key[1], exc)
+                held.forget_told()
+                held.log = None
+                errors[key] = broker_pb2.FetchedPartition(
+                    topic=key[0], partition=key[1], error_code=code, error_message=message,
+                    high_watermark=-1, last_stable_offset=-1, log_start_offset=-1)
+            else:
+                held.reported_at = request.session_epoch
+        return errors
+
+    def _read_session(self, request: broker_pb2.FetchRequest, session, errors: dict, budget_bytes: int):
+        """(results, [(session partition, result) to note as told once answered], bytes read):
+        the session's partitions with something new -- records past the fetch offset, or a
+        high watermark or log start offset the follower was not told -- plus `errors`. A
+        partition not reported in this Fetch is reported before it is read (see
+        `_report_session`); one it refuses is answered with the error."""
+        results = list(errors.values())
+        told = []
+        bytes_read = 0
+        for key, held in session.partitions.items():
+            partition_log = held.log
+            if key in errors or (partition_log is not None
+                                 and partition_log.log_end_offset <= held.fetch_offset
+                                 and partition_log.high_watermark == held.sent_high_watermark
+                                 and partition_log.log_start_offset == held.sent_log_start_offset):
+                continue      # nothing new: not in the answer
+            if held.reported_at != request.session_epoch or partition_log is None:
+                refused = self._report_session(request, session, (key,))
+                if refused:
+                    errors.update(refused)
+                    results.append(refused[key])
+                    continue
+                partition_log = held.log
+            fp = broker_pb2.FetchPartition(
+                topic=key[0], partition=key[1], fetch_offset=held.fetch_offset,
+                partition_max_bytes=held.partition_max_bytes, has_leader_epoch=held.has_leader_epoch,
+                current_leader_epoch=held.current_leader_epoch)
+            result = self._read_partition(fp, common_pb2.READ_UNCOMMITTED, budget_bytes - bytes_read,
+                                          min_one_batch=bytes_read == 0, request=request, replica_reported=True)
+            if result.error_code == ErrorCode.NONE:
+                told.append((held, result))
+            else:
+                held.forget_told()
+            bytes_read += len(result.records)
+            results.append(result)
+        return results, told, bytes_read
 
     def _fetch_denied(self, request: broker_pb2.FetchRequest) -> dict[str, str]:
         """{topic: why} for the topics this fetch may not read: READ on the topic for a

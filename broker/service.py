@@ -38,6 +38,7 @@ from typing import Callable, NamedTuple
 
 from broker.acl import SUPPORTED_OPERATIONS, InvalidAclError, Operation, ResourceType
 from broker.log_dir_descriptions import describe_log_dirs
+from broker.fetch_sessions import FetchSessionCache
 from broker.purgatory import FetchPurgatory
 from broker.security import PLAINTEXT, current_call, listener_name_of_call
 from broker.local_topic_admin import LocalTopicAdmin
@@ -125,6 +126,7 @@ class BrokerServicer(WriteHandlers, ReadHandlers, broker_pb2_grpc.BrokerServicer
         self._registry = registry
         self._log_manager = log_manager
         self._purgatory = purgatory
+        self._fetch_sessions = FetchSessionCache()     # the followers' (broker/fetch_sessions.py)
         self._node = node
         self._listener_nodes = dict(listener_nodes or {})
         self._cluster_id = cluster_id

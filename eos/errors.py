@@ -92,6 +92,8 @@ class ErrorCode(enum.IntEnum):
     REASSIGNMENT_IN_PROGRESS = 60
     NON_EMPTY_GROUP = 68
     GROUP_ID_NOT_FOUND = 69
+    FETCH_SESSION_ID_NOT_FOUND = 70
+    INVALID_FETCH_SESSION_EPOCH = 71
     FENCED_LEADER_EPOCH = 74
     UNKNOWN_LEADER_EPOCH = 75
     STALE_BROKER_EPOCH = 77
@@ -132,6 +134,8 @@ _RETRIABLE = {
     ErrorCode.THROTTLING_QUOTA_EXCEEDED,       # a client quota: try again after throttle_time_ms
     ErrorCode.REBALANCE_IN_PROGRESS,
     ErrorCode.NOT_CONTROLLER,                   # the controller moved: ask the new one
+    ErrorCode.FETCH_SESSION_ID_NOT_FOUND,       # the leader forgot the session: a full fetch starts another
+    ErrorCode.INVALID_FETCH_SESSION_EPOCH,
     ErrorCode.FENCED_LEADER_EPOCH,              # the client's metadata is older than the leader's
     ErrorCode.UNKNOWN_LEADER_EPOCH,             # the client's metadata is newer than the broker's
     ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE,

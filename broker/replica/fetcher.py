@@ -19,7 +19,11 @@ Each `ReplicaFetcher` loops:
 2. One Fetch for all of its partitions, as replica `broker_id`, at each log's end offset
    and the leader epoch from LeaderAndIsr (a leader with a newer or older epoch refuses it
    with FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH and the follower waits for the
-   controller's next word). Long poll: the leader holds it until it has data.
+   controller's next word). Long poll: the leader holds it until it has data. Within a
+   fetch session (KIP-227, `FollowerSession`; broker/fetch_sessions.py) only the first
+   Fetch lists every partition; later ones list those whose end offset or leader epoch
+   moved, and the leader answers only partitions with something new. A failed Fetch, or a
+   session the leader no longer knows, starts over with a full one.
 3. Append what came back through the storage engine's follower path (batches kept as the
    leader wrote them; offsets, producer state and leader epochs checked and rebuilt), then
    take the leader's high watermark, capped at the local log end.
@@ -38,6 +42,7 @@ from typing import Callable
 
 import grpc
 
+from broker.fetch_sessions import INITIAL_EPOCH, next_epoch
 from eos.errors import ErrorCode
 from eos.net import ChannelSecurity, open_channel
 from eos.v1 import broker_pb2, broker_pb2_grpc, cluster_pb2, cluster_pb2_grpc, common_pb2
@@ -61,6 +66,43 @@ class _FollowedPartition:
         self.backoff_until_s = 0.0
 
 
+class FollowerSession:
+    """The follower's side of its fetch session with one leader (broker/fetch_sessions.py):
+    the session id and the epoch of the next Fetch, and what the session holds for each
+    partition (the fetch offset and leader epoch last sent). Owned by the fetcher thread."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Start over: the next Fetch is full and opens a new session."""
+        self.session_id = 0
+        self.epoch = INITIAL_EPOCH
+        self._held: dict[tuple[str, int], tuple[int, int]] = {}
+
+    def needs_listing(self, tp: tuple[str, int], position: tuple[int, int]) -> bool:
+        """Whether the next Fetch lists `tp` at `position` (fetch offset, leader epoch): all
+        of them in a full one, else only those the session holds otherwise."""
+        return self.epoch == INITIAL_EPOCH or self._held.get(tp) != position
+
+    def forgotten(self, positions: dict) -> list[tuple[str, int]]:
+        """The partitions the session holds that the next Fetch leaves out (no longer followed
+        from this leader, backing off, or being truncated)."""
+        if self.epoch == INITIAL_EPOCH:
+            return []
+        return [tp for tp in self._held if tp not in positions]
+
+    def answered(self, session_id: int, positions: dict) -> None:
+        """A Fetch sent at `positions` was answered: the session now holds them. A leader
+        that made no session (id 0) gets full fetches."""
+        if self.epoch == INITIAL_EPOCH:
+            if session_id == 0:
+                return
+            self.session_id = session_id
+        self.epoch = next_epoch(self.epoch)
+        self._held = dict(positions)
+
+
 class ReplicaFetcher(threading.Thread):
     """Fetches the partitions this broker follows from one leader broker."""
 
@@ -75,6 +117,7 @@ class ReplicaFetcher(threading.Thread):
         self._on_appended = on_appended
         self._broker_epoch = broker_epoch_fn
         self._partitions: dict[tuple[str, int], _FollowedPartition] = {}
+        self._session = FollowerSession()      # this thread's fetch session with the leader
         self._lock = threading.Lock()          # the partition map, and one response's application
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -157,23 +200,38 @@ class ReplicaFetcher(threading.Thread):
         fetchable = {tp: p for tp, p in ready.items() if not p.needs_truncation}
         if not fetchable:
             return False
+        session = self._session
         request = broker_pb2.FetchRequest(
             max_wait_ms=REPLICA_FETCH_WAIT_MAX_MS, min_bytes=REPLICA_FETCH_MIN_BYTES,
             max_bytes=REPLICA_FETCH_RESPONSE_MAX_BYTES, isolation_level=common_pb2.READ_UNCOMMITTED,
-            is_replica=True, replica_id=self.broker_id, replica_broker_epoch=self._broker_epoch())
+            is_replica=True, replica_id=self.broker_id, replica_broker_epoch=self._broker_epoch(),
+            session_id=session.session_id, session_epoch=session.epoch)
+        positions = {}
         for (topic, partition), followed in fetchable.items():
             partition_log = self._log_manager.get_log(topic, partition)
             if partition_log is None:
                 continue
-            request.partitions.add(topic=topic, partition=partition, fetch_offset=partition_log.log_end_offset,
-                                   partition_max_bytes=REPLICA_FETCH_MAX_BYTES, has_leader_epoch=True,
-                                   current_leader_epoch=followed.assignment.leader_epoch)
+            position = positions[(topic, partition)] = (partition_log.log_end_offset,
+                                                        followed.assignment.leader_epoch)
+            if session.needs_listing((topic, partition), position):
+                request.partitions.add(topic=topic, partition=partition, fetch_offset=position[0],
+                                       partition_max_bytes=REPLICA_FETCH_MAX_BYTES, has_leader_epoch=True,
+                                       current_leader_epoch=position[1])
+        for topic, partition in session.forgotten(positions):
+            request.forgotten.add(topic=topic, partition=partition)
         try:
             response = self._broker.Fetch(request, timeout=RPC_TIMEOUT_S)
         except grpc.RpcError as exc:
+            session.reset()   # the leader may or may not have taken this epoch
             if not self._stopping.is_set():
                 log.info("fetch from leader %d at %s failed: %s", self.leader_id, self.address, exc.code())
             return False
+        if response.error_code != ErrorCode.NONE:
+            log.info("fetch from leader %d: %s (%s); fetching in full", self.leader_id,
+                     ErrorCode(response.error_code).name, response.error_message)
+            session.reset()
+            return True
+        session.answered(response.session_id, positions)
         with self._lock:
             for result in response.partitions:
                 tp = (result.topic, result.partition)

@@ -1,0 +1,118 @@
+"""A leader's side of a follower's fetch session (broker/reads.py `_fetch_in_session`), on
+BrokerServicer with the in-memory logs of test_broker_service and a fake replica manager:
+only partitions with something new are answered, a refused session starts over, records of
+a partition this broker no longer leads never go out, and the long poll wakes on an append."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from eos.errors import ErrorCode, NotLeaderOrFollowerError
+from eos.types import TopicPartition
+from eos.v1 import broker_pb2
+from tests.unit.test_broker_service import FakeContext, create, one_record_batch, servicer  # noqa: F401
+from tests.waits import wait_for
+
+FOLLOWER = 1
+
+
+class FakeReplicas:
+    """What a session's fetch asks of the replica manager; `not_led` partitions are refused."""
+
+    def __init__(self):
+        self.reports: list[tuple[str, int, int]] = []
+        self.not_led: set[tuple[str, int]] = set()
+
+    def on_replica_fetch(self, replica_id, topic, partition, fetch_offset, current_leader_epoch, partition_log):
+        assert replica_id == FOLLOWER
+        if (topic, partition) in self.not_led:
+            raise NotLeaderOrFollowerError(f"not the leader of {topic}-{partition}")
+        self.reports.append((topic, partition, fetch_offset))
+
+    def replica_fetch_allowance(self, replica_id, topic, partition, max_bytes):
+        return max_bytes
+
+
+@pytest.fixture
+def leader(servicer):  # noqa: F811 (the fixture imported above)
+    assert create(servicer, "t", 3).error_code == ErrorCode.NONE
+    for partition in range(3):
+        append(servicer, partition)
+    servicer._replicas = FakeReplicas()
+    return servicer
+
+
+def append(servicer, partition: int) -> None:
+    servicer._log_manager.get_log("t", partition).append_as_leader(one_record_batch(b"r%d" % partition), 0)
+    servicer._purgatory.notify(TopicPartition("t", partition))
+
+
+def fetch(servicer, *, session_id=0, epoch, listed=(), forgotten=(), max_wait_ms=0):
+    request = broker_pb2.FetchRequest(max_wait_ms=max_wait_ms, min_bytes=1, max_bytes=1 << 20, is_replica=True,
+                                      replica_id=FOLLOWER, session_id=session_id, session_epoch=epoch)
+    for partition, offset in listed:
+        request.partitions.add(topic="t", partition=partition, fetch_offset=offset, partition_max_bytes=1 << 20)
+    for partition in forgotten:
+        request.forgotten.add(topic="t", partition=partition)
+    return servicer.Fetch(request, FakeContext())
+
+
+def answered(response) -> dict[int, int]:
+    """{partition: bytes of records} of an answer."""
+    return {p.partition: len(p.records) for p in response.partitions}
+
+
+def opened(servicer) -> int:
+    response = fetch(servicer, epoch=0, listed=[(0, 0), (1, 0), (2, 0)])
+    assert response.session_id != 0 and all(size > 0 for size in answered(response).values())
+    assert set(answered(response)) == {0, 1, 2}
+    # the follower appends what came and lists the new offsets once
+    assert answered(fetch(servicer, session_id=response.session_id, epoch=1,
+                          listed=[(0, 1), (1, 1), (2, 1)])) == {}
+    return response.session_id
+
+
+def test_an_incremental_fetch_answers_only_the_partitions_with_something_new(leader):
+    session_id = opened(leader)
+    append(leader, 2)
+    response = fetch(leader, session_id=session_id, epoch=2)           # lists nothing: nothing moved here
+    assert list(answered(response)) == [2] and answered(response)[2] > 0
+    assert response.partitions[0].high_watermark == 2
+    assert ("t", 2, 1) in leader._replicas.reports                      # reported before it was read
+    assert answered(fetch(leader, session_id=session_id, epoch=3, listed=[(2, 2)])) == {}
+    # a forgotten partition is no longer answered, however it moves
+    assert answered(fetch(leader, session_id=session_id, epoch=4, forgotten=[0])) == {}
+    append(leader, 0)
+    assert answered(fetch(leader, session_id=session_id, epoch=5)) == {}
+
+
+def test_a_stale_epoch_or_an_unknown_session_is_refused_and_a_full_fetch_starts_over(leader):
+    session_id = opened(leader)
+    stale = fetch(leader, session_id=session_id, epoch=1)
+    assert stale.error_code == ErrorCode.INVALID_FETCH_SESSION_EPOCH and not stale.partitions
+    unknown = fetch(leader, session_id=session_id + 1, epoch=2)
+    assert unknown.error_code == ErrorCode.FETCH_SESSION_ID_NOT_FOUND
+    again = fetch(leader, epoch=0, listed=[(0, 1), (1, 1), (2, 1)])
+    assert again.error_code == ErrorCode.NONE and again.session_id not in (0, session_id)
+    assert fetch(leader, session_id=session_id, epoch=2).error_code == ErrorCode.FETCH_SESSION_ID_NOT_FOUND
+
+
+def test_records_of_a_partition_this_broker_no_longer_leads_never_go_out(leader):
+    session_id = opened(leader)
+    leader._replicas.not_led.add(("t", 1))
+    append(leader, 1)
+    [refused] = fetch(leader, session_id=session_id, epoch=2).partitions
+    assert (refused.partition, refused.error_code, refused.records) == (1, ErrorCode.NOT_LEADER_OR_FOLLOWER, b"")
+
+
+def test_an_incremental_fetch_with_nothing_new_waits_for_an_append(leader):
+    session_id = opened(leader)
+    answers = []
+    waiting = threading.Thread(target=lambda: answers.append(
+        fetch(leader, session_id=session_id, epoch=2, max_wait_ms=10_000)))
+    waiting.start()
+    wait_for(lambda: leader._purgatory.waiter_count == 1, "the fetch waiting in the purgatory")
+    append(leader, 1)
+    waiting.join(10)
+    assert not waiting.is_alive() and list(answered(answers[0])) == [1]
