@@ -8,10 +8,13 @@ import threading
 
 import pytest
 
+from broker.purgatory import FetchPurgatory
+from broker.service import BrokerServicer, NodeAddress
+from broker.topics import TopicRegistry
 from eos.errors import ErrorCode, NotLeaderOrFollowerError
 from eos.types import TopicPartition
 from eos.v1 import broker_pb2
-from tests.unit.test_broker_service import FakeContext, create, one_record_batch, servicer  # noqa: F401
+from tests.unit.test_broker_service import FakeContext, FakeLogManager, create, one_record_batch
 from tests.waits import wait_for
 
 FOLLOWER = 1
@@ -35,7 +38,11 @@ class FakeReplicas:
 
 
 @pytest.fixture
-def leader(servicer):  # noqa: F811 (the fixture imported above)
+def leader(tmp_path):
+    registry = TopicRegistry(tmp_path)
+    registry.load()
+    servicer = BrokerServicer(registry=registry, log_manager=FakeLogManager(), purgatory=FetchPurgatory(max_waiters=4),
+                              node=NodeAddress(0, "127.0.0.1", 1234), cluster_id="c1")
     assert create(servicer, "t", 3).error_code == ErrorCode.NONE
     for partition in range(3):
         append(servicer, partition)
