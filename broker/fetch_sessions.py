@@ -23,7 +23,7 @@ for its followers instead of 4. A session makes the cost follow what changed:
 
 The leader still reports each partition's fetch offset to the replica manager (high
 watermark, caught-up time, ISR expansion, leadership and epoch checks): those the Fetch
-lists, any it is about to answer, and all of them once per REPORT_ALL_INTERVAL_S.
+lists, any it is about to answer, and all of them once per `report_interval_s`.
 
 A leader keeps one session per follower broker (a follower has one fetcher thread per
 leader): opening a new one replaces that broker's old one, so the cache is bounded by the
@@ -47,9 +47,16 @@ FINAL_EPOCH = -1      # closes the session
 EPOCH_MAX = (1 << 31) - 1
 # How often an incremental Fetch reports the follower's offsets of all its partitions to the
 # replica manager, not only of those it lists: what keeps an idle partition's follower caught
-# up (replica.lag.time.max.ms is 30 s) and lets it into the ISR once the high watermark
-# reaches it. Between, only partitions that moved cost the leader anything.
+# up and lets it into the ISR once the high watermark reaches it. Between, only partitions
+# that moved cost the leader anything. At most this, and at most a quarter of
+# replica.lag.time.max.ms (`report_interval_s`): the check runs when a Fetch starts, so with
+# the 500 ms long poll between two Fetches a caught-up time is refreshed within about twice
+# the interval, well inside the lag a follower is allowed.
 REPORT_ALL_INTERVAL_S = 1.0
+
+
+def report_interval_s(replica_lag_time_max_ms: int) -> float:
+    return min(REPORT_ALL_INTERVAL_S, replica_lag_time_max_ms / 4000.0)
 
 
 def next_epoch(epoch: int) -> int:
@@ -78,6 +85,10 @@ class SessionPartition:
 
     def update(self, fetch_offset: int, partition_max_bytes: int, has_leader_epoch: bool,
                current_leader_epoch: int) -> None:
+        if current_leader_epoch != self.current_leader_epoch or has_leader_epoch != self.has_leader_epoch:
+            # A new epoch of the partition on the follower (it was removed and added again,
+            # and may have dropped an answer meanwhile): tell it everything again.
+            self.forget_told()
         self.fetch_offset = fetch_offset
         self.partition_max_bytes = partition_max_bytes
         self.has_leader_epoch = has_leader_epoch
@@ -105,10 +116,10 @@ class FetchSession:
         self.partitions: dict[tuple[str, int], SessionPartition] = {}
         self._all_reported_s = float("-inf")
 
-    def report_all_due(self, now_s: float) -> bool:
+    def report_all_due(self, now_s: float, interval_s: float) -> bool:
         """Whether this Fetch reports every partition, not only those it lists: once per
-        REPORT_ALL_INTERVAL_S (and on the first incremental Fetch). True marks it done."""
-        if now_s - self._all_reported_s < REPORT_ALL_INTERVAL_S:
+        `interval_s` (and on the first incremental Fetch). True marks it done."""
+        if now_s - self._all_reported_s < interval_s:
             return False
         self._all_reported_s = now_s
         return True
@@ -177,6 +188,11 @@ class FetchSessionCache:
                                ErrorCode.INVALID_FETCH_SESSION_EPOCH)
             session.epoch = next_epoch(epoch)
         return session
+
+    def is_current(self, session: FetchSession) -> bool:
+        """False once `session` was replaced or closed: a Fetch still running on it (a late
+        request, a fetcher thread being replaced) must report nothing more."""
+        return self._by_id.get(session.session_id) is session
 
     def close(self, session_id: int) -> None:
         with self._lock:

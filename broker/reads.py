@@ -34,7 +34,7 @@ from __future__ import annotations
 import time
 
 from broker.acl import Operation
-from broker.fetch_sessions import FINAL_EPOCH, INITIAL_EPOCH
+from broker.fetch_sessions import FINAL_EPOCH, INITIAL_EPOCH, report_interval_s
 from broker.quotas import CONSUMER_BYTE_RATE
 from broker.request_gate import gated
 from eos.errors import EosError, ErrorCode, InvalidRequestError, error_code_and_message
@@ -170,6 +170,14 @@ class ReadHandlers:
                         told.told(result.high_watermark, result.log_start_offset)
                 response.session_id = session.session_id
             return response
+        if self._authorizer is not None and not self._cluster_allows(Operation.CLUSTER_ACTION):
+            # An incremental Fetch may list nothing, so `_fetch_denied` (per partition listed)
+            # cannot see it: the session ends, and the follower's full fetch is refused
+            # partition by partition as any follower's is.
+            sessions.close(request.session_id)
+            return broker_pb2.FetchResponse(
+                error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+                error_message=self._denial(Operation.CLUSTER_ACTION, "the cluster (a follower fetch)"))
         try:
             session = sessions.resume(request.session_id, epoch, request.replica_id)
         except EosError as exc:
@@ -178,7 +186,7 @@ class ReadHandlers:
         budget_bytes = min(request.max_bytes if request.max_bytes > 0 else FETCH_MAX_BYTES_DEFAULT,
                            FETCH_RESPONSE_BYTES_MAX)
         now_s = time.monotonic()
-        if session.report_all_due(now_s):
+        if session.report_all_due(now_s, report_interval_s(self._replicas.replica_lag_time_max_ms)):
             to_report = list(session.partitions)
         else:
             to_report = listed
@@ -194,7 +202,8 @@ class ReadHandlers:
                     # Registered before this read, so an append after it wakes the waiter;
                     # the follower's offsets stay as it sent them, only the logs move.
                     results, told, bytes_read = self._read_session(request, session, errors, budget_bytes)
-                    if waiter is None or bytes_read >= request.min_bytes or errors:
+                    if (waiter is None or bytes_read >= request.min_bytes or errors
+                            or not sessions.is_current(session)):
                         break
                     remaining_s = deadline_s - time.monotonic()
                     if remaining_s <= 0 or not waiter.wait(remaining_s) or waiter.cancelled:
@@ -216,10 +225,11 @@ class ReadHandlers:
         for those refused.
 
         Which keys: those the Fetch listed (their offsets moved); every partition of the
-        session once per REPORT_ALL_INTERVAL_S (an idle partition the follower never
-        lists again stays caught up, and joins the ISR when the high watermark reaches it);
-        and, in `_read_session`, any partition about to be answered -- so records never go
-        out for a partition without this broker's leadership checked in the same Fetch."""
+        session once per `report_interval_s` (an idle partition the follower never lists
+        again stays caught up, and joins the ISR when the high watermark reaches it); and, in
+        `_read_session`, any partition about to be answered that this Fetch has not reported
+        yet -- so records never go out for a partition whose leadership and leader epoch this
+        Fetch did not check (as in a full fetch, the check is not repeated after a wake-up)."""
         errors = {}
         replicas = self._replicas
         partitions = session.partitions
@@ -261,6 +271,8 @@ class ReadHandlers:
                                  and partition_log.log_start_offset == held.sent_log_start_offset):
                 continue      # nothing new: not in the answer
             if held.reported_at != request.session_epoch or partition_log is None:
+                if not self._fetch_sessions.is_current(session):
+                    break     # replaced while this Fetch waited: its offsets are old news
                 refused = self._report_session(request, session, (key,))
                 if refused:
                     errors.update(refused)

@@ -23,6 +23,8 @@ FOLLOWER = 1
 class FakeReplicas:
     """What a session's fetch asks of the replica manager; `not_led` partitions are refused."""
 
+    replica_lag_time_max_ms = 30_000
+
     def __init__(self):
         self.reports: list[tuple[str, int, int]] = []
         self.not_led: set[tuple[str, int]] = set()
@@ -123,3 +125,26 @@ def test_an_incremental_fetch_with_nothing_new_waits_for_an_append(leader):
     append(leader, 1)
     waiting.join(10)
     assert not waiting.is_alive() and list(answered(answers[0])) == [1]
+
+
+class DenyCluster:
+    """An authorizer that refuses CLUSTER_ACTION (the inter-broker principal's ACL removed)."""
+
+    def allowed(self, operation, resource_type, name=None):
+        return False
+
+    def principal(self):
+        return "User:broker"
+
+
+def test_an_incremental_fetch_without_cluster_action_is_refused_even_when_it_lists_nothing(leader):
+    session_id = opened(leader)
+    leader._authorizer = DenyCluster()
+    append(leader, 0)
+    refused = fetch(leader, session_id=session_id, epoch=2)
+    assert refused.error_code == ErrorCode.CLUSTER_AUTHORIZATION_FAILED and not refused.partitions
+    assert "CLUSTER_ACTION" in refused.error_message
+    # the session is over: the follower's full fetch is refused partition by partition
+    assert fetch(leader, session_id=session_id, epoch=3).error_code != ErrorCode.NONE
+    full = fetch(leader, epoch=0, listed=[(0, 1)])
+    assert [p.error_code for p in full.partitions] == [ErrorCode.TOPIC_AUTHORIZATION_FAILED]

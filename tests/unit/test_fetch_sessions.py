@@ -7,7 +7,7 @@ import random
 import pytest
 
 from broker.fetch_sessions import (EPOCH_MAX, INITIAL_EPOCH, REPORT_ALL_INTERVAL_S, FetchSessionCache,
-                                   next_epoch)
+                                   next_epoch, report_interval_s)
 from broker.replica.fetcher import FollowerSession
 from eos.errors import EosError, ErrorCode
 from eos.v1 import broker_pb2, common_pb2
@@ -65,20 +65,45 @@ def test_apply_updates_listed_partitions_adds_new_ones_and_drops_forgotten_ones(
     cache = FetchSessionCache(random.Random(5))
     session = cache.open(7, _listed(("t", 0, 10, 3), ("t", 1, 0, 3), ("t", 2, 5, 3)))
     session.partitions[("t", 0)].told(10, 0)
-    keys = session.apply(_listed(("t", 0, 15, 4), ("u", 0, 0, 1)), [common_pb2.TopicPartition(topic="t", partition=2)])
+    keys = session.apply(_listed(("t", 0, 15, 3), ("u", 0, 0, 1)), [common_pb2.TopicPartition(topic="t", partition=2)])
     assert keys == [("t", 0), ("u", 0)]
     assert set(session.partitions) == {("t", 0), ("t", 1), ("u", 0)}
     moved = session.partitions[("t", 0)]
-    assert (moved.fetch_offset, moved.current_leader_epoch) == (15, 4)
-    assert moved.sent_high_watermark == 10          # what it was told survives an update
+    assert (moved.fetch_offset, moved.current_leader_epoch) == (15, 3)
+    assert moved.sent_high_watermark == 10          # what it was told survives a new offset
     assert session.partitions[("t", 1)].fetch_offset == 0
 
 
 def test_every_partition_is_reported_on_the_first_incremental_fetch_then_once_an_interval():
     session = FetchSessionCache(random.Random(6)).open(7, _listed(("t", 0, 10, 3)))
-    assert session.report_all_due(100.0)
-    assert not session.report_all_due(100.0 + REPORT_ALL_INTERVAL_S / 2)
-    assert session.report_all_due(100.0 + REPORT_ALL_INTERVAL_S)
+    assert session.report_all_due(100.0, 1.0)
+    assert not session.report_all_due(100.5, 1.0)
+    assert session.report_all_due(101.0, 1.0)
+
+
+def test_the_report_interval_is_a_quarter_of_the_lag_a_follower_may_have_at_most_a_second():
+    assert report_interval_s(30_000) == REPORT_ALL_INTERVAL_S == 1.0
+    assert report_interval_s(2_000) == 0.5
+
+
+def test_a_new_leader_epoch_of_a_partition_tells_the_follower_everything_again():
+    session = FetchSessionCache(random.Random(8)).open(7, _listed(("t", 0, 10, 3)))
+    held = session.partitions[("t", 0)]
+    held.told(10, 0)
+    session.apply(_listed(("t", 0, 12, 3)), ())
+    assert held.sent_high_watermark == 10            # the same epoch: what it was told stands
+    session.apply(_listed(("t", 0, 12, 4)), ())
+    assert held.sent_high_watermark == -1            # a new epoch: answered again
+
+
+def test_a_replaced_or_closed_session_is_no_longer_current():
+    cache = FetchSessionCache(random.Random(9))
+    first = cache.open(7, _listed(("t", 0, 10, 3)))
+    assert cache.is_current(first)
+    second = cache.open(7, _listed(("t", 0, 10, 3)))
+    assert not cache.is_current(first) and cache.is_current(second)
+    cache.close(second.session_id)
+    assert not cache.is_current(second)
 
 
 def test_epochs_wrap_past_int32_to_one_never_to_the_opening_epoch():
