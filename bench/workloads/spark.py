@@ -532,12 +532,12 @@ def _phase_metrics(phases: list[dict]) -> list[Metric]:
     later_rates = [p["later_records"] / p["later_s"] for p in complete]
     first_ms = [p["first_batch_s"] * 1000 for p in complete]
     return [
-        Metric("spark.to_first_batch_ms", "Spark stage: start() to the first micro-batch (ms)",
+        Metric("spark.to_first_batch_ms", "Spark stage: start() to the first micro-batch",
                round(median_low(to_first_ms)), "ms", False,
                "from Spark's progress reports: the first batch's start time less the time of "
                f"start(); the first batch itself then took {median_low(first_ms):,.0f} ms",
                samples=tuple(round(v) for v in to_first_ms)),
-        Metric("spark.later_batches_records_per_s", "Spark stage: records/s of the micro-batches after the first",
+        Metric("spark.later_batches_records_per_s", "Spark stage, micro-batches after the first: records/s",
                round(median_low(later_rates)), "records/s", True,
                "their records over their summed triggerExecution (Spark's progress reports)",
                samples=tuple(round(v) for v in later_rates)),
