@@ -62,6 +62,12 @@ def _upper_bound(log, isolation_level: int) -> int:
     return log.high_watermark
 
 
+def _response_budget_bytes(request: broker_pb2.FetchRequest) -> int:
+    """What a Fetch answer may carry: its max_bytes (Kafka's default when unset), within
+    one gRPC message."""
+    return min(request.max_bytes if request.max_bytes > 0 else FETCH_MAX_BYTES_DEFAULT, FETCH_RESPONSE_BYTES_MAX)
+
+
 class ReadHandlers:
     """Fetch and ListOffsets; see the module doc."""
 
@@ -107,6 +113,12 @@ class ReadHandlers:
                 return broker_pb2.FetchResponse(partitions=results)
         if request.is_replica and request.HasField("session_epoch") and self._replicas is not None:
             return self._fetch_in_session(request, context, max_wait_ms, deadline_s)
+        return self._fetch_full(request, context, max_wait_ms, deadline_s)
+
+    def _fetch_full(self, request: broker_pb2.FetchRequest, context, max_wait_ms: int,
+                    deadline_s: float) -> broker_pb2.FetchResponse:
+        """Every partition the request lists, read, then re-read until min_bytes or the
+        deadline (long poll); the request has passed its authorization."""
         results, bytes_read, has_error = self._read_all(request)
         if bytes_read >= request.min_bytes or max_wait_ms == 0 or has_error or not results:
             return broker_pb2.FetchResponse(partitions=results)
@@ -154,22 +166,7 @@ class ReadHandlers:
         epoch = request.session_epoch
         sessions = self._fetch_sessions
         if epoch == FINAL_EPOCH or epoch == INITIAL_EPOCH:
-            if epoch == FINAL_EPOCH:
-                sessions.close(request.session_id)
-                session = None
-            else:
-                session = sessions.open(request.replica_id, request.partitions)
-            plain = broker_pb2.FetchRequest()
-            plain.CopyFrom(request)
-            plain.ClearField("session_epoch")
-            response = self._fetch(plain, context)
-            if session is not None:
-                for result in response.partitions:
-                    told = session.partitions.get((result.topic, result.partition))
-                    if told is not None and result.error_code == ErrorCode.NONE:
-                        told.told(result.high_watermark, result.log_start_offset)
-                response.session_id = session.session_id
-            return response
+            return self._fetch_opening_session(request, context, max_wait_ms, deadline_s)
         if self._authorizer is not None and not self._cluster_allows(Operation.CLUSTER_ACTION):
             # An incremental Fetch may list nothing, so `_fetch_denied` (per partition listed)
             # cannot see it: the session ends, and the follower's full fetch is refused
@@ -183,38 +180,59 @@ class ReadHandlers:
         except EosError as exc:
             return broker_pb2.FetchResponse(error_code=exc.code, error_message=str(exc))
         listed = session.apply(request.partitions, request.forgotten)
-        budget_bytes = min(request.max_bytes if request.max_bytes > 0 else FETCH_MAX_BYTES_DEFAULT,
-                           FETCH_RESPONSE_BYTES_MAX)
-        now_s = time.monotonic()
-        if session.report_all_due(now_s, report_interval_s(self._replicas.replica_lag_time_max_ms)):
-            to_report = list(session.partitions)
-        else:
-            to_report = listed
-        errors = self._report_session(request, session, to_report)
-        if errors or max_wait_ms == 0:
-            results, told, _ = self._read_session(request, session, errors, budget_bytes)
-        else:
-            waiter = self._purgatory.watch(TopicPartition(*key) for key in session.partitions)
-            if waiter is not None:
-                context.add_callback(waiter.cancel)
-            try:
-                while True:
-                    # Registered before this read, so an append after it wakes the waiter;
-                    # the follower's offsets stay as it sent them, only the logs move.
-                    results, told, bytes_read = self._read_session(request, session, errors, budget_bytes)
-                    if (waiter is None or bytes_read >= request.min_bytes or errors
-                            or not sessions.is_current(session)):
-                        break
-                    remaining_s = deadline_s - time.monotonic()
-                    if remaining_s <= 0 or not waiter.wait(remaining_s) or waiter.cancelled:
-                        break
-                    waiter.clear()
-            finally:
-                if waiter is not None:
-                    self._purgatory.unwatch(waiter)
+        every_s = report_interval_s(self._replicas.replica_lag_time_max_ms)
+        errors = self._report_session(
+            request, session, list(session.partitions) if session.report_all_due(time.monotonic(), every_s) else listed)
+        results, told = self._wait_for_session_news(request, context, session, errors, max_wait_ms, deadline_s)
         for told_partition, result in told:
             told_partition.told(result.high_watermark, result.log_start_offset)
         return broker_pb2.FetchResponse(partitions=results, session_id=session.session_id)
+
+    def _fetch_opening_session(self, request: broker_pb2.FetchRequest, context, max_wait_ms: int,
+                               deadline_s: float) -> broker_pb2.FetchResponse:
+        """A session's full Fetch: epoch 0 opens a session holding what it lists (the answer
+        carries its id, and what each partition was told), epoch -1 closes one."""
+        sessions = self._fetch_sessions
+        if request.session_epoch == FINAL_EPOCH:
+            sessions.close(request.session_id)
+            return self._fetch_full(request, context, max_wait_ms, deadline_s)
+        session = sessions.open(request.replica_id, request.partitions)
+        response = self._fetch_full(request, context, max_wait_ms, deadline_s)
+        for result in response.partitions:
+            held = session.partitions.get((result.topic, result.partition))
+            if held is not None and result.error_code == ErrorCode.NONE:
+                held.told(result.high_watermark, result.log_start_offset)
+        response.session_id = session.session_id
+        return response
+
+    def _wait_for_session_news(self, request: broker_pb2.FetchRequest, context, session, errors: dict,
+                               max_wait_ms: int, deadline_s: float):
+        """(results, told) of an incremental Fetch: at once when there are `errors` or no
+        wait; else the long poll, woken by an append to any partition of the session, until
+        records come, the deadline passes, or the session is replaced."""
+        budget_bytes = _response_budget_bytes(request)
+        if errors or max_wait_ms == 0:
+            results, told, _ = self._read_session(request, session, errors, budget_bytes)
+            return results, told
+        sessions = self._fetch_sessions
+        waiter = self._purgatory.watch(TopicPartition(*key) for key in session.partitions)
+        if waiter is not None:
+            context.add_callback(waiter.cancel)
+        try:
+            while True:
+                # Registered before this read, so an append after it wakes the waiter; the
+                # follower's offsets stay as it sent them, only the logs move.
+                results, told, bytes_read = self._read_session(request, session, errors, budget_bytes)
+                if (waiter is None or bytes_read >= request.min_bytes or errors
+                        or not sessions.is_current(session)):
+                    return results, told
+                remaining_s = deadline_s - time.monotonic()
+                if remaining_s <= 0 or not waiter.wait(remaining_s) or waiter.cancelled:
+                    return results, told
+                waiter.clear()
+        finally:
+            if waiter is not None:
+                self._purgatory.unwatch(waiter)
 
     def _report_session(self, request: broker_pb2.FetchRequest, session, keys) -> dict:
         """Report the follower's fetch offset of each partition of `keys` to the replica
@@ -332,8 +350,7 @@ class ReadHandlers:
         replica manager (`replica_reported` skips that on the re-reads of a long poll).
         The topics in `denied` are answered TOPIC_AUTHORIZATION_FAILED, unread."""
         isolation = request.isolation_level
-        max_bytes = request.max_bytes if request.max_bytes > 0 else FETCH_MAX_BYTES_DEFAULT
-        budget_bytes = min(max_bytes, FETCH_RESPONSE_BYTES_MAX)
+        budget_bytes = _response_budget_bytes(request)
         results = []
         bytes_read = 0
         has_error = False

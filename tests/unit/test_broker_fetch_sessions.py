@@ -107,6 +107,14 @@ def test_a_stale_epoch_or_an_unknown_session_is_refused_and_a_full_fetch_starts_
     assert fetch(leader, session_id=session_id, epoch=2).error_code == ErrorCode.FETCH_SESSION_ID_NOT_FOUND
 
 
+def test_the_final_epoch_closes_the_session_and_is_answered_as_a_full_fetch(leader):
+    session_id = opened(leader)
+    closing = fetch(leader, session_id=session_id, epoch=-1, listed=[(0, 0), (1, 1)])
+    assert closing.error_code == ErrorCode.NONE and closing.session_id == 0
+    assert answered(closing) == {0: answered(closing)[0], 1: 0} and answered(closing)[0] > 0
+    assert fetch(leader, session_id=session_id, epoch=2).error_code == ErrorCode.FETCH_SESSION_ID_NOT_FOUND
+
+
 def test_records_of_a_partition_this_broker_no_longer_leads_never_go_out(leader):
     session_id = opened(leader)
     leader._replicas.not_led.add(("t", 1))

@@ -12,6 +12,7 @@ import pytest
 from eos.errors import InvariantError, NetworkError, RequestTimedOutError
 from eos.v1 import broker_pb2, broker_pb2_grpc
 from producer.stream import STREAM_REFUSED_RETRY_MS, ProduceStream, ProduceStreams
+from tests.waits import wait_for
 
 WAIT_S = 10
 
@@ -204,13 +205,9 @@ def _streams(answers, request_timeout_ms=30_000):
                           request_timeout_ms=request_timeout_ms)
 
 
-def _until_dropped(streams, now_ms, in_flight_by_node=None):
+def _until_dropped(streams, now_ms):
     """check() until the failed stream is dropped (its failure arrives on gRPC's thread)."""
-    for _ in range(WAIT_S * 100):
-        if streams.check(now_ms, in_flight_by_node or {}):
-            return
-        threading.Event().wait(0.01)
-    raise AssertionError("the failed stream was never dropped")
+    wait_for(lambda: streams.check(now_ms, {}), "the failed stream dropped", timeout_s=WAIT_S)
 
 
 def test_a_broker_that_refused_a_stream_gets_unary_calls_for_a_while_then_a_stream_again(channel):
