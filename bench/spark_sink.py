@@ -39,6 +39,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from spark_sink.spark_home import use_worker_spark_home
+
 STAGE_INPUT = "bench_in"
 PARTITIONS = 3
 VALUE_BYTES = 100
@@ -169,6 +171,7 @@ def _session(app_name: str, jars: list[str]):
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    use_worker_spark_home()       # both systems' drivers: workers import the installed pyspark
     builder = (SparkSession.builder.master("local[2]").appName(app_name)
                .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
                .config("spark.python.worker.reuse", "true")
@@ -238,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    use_worker_spark_home()
     from pyspark.sql import SparkSession
 
     import spark_sink

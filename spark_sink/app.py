@@ -48,6 +48,7 @@ from typing import Callable
 from eos import net
 from eos.client_metrics import metrics_setting
 from eos.types import TopicPartition
+from spark_sink.spark_home import use_worker_spark_home
 
 log = logging.getLogger("eos.spark.app")
 
@@ -152,6 +153,9 @@ class App:
         if self._spark is None:
             os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
             os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+            if "spark.pyspark.python" not in self.spark_config:
+                # Workers import the installed pyspark, not Spark's zip (spark_sink.spark_home)
+                use_worker_spark_home()
             from pyspark.sql import SparkSession
 
             builder = (SparkSession.builder.master(self.master).appName("eos-app")

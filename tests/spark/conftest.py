@@ -51,7 +51,9 @@ def spark():
     from pyspark.sql import SparkSession
 
     import spark_sink
+    from spark_sink.spark_home import use_worker_spark_home
 
+    use_worker_spark_home()
     session = (SparkSession.builder
                .master("local[2]")
                .appName("eos-tests")
