@@ -39,7 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from spark_sink.spark_home import use_worker_spark_home
+from spark_sink.spark_home import prepare_python_workers
 
 STAGE_INPUT = "bench_in"
 PARTITIONS = 3
@@ -165,13 +165,9 @@ def run_eos_stage(spark, bootstrap: str, source: str, output: str, checkpoint: s
 
 
 def _session(app_name: str, jars: list[str]):
-    import os
-
     from pyspark.sql import SparkSession
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    use_worker_spark_home()       # both systems' drivers: workers import the installed pyspark
+    prepare_python_workers()      # both systems' drivers: workers import the installed pyspark
     builder = (SparkSession.builder.master("local[2]").appName(app_name)
                .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
                .config("spark.python.worker.reuse", "true")
@@ -237,11 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = parser.parse_args(argv)
 
-    import os
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    use_worker_spark_home()
+    prepare_python_workers()
     from pyspark.sql import SparkSession
 
     import spark_sink

@@ -40,7 +40,6 @@ import json
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 from typing import Callable
@@ -48,7 +47,7 @@ from typing import Callable
 from eos import net
 from eos.client_metrics import metrics_setting
 from eos.types import TopicPartition
-from spark_sink.spark_home import use_worker_spark_home
+from spark_sink.spark_home import prepare_python_workers
 
 log = logging.getLogger("eos.spark.app")
 
@@ -151,11 +150,7 @@ class App:
     def session(self):
         """The SparkSession (made on first use when none was given), with eos registered."""
         if self._spark is None:
-            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-            os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-            if "spark.pyspark.python" not in self.spark_config:
-                # Workers import the installed pyspark, not Spark's zip (spark_sink.spark_home)
-                use_worker_spark_home()
+            prepare_python_workers(spark_home="spark.pyspark.python" not in self.spark_config)
             from pyspark.sql import SparkSession
 
             builder = (SparkSession.builder.master(self.master).appName("eos-app")

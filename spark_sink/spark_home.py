@@ -124,4 +124,14 @@ def use_worker_spark_home(cache_dir: Path | None = None) -> Path | None:
     return home
 
 
-__all__ = ["home_name", "pip_spark_home", "use_worker_spark_home", "worker_spark_home"]
+def prepare_python_workers(*, spark_home: bool = True) -> Path | None:
+    """Before a local SparkSession is made: its Python workers run this interpreter (the
+    virtualenv's, which has eos; PYSPARK_PYTHON and PYSPARK_DRIVER_PYTHON default to
+    sys.executable) and, unless `spark_home` is false (the caller chose the workers' Python
+    otherwise), import its installed pyspark (`use_worker_spark_home`)."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    return use_worker_spark_home() if spark_home else None
+
+
+__all__ = ["home_name", "pip_spark_home", "prepare_python_workers", "use_worker_spark_home", "worker_spark_home"]

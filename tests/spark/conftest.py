@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -39,11 +38,8 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def spark():
-    # Executors and the planner run Python workers; they must use this interpreter (the
-    # virtualenv's), or they would not find eos.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    # ... and import our packages from this checkout, whatever their working directory.
+    # Executors and the planner run Python workers; they must import our packages from
+    # this checkout, whatever their working directory ...
     repo_root = str(HERE.parent.parent)
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if repo_root not in paths:
@@ -51,9 +47,10 @@ def spark():
     from pyspark.sql import SparkSession
 
     import spark_sink
-    from spark_sink.spark_home import use_worker_spark_home
+    from spark_sink.spark_home import prepare_python_workers
 
-    use_worker_spark_home()
+    # ... and run this interpreter (the virtualenv's), or they would not find eos.
+    prepare_python_workers()
     session = (SparkSession.builder
                .master("local[2]")
                .appName("eos-tests")

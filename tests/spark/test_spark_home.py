@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from spark_sink.spark_home import pip_spark_home, use_worker_spark_home, worker_spark_home
+from spark_sink.spark_home import (pip_spark_home, prepare_python_workers, use_worker_spark_home,
+                                    worker_spark_home)
 
 
 def _worker_imports_pyspark_from(spark_home: Path) -> str:
@@ -91,3 +92,19 @@ def test_the_sessions_python_workers_import_the_installed_pyspark(spark):
 
     [row] = spark.range(1, numPartitions=1).mapInArrow(where, "file string").collect()
     assert ".zip" not in row.file and Path(row.file).parent == pip_spark_home()
+
+
+def test_prepare_python_workers_keeps_a_chosen_interpreter_and_can_leave_spark_home(tmp_path, monkeypatch):
+    monkeypatch.delenv("SPARK_HOME", raising=False)
+    monkeypatch.setenv("PYSPARK_PYTHON", "/opt/other/python")
+    monkeypatch.delenv("PYSPARK_DRIVER_PYTHON", raising=False)
+    monkeypatch.setenv("EOS_CACHE", str(tmp_path))
+    assert prepare_python_workers() is None            # another interpreter: Spark's zip stays
+    assert os.environ["PYSPARK_PYTHON"] == "/opt/other/python"
+    assert os.environ["PYSPARK_DRIVER_PYTHON"] == sys.executable
+
+    monkeypatch.delenv("PYSPARK_PYTHON")
+    assert prepare_python_workers(spark_home=False) is None and "SPARK_HOME" not in os.environ
+    assert os.environ["PYSPARK_PYTHON"] == sys.executable
+    home = prepare_python_workers()
+    assert home is not None and home.parent == tmp_path and os.environ["SPARK_HOME"] == str(home)
