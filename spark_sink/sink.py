@@ -70,6 +70,7 @@ from eos.net import security_settings
 from eos.types import TopicPartition
 from spark_sink.owner import TRANSACTION_TIMEOUT_MS_DEFAULT, TransactionOwner
 from spark_sink.participant import TIMEOUT_MS_DEFAULT, OwnerIdentity, producer_settings, write_arrow_batches
+from spark_sink.worker_heap import freeze_worker_heap
 
 log = logging.getLogger("eos.spark.sink")
 
@@ -99,6 +100,7 @@ class TaskWrite:
     def __call__(self, batches):
         import pyarrow as pa
 
+        freeze_worker_heap()
         result = write_arrow_batches(self.owner, self.topic, batches, transactional=self.transactional,
                                      timeout_ms=self.timeout_ms, producer_config=self.producer_config)
         yield pa.RecordBatch.from_pydict({"producer_id": pa.array([result.producer_id], pa.int64()),

@@ -108,6 +108,7 @@ from spark_sink.offsets import (
     resolve_offsets,
     to_json_dict,
 )
+from spark_sink.worker_heap import freeze_worker_heap
 
 log = logging.getLogger("eos.spark.source")
 
@@ -374,6 +375,7 @@ def read_ranges(options: SourceOptions, offset_ranges) -> Iterator:
 
     from consumer import Consumer
 
+    freeze_worker_heap()
     queues = _ranges_by_partition(offset_ranges)
     if not queues:
         return
