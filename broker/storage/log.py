@@ -12,11 +12,12 @@ of which is active. The log owns the list of segments and the offsets that descr
 
 Appending is staged, so bad input changes nothing:
 
-1. prepare (pure, outside the lock): parse every batch header (or take the caller's,
-   `headers=`, when it parsed them already), check sizes and CRCs, copy the request and
-   stamp what does not depend on the log's state: the leader epoch and, if the topic uses
-   LogAppendTime, the timestamp type and max timestamp (recomputing those CRCs). Then,
-   under the lock, ask the producer state whether the batch is in sequence or a duplicate.
+1. prepare (pure, outside the lock; `validator.py`, Kafka's LogValidator): parse every
+   batch header (or take the caller's, `headers=`, when it parsed them already), check
+   sizes and CRCs, copy the request and stamp what does not depend on the log's state:
+   the leader epoch and, if the topic uses LogAppendTime, the timestamp type and max
+   timestamp (recomputing those CRCs). Then, under the lock, ask the producer state
+   whether the batch is in sequence or a duplicate.
 2. write: stamp base offsets (contiguous from log_end_offset; the CRC does not cover
    them), roll if the active segment is full or old, and write the batches with one
    `os.write`.
@@ -71,7 +72,6 @@ A produce of v0/v1 is refused with INVALID_RECORD before anything else (Kafka 4'
 """
 from __future__ import annotations
 
-import enum
 import logging
 import os
 import re
@@ -88,26 +88,21 @@ from eos.errors import (
     InvalidRecordError,
     InvalidRequestError,
     InvariantError,
-    MessageTooLargeError,
     OffsetOutOfRangeError,
-    RecordListTooLargeError,
     StorageError,
 )
-from eos.records.codec import CONTROL_TYPE_COMMIT, decode_control_record, encode_control_batch
+from eos.records.codec import decode_control_record, encode_control_batch
 from eos.records.compression import codec_from_name
-from eos.records.legacy import refuse_legacy_produce, up_convert
-from eos.records.raw import first_keyless_record, recompress_batches
+from eos.records.legacy import up_convert
+from eos.records.raw import recompress_batches
 from eos.records.header import (
     BATCH_LENGTH_STRUCT,
     MAGIC_V2,
     NO_PRODUCER_ID,
     TIMESTAMP_TYPE_MASK,
     BatchHeader,
-    compute_crc,
     iter_headers,
     parse_header,
-    verify_crc,
-    write_base_offset,
 )
 from broker.storage.index import IndexCorruptError
 from broker.storage.leader_epoch import LeaderEpochCache
@@ -120,6 +115,7 @@ from broker.storage.producer_state import (
 )
 from broker.storage.segment import DELETED_SUFFIX, LOG_SUFFIX, LogSegment, segment_file_name
 from broker.storage.txn_index import AbortedTxn, collect_aborted_transactions
+from broker.storage.validator import AppendOrigin, PreparedBatches, assign_offsets, copy_and_stamp, prepare_batches
 
 log = logging.getLogger(__name__)
 
@@ -133,10 +129,6 @@ _LEFTOVER_SUFFIXES = (DELETED_SUFFIX, CLEANED_SUFFIX, SWAP_SUFFIX)
 _SWAP_FILE = re.compile(r"^(\d{20})\.log\.swap$")
 _PARTITION_DIR = re.compile(r"^(.+)-(\d+)$")
 
-_LEADER_EPOCH_STRUCT = struct.Struct(">i")   # partitionLeaderEpoch at byte 12, outside the CRC
-_CRC_STRUCT = struct.Struct(">I")            # crc at byte 17
-_ATTRIBUTES_STRUCT = struct.Struct(">h")     # attributes at byte 21
-_TIMESTAMP_STRUCT = struct.Struct(">q")      # maxTimestamp at byte 35
 _BASE_OFFSET_STRUCT = struct.Struct(">q")    # baseOffset at byte 0
 _LAST_OFFSET_DELTA_STRUCT = struct.Struct(">i")   # lastOffsetDelta at byte 23
 _BATCH_LENGTH_AT = 8
@@ -154,19 +146,6 @@ def parse_partition_dir_name(name: str) -> tuple[str, int] | None:
     if match is None:
         return None
     return match.group(1), int(match.group(2))
-
-
-class AppendOrigin(enum.Enum):
-    """Who is appending. Clients may not write control batches and their idempotent batches
-    follow every sequence rule. A coordinator may write transaction markers, and its
-    transactional batches (the group coordinator's TxnOffsetCommit, base sequence -1) skip
-    the sequence rules but keep the epoch rule and open the producer's transaction."""
-
-    CLIENT = "client"
-    COORDINATOR = "coordinator"
-    # A follower copying its leader: batches as the leader wrote them, several producers'
-    # batches and markers in one append, no sequence rules (the leader applied them).
-    REPLICATION = "replication"
 
 
 class LogAppendInfo(NamedTuple):
@@ -204,17 +183,6 @@ class _LogView(NamedTuple):
     log_end_offset: int
     high_watermark: int
     last_stable_offset: int
-
-
-class _PreparedBatches(NamedTuple):
-    """The outcome of the pure part of prepare: the request is whole, valid batches."""
-
-    headers: list[BatchHeader]
-    size_bytes: int
-    record_count: int
-    max_timestamp_ms: int
-    producer_header: BatchHeader | None
-    marker: tuple[bool, int] | None = None   # a transaction marker: (committed, coordinator epoch)
 
 
 class Log:
@@ -564,7 +532,7 @@ class Log:
         RecordListTooLargeError, OutOfOrderSequenceError, InvalidProducerEpochError,
         InvalidTxnStateError or StorageError; in every case the log is unchanged.
         """
-        prepared = self._prepare_batches(records, origin, headers)
+        prepared = prepare_batches(records, origin, self.config, self.name, self.topic, headers)
         if prepared.marker is not None:
             committed, coordinator_epoch = prepared.marker
             header = prepared.headers[0]
@@ -578,10 +546,10 @@ class Log:
             recompressed = recompress_batches(records, prepared.headers, codec_from_name(config.compression_type))
             if recompressed is not None:
                 records = recompressed
-                prepared = self._prepare_batches(records, origin)
+                prepared = prepare_batches(records, origin, self.config, self.name, self.topic)
         log_append_time = config.message_timestamp_type == "LogAppendTime"
         log_append_time_ms = now_ms if log_append_time else None
-        buf, crcs, max_timestamp_ms = _copy_and_stamp(records, prepared.headers, leader_epoch, log_append_time_ms)
+        buf, crcs, max_timestamp_ms = copy_and_stamp(records, prepared.headers, leader_epoch, log_append_time_ms)
         flush_now = False
         with self._lock:
             self._check_open()
@@ -598,7 +566,7 @@ class Log:
             first_offset = self._log_end_offset
             if leader_epoch > self.leader_epoch_cache.latest_epoch:
                 self.leader_epoch_cache.assign(leader_epoch, first_offset)
-            headers = _assign_offsets(buf, prepared.headers, first_offset, leader_epoch, log_append_time_ms, crcs)
+            headers = assign_offsets(buf, prepared.headers, first_offset, leader_epoch, log_append_time_ms, crcs)
             last_offset = headers[-1].last_offset
             if prepared.size_bytes <= config.segment_bytes:
                 active = self._segment_for_append_locked(prepared.size_bytes, max_timestamp_ms, first_offset,
@@ -669,19 +637,19 @@ class Log:
         marker = encode_control_batch(committed=committed, producer_id=producer_id, producer_epoch=producer_epoch,
                                       coordinator_epoch=coordinator_epoch, timestamp_ms=now_ms)
         header = parse_header(marker, 0)
-        prepared = _PreparedBatches([header], header.size_bytes, header.records_count, header.max_timestamp,
+        prepared = PreparedBatches([header], header.size_bytes, header.records_count, header.max_timestamp,
                                     None, (bool(committed), coordinator_epoch))
         return self._append_marker(marker, prepared, producer_id, producer_epoch, coordinator_epoch,
                                    bool(committed), now_ms, leader_epoch)
 
-    def _append_marker(self, records, prepared: _PreparedBatches, producer_id: int, producer_epoch: int,
+    def _append_marker(self, records, prepared: PreparedBatches, producer_id: int, producer_epoch: int,
                        coordinator_epoch: int, committed: bool, now_ms: int, leader_epoch: int) -> LogAppendInfo:
         """prepare (producer state) -> write (log + transaction index) -> apply, for one
         marker batch in `records`."""
         config = self.config
         log_append_time = config.message_timestamp_type == "LogAppendTime"
         log_append_time_ms = now_ms if log_append_time else None
-        buf, crcs, max_timestamp_ms = _copy_and_stamp(records, prepared.headers, leader_epoch, log_append_time_ms)
+        buf, crcs, max_timestamp_ms = copy_and_stamp(records, prepared.headers, leader_epoch, log_append_time_ms)
         flush_now = False
         with self._lock:
             self._check_open()
@@ -692,7 +660,7 @@ class Log:
             if leader_epoch > self.leader_epoch_cache.latest_epoch:
                 self.leader_epoch_cache.assign(leader_epoch, marker_offset)
             aborted_txn = self._aborted_txn_of(marker, marker_offset)
-            headers = _assign_offsets(buf, prepared.headers, marker_offset, leader_epoch, log_append_time_ms, crcs)
+            headers = assign_offsets(buf, prepared.headers, marker_offset, leader_epoch, log_append_time_ms, crcs)
             active = self._segment_for_append_locked(prepared.size_bytes, max_timestamp_ms, marker_offset,
                                                      marker_offset, now_ms)
             active.append(buf, headers, max_timestamp_ms, aborted_txn=aborted_txn)
@@ -772,7 +740,7 @@ class Log:
         leader applied them). The high watermark does not move. Raises InvalidRecordError
         (changing nothing) for an overlap, and for a gap unless the topic is compacted (the
         leader's cleaner removed those offsets)."""
-        prepared = self._prepare_batches(records, AppendOrigin.REPLICATION)
+        prepared = prepare_batches(records, AppendOrigin.REPLICATION, self.config, self.name, self.topic)
         view = memoryview(records)
         with self._lock:
             self._check_open()
@@ -880,112 +848,6 @@ class Log:
         self.leader_epoch_cache.clear()
         self._publish()
         log.info("%s: emptied and restarted at offset %d", self.name, offset)
-
-    def _prepare_batches(self, records, origin: AppendOrigin,
-                         parsed: Sequence[BatchHeader] | None = None) -> _PreparedBatches:
-        """Check that `records` is one or more whole, valid v2 batches (with `parsed`: that
-        those headers tile it). Pure."""
-        try:
-            view = memoryview(records)
-        except TypeError:
-            raise InvalidRecordError(f"records must be bytes-like, got {type(records).__name__}") from None
-        if view.nbytes == 0:
-            raise InvalidRecordError(f"{self.name}: the request holds no record batches")
-        if origin is not AppendOrigin.REPLICATION:
-            refuse_legacy_produce(view, self.name)   # v0/v1 message sets: INVALID_RECORD, as Kafka 4
-        if parsed is not None:
-            self._check_tiling(parsed, view.nbytes)
-        max_message_bytes = self.config.max_message_bytes
-        headers: list[BatchHeader] = []
-        size_bytes = 0
-        record_count = 0
-        max_timestamp_ms = -1
-        producer_header = None
-        marker = None
-        for header in iter_headers(view) if parsed is None else parsed:
-            where = f"{self.name}: batch {len(headers)} (byte {header.position})"
-            if header.size_bytes > max_message_bytes:
-                raise MessageTooLargeError(
-                    f"{where} is {header.size_bytes} bytes, larger than max.message.bytes {max_message_bytes}")
-            if header.size_bytes > self.config.segment_bytes and origin is not AppendOrigin.REPLICATION:
-                raise RecordListTooLargeError(
-                    f"{where} is {header.size_bytes} bytes, larger than segment.bytes {self.config.segment_bytes}")
-            if header.records_count != header.last_offset_delta + 1 and origin is not AppendOrigin.REPLICATION:
-                # (a follower copies what its leader's cleaner left: fewer records, same offsets)
-                raise InvalidRecordError(
-                    f"{where}: recordsCount {header.records_count} does not match lastOffsetDelta "
-                    f"{header.last_offset_delta} (expected {header.last_offset_delta + 1} records)")
-            verify_crc(view, header)
-            if header.is_control:
-                marker = self._check_marker_batch(view, header, origin, where)
-            elif self.config.compact and origin is not AppendOrigin.REPLICATION:
-                self._check_keys(view, header, where)
-            if header.producer_id != NO_PRODUCER_ID:
-                if not header.is_control:
-                    producer_header = header
-            elif header.is_transactional:
-                raise InvalidRecordError(f"{where} is transactional but has no producer id")
-            headers.append(header)
-            size_bytes += header.size_bytes
-            record_count += header.records_count
-            if header.max_timestamp > max_timestamp_ms:
-                max_timestamp_ms = header.max_timestamp
-        if origin is AppendOrigin.REPLICATION:
-            return _PreparedBatches(headers, size_bytes, record_count, max_timestamp_ms, producer_header, marker)
-        if producer_header is not None and len(headers) > 1:
-            raise InvalidRecordError(
-                f"{self.name}: {len(headers)} batches in one request, but an idempotent or transactional "
-                f"producer may send only one batch per partition per request")
-        if marker is not None and len(headers) > 1:
-            raise InvalidRecordError(
-                f"{self.name}: {len(headers)} batches in one request with a transaction marker; a marker "
-                f"is appended alone")
-        return _PreparedBatches(headers, size_bytes, record_count, max_timestamp_ms, producer_header, marker)
-
-    def _check_keys(self, view, header: BatchHeader, where: str) -> None:
-        """A compacted topic keeps the last record of each key, so every record needs one
-        (Kafka's LogValidator refuses the batch as INVALID_RECORD)."""
-        try:
-            keyless = first_keyless_record(view, header)
-        except CorruptRecordError as e:
-            raise InvalidRecordError(f"{where}: {e}") from None
-        if keyless is not None:
-            raise InvalidRecordError(
-                f"{where}: record at offset delta {keyless - header.base_offset} has no key; "
-                f"{self.topic} is a compacted topic (cleanup.policy={self.config.cleanup_policy}) and every "
-                f"record in it needs a key")
-
-    def _check_tiling(self, parsed: Sequence[BatchHeader], size_bytes: int) -> None:
-        """Headers handed in by the caller describe `size_bytes` of batches back to back
-        from byte 0 (the CRC check then ties each to its bytes)."""
-        position = 0
-        for index, header in enumerate(parsed):
-            if not isinstance(header, BatchHeader) or header.position != position:
-                raise InvalidRequestError(
-                    f"{self.name}: parsed header {index} does not describe the batch at byte {position} of "
-                    f"the request: {header!r}")
-            position += header.size_bytes
-        if position != size_bytes or not parsed:
-            raise InvalidRequestError(f"{self.name}: the parsed headers cover {position} bytes of a "
-                                      f"{size_bytes}-byte request")
-
-    @staticmethod
-    def _check_marker_batch(view, header: BatchHeader, origin: AppendOrigin, where: str) -> tuple[bool, int]:
-        """A control batch is accepted only from a coordinator, only as a transaction
-        marker of a producer: returns (committed, coordinator epoch)."""
-        if origin is AppendOrigin.CLIENT:
-            raise InvalidRecordError(f"{where} is a control batch; clients may not write control batches")
-        if header.producer_id == NO_PRODUCER_ID or header.producer_epoch < 0 or not header.is_transactional:
-            raise InvalidRecordError(
-                f"{where} is a control batch but not a transaction marker of a producer (producer id "
-                f"{header.producer_id}, epoch {header.producer_epoch}, transactional {header.is_transactional})")
-        try:
-            marker_type, coordinator_epoch = decode_control_record(view, header)
-        except CorruptRecordError as e:
-            raise InvalidRecordError(f"{where}: {e}") from None
-        if coordinator_epoch < 0:
-            raise InvalidRecordError(f"{where}: a marker's coordinator epoch is {coordinator_epoch}")
-        return marker_type == CONTROL_TYPE_COMMIT, coordinator_epoch
 
     def roll(self, now_ms: int) -> LogSegment:
         """Start a new segment now (if the active one holds anything); return the active one."""
@@ -1369,52 +1231,6 @@ def _remove(path: str) -> None:
         pass
     except IsADirectoryError:
         log.warning("not removing directory %s", path)
-
-
-def _copy_and_stamp(records, headers: list[BatchHeader], leader_epoch: int,
-                    log_append_time_ms: int | None) -> tuple[bytearray, list[int] | None, int]:
-    """Copy the request and write what the log assigns that does not depend on its state:
-    the leader epoch and, under LogAppendTime, the timestamp type and max timestamp (whose
-    CRC is recomputed). Returns (the copy, the new CRCs under LogAppendTime else None, the
-    max timestamp); no lock needed. `_assign_offsets` brings the headers up to date."""
-    buf = bytearray(records)
-    max_timestamp_ms = -1
-    if log_append_time_ms is None:
-        for header in headers:
-            _LEADER_EPOCH_STRUCT.pack_into(buf, header.position + 12, leader_epoch)
-            if header.max_timestamp > max_timestamp_ms:
-                max_timestamp_ms = header.max_timestamp
-        return buf, None, max_timestamp_ms
-    crcs = []
-    for header in headers:
-        position = header.position
-        _LEADER_EPOCH_STRUCT.pack_into(buf, position + 12, leader_epoch)
-        _ATTRIBUTES_STRUCT.pack_into(buf, position + 21, header.attributes | TIMESTAMP_TYPE_MASK)
-        _TIMESTAMP_STRUCT.pack_into(buf, position + 35, log_append_time_ms)
-        crc = compute_crc(buf, position, header.size_bytes)
-        _CRC_STRUCT.pack_into(buf, position + 17, crc)
-        crcs.append(crc)
-    return buf, crcs, log_append_time_ms
-
-
-def _assign_offsets(buf: bytearray, headers: list[BatchHeader], first_offset: int, leader_epoch: int,
-                    log_append_time_ms: int | None, crcs: list[int] | None) -> list[BatchHeader]:
-    """Stamp base offsets contiguous from `first_offset` (under the log's lock: they depend
-    on the log end; the CRC does not cover them). Returns the headers of `buf` as
-    `_copy_and_stamp` left it, with these offsets."""
-    assigned: list[BatchHeader] = []
-    next_offset = first_offset
-    for index, header in enumerate(headers):
-        write_base_offset(buf, header.position, next_offset)
-        if crcs is None:
-            header = header._replace(base_offset=next_offset, partition_leader_epoch=leader_epoch)
-        else:
-            header = header._replace(base_offset=next_offset, partition_leader_epoch=leader_epoch,
-                                     attributes=header.attributes | TIMESTAMP_TYPE_MASK,
-                                     max_timestamp=log_append_time_ms, crc=crcs[index])
-        assigned.append(header)
-        next_offset = header.next_offset
-    return assigned
 
 
 def _read_from_segment(segment: LogSegment, fetch_offset: int, limit: int, end_position: int, max_bytes: int,

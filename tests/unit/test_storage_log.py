@@ -122,17 +122,17 @@ def test_log_append_time_stamps_the_batch_and_keeps_the_crc_valid(tmp_path):
 
 
 def test_the_copy_and_the_log_append_time_crc_are_done_before_the_partition_lock(tmp_path, monkeypatch):
-    import broker.storage.log as log_module
+    import broker.storage.validator as validator_module
 
     log = open_log(tmp_path, message_timestamp_type="LogAppendTime")
     lock_held_at_crc = []
-    real_crc = log_module.compute_crc
+    real_crc = validator_module.compute_crc
 
     def watched_crc(buf, position, size):
         lock_held_at_crc.append(log._lock.locked())
         return real_crc(buf, position, size)
 
-    monkeypatch.setattr(log_module, "compute_crc", watched_crc)
+    monkeypatch.setattr(validator_module, "compute_crc", watched_crc)
     log.append_as_leader(make_batch(3) + make_batch(2), now_ms=777)
     log.append_txn_marker(7, 0, 0, False, now_ms=778)
     assert lock_held_at_crc == [False, False, False]
