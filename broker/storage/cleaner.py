@@ -71,7 +71,8 @@ from eos.records.header import MAGIC_V2, NO_PRODUCER_ID, BatchHeader, parse_head
 from eos.records.legacy import up_convert
 from eos.records.raw import raw_records, rebuild_batch, records_section
 from broker.storage.checkpoint import OffsetCheckpointFile
-from broker.storage.log import CLEANED_SUFFIX, Log
+from broker.storage.log import Log
+from broker.storage.log_loader import CLEANED_SUFFIX
 from broker.storage.producer_state import NO_OFFSET
 from broker.storage.segment import LOG_SUFFIX, RELATIVE_OFFSET_LIMIT, LogSegment, segment_file_name
 from broker.storage.txn_index import AbortedTxn, collect_aborted_transactions

@@ -49,9 +49,10 @@ the cleaned group goes `.cleaned` -> `.swap`, the segments it replaces `.log` ->
 then `.swap` -> `.log`, and one new view is published, so a reader sees the old segments or
 the new. Offsets never change; a cleaned batch may hold fewer records than its offset range.
 
-Recovery (`Log.open`): a `.swap` left by a crash is finished (the segments it covers go, it
-becomes the `.log`), then leftover `.deleted`/`.cleaned` files are removed; files that are
-not ours are left alone with a warning. Segments below the recovery point are trusted
+Recovery (`Log.open`, through `log_loader.py`, Kafka's LogLoader): a `.swap` left by a
+crash is finished (the segments it covers go, it becomes the `.log`), then leftover
+`.deleted`/`.cleaned` files are removed; files that are not ours are left alone with a
+warning. Segments below the recovery point are trusted
 (their indexes are rebuilt only if missing or inconsistent); after an unclean shutdown every
 batch from the recovery point's segment on is checked (header, CRC, offsets) and the log is
 cut after the last valid batch, later segments deleted. The producer state is loaded from
@@ -84,7 +85,6 @@ from typing import NamedTuple, Sequence
 from eos.config import TopicConfig
 from eos.files import fsync_directory
 from eos.errors import (
-    CorruptRecordError,
     InvalidRecordError,
     InvalidRequestError,
     InvariantError,
@@ -101,10 +101,8 @@ from eos.records.header import (
     NO_PRODUCER_ID,
     TIMESTAMP_TYPE_MASK,
     BatchHeader,
-    iter_headers,
     parse_header,
 )
-from broker.storage.index import IndexCorruptError
 from broker.storage.leader_epoch import LeaderEpochCache
 from broker.storage.producer_state import (
     CompletedTxn,
@@ -113,20 +111,15 @@ from broker.storage.producer_state import (
     ProducerStateEntry,
     ProducerStateManager,
 )
-from broker.storage.segment import DELETED_SUFFIX, LOG_SUFFIX, LogSegment, segment_file_name
+from broker.storage.segment import LOG_SUFFIX, LogSegment, segment_file_name
+from broker.storage import log_loader
+from broker.storage.log_loader import SWAP_SUFFIX, remove_file
 from broker.storage.txn_index import AbortedTxn, collect_aborted_transactions
 from broker.storage.validator import AppendOrigin, PreparedBatches, assign_offsets, copy_and_stamp, prepare_batches
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PRODUCER_ID_EXPIRATION_MS = 86_400_000
-_SEGMENT_FILE = re.compile(r"^(\d{20})\.(log|index|timeindex|txnindex)$")
-_SNAPSHOT_FILE = re.compile(r"^\d{20}\.snapshot(\.tmp)?$")
-_KNOWN_FILES = frozenset({"leader-epoch-checkpoint", "leader-epoch-checkpoint.tmp", "partition.metadata"})
-CLEANED_SUFFIX = ".cleaned"   # a cleaner's output being written (not committed)
-SWAP_SUFFIX = ".swap"         # a cleaned segment whose pass committed, not yet live
-_LEFTOVER_SUFFIXES = (DELETED_SUFFIX, CLEANED_SUFFIX, SWAP_SUFFIX)
-_SWAP_FILE = re.compile(r"^(\d{20})\.log\.swap$")
 _PARTITION_DIR = re.compile(r"^(.+)-(\d+)$")
 
 _BASE_OFFSET_STRUCT = struct.Struct(">q")    # baseOffset at byte 0
@@ -221,7 +214,9 @@ class Log:
         os.makedirs(directory, exist_ok=True)
         self.leader_epoch_cache, epochs_ok = LeaderEpochCache.load(directory)
         self._load(recovery_point, log_start_offset, clean_shutdown, now_ms)
-        self._load_leader_epochs(epochs_ok)
+        log_loader.rebuild_leader_epochs(self.leader_epoch_cache, self._segments, file_ok=epochs_ok,
+                                         log_start_offset=self._log_start_offset,
+                                         log_end_offset=self._log_end_offset)
 
     @classmethod
     def open(cls, directory: str, config: TopicConfig, *, recovery_point: int = 0, log_start_offset: int = 0,
@@ -300,136 +295,21 @@ class Log:
     # ---- loading and recovery ----------------------------------------------------------
 
     def _new_segment(self, base_offset: int, now_ms: int) -> LogSegment:
-        return LogSegment.create(self.directory, base_offset, index_interval_bytes=self.config.index_interval_bytes,
-                                 max_index_bytes=self.config.segment_index_bytes, now_ms=now_ms)
-
-    def _scan_directory(self) -> list[int]:
-        """Clean leftovers, warn about strays; the base offsets of the `.log` files, sorted."""
-        self._complete_swaps()
-        logs: set[int] = set()
-        indexes: list[tuple[int, str]] = []
-        for name in sorted(os.listdir(self.directory)):
-            path = os.path.join(self.directory, name)
-            if name.endswith(_LEFTOVER_SUFFIXES):
-                log.info("%s: removing leftover %s", self.name, name)
-                _remove(path)
-                continue
-            match = _SEGMENT_FILE.match(name)
-            if match:
-                base_offset = int(match.group(1))
-                if match.group(2) == "log":
-                    logs.add(base_offset)
-                else:
-                    indexes.append((base_offset, path))
-                continue
-            if _SNAPSHOT_FILE.match(name) or name in _KNOWN_FILES:
-                continue  # the producer state's files / metadata we do not own
-            log.warning("%s: ignoring stray file %s, which is not part of a log", self.name, name)
-        for base_offset, path in indexes:
-            if base_offset not in logs:
-                log.info("%s: removing index %s, which has no .log", self.name, os.path.basename(path))
-                _remove(path)
-        return sorted(logs)
-
-    def _complete_swaps(self) -> None:
-        """Finish a cleaner's swap that a crash cut short (see `swap_in_cleaned`): a
-        `<base>.log.swap` is a cleaned segment whose swap had begun; the live segments it
-        replaces -- those whose base offset lies in [base, the swap's end) -- are deleted
-        and it takes the live name. (The `.cleaned` output of a pass that never reached its
-        swap is removed with the other leftovers.)"""
-        names = sorted(os.listdir(self.directory))
-        for name in names:
-            match = _SWAP_FILE.match(name)
-            if match is None:
-                continue
-            base_offset = int(match.group(1))
-            swap_path = os.path.join(self.directory, name)
-            try:
-                with open(swap_path, "rb") as swap_file:
-                    end_offset = base_offset
-                    for header in iter_headers(swap_file.read()):
-                        end_offset = header.next_offset
-            except CorruptRecordError as e:
-                # fsynced before it was renamed to .swap, so this is damage, not a torn write:
-                # keep the segments it would replace, which are whole
-                log.warning("%s: dropping unreadable cleaned segment %s: %s", self.name, name, e)
-                _remove(swap_path)
-                continue
-            for other in names:
-                live = _SEGMENT_FILE.match(other)
-                if live and (int(live.group(1)) == base_offset or base_offset <= int(live.group(1)) < end_offset):
-                    _remove(os.path.join(self.directory, other))
-            os.rename(swap_path, os.path.join(self.directory, segment_file_name(base_offset, LOG_SUFFIX)))
-            fsync_directory(self.directory)
-            log.info("%s: finished swapping in the cleaned segment %d (offsets up to %d)", self.name, base_offset,
-                     end_offset)
+        return log_loader.new_segment(self.directory, self.config, base_offset, now_ms)
 
     def _load(self, recovery_point: int, log_start_offset: int, clean_shutdown: bool, now_ms: int) -> None:
-        base_offsets = self._scan_directory()
-        config = self.config
-        segments = [LogSegment.open_existing(self.directory, base, index_interval_bytes=config.index_interval_bytes,
-                                             max_index_bytes=config.segment_index_bytes, now_ms=now_ms)
-                    for base in base_offsets]
-        # Everything from the segment holding the recovery point on is checked batch by
-        # batch after a crash; before it, and everywhere after a clean shutdown, the files
-        # are trusted and only inconsistent indexes are rebuilt.
-        if clean_shutdown:
-            first_checked = len(segments)
-        else:
-            first_checked = max(0, bisect_right(base_offsets, recovery_point) - 1)
-        kept: list[LogSegment] = []
-        # The first segment whose transaction index is rebuilt by replaying the producer
-        # state: a checked one (its tail may be cut, its index lag the log), one whose
-        # indexes were inconsistent, or one whose .txnindex was torn or corrupt. Every
-        # later segment is rebuilt too, from one replay.
-        txn_rebuild_from: int | None = None
-        for i, segment in enumerate(segments):
-            successor_base = base_offsets[i + 1] if i + 1 < len(segments) else None
-            rebuild = i >= first_checked or segment.txn_index_needs_rebuild
-            if i >= first_checked:
-                cut_bytes = segment.recover(verify_crc=True)
-            else:
-                cut_bytes = 0
-                try:
-                    segment.load(successor_base)
-                except (IndexCorruptError, CorruptRecordError, StorageError) as e:
-                    log.warning("%s: rebuilding the indexes of segment %d: %s", self.name, segment.base_offset, e)
-                    cut_bytes = segment.recover(verify_crc=False)
-                    rebuild = True
-            if rebuild and txn_rebuild_from is None:
-                txn_rebuild_from = segment.base_offset
-            kept.append(segment)
-            overlaps = successor_base is not None and segment.next_offset > successor_base
-            if (cut_bytes or overlaps) and successor_base is not None:
-                dropped = segments[i + 1:]
-                log.warning("%s: log cut at offset %d in segment %d; deleting %d later segment(s)",
-                            self.name, segment.next_offset, segment.base_offset, len(dropped))
-                for later in dropped:
-                    later.mark_deleted()
-                    later.destroy()
-                break
-        if not kept:
-            kept.append(self._new_segment(max(0, log_start_offset), now_ms))
-        log_end_offset = kept[-1].next_offset
-        log_start_offset = max(log_start_offset, kept[0].base_offset)
-        if log_start_offset > log_end_offset:
-            # The checkpoint says records up to log_start_offset were deleted, yet the log
-            # ends before it: nothing here is readable, start afresh at log_start_offset.
-            log.warning("%s: log start offset %d is past the log end %d; starting an empty log there",
-                        self.name, log_start_offset, log_end_offset)
-            for segment in kept:
-                segment.mark_deleted()
-                segment.destroy()
-            kept = [self._new_segment(log_start_offset, now_ms)]
-            log_end_offset = log_start_offset
-            txn_rebuild_from = None
+        """Recover the directory (`log_loader`), then take what it kept as this log's state."""
+        loaded = log_loader.load_segments(self.directory, self.name, self.config, recovery_point=recovery_point,
+                                          log_start_offset=log_start_offset, clean_shutdown=clean_shutdown,
+                                          now_ms=now_ms)
+        kept, txn_rebuild_from = loaded.segments, loaded.txn_rebuild_from
         for segment in kept[:-1]:
             segment.seal()
         self._segments = tuple(kept)
         self._base_offsets = tuple(s.base_offset for s in kept)
-        self._log_start_offset = log_start_offset
-        self._log_end_offset = log_end_offset
-        self._high_watermark = log_end_offset
+        self._log_start_offset = loaded.log_start_offset
+        self._log_end_offset = loaded.log_end_offset
+        self._high_watermark = loaded.log_end_offset
         if txn_rebuild_from is not None:
             for segment in kept:
                 if segment.base_offset >= txn_rebuild_from:
@@ -437,7 +317,7 @@ class Log:
         self._load_producer_state(now_ms, txn_rebuild_from)
         # What recovery just read or rebuilt may exist only in the page cache; make it
         # durable before claiming it as recovered.
-        flush_from = len(kept) if clean_shutdown else first_checked
+        flush_from = loaded.first_unflushed
         if txn_rebuild_from is not None:
             flush_from = min(flush_from, bisect_left(self._base_offsets, txn_rebuild_from))
         for segment in kept[flush_from:]:
@@ -445,74 +325,16 @@ class Log:
                 segment.flush()
         for segment in kept[:-1]:
             segment.txn_index.close()   # a replay may have reopened a sealed segment's file
-        self.recovery_point = log_end_offset
+        self.recovery_point = loaded.log_end_offset
         self._publish()
-        log.info("%s: loaded %d segment(s), offsets [%d, %d)%s", self.name, len(kept), log_start_offset,
-                 log_end_offset, "" if clean_shutdown else " after recovery")
-
-    def _load_leader_epochs(self, file_ok: bool) -> None:
-        """The epoch cache agrees with the recovered log: entries past its end go; a
-        missing or unreadable file is rebuilt from every batch's partitionLeaderEpoch (Kafka
-        assigns each batch's epoch as recovery reads it)."""
-        cache = self.leader_epoch_cache
-        if not file_ok:
-            for segment in self._segments:
-                for header in segment.iter_batches(0, segment.size_bytes):
-                    if header.partition_leader_epoch > cache.latest_epoch:
-                        cache.assign(header.partition_leader_epoch, header.base_offset, flush=False)
-            if cache.entries:      # an empty log has nothing to record (a new partition: no write)
-                cache.flush()
-        cache.truncate_from_end(self._log_end_offset)
-        cache.truncate_from_start(self._log_start_offset)
+        log.info("%s: loaded %d segment(s), offsets [%d, %d)%s", self.name, len(kept), loaded.log_start_offset,
+                 loaded.log_end_offset, "" if clean_shutdown else " after recovery")
 
     def _load_producer_state(self, now_ms: int, txn_rebuild_from: int | None) -> None:
-        """Load the newest usable snapshot and replay the batches after it. With
-        `txn_rebuild_from`, the snapshot is at most that offset, and the ABORT markers
-        replayed from there on refill the (emptied) transaction indexes of their segments:
-        the replay gives each completed transaction exactly the first offset and last stable
-        offset the original append gave it."""
-        state = self.producer_state
-        replay_from = state.load(self._log_start_offset, self._log_end_offset, now_ms=now_ms,
-                                 snapshot_at_most=txn_rebuild_from)
-        replayed = rebuilt = 0
-        segments = self._segments
-        first = max(0, bisect_right(self._base_offsets, replay_from) - 1)
-        for i in range(first, len(segments)):
-            segment = segments[i]
-            rebuilding = txn_rebuild_from is not None and segment.base_offset >= txn_rebuild_from
-            _, start = segment.offset_index.lookup(replay_from) if i == first else (0, 0)
-            for header in segment.iter_batches(start, segment.size_bytes):
-                if header.producer_id == NO_PRODUCER_ID or header.base_offset < replay_from:
-                    continue
-                replayed += 1
-                if not header.is_control:
-                    state.update_from_replay(header)
-                    continue
-                marker = self._read_marker(segment, header)
-                if marker is None:
-                    continue
-                completed = state.update_from_replay(header, control_marker=marker)
-                if completed is not None:
-                    # one node: the marker is below the high watermark once it is in the log
-                    state.on_high_watermark_updated(header.next_offset)
-                    if completed.is_aborted and rebuilding:
-                        segment.txn_index.append(completed.to_aborted_txn())
-                        rebuilt += 1
-        state.on_high_watermark_updated(self._high_watermark)
-        if replayed:
-            log.info("%s: producer state replayed %d batch(es) from offset %d%s", self.name, replayed, replay_from,
-                     "" if txn_rebuild_from is None else
-                     f"; transaction indexes from offset {txn_rebuild_from} rebuilt ({rebuilt} aborted)")
-
-    def _read_marker(self, segment: LogSegment, header: BatchHeader) -> tuple[int, int] | None:
-        """(marker type, coordinator epoch) of a control batch in the log; None (with a
-        warning) for one that is not a transaction marker, which replay skips."""
-        data = segment.read_bytes(header.position, header.size_bytes)
-        try:
-            return decode_control_record(data, header._replace(position=0))
-        except CorruptRecordError as e:
-            log.warning("%s: skipping control batch at offset %d in replay: %s", self.name, header.base_offset, e)
-            return None
+        log_loader.replay_producer_state(self.producer_state, self._segments, self._base_offsets,
+                                         log_start_offset=self._log_start_offset,
+                                         log_end_offset=self._log_end_offset, high_watermark=self._high_watermark,
+                                         txn_rebuild_from=txn_rebuild_from, now_ms=now_ms, name=self.name)
 
     # ---- append -----------------------------------------------------------------------
 
@@ -1080,7 +902,7 @@ class Log:
         `cleaned_path` (a fsynced `<base>.log.cleaned`, base = the first replaced one's):
 
         1. rename it `<base>.log.swap` (fsync the directory): from here recovery finishes
-           the swap (`_complete_swaps`);
+           the swap (`log_loader.complete_swaps`);
         2. rename the replaced segments' files `.deleted` (their descriptors stay open for
            readers of the previous view until file.delete.delay.ms);
         3. rename the swap file `<base>.log`, rebuild its indexes, write the aborted
@@ -1098,7 +920,7 @@ class Log:
             first = next((i for i, s in enumerate(segments) if s is replaced[0]), None)
             if (self._closed or first is None or first + len(replaced) >= len(segments)
                     or any(segments[first + i] is not s for i, s in enumerate(replaced))):
-                _remove(cleaned_path)
+                remove_file(cleaned_path)
                 return False
             os.rename(cleaned_path, swap_path)
             fsync_directory(directory)
@@ -1222,15 +1044,6 @@ class Log:
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def _remove(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    except IsADirectoryError:
-        log.warning("not removing directory %s", path)
 
 
 def _read_from_segment(segment: LogSegment, fetch_offset: int, limit: int, end_position: int, max_bytes: int,
