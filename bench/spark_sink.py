@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -225,6 +226,64 @@ def stage_main(argv: list[str]) -> int:
     return 0
 
 
+def _warm_up(spark, address: str, work: Path) -> None:
+    """Not measured: the first queries of a session pay for Python workers, class loading
+    and code generation; neither sink should be charged for them."""
+    from eos.admin import Admin
+    from spark_sink.sink import AtLeastOnceSink, ExactlyOnceSink
+
+    with Admin(address) as admin:
+        for topic in ("warmup_in", "warmup_out_eo", "warmup_out_plain"):
+            admin.create_topic(topic, partitions=PARTITIONS)
+    seed(address, 3000, "warmup_in")
+    for name, sink in (("eo", ExactlyOnceSink(address, "warmup_out_eo", transactional_id="warmup",
+                                              group_id="warmup", checkpoint_location=str(work / "cp-warm-eo"))),
+                       ("plain", AtLeastOnceSink(address, "warmup_out_plain"))):
+        run_stage(spark, address, sink, str(work / f"cp-warm-{name}"), 1000, "warmup_in")
+        sink.close()
+
+
+def _measured_run(spark, address: str, work: Path, kind: str, round_index: int, records: int, batch: int):
+    """One measured stage into a fresh output through `kind`'s sink, read back and counted:
+    (records/s, the sink's per-batch reports)."""
+    from eos.admin import Admin
+    from spark_sink.readback import read_committed
+    from spark_sink.sink import AtLeastOnceSink, ExactlyOnceSink
+
+    output = f"bench_out_{kind}_{round_index}"
+    with Admin(address) as admin:
+        admin.create_topic(output, partitions=PARTITIONS)
+    checkpoint = str(work / f"cp-{kind}-{round_index}")
+    if kind == "exactly_once":
+        sink = ExactlyOnceSink(address, output, transactional_id=f"bench-{round_index}",
+                               group_id=f"bench-{round_index}", checkpoint_location=checkpoint)
+    else:
+        sink = AtLeastOnceSink(address, output)
+    try:
+        wall_s = run_stage(spark, address, sink, checkpoint, batch)
+    finally:
+        sink.close()
+    written = len(read_committed(address, output, timeout_s=300))
+    if written != records:
+        raise RuntimeError(f"{kind} round {round_index}: {written} records in the output, expected {records}")
+    rate = records / wall_s
+    print(f"round {round_index} {kind:14} {records:,} records in {wall_s:6.1f} s: {rate:10,.0f} records/s",
+          flush=True)
+    return rate, sink.reports
+
+
+def _print_summary(summary: dict, rounds: int) -> None:
+    ratio = summary["exactly_once_records_per_s"] / summary["at_least_once_records_per_s"]
+    print(f"\nexactly-once sink : {summary['exactly_once_records_per_s']:10,.0f} records/s (median of {rounds})")
+    print(f"at-least-once sink: {summary['at_least_once_records_per_s']:10,.0f} records/s  (exactly-once / plain = "
+          f"{ratio:.2f})")
+    print(f"commit latency    : p50 {summary['commit_ms_p50']:.1f} ms, p99 {summary['commit_ms_p99']:.1f} ms "
+          f"(offsets + EndTxn, {summary['batches']} batches)")
+    print(f"whole batch       : p50 {summary['batch_ms_p50']:.0f} ms, p99 {summary['batch_ms_p99']:.0f} ms "
+          f"(exactly-once: replay check + executor writes + commit); at-least-once p50 "
+          f"{summary['plain_batch_ms_p50']:.0f} ms, p99 {summary['plain_batch_ms_p99']:.0f} ms")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.spark_sink", description=__doc__.split("\n")[0])
     parser.add_argument("--records", type=int, default=200_000)
@@ -233,14 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = parser.parse_args(argv)
 
-    prepare_python_workers()
-    from pyspark.sql import SparkSession
-
     import spark_sink
     from eos.admin import Admin
     from eos.demo import BrokerProcess
-    from spark_sink.readback import read_committed
-    from spark_sink.sink import AtLeastOnceSink, ExactlyOnceSink
 
     work = Path(tempfile.mkdtemp(prefix="eos-bench-spark-"))
     broker = BrokerProcess(work / "data", work / "broker.log")
@@ -253,52 +307,20 @@ def main(argv: list[str] | None = None) -> int:
         with Admin(broker.address) as admin:
             admin.create_topic(STAGE_INPUT, partitions=PARTITIONS)
         seed(broker.address, args.records)
-        spark = (SparkSession.builder.master("local[2]").appName("eos-bench-spark-sink")
-                 .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-                 .config("spark.python.worker.reuse", "true").getOrCreate())
+        spark = _session("eos-bench-spark-sink", [])
         spark.sparkContext.setLogLevel("ERROR")
         spark_sink.register(spark)
-        # Warm-up, not measured: the first queries of a session pay for Python workers,
-        # class loading and code generation; neither sink should be charged for them.
-        with Admin(broker.address) as admin:
-            for topic in ("warmup_in", "warmup_out_eo", "warmup_out_plain"):
-                admin.create_topic(topic, partitions=PARTITIONS)
-        seed(broker.address, 3000, "warmup_in")
-        for name, sink in (("eo", ExactlyOnceSink(broker.address, "warmup_out_eo", transactional_id="warmup",
-                                                  group_id="warmup", checkpoint_location=str(work / "cp-warm-eo"))),
-                           ("plain", AtLeastOnceSink(broker.address, "warmup_out_plain"))):
-            if name == "plain":
-                run_stage(spark, broker.address, sink, str(work / "cp-warm-plain"), 1000, "warmup_in")
-            else:
-                sink.checkpoint_location = str(work / "cp-warm-eo")
-                run_stage(spark, broker.address, sink, str(work / "cp-warm-eo"), 1000, "warmup_in")
-            sink.close()
+        _warm_up(spark, broker.address, work)
         for round_index in range(args.rounds):
             for kind in ("exactly_once", "at_least_once"):
-                output = f"bench_out_{kind}_{round_index}"
-                with Admin(broker.address) as admin:
-                    admin.create_topic(output, partitions=PARTITIONS)
-                checkpoint = str(work / f"cp-{kind}-{round_index}")
-                if kind == "exactly_once":
-                    sink = ExactlyOnceSink(broker.address, output, transactional_id=f"bench-{round_index}",
-                                           group_id=f"bench-{round_index}", checkpoint_location=checkpoint)
-                else:
-                    sink = AtLeastOnceSink(broker.address, output)
-                wall_s = run_stage(spark, broker.address, sink, checkpoint, args.batch)
-                written = len(read_committed(broker.address, output, timeout_s=300))
-                if written != args.records:
-                    raise RuntimeError(f"{kind} round {round_index}: {written} records in the output, "
-                                       f"expected {args.records}")
-                rate = args.records / wall_s
+                rate, reports = _measured_run(spark, broker.address, work, kind, round_index, args.records,
+                                              args.batch)
                 results[kind].append(rate)
                 if kind == "exactly_once":
-                    commit_ms.extend(r.commit_ms for r in sink.reports if not r.skipped)
-                    batch_ms.extend(r.write_ms + r.commit_ms for r in sink.reports if not r.skipped)
+                    commit_ms.extend(r.commit_ms for r in reports if not r.skipped)
+                    batch_ms.extend(r.write_ms + r.commit_ms for r in reports if not r.skipped)
                 else:
-                    plain_batch_ms.extend(r.write_ms for r in sink.reports)
-                sink.close()
-                print(f"round {round_index} {kind:14} {args.records:,} records in {wall_s:6.1f} s: "
-                      f"{rate:10,.0f} records/s", flush=True)
+                    plain_batch_ms.extend(r.write_ms for r in reports)
     finally:
         if spark is not None:
             spark.stop()
@@ -313,20 +335,10 @@ def main(argv: list[str] | None = None) -> int:
         "plain_batch_ms_p99": _percentile(plain_batch_ms, 0.99),
         "batches": len(commit_ms), "runs": results,
     }
-    ratio = summary["exactly_once_records_per_s"] / summary["at_least_once_records_per_s"]
-    print(f"\nexactly-once sink : {summary['exactly_once_records_per_s']:10,.0f} records/s (median of {args.rounds})")
-    print(f"at-least-once sink: {summary['at_least_once_records_per_s']:10,.0f} records/s  (exactly-once / plain = "
-          f"{ratio:.2f})")
-    print(f"commit latency    : p50 {summary['commit_ms_p50']:.1f} ms, p99 {summary['commit_ms_p99']:.1f} ms "
-          f"(offsets + EndTxn, {len(commit_ms)} batches)")
-    print(f"whole batch       : p50 {summary['batch_ms_p50']:.0f} ms, p99 {summary['batch_ms_p99']:.0f} ms "
-          f"(exactly-once: replay check + executor writes + commit); at-least-once p50 "
-          f"{summary['plain_batch_ms_p50']:.0f} ms, p99 {summary['plain_batch_ms_p99']:.0f} ms")
+    _print_summary(summary, args.rounds)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(summary, indent=2))
-    import shutil
-
     shutil.rmtree(work, ignore_errors=True)
     return 0
 

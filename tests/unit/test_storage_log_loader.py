@@ -34,7 +34,7 @@ def test_a_clean_shutdown_is_trusted_and_a_crash_is_checked_from_the_recovery_po
 
 def test_a_torn_tail_is_cut_and_the_segments_after_it_deleted(tmp_path):
     path = tmp_path / "t-0"
-    log, ranges = fill(path, 30)
+    log, _ = fill(path, 30)
     bases = [s.base_offset for s in log.segments]
     log.close()
     first_log = path / f"{bases[0]:020d}.log"
