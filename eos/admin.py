@@ -418,11 +418,20 @@ class Admin:
         """ListOffsets of `partitions` (ListOffsetsPartition), asked of their leaders."""
         return self._ask_leaders(
             partitions,
-            lambda stub, group: self._call("ListOffsets", lambda s: s.ListOffsets, broker_pb2.ListOffsetsRequest(
-                isolation_level=level, partitions=group), timeout_ms=self._request_timeout_ms,
-                stub=lambda: stub).partitions,
+            lambda stub, group: self._ask_once("ListOffsets", stub.ListOffsets, broker_pb2.ListOffsetsRequest(
+                isolation_level=level, partitions=group)).partitions,
             lambda p, code, message: broker_pb2.ListedOffset(topic=p.topic, partition=p.partition, error_code=code,
                                                              error_message=message, offset=-1, timestamp=-1))
+
+    def _ask_once(self, what: str, method: Callable, request):
+        """One attempt of a call to a partition's leader, a transport failure raised at once:
+        _ask_leaders asks again after a metadata refresh, of whoever leads by then. (Retried
+        at the same broker until request.timeout.ms instead, a call to a leader just killed
+        spent that whole time on a refused port while the leadership had moved on.)"""
+        try:
+            return method(request, timeout=self._request_timeout_ms / 1000)
+        except grpc.RpcError as exc:
+            raise net.error_from_rpc(exc, what, self._metadata.security) from None
 
     def _ask_leaders(self, items: list, ask: Callable, unanswered: Callable) -> list:
         """Each of `items` (with .topic and .partition) asked of its partition's leader, one
@@ -705,9 +714,8 @@ class Admin:
         # hold no producer state for it (or a follower's).
         answered = self._ask_leaders(
             _tps(partitions),
-            lambda stub, group: self._call("DescribeProducers", lambda s: s.DescribeProducers,
-                                           broker_pb2.DescribeProducersRequest(partitions=group),
-                                           timeout_ms=self._request_timeout_ms, stub=lambda: stub).partitions,
+            lambda stub, group: self._ask_once("DescribeProducers", stub.DescribeProducers,
+                                               broker_pb2.DescribeProducersRequest(partitions=group)).partitions,
             lambda p, code, message: broker_pb2.PartitionProducers(topic=p.topic, partition=p.partition,
                                                                    error_code=code, error_message=message))
         result = {}

@@ -362,7 +362,10 @@ def run_demo(records: int = 200_000, keep_data: bool = False, *, out=None, broke
                                    f"{stage1:,} orders through stage 1 and {open_records:,} records written in "
                                    f"its open transaction; restarted it")
                     print(f"\n  {broker_note}", file=out, flush=True)
-                    cluster.cluster.restart(victim)
+                    # not waited for here: the restarted broker registers only once its old
+                    # ZooKeeper session expired (seconds), and the pipeline goes on meanwhile;
+                    # a loop blocked that long could miss the pipeline's kill point
+                    cluster.cluster.restart(victim, wait=False)
                     continue
                 if cluster is not None and (broker_killed_at is None or stage1 <= broker_killed_at):
                     time.sleep(0.05)
@@ -375,6 +378,8 @@ def run_demo(records: int = 200_000, keep_data: bool = False, *, out=None, broke
                     break
                 time.sleep(0.05)
             first_exit = pipeline.returncode
+            if broker_killed_at is not None:
+                cluster.cluster.wait_broker_started(victim)
             if first_exit not in (None, 0, -signal.SIGKILL):
                 raise RuntimeError(f"the pipeline failed (exit {first_exit}); its log:\n{_tail(pipeline_log)}")
             print(f"\n  {kill_note}", file=out, flush=True)

@@ -40,6 +40,28 @@ def test_assignment_spreads_leaders_and_refuses_too_many_replicas(cluster):
         assert "too-many" not in admin.list_topics()
 
 
+def test_offsets_and_producers_asked_of_a_killed_leader_come_from_the_next_one(cluster):
+    """ListOffsets and DescribeProducers go to each partition's leader. The leader is killed
+    while the admin's metadata still names it: the answer must come from the leader elected
+    next, within default.api.timeout.ms, not wait at the dead one's refused port. The
+    request timeout is set past the api timeout, so an admin that kept retrying the dead
+    broker until its request timeout would run out of time and raise."""
+    with eos.Admin(bootstrap=cluster.bootstrap) as admin:
+        admin.create_topic("asked", partitions=1, replication_factor=3)
+        full_isr(admin, "asked")
+        with eos.Producer(cluster.bootstrap, config={"enable.idempotence": True, "acks": "all"}) as producer:
+            producer.send_batch("asked", [b"v%d" % i for i in range(25)]).result(30)
+        leader = describe(admin, "asked")[0]["leader"]
+    with eos.Admin(bootstrap=cluster.bootstrap, config={"request.timeout.ms": 120_000,
+                                                        "default.api.timeout.ms": 60_000}) as admin:
+        tp = eos.TopicPartition("asked", 0)
+        assert admin.list_offsets({tp: "latest"})[tp] == 25      # its metadata names the leader now
+        cluster.kill(leader)
+        assert admin.list_offsets({tp: "latest"})[tp] == 25
+        assert [p["last_sequence"] for p in admin.describe_producers([tp])[tp]] == [24]
+        assert describe(admin, "asked")[0]["leader"] not in (leader, -1)
+
+
 def test_preferred_election_puts_leaders_back_after_a_restart(cluster):
     with eos.Admin(bootstrap=cluster.bootstrap) as admin:
         admin.create_topic("pref", partitions=3, replication_factor=3)
