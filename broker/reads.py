@@ -37,7 +37,7 @@ from broker.acl import Operation
 from broker.fetch_sessions import FINAL_EPOCH, INITIAL_EPOCH, report_interval_s
 from broker.quotas import CONSUMER_BYTE_RATE
 from broker.request_gate import gated
-from eos.errors import EosError, ErrorCode, InvalidRequestError, error_code_and_message
+from eos.errors import EosError, ErrorCode, InvalidRequestError, OffsetNotAvailableError, error_code_and_message
 from eos.records.header import offsets_spanned
 from eos.types import TopicPartition
 from eos.v1 import broker_pb2, common_pb2
@@ -454,10 +454,12 @@ class ReadHandlers:
 
     def _list_offset(self, p: broker_pb2.ListOffsetsPartition, isolation: int) -> broker_pb2.ListedOffset:
         try:
+            lagging = None
             if self._replicas is not None:
                 self._replicas.check_leader(p.topic, p.partition)
+                lagging = self._replicas.lagging_high_watermark(p.topic, p.partition)
             partition_log = self._log_for(p.topic, p.partition)
-            timestamp_ms, offset = self._find_offset(partition_log, p.timestamp, isolation)
+            timestamp_ms, offset = self._find_offset(partition_log, p.timestamp, isolation, lagging)
         except Exception as exc:
             code, message = error_code_and_message(exc)
             self._log_partition_error("ListOffsets", p.topic, p.partition, exc)
@@ -467,11 +469,16 @@ class ReadHandlers:
                                        error_code=ErrorCode.NONE, timestamp=timestamp_ms, offset=offset)
 
     @staticmethod
-    def _find_offset(partition_log, timestamp_ms: int, isolation: int) -> tuple[int, int]:
-        """(timestamp, offset) answering one ListOffsets query; (-1, -1) when none matches."""
+    def _find_offset(partition_log, timestamp_ms: int, isolation: int, lagging: str | None = None) -> tuple[int, int]:
+        """(timestamp, offset) answering one ListOffsets query; (-1, -1) when none matches.
+        `lagging` (ReplicaManager.lagging_high_watermark) says why a new leader cannot answer
+        yet: as Kafka's Partition.fetchOffsetForTimestamp, "latest", and a lookup whose match
+        is not below what a reader may see, are then OFFSET_NOT_AVAILABLE (retriable)."""
         committed = isolation == common_pb2.READ_COMMITTED
         if timestamp_ms == EARLIEST_TIMESTAMP:
             return -1, partition_log.log_start_offset
+        if lagging is not None and timestamp_ms == LATEST_TIMESTAMP:
+            raise OffsetNotAvailableError(lagging)
         if timestamp_ms == LATEST_TIMESTAMP:
             # Kafka answers consumers with the high watermark, and with the LSO under
             # read_committed (where such a consumer starts so it skips nothing committed).
@@ -485,13 +492,13 @@ class ReadHandlers:
                 f"-1 (latest), -2 (earliest), -3 (max timestamp)")
         else:
             found = partition_log.offset_for_timestamp(timestamp_ms, isolation_committed=committed)
-        if found is None:
+        if found is None or found[0] >= upper:
+            # Kafka's rule: the first match past what this reader may see is no answer, not
+            # a reason to look for an earlier one -- unless that is only a new leader's lag.
+            if lagging is not None:
+                raise OffsetNotAvailableError(lagging)
             return -1, -1
         offset, found_timestamp_ms = found
-        # Kafka's rule: the first match past what this reader may see is no answer, not
-        # a reason to look for an earlier one.
-        if offset >= upper:
-            return -1, -1
         return found_timestamp_ms, offset
 
 

@@ -97,6 +97,7 @@ class ErrorCode(enum.IntEnum):
     FENCED_LEADER_EPOCH = 74
     UNKNOWN_LEADER_EPOCH = 75
     STALE_BROKER_EPOCH = 77
+    OFFSET_NOT_AVAILABLE = 78
     MEMBER_ID_REQUIRED = 79
     PREFERRED_LEADER_NOT_AVAILABLE = 80
     GROUP_MAX_SIZE_REACHED = 81
@@ -138,6 +139,7 @@ _RETRIABLE = {
     ErrorCode.INVALID_FETCH_SESSION_EPOCH,
     ErrorCode.FENCED_LEADER_EPOCH,              # the client's metadata is older than the leader's
     ErrorCode.UNKNOWN_LEADER_EPOCH,             # the client's metadata is newer than the broker's
+    ErrorCode.OFFSET_NOT_AVAILABLE,             # a new leader's high watermark is not caught up yet
     ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE,
     ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE,
 }
@@ -232,6 +234,7 @@ EligibleLeadersNotAvailableError = _error_class("EligibleLeadersNotAvailableErro
 ElectionNotNeededError = _error_class("ElectionNotNeededError", ErrorCode.ELECTION_NOT_NEEDED)
 InconsistentClusterIdError = _error_class("InconsistentClusterIdError", ErrorCode.INCONSISTENT_CLUSTER_ID)
 StaleBrokerEpochError = _error_class("StaleBrokerEpochError", ErrorCode.STALE_BROKER_EPOCH)
+OffsetNotAvailableError = _error_class("OffsetNotAvailableError", ErrorCode.OFFSET_NOT_AVAILABLE)
 TopicAuthorizationFailedError = _error_class("TopicAuthorizationFailedError", ErrorCode.TOPIC_AUTHORIZATION_FAILED)
 GroupAuthorizationFailedError = _error_class("GroupAuthorizationFailedError", ErrorCode.GROUP_AUTHORIZATION_FAILED)
 ClusterAuthorizationFailedError = _error_class("ClusterAuthorizationFailedError",

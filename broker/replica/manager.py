@@ -325,6 +325,24 @@ class ReplicaManager:
             raise NotLeaderOrFollowerError(f"broker {self.broker_id} is not the leader of {topic}-{partition}")
         _check_epoch(leader.assignment, current_leader_epoch)
 
+    def lagging_high_watermark(self, topic: str, partition: int) -> str | None:
+        """Why this leader cannot answer a client's offset lookup yet, or None. A replica that
+        just became leader keeps the high watermark it had as a follower, which can be behind
+        what the previous leader had committed (the followers learn the HW one fetch late);
+        until its followers fetch again it would answer "latest" with an older offset. Kafka
+        answers OFFSET_NOT_AVAILABLE while the HW is below the epoch's start offset, and the
+        client retries."""
+        leader = self._leaders.get((topic, partition))
+        if leader is None:
+            return None
+        with leader.lock:
+            high_watermark, epoch_start = leader.core.high_watermark, leader.core.epoch_start_offset
+            epoch = leader.core.leader_epoch
+        if high_watermark >= epoch_start:
+            return None
+        return (f"{topic}-{partition}: the high watermark ({high_watermark}) of this leader (epoch {epoch}) is "
+                f"behind the start offset of its epoch ({epoch_start}); retry once its followers have fetched")
+
     def check_min_isr(self, topic: str, partition: int, min_insync_replicas: int) -> None:
         leader = self._leader(topic, partition)
         with leader.lock:

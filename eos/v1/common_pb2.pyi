@@ -75,6 +75,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FENCED_LEADER_EPOCH: _ClassVar[ErrorCode]
     UNKNOWN_LEADER_EPOCH: _ClassVar[ErrorCode]
     STALE_BROKER_EPOCH: _ClassVar[ErrorCode]
+    OFFSET_NOT_AVAILABLE: _ClassVar[ErrorCode]
     MEMBER_ID_REQUIRED: _ClassVar[ErrorCode]
     PREFERRED_LEADER_NOT_AVAILABLE: _ClassVar[ErrorCode]
     GROUP_MAX_SIZE_REACHED: _ClassVar[ErrorCode]
@@ -163,6 +164,7 @@ INVALID_FETCH_SESSION_EPOCH: ErrorCode
 FENCED_LEADER_EPOCH: ErrorCode
 UNKNOWN_LEADER_EPOCH: ErrorCode
 STALE_BROKER_EPOCH: ErrorCode
+OFFSET_NOT_AVAILABLE: ErrorCode
 MEMBER_ID_REQUIRED: ErrorCode
 PREFERRED_LEADER_NOT_AVAILABLE: ErrorCode
 GROUP_MAX_SIZE_REACHED: ErrorCode
