@@ -418,24 +418,24 @@ class Admin:
         """ListOffsets of `partitions` (ListOffsetsPartition), asked of their leaders."""
         return self._ask_leaders(
             partitions,
-            lambda stub, group: self._ask_once("ListOffsets", stub.ListOffsets, broker_pb2.ListOffsetsRequest(
-                isolation_level=level, partitions=group)).partitions,
+            lambda stub, group, timeout_s: self._ask_once("ListOffsets", stub.ListOffsets, broker_pb2.ListOffsetsRequest(
+                isolation_level=level, partitions=group), timeout_s).partitions,
             lambda p, code, message: broker_pb2.ListedOffset(topic=p.topic, partition=p.partition, error_code=code,
                                                              error_message=message, offset=-1, timestamp=-1))
 
-    def _ask_once(self, what: str, method: Callable, request):
+    def _ask_once(self, what: str, method: Callable, request, timeout_s: float):
         """One attempt of a call to a partition's leader, a transport failure raised at once:
         _ask_leaders asks again after a metadata refresh, of whoever leads by then. (Retried
         at the same broker until request.timeout.ms instead, a call to a leader just killed
         spent that whole time on a refused port while the leadership had moved on.)"""
         try:
-            return method(request, timeout=self._request_timeout_ms / 1000)
+            return method(request, timeout=timeout_s)
         except grpc.RpcError as exc:
             raise net.error_from_rpc(exc, what, self._metadata.security) from None
 
     def _ask_leaders(self, items: list, ask: Callable, unanswered: Callable) -> list:
         """Each of `items` (with .topic and .partition) asked of its partition's leader, one
-        request per leader: `ask(stub, items of that leader)` returns their answers (with
+        request per leader: `ask(stub, items of that leader, timeout_s)` returns their answers (with
         .topic, .partition, .error_code). An item whose leader is unknown or unreachable, or
         whose answer is retriable (the leader moved), is asked again after a metadata
         refresh until default.api.timeout.ms; `unanswered(item, code, message)` makes the
@@ -448,7 +448,15 @@ class Admin:
         deadline = time.monotonic() + self._api_timeout_ms / 1000
         attempt = 0
         while True:
-            self._metadata.fetch(topics)
+            try:
+                self._metadata.fetch(topics)
+            except EosError as exc:
+                # a single bootstrap broker restarting, or busy: ridden out until the deadline
+                if not exc.retriable or time.monotonic() >= deadline:
+                    raise
+                attempt += 1
+                time.sleep(self._backoff.delay_ms(attempt) / 1000)
+                continue
             by_leader: dict[int, list] = {}
             for p in pending:
                 info = self._metadata.topic(p.topic)
@@ -465,7 +473,8 @@ class Admin:
                     continue
                 try:
                     # one attempt per round: a dead leader is not retried, the metadata is
-                    answered = ask(stub, group)
+                    answered = ask(stub, group, max(0.001, min(self._request_timeout_ms / 1000,
+                                                               deadline - time.monotonic())))
                 except EosError as exc:
                     if not exc.retriable or time.monotonic() >= deadline:
                         raise
@@ -714,8 +723,9 @@ class Admin:
         # hold no producer state for it (or a follower's).
         answered = self._ask_leaders(
             _tps(partitions),
-            lambda stub, group: self._ask_once("DescribeProducers", stub.DescribeProducers,
-                                               broker_pb2.DescribeProducersRequest(partitions=group)).partitions,
+            lambda stub, group, timeout_s: self._ask_once("DescribeProducers", stub.DescribeProducers,
+                                                          broker_pb2.DescribeProducersRequest(partitions=group),
+                                                          timeout_s).partitions,
             lambda p, code, message: broker_pb2.PartitionProducers(topic=p.topic, partition=p.partition,
                                                                    error_code=code, error_message=message))
         result = {}

@@ -251,10 +251,17 @@ class ReplicaManager:
         from broker.replica.partition import LeaderState
 
         now_ms = self._now_ms()
+        # A LeaderAndIsr sent again at the same epoch (a new controller re-sends them all)
+        # keeps the epoch's start offset, as Kafka does: only a new epoch starts at the log end.
+        current = self._leaders.get(assignment.tp)
+        same_epoch_start = (current.core.epoch_start_offset
+                            if current is not None and current.assignment.leader_epoch == assignment.leader_epoch
+                            else None)
         core = LeaderState(self.broker_id, replicas=assignment.replicas, isr=assignment.isr,
                            leader_epoch=assignment.leader_epoch, zk_version=assignment.zk_version,
                            leader_log_end=partition_log.log_end_offset,
-                           high_watermark=partition_log.high_watermark, now_ms=now_ms)
+                           high_watermark=partition_log.high_watermark, now_ms=now_ms,
+                           epoch_start_offset=same_epoch_start)
         partition_log.leader_epoch_cache.assign(assignment.leader_epoch, partition_log.log_end_offset)
         leader = _Leader(assignment, core)
         self._stop_leading(assignment.tp)
@@ -325,19 +332,20 @@ class ReplicaManager:
             raise NotLeaderOrFollowerError(f"broker {self.broker_id} is not the leader of {topic}-{partition}")
         _check_epoch(leader.assignment, current_leader_epoch)
 
-    def lagging_high_watermark(self, topic: str, partition: int) -> str | None:
+    def lagging_high_watermark(self, topic: str, partition: int, partition_log) -> str | None:
         """Why this leader cannot answer a client's offset lookup yet, or None. A replica that
         just became leader keeps the high watermark it had as a follower, which can be behind
         what the previous leader had committed (the followers learn the HW one fetch late);
         until its followers fetch again it would answer "latest" with an older offset. Kafka
         answers OFFSET_NOT_AVAILABLE while the HW is below the epoch's start offset, and the
-        client retries."""
+        client retries. The HW compared is the log's, the one the answer would carry (the
+        leader state's moves first, and the log's just after, outside the lock)."""
         leader = self._leaders.get((topic, partition))
         if leader is None:
             return None
         with leader.lock:
-            high_watermark, epoch_start = leader.core.high_watermark, leader.core.epoch_start_offset
-            epoch = leader.core.leader_epoch
+            epoch_start, epoch = leader.core.epoch_start_offset, leader.core.leader_epoch
+        high_watermark = partition_log.high_watermark
         if high_watermark >= epoch_start:
             return None
         return (f"{topic}-{partition}: the high watermark ({high_watermark}) of this leader (epoch {epoch}) is "

@@ -52,14 +52,17 @@ def test_offsets_and_producers_asked_of_a_killed_leader_come_from_the_next_one(c
         with eos.Producer(cluster.bootstrap, config={"enable.idempotence": True, "acks": "all"}) as producer:
             producer.send_batch("asked", [b"v%d" % i for i in range(25)]).result(30)
         leader = describe(admin, "asked")[0]["leader"]
-    with eos.Admin(bootstrap=cluster.bootstrap, config={"request.timeout.ms": 120_000,
-                                                        "default.api.timeout.ms": 60_000}) as admin:
-        tp = eos.TopicPartition("asked", 0)
-        assert admin.list_offsets({tp: "latest"})[tp] == 25      # its metadata names the leader now
+    config = {"request.timeout.ms": 120_000, "default.api.timeout.ms": 60_000}
+    tp = eos.TopicPartition("asked", 0)
+    with eos.Admin(bootstrap=cluster.bootstrap, config=config) as offsets_admin, \
+            eos.Admin(bootstrap=cluster.bootstrap, config=config) as producers_admin:
+        # each admin's metadata names the leader now, and each meets it dead first
+        assert offsets_admin.list_offsets({tp: "latest"})[tp] == 25
+        assert [p["last_sequence"] for p in producers_admin.describe_producers([tp])[tp]] == [24]
         cluster.kill(leader)
-        assert admin.list_offsets({tp: "latest"})[tp] == 25
-        assert [p["last_sequence"] for p in admin.describe_producers([tp])[tp]] == [24]
-        assert describe(admin, "asked")[0]["leader"] not in (leader, -1)
+        assert offsets_admin.list_offsets({tp: "latest"})[tp] == 25
+        assert [p["last_sequence"] for p in producers_admin.describe_producers([tp])[tp]] == [24]
+        assert describe(offsets_admin, "asked")[0]["leader"] not in (leader, -1)
 
 
 def test_preferred_election_puts_leaders_back_after_a_restart(cluster):

@@ -55,7 +55,7 @@ def make_leader(log: Log, isr: tuple[int, ...]) -> ReplicaManager:
 def test_a_new_leader_behind_its_epoch_start_refuses_latest_until_its_follower_fetches(tmp_path):
     log = follower_log_with_records(tmp_path, 25)
     manager = make_leader(log, isr=(2, 3))
-    lagging = manager.lagging_high_watermark("t", 0)
+    lagging = manager.lagging_high_watermark("t", 0, log)
     assert lagging is not None and "(0)" in lagging and "(25)" in lagging
     with pytest.raises(OffsetNotAvailableError):
         ReadHandlers._find_offset(log, LATEST_TIMESTAMP, UNCOMMITTED, lagging)
@@ -65,7 +65,7 @@ def test_a_new_leader_behind_its_epoch_start_refuses_latest_until_its_follower_f
     assert reaction_for(ErrorCode.OFFSET_NOT_AVAILABLE) is Reaction.RETRY
 
     manager.on_replica_fetch(3, "t", 0, 25, None, log)   # the follower has everything
-    assert manager.lagging_high_watermark("t", 0) is None
+    assert manager.lagging_high_watermark("t", 0, log) is None
     assert ReadHandlers._find_offset(log, LATEST_TIMESTAMP, UNCOMMITTED, None) == (-1, 25)
     assert ReadHandlers._find_offset(log, 1_010, UNCOMMITTED, None) == (1_010, 10)
 
@@ -73,7 +73,7 @@ def test_a_new_leader_behind_its_epoch_start_refuses_latest_until_its_follower_f
 def test_a_leader_alone_in_its_isr_answers_at_once(tmp_path):
     log = follower_log_with_records(tmp_path, 25)
     manager = make_leader(log, isr=(2,))
-    assert manager.lagging_high_watermark("t", 0) is None
+    assert manager.lagging_high_watermark("t", 0, log) is None
     assert ReadHandlers._find_offset(log, LATEST_TIMESTAMP, UNCOMMITTED, None) == (-1, 25)
 
 
@@ -81,3 +81,25 @@ def test_a_lookup_past_the_end_is_no_answer_when_the_leader_is_not_lagging(tmp_p
     log = follower_log_with_records(tmp_path, 25)
     make_leader(log, isr=(2,))
     assert ReadHandlers._find_offset(log, 99_999, UNCOMMITTED, None) == (-1, -1)
+
+
+def test_a_leader_and_isr_sent_again_at_the_same_epoch_keeps_the_epochs_start(tmp_path):
+    """A new controller sends every LeaderAndIsr again: a leader told its own epoch once more
+    keeps that epoch's start offset (as Kafka does), so a HW behind records appended since
+    does not turn into OFFSET_NOT_AVAILABLE. Only a new epoch starts at the log end."""
+    log = follower_log_with_records(tmp_path, 25)
+    manager = make_leader(log, isr=(2, 3))
+    manager.on_replica_fetch(3, "t", 0, 25, None, log)
+    log.append_as_leader(make_batch(5), 1_000, leader_epoch=1)
+    manager.on_leader_append("t", 0, log)
+    assert (log.log_end_offset, log.high_watermark) == (30, 25)     # the follower has not fetched them yet
+
+    def assign(leader_epoch: int) -> None:
+        assert manager.become_leader_or_follower(1, [PartitionAssignment(
+            topic="t", partition=0, controller_epoch=1, leader=2, leader_epoch=leader_epoch, isr=(2, 3),
+            zk_version=1, replicas=(2, 3))]) == {("t", 0): (ErrorCode.NONE, "")}
+
+    assign(1)
+    assert manager.lagging_high_watermark("t", 0, log) is None
+    assign(2)
+    assert "(30)" in manager.lagging_high_watermark("t", 0, log)
