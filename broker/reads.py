@@ -454,12 +454,11 @@ class ReadHandlers:
 
     def _list_offset(self, p: broker_pb2.ListOffsetsPartition, isolation: int) -> broker_pb2.ListedOffset:
         try:
-            lagging = None
             if self._replicas is not None:
                 self._replicas.check_leader(p.topic, p.partition)
             partition_log = self._log_for(p.topic, p.partition)
-            if self._replicas is not None:
-                lagging = self._replicas.lagging_high_watermark(p.topic, p.partition, partition_log)
+            lagging = (None if self._replicas is None
+                       else self._replicas.lagging_high_watermark(p.topic, p.partition, partition_log))
             timestamp_ms, offset = self._find_offset(partition_log, p.timestamp, isolation, lagging)
         except Exception as exc:
             code, message = error_code_and_message(exc)
