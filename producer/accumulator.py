@@ -20,9 +20,14 @@ The `RecordAccumulator` is what they share, behind one lock held only for list a
   a size check and two list appends. Everything else (a new batch, a switch of sticky
   partition, buffer memory) takes the general path. Only an open batch takes records,
   and an open batch is always the tail of its partition's deque, so a cached batch
-  that is still open is the right one. A record's on_delivery is kept only where it
-  differs from the previous record's (runs of one callback), so the usual producer, which
-  passes the same callback every time, allocates nothing per record for it.
+  that is still open is the right one. produce()'s commonest record (a bytes value and
+  nothing else, from a producer without a partitioner or transaction) has a shorter path
+  still, `append_to_open_tail`: no partition count, no future, one call from produce(),
+  and the general path only when the topic's open batch is missing, full, or holds keys
+  or headers (a record there would have to add its own). A record's on_delivery is
+  kept only where it differs from the previous record's (runs of one callback), so the
+  usual producer, which passes the same callback every time, allocates nothing per
+  record for it.
 - Memory: each new batch reserves max(batch.size, its first record) bytes of
   buffer.memory (a bulk batch: the bytes it is made to hold) until it is delivered or
   failed; the reservation is also the batch's capacity. When the buffer is full, appends
@@ -200,6 +205,31 @@ class RecordAccumulator:
         finally:
             lock.release()
         return RecordFuture(batch, index) if want_future else None
+
+    def append_to_open_tail(self, topic: str, value: bytes, timestamp_ms: int, record_bytes: int,
+                            on_delivery) -> bool:
+        """Producer.produce()'s shortest path: add a keyless, headerless record to the open
+        batch of `topic`'s sticky partition if there is one with room, and say whether it
+        did. False changes nothing: the caller takes the general path (append)."""
+        lock = self.lock
+        lock.acquire()
+        try:
+            batch = self._append_tails.get(topic)
+            if (batch is None or batch.sealed or batch.keys is not None or batch.headers is not None
+                    or batch.size_estimate_bytes + record_bytes > self.batch_size
+                    or self.closing or self.closed):
+                return False
+            batch.values.append(value)
+            batch.timestamps_ms.append(timestamp_ms)
+            batch.size_estimate_bytes += record_bytes
+            if on_delivery is not batch.run_callback:
+                batch.add_record_callback(len(batch.values) - 1, on_delivery)
+            if batch.size_estimate_bytes >= self.batch_size:
+                batch.sealed = True
+                self.wakeup.set()
+            return True
+        finally:
+            lock.release()
 
     def _append_tail_locked(self, topic: str, partition: int | None, partition_count: int,
                             record_bytes: int) -> ProducerBatch:

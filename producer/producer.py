@@ -266,6 +266,9 @@ class Producer:
             client_id=settings["client.id"], batch_bytes_max=self._bulk_batch_bytes, metrics=self._metrics)
         self._close_lock = threading.Lock()
         self._closed = False
+        # produce()'s shortest path is open to this producer (see produce): no
+        # partitioner.class to ask, no transaction to check, not closed.
+        self._plain_appends = self._partitioner is None and self._txn is None
         self._sender.start()
 
     # ---- metadata ------------------------------------------------------------------------
@@ -323,7 +326,17 @@ class Producer:
         exception)` on the sender thread; flush() waits for every record. An error the
         producer can name before sending (too large, topic unknown after max.block.ms,
         buffer full for max.block.ms, the transaction's state) is raised here instead."""
-        if self._closed or self._txn is not None:     # the check without a call when it passes
+        if (key is None and partition is None and headers is None and timestamp_ms is None
+                and value.__class__ is bytes and self._plain_appends):
+            # The commonest record (a bytes value and nothing else, no partitioner, no
+            # transaction): straight into its topic's open sticky batch, if it has room.
+            # The partition count is not looked up: the open batch's partition was chosen
+            # under the count known when it opened, as a record appended then would be.
+            size = RECORD_OVERHEAD_ESTIMATE_BYTES + len(value)
+            if size <= self._record_bytes_max and self._accumulator.append_to_open_tail(
+                    topic, value, _time_ns() // 1_000_000, size, on_delivery):
+                return
+        elif self._closed or self._txn is not None:     # the check without a call when it passes
             self._check_can_send()
         self._append_one(topic, value, key, partition, headers, timestamp_ms, on_delivery, False)
 
@@ -584,6 +597,7 @@ class Producer:
                 return
             self._abort_open_transaction_on_close(timeout)
             self._closed = True
+            self._plain_appends = False
         self._accumulator.begin_close()
         self._sender.join(timeout)
         if self._sender.is_alive():

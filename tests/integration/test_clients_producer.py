@@ -279,6 +279,56 @@ def test_produce_returns_nothing_and_reports_through_on_delivery(broker, admin):
     assert sorted((p, o) for p, o, _ in seen) == sorted(set((p, o) for p, o, _ in seen))   # one offset each
 
 
+def test_produce_of_bare_values_shares_an_open_batch_with_keyed_and_headed_records(broker, admin):
+    """produce()'s shortest path (a bytes value, nothing else) appends to the topic's open
+    sticky batch; a record with headers, or a key under partitioner.ignore.keys, in the same
+    batch must keep every record's own key, headers, order, timestamp and callback."""
+    admin.create_topic("bare", partitions=1)
+    reports: dict[bytes, list] = {}
+
+    def reporter(tag):
+        return lambda md, exc: reports.setdefault(tag, []).append((md.offset, md.timestamp, exc))
+
+    before_ms = time.time_ns() // 1_000_000
+    # One open batch that only flush() sends.
+    with eos.Producer(broker.address, linger_ms=60_000, batch_size=1024 * 1024,
+                      partitioner_ignore_keys=True) as producer:
+        plan = [(b"a0", None, None, "first"), (b"a1", None, None, "first"), (b"h", None, [("n", b"1")], "first"),
+                (b"b0", None, None, "second"), (b"k", b"key", None, "second"), (b"b1", None, None, "first"),
+                (b"b2", None, None, None)]
+        for value, key, headers, tag in plan:
+            producer.produce("bare", value, key=key, headers=headers,
+                             on_delivery=None if tag is None else reporter(tag))
+        producer.flush(WAIT_S)
+        after_ms = time.time_ns() // 1_000_000
+        producer.close()
+        with pytest.raises(ProducerClosedError):
+            producer.produce("bare", b"late")
+    records = sorted(consume_all(broker.address, "bare", 1, len(plan)), key=lambda r: r.offset)
+    assert [(r.value, r.key, r.headers) for r in records] == [(v, k, h or []) for v, k, h, _ in plan]
+    assert all(before_ms <= r.timestamp <= after_ms for r in records)
+    assert [r.timestamp for r in records] == sorted(r.timestamp for r in records)
+    stamps = {r.offset: r.timestamp for r in records}
+    assert sorted(reports) == ["first", "second"]
+    assert [offset for offset, _, _ in reports["first"]] == [0, 1, 2, 5]
+    assert [offset for offset, _, _ in reports["second"]] == [3, 4]
+    assert all(exc is None and stamps[offset] == ts for tag in reports for offset, ts, exc in reports[tag])
+
+
+def test_produce_of_a_transactional_producer_checks_the_transaction(broker, admin):
+    from producer import IllegalStateError
+    admin.create_topic("bare-tx", partitions=1)
+    with eos.Producer(broker.address, transactional_id="bare-tx") as producer:
+        producer.init_transactions()
+        with pytest.raises(IllegalStateError, match="begin_transaction"):
+            producer.produce("bare-tx", b"x")
+        producer.begin_transaction()
+        producer.produce("bare-tx", b"y")
+        producer.commit_transaction()
+    records = consume_all(broker.address, "bare-tx", 1, 1, isolation_level="read_committed")
+    assert [r.value for r in records] == [b"y"]
+
+
 def test_flush_and_close(broker, admin):
     admin.create_topic("fc", partitions=1)
     producer = eos.Producer(broker.address, linger_ms=60_000)   # only flush() sends
