@@ -97,6 +97,10 @@ def worker_spark_home(package: Path, cache_dir: Path) -> Path:
 def _same_interpreter(python: str) -> bool:
     # Paths compared as given, symlinks not followed: a virtualenv's python is a symlink to
     # the base interpreter, which does not see the virtualenv's packages.
+    from spark_sink.worker_fork import launches_this_interpreter
+
+    if launches_this_interpreter(python):
+        return True
     found = shutil.which(python) if python else None
     return found is not None and os.path.abspath(found) == os.path.abspath(sys.executable)
 
@@ -131,7 +135,12 @@ def prepare_python_workers(*, spark_home: bool = True) -> Path | None:
     otherwise), import its installed pyspark (`use_worker_spark_home`)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    return use_worker_spark_home() if spark_home else None
+    home = use_worker_spark_home() if spark_home else None
+    if home is not None:
+        # This interpreter runs the workers: its planner workers can be forks of a warm one.
+        from spark_sink.worker_fork import use_fork_server
+        use_fork_server()
+    return home
 
 
 __all__ = ["home_name", "pip_spark_home", "prepare_python_workers", "use_worker_spark_home", "worker_spark_home"]

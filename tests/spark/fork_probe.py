@@ -1,0 +1,21 @@
+"""A worker module for the fork server's tests: prints what it runs with, as JSON, then
+exits with the code in its arguments, or sleeps ("sleep") until it is signalled."""
+import json
+import os
+import sys
+import time
+
+
+def main() -> int:
+    print(json.dumps({"pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd(), "argv": sys.argv[1:],
+                      "probe": os.environ.get("FORK_PROBE"), "path": sys.path[:2],
+                      "write_through": sys.stdout.write_through, "hash": hash("fork-probe"),
+                      "stdin": sys.stdin.readline().strip() if "stdin" in sys.argv else None}), flush=True)
+    print("to stderr", file=sys.stderr, flush=True)
+    if "sleep" in sys.argv:
+        time.sleep(120)
+    return int(sys.argv[-1]) if sys.argv[-1].isdigit() else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
