@@ -150,7 +150,8 @@ class App:
     def session(self):
         """The SparkSession (made on first use when none was given), with eos registered."""
         if self._spark is None:
-            prepare_python_workers(spark_home="spark.pyspark.python" not in self.spark_config)
+            prepare_python_workers(spark_home="spark.pyspark.python" not in self.spark_config,
+                                   fork_server=self.master.startswith("local"))
             from pyspark.sql import SparkSession
 
             builder = (SparkSession.builder.master(self.master).appName("eos-app")

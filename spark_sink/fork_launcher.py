@@ -15,23 +15,29 @@ site: a few milliseconds), which:
   process's stdin, stdout and stderr (SCM_RIGHTS), so the forked child talks to the JVM's
   pipes directly; then waits for the child's exit status and exits with it. SIGTERM,
   SIGINT and SIGHUP sent to this process (Spark's `destroy()` of a worker) are passed on
-  to the child; if this process is killed outright, the server sees the connection close
-  and kills the child;
+  to the child, except those ignored when it started (they stay ignored in the child, as
+  across an exec); if this process is killed outright, the server sees the connection
+  close and kills the child. If the server dies, the child lives on and this process
+  waits for its end;
 - otherwise (another module, such as `pyspark.daemon`; no server; a refused call):
   `os.execv`s the real interpreter (EOS_SPARK_REAL_PYTHON) with the same arguments, so the
   worker is what it would have been, a few milliseconds later.
 
-The wire: one request, a 4-byte big-endian length and a JSON object {"argv", "cwd", "env"},
-sent with the three descriptors; the server answers JSON lines: {"pid": n} once forked, then
-{"exit": code} (a negative code: killed by that signal) or {"error": "..."} (not forked: the
-launcher falls back to exec).
+The wire: one request, a 4-byte big-endian length and a JSON object {"argv", "cwd", "env",
+"ignored_signals"}, sent with the three descriptors; the server answers JSON lines:
+{"pid": n} once forked, then {"exit": code} (a negative code: killed by that signal), or
+{"error": "..."} (not forked: the launcher falls back to exec). Only that explicit refusal,
+or a failure before the request is sent, falls back: after it, a child may already run on
+the descriptors, and a second worker beside it would be worse than a failed one.
 """
 import json
 import os
+import select
 import signal
 import socket
 import struct
 import sys
+import time
 
 SOCKET_ENV = "EOS_SPARK_FORK_SOCKET"
 MODULES_ENV = "EOS_SPARK_FORK_MODULES"
@@ -70,42 +76,105 @@ def _read_line(sock, buffer):
     return json.loads(line), rest
 
 
+class _Child:
+    """The forked worker as this launcher sees it: signals that arrive before its pid is
+    known are kept and sent once it is; sent through a pidfd where there is one, so a
+    signal can never reach another process that reused the pid."""
+
+    def __init__(self):
+        self.pid = None
+        self.pidfd = None
+        self.pending = []
+
+    def adopt(self, pid):
+        self.pid = pid
+        try:
+            self.pidfd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            self.pidfd = None        # no pidfd here, or it has exited already
+        pending, self.pending = self.pending, []
+        for signum in pending:
+            self.send(signum)
+
+    def send(self, signum):
+        if self.pid is None:
+            self.pending.append(signum)
+            return
+        try:
+            if self.pidfd is not None:
+                signal.pidfd_send_signal(self.pidfd, signum)
+            else:
+                os.kill(self.pid, signum)
+        except OSError:
+            pass       # it has exited: its status is on its way
+
+    def wait_gone(self):
+        """Until the child has exited (the server that would report it is gone)."""
+        if self.pidfd is not None:
+            select.select([self.pidfd], [], [])
+            return
+        while True:
+            try:
+                os.kill(self.pid, 0)
+            except ProcessLookupError:
+                return
+            except OSError:
+                pass
+            time.sleep(0.05)
+
+
 def run_forked(argv, socket_path):
     """Have the server fork the worker; the child's exit code, or None when it was not
-    forked (the caller execs the real interpreter instead)."""
+    forked (the caller execs the real interpreter instead).
+
+    Falling back is safe only while the server cannot have forked: before the request is
+    sent, or on its explicit {"error"}. Once it is sent, a child may be running on these
+    descriptors, so every other failure ends this launcher instead of starting a second
+    worker beside it."""
+    child = _Child()
+    # Signals ignored at start stay ignored (pyspark starts the JVM with SIGINT ignored, so
+    # its workers ignore a terminal's Ctrl-C); the others are handed to the child, kept
+    # until its pid is known.
+    ignored = [signum for signum in FORWARDED_SIGNALS if signal.getsignal(signum) == signal.SIG_IGN]
+    for signum in FORWARDED_SIGNALS:
+        if signum not in ignored:
+            signal.signal(signum, lambda signum, _frame: child.send(signum))
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    request = json.dumps({"argv": list(argv), "cwd": os.getcwd(), "env": dict(os.environ),
+                          "ignored_signals": [int(signum) for signum in ignored]}).encode()
+    message = struct.pack(">I", len(request)) + request
     try:
         sock.settimeout(CONNECT_TIMEOUT_S)
         sock.connect(socket_path)
-        request = json.dumps({"argv": list(argv), "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
-        socket.send_fds(sock, [struct.pack(">I", len(request)) + request], [0, 1, 2])
-        answer, buffer = _read_line(sock, b"")
-    except (OSError, ValueError):
+        sock.settimeout(None)
+        sent = socket.send_fds(sock, [message], [0, 1, 2])
+    except OSError:
         sock.close()
+        return 128 + child.pending[0] if child.pending else None
+    try:
+        sock.sendall(message[sent:])
+        answer, buffer = _read_line(sock, b"")
+    except (OSError, ValueError) as exc:
+        answer, buffer = {"lost": str(exc)}, b""
+    if answer is not None and "error" in answer:
+        sock.close()
+        if child.pending:      # told to end while it asked: end, rather than exec a worker
+            return 128 + child.pending[0]
         return None
     if answer is None or "pid" not in answer:
-        sock.close()
-        return None
-    child = answer["pid"]
-
-    def forward(signum, _frame):
-        try:
-            os.kill(child, signum)
-        except OSError:
-            pass
-
-    for signum in FORWARDED_SIGNALS:
-        signal.signal(signum, forward)
-    sock.settimeout(None)
+        sys.stderr.write(f"eos fork launcher: the fork server ended the call without forking it ({answer})\n")
+        return 1
+    child.adopt(answer["pid"])
     while True:
         try:
             answer, buffer = _read_line(sock, buffer)
-        except InterruptedError:
-            continue
         except (OSError, ValueError):
             answer = None
         if answer is None:
-            return 1          # the server went away: the child is gone with it
+            # The server went away: the worker lives on without it; wait for its end
+            # (its exit status went with the server).
+            child.wait_gone()
+            return 1
         if "exit" in answer:
             code = answer["exit"]
             return 128 - code if code < 0 else code

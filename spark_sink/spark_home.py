@@ -32,6 +32,10 @@ directory; a Spark installation a user chose is left alone), and the workers run
 interpreter (PYSPARK_PYTHON is sys.executable; another interpreter may lack pyspark and
 need the zip). When the directory cannot be made (a read-only cache), Spark runs as it
 would have, with a warning.
+
+`prepare_python_workers()` does this and, for a local master, also starts the fork server
+of Spark's planner workers (`spark_sink/worker_fork.py`), which replaces PYSPARK_PYTHON with
+its launcher: the query's source then starts without an interpreter start.
 """
 from __future__ import annotations
 
@@ -95,12 +99,13 @@ def worker_spark_home(package: Path, cache_dir: Path) -> Path:
 
 
 def _same_interpreter(python: str) -> bool:
-    # Paths compared as given, symlinks not followed: a virtualenv's python is a symlink to
-    # the base interpreter, which does not see the virtualenv's packages.
+    # (Imported here: worker_fork is only needed once a session is being prepared.)
     from spark_sink.worker_fork import launches_this_interpreter
 
     if launches_this_interpreter(python):
-        return True
+        return True      # the fork server's launcher (an earlier prepare_python_workers)
+    # Paths compared as given, symlinks not followed: a virtualenv's python is a symlink to
+    # the base interpreter, which does not see the virtualenv's packages.
     found = shutil.which(python) if python else None
     return found is not None and os.path.abspath(found) == os.path.abspath(sys.executable)
 
@@ -128,17 +133,19 @@ def use_worker_spark_home(cache_dir: Path | None = None) -> Path | None:
     return home
 
 
-def prepare_python_workers(*, spark_home: bool = True) -> Path | None:
+def prepare_python_workers(*, spark_home: bool = True, fork_server: bool = True) -> Path | None:
     """Before a local SparkSession is made: its Python workers run this interpreter (the
     virtualenv's, which has eos; PYSPARK_PYTHON and PYSPARK_DRIVER_PYTHON default to
     sys.executable) and, unless `spark_home` is false (the caller chose the workers' Python
-    otherwise), import its installed pyspark (`use_worker_spark_home`)."""
+    otherwise), import its installed pyspark (`use_worker_spark_home`). Then, unless
+    `fork_server` is false (a master whose executors run on other machines: they could not
+    run a launcher that lives here), Spark's planner workers are forked from a warm
+    interpreter (`spark_sink.worker_fork`; PYSPARK_PYTHON then names its launcher)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     home = use_worker_spark_home() if spark_home else None
-    if home is not None:
-        # This interpreter runs the workers: its planner workers can be forks of a warm one.
-        from spark_sink.worker_fork import use_fork_server
+    if home is not None and fork_server:
+        from spark_sink.worker_fork import use_fork_server    # (imported here: see _same_interpreter)
         use_fork_server()
     return home
 

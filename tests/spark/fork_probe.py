@@ -1,19 +1,26 @@
 """A worker module for the fork server's tests: prints what it runs with, as JSON, then
-exits with the code in its arguments, or sleeps ("sleep") until it is signalled."""
+exits with the code in its arguments ("text": with a message), or sleeps ("sleep") until it
+is signalled. Its atexit handler writes to stderr, as a worker's own handlers would."""
+import atexit
 import json
 import os
+import signal
 import sys
 import time
 
 
-def main() -> int:
+def main():
+    atexit.register(lambda: print("probe atexit ran", file=sys.stderr, flush=True))
     print(json.dumps({"pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd(), "argv": sys.argv[1:],
                       "probe": os.environ.get("FORK_PROBE"), "path": sys.path[:2],
                       "write_through": sys.stdout.write_through, "hash": hash("fork-probe"),
+                      "sigint_ignored": signal.getsignal(signal.SIGINT) == signal.SIG_IGN,
                       "stdin": sys.stdin.readline().strip() if "stdin" in sys.argv else None}), flush=True)
     print("to stderr", file=sys.stderr, flush=True)
     if "sleep" in sys.argv:
         time.sleep(120)
+    if "text" in sys.argv:
+        return "the probe failed on purpose"
     return int(sys.argv[-1]) if sys.argv[-1].isdigit() else 0
 
 

@@ -99,6 +99,7 @@ def test_prepare_python_workers_keeps_a_chosen_interpreter_and_can_leave_spark_h
     monkeypatch.setenv("PYSPARK_PYTHON", "/opt/other/python")
     monkeypatch.delenv("PYSPARK_DRIVER_PYTHON", raising=False)
     monkeypatch.setenv("EOS_CACHE", str(tmp_path))
+    monkeypatch.setenv("EOS_SPARK_FORK_SERVER", "0")    # this test is about SPARK_HOME alone
     assert prepare_python_workers() is None            # another interpreter: Spark's zip stays
     assert os.environ["PYSPARK_PYTHON"] == "/opt/other/python"
     assert os.environ["PYSPARK_DRIVER_PYTHON"] == sys.executable

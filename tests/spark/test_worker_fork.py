@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -21,9 +22,12 @@ PROBE = "tests.spark.fork_probe"
 WAIT_S = 30
 
 
+FORKED = re.compile(r"forked (\d+) for -m ")
+
+
 @pytest.fixture
-def server():
-    started = worker_fork.start_fork_server(modules=PROBE)
+def server(tmp_path):
+    started = worker_fork.start_fork_server(worker_fork.launcher_script(tmp_path / "cache"), modules=PROBE)
     try:
         wait_for(started.socket_path.exists, "the fork server to listen", WAIT_S)
         yield started
@@ -31,7 +35,18 @@ def server():
         started.stop()
 
 
-def launch(server, *args: str, modules: str | None = None, socket_path: str | None = None,
+@pytest.fixture
+def launched():
+    """Every launcher a test starts; killed at the end if a test left one running."""
+    processes: list[subprocess.Popen] = []
+    yield processes
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def launch(launched, server, *args: str, modules: str | None = None, socket_path: str | None = None,
            extra_env: dict | None = None, **popen) -> subprocess.Popen:
     """The launcher as Spark runs it: `<PYSPARK_PYTHON> -m <module> ...`."""
     env = {**os.environ, **worker_fork.launcher_env(server), "FORK_PROBE": "from-the-launcher",
@@ -44,8 +59,10 @@ def launch(server, *args: str, modules: str | None = None, socket_path: str | No
         env[fork_launcher.MODULES_ENV] = modules
     if socket_path is not None:
         env[fork_launcher.SOCKET_ENV] = socket_path
-    return subprocess.Popen([str(server.launcher), "-m", PROBE, *args], cwd=REPO_ROOT, env=env,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)
+    process = subprocess.Popen([str(server.launcher), "-m", PROBE, *args], cwd=REPO_ROOT, env=env,
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)
+    launched.append(process)
+    return process
 
 
 def report_of(process: subprocess.Popen) -> dict:
@@ -60,8 +77,8 @@ def gone(pid: int) -> bool:
     return False
 
 
-def test_a_forked_worker_takes_on_the_launchers_stdio_cwd_environment_and_path(server):
-    process = launch(server, "stdin", "3")
+def test_a_forked_worker_takes_on_the_launchers_stdio_cwd_environment_and_path(launched, server):
+    process = launch(launched, server, "stdin", "3")
     out, err = process.communicate(b"a line for the worker\n", timeout=WAIT_S)
     report = json.loads(out.splitlines()[0])
     assert process.returncode == 3
@@ -73,27 +90,28 @@ def test_a_forked_worker_takes_on_the_launchers_stdio_cwd_environment_and_path(s
     # sys.path as a fresh `python -m` there: cwd, then PYTHONPATH's entries in order
     assert report["path"] == [str(REPO_ROOT), str(REPO_ROOT / "no-such-dir")]
     assert f"forked {report['pid']} for -m {PROBE}" in server.log_path.read_text()
+    assert b"probe atexit ran" in err                    # the worker ends as an interpreter does
 
 
-def test_other_modules_and_a_missing_server_exec_the_real_interpreter(server, tmp_path):
-    for process in (launch(server, "5", modules="pyspark.sql.worker."),
-                    launch(server, "5", socket_path=str(tmp_path / "nobody-listens"))):
+def test_other_modules_and_a_missing_server_exec_the_real_interpreter(launched, server, tmp_path):
+    for process in (launch(launched, server, "5", modules="pyspark.sql.worker."),
+                    launch(launched, server, "5", socket_path=str(tmp_path / "nobody-listens"))):
         out, _ = process.communicate(timeout=WAIT_S)
         report = json.loads(out.splitlines()[0])
         assert process.returncode == 5
         assert report["pid"] == process.pid and report["ppid"] == os.getpid()   # exec'd in place
         assert report["probe"] == "from-the-launcher"
-    assert "forked" not in server.log_path.read_text()
+    assert not FORKED.search(server.log_path.read_text())
 
 
-def test_the_worker_starts_as_a_fresh_interpreter_would_or_is_not_forked(server):
+def test_the_worker_starts_as_a_fresh_interpreter_would_or_is_not_forked(launched, server):
     """PYTHONUNBUFFERED (Spark sets it) is applied to the forked child's stdio; a hash seed
     other than the server's cannot be, so that call runs in a fresh interpreter."""
     reports = {}
     for name, extra in (("unbuffered", {"PYTHONUNBUFFERED": "YES", "PYTHONHASHSEED": "0"}),
                         ("buffered", {"PYTHONUNBUFFERED": None, "PYTHONHASHSEED": "0"}),
                         ("seed", {"PYTHONHASHSEED": "123"})):
-        process = launch(server, "0", extra_env=extra)
+        process = launch(launched, server, "0", extra_env=extra)
         out, _ = process.communicate(timeout=WAIT_S)
         assert process.returncode == 0
         reports[name] = json.loads(out.splitlines()[0])
@@ -107,8 +125,8 @@ def test_the_worker_starts_as_a_fresh_interpreter_would_or_is_not_forked(server)
     assert reports["buffered"]["hash"] == int(fresh.stdout)
 
 
-def test_a_signal_to_the_launcher_reaches_the_worker(server):
-    process = launch(server, "sleep")
+def test_a_signal_to_the_launcher_reaches_the_worker(launched, server):
+    process = launch(launched, server, "sleep")
     report = report_of(process)
     assert report["ppid"] == server.process.pid
     process.send_signal(signal.SIGTERM)
@@ -116,8 +134,8 @@ def test_a_signal_to_the_launcher_reaches_the_worker(server):
     wait_for(lambda: gone(report["pid"]), "the worker to end", WAIT_S)
 
 
-def test_a_killed_launcher_takes_its_worker_down(server):
-    process = launch(server, "sleep")
+def test_a_killed_launcher_takes_its_worker_down(launched, server):
+    process = launch(launched, server, "sleep")
     report = report_of(process)
     process.kill()
     process.wait(timeout=WAIT_S)
@@ -125,8 +143,8 @@ def test_a_killed_launcher_takes_its_worker_down(server):
     assert f"the launcher of {report['pid']} went away" in server.log_path.read_text()
 
 
-def test_the_server_stops_and_cleans_up_when_its_driver_is_gone(server):
-    process = launch(server, "sleep")
+def test_the_server_stops_and_cleans_up_when_its_driver_is_gone(launched, server):
+    process = launch(launched, server, "sleep")
     report = report_of(process)
     server.process.stdin.close()              # what a driver killed outright leaves
     assert server.process.wait(timeout=WAIT_S) == 0
@@ -135,7 +153,47 @@ def test_the_server_stops_and_cleans_up_when_its_driver_is_gone(server):
     assert not server.directory.exists()
 
 
-def test_a_malformed_call_is_refused_and_the_server_goes_on(server):
+def test_a_message_exit_and_an_ignored_sigint_are_as_in_a_fresh_interpreter(launched, server):
+    """sys.exit("text") prints it and exits 1; SIGINT ignored where Spark starts its workers
+    (pyspark starts the JVM with it ignored) stays ignored in the forked child."""
+    process = launch(launched, server, "text")
+    out, err = process.communicate(timeout=WAIT_S)
+    assert process.returncode == 1 and b"the probe failed on purpose" in err
+    assert json.loads(out.splitlines()[0])["ppid"] == server.process.pid
+    process = launch(launched, server, "0", preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    report = report_of(process)
+    assert report["ppid"] == server.process.pid and report["sigint_ignored"]
+    assert process.wait(timeout=WAIT_S) == 0
+    assert not report_of(launch(launched, server, "0"))["sigint_ignored"]
+
+
+def test_workers_outlive_a_dead_server_and_later_ones_start_fresh(launched, server):
+    running = launch(launched, server, "sleep")
+    report = report_of(running)
+    server.process.kill()                         # not its driver's end: the server itself
+    server.process.wait(timeout=WAIT_S)
+    assert not gone(report["pid"])                # the worker goes on
+    os.kill(report["pid"], signal.SIGTERM)
+    assert running.wait(timeout=WAIT_S) == 1      # its launcher waited for its end
+    later = launch(launched, server, "4")        # the launcher is still there; nobody forks
+    out, _ = later.communicate(timeout=WAIT_S)
+    assert later.returncode == 4 and json.loads(out.splitlines()[0])["ppid"] == os.getpid()
+
+
+def test_the_directory_of_a_server_killed_with_its_driver_is_removed_by_the_next(server):
+    server.process.kill()                    # kill -9 of the whole process tree
+    server.process.wait(timeout=WAIT_S)
+    assert server.directory.exists()         # nobody was left to remove it
+    live = worker_fork.start_fork_server(server.launcher, modules=PROBE)     # sweeps first
+    try:
+        assert not server.directory.exists()
+        assert live.directory not in worker_fork.remove_abandoned_directories()
+        assert live.directory.exists()
+    finally:
+        live.stop()
+
+
+def test_a_malformed_call_is_refused_and_the_server_goes_on(launched, server):
     import socket
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.connect(str(server.socket_path))
@@ -143,7 +201,7 @@ def test_a_malformed_call_is_refused_and_the_server_goes_on(server):
         socket.send_fds(sock, [len(body).to_bytes(4, "big") + body], [0, 1, 2])
         answer = json.loads(sock.makefile("rb").readline())
     assert "error" in answer and "malformed" in answer["error"]
-    process = launch(server, "0")
+    process = launch(launched, server, "0")
     assert report_of(process)["ppid"] == server.process.pid
     assert process.wait(timeout=WAIT_S) == 0
 
@@ -151,7 +209,7 @@ def test_a_malformed_call_is_refused_and_the_server_goes_on(server):
 def test_a_streaming_querys_source_runner_is_forked_by_the_sessions_server(spark, eos_broker, admin, tmp_path):
     """The session (tests/spark/conftest.py) was made after prepare_python_workers(): Spark
     launches its planner workers through the server, and the query reads what it should."""
-    started = worker_fork.use_fork_server()
+    started = worker_fork._started
     assert started is not None and os.environ["PYSPARK_PYTHON"] == str(started.launcher)
     before = started.log_path.read_text().count("python_streaming_source_runner")
     admin.create_topic("forked-runner", partitions=2)
