@@ -39,11 +39,12 @@ from typing import Callable
 import grpc
 
 from eos import net, scram
+from eos.admin_arguments import (config_strings, isolation_level_code, quota_entity_text, quota_entity_to_proto,
+                                 topic_spec, tps)
 from eos.acl import AclBinding, AclFilter, Operation, binding_from_proto, binding_to_proto, filter_to_proto
 from eos.errors import EosError, ErrorCode, Reaction, error_for, reaction_for
 from eos.types import TopicPartition
 from eos.v1 import broker_pb2, cluster_pb2, cluster_pb2_grpc, common_pb2, group_pb2, group_pb2_grpc, txn_pb2
-from eos.v1.common_pb2 import IsolationLevel
 
 ADMIN_CONFIG: dict[str, net.ConfigSpec] = {
     "bootstrap.servers": net.ConfigSpec(None, net.as_optional_str),
@@ -62,50 +63,6 @@ _LIVE_TXN_STATES = ("Ongoing", "PrepareCommit", "PrepareAbort")
 # KIP-430: the value of cluster_authorized_operations when the broker was not asked (or is
 # too old to know the field, in which case it answers 0: nothing allowed, the safe reading).
 _AUTHORIZED_OPERATIONS_OMITTED = -2**31
-
-
-def _isolation_level(isolation_level: str) -> int:
-    if isolation_level not in ("read_uncommitted", "read_committed"):
-        raise ValueError(f"isolation_level must be read_uncommitted or read_committed, got {isolation_level!r}")
-    return (IsolationLevel.READ_COMMITTED if isolation_level == "read_committed"
-            else IsolationLevel.READ_UNCOMMITTED)
-
-
-def _tps(partitions) -> list[common_pb2.TopicPartition]:
-    return [common_pb2.TopicPartition(topic=tp[0], partition=tp[1]) for tp in partitions]
-
-
-def _topic_spec(item) -> tuple[str, int, int, dict]:
-    """(name, partitions, replication factor, configs) from a name, a tuple or a dict."""
-    if isinstance(item, str):
-        return item, 1, 1, {}
-    if isinstance(item, dict):
-        unknown = set(item) - {"name", "partitions", "replication_factor", "config", "assignments"}
-        if unknown:
-            raise ValueError(f"unknown topic spec keys {sorted(unknown)}: expected name, partitions, "
-                             f"replication_factor, config, assignments")
-        if item.get("assignments"):
-            # a manual assignment fixes both counts (kafka-topics --replica-assignment)
-            assignments = item["assignments"]
-            return item["name"], len(assignments), len(next(iter(assignments.values()))), item.get("config") or {}
-        return (item["name"], item.get("partitions", 1), item.get("replication_factor", 1),
-                item.get("config") or {})
-    if isinstance(item, (tuple, list)) and 1 <= len(item) <= 4:
-        name, partitions, replication_factor, config = (list(item) + [1, 1, {}][len(item) - 1:])[:4]
-        return name, partitions, replication_factor, config or {}
-    raise TypeError(f"a topic spec is a name, a dict or a (name, partitions, replication_factor, "
-                    f"config) tuple; got {item!r}")
-
-
-def _config_strings(config: dict | None) -> dict[str, str]:
-    out = {}
-    for key, value in (config or {}).items():
-        if not isinstance(key, str):
-            raise TypeError(f"topic config names are strings, got {key!r}")
-        if isinstance(value, bool):
-            value = "true" if value else "false"
-        out[key] = str(value)
-    return out
 
 
 class Admin:
@@ -183,7 +140,7 @@ class Admin:
         naming every topic that failed; the others are created."""
         new_topics = []
         for item in topics:
-            name, partitions, replication_factor, config = _topic_spec(item)
+            name, partitions, replication_factor, config = topic_spec(item)
             assignments = item.get("assignments") if isinstance(item, dict) else None
             if not isinstance(name, str):
                 raise TypeError(f"topic name must be a str, got {name!r}")
@@ -197,7 +154,7 @@ class Admin:
                                           f"broker default), got {number}")
             new_topic = broker_pb2.NewTopic(
                 name=name, num_partitions=partitions, replication_factor=replication_factor,
-                configs=_config_strings(config))
+                configs=config_strings(config))
             for partition, brokers in sorted((assignments or {}).items()):
                 new_topic.assignments.add(partition=int(partition), broker_ids=[int(b) for b in brokers])
             new_topics.append(new_topic)
@@ -356,7 +313,7 @@ class Admin:
             raise ValueError(f"election_type must be 'preferred' or 'unclean', got {election_type!r}")
         request = cluster_pb2.ElectLeadersRequest(
             election_type=cluster_pb2.UNCLEAN if election_type == "unclean" else cluster_pb2.PREFERRED,
-            all_partitions=partitions is None, partitions=[] if partitions is None else _tps(partitions))
+            all_partitions=partitions is None, partitions=[] if partitions is None else tps(partitions))
         return self._partition_results(self._controller_call("ElectLeaders", "ElectLeaders", request),
                                        "leader election for")
 
@@ -374,7 +331,7 @@ class Admin:
 
     def list_partition_reassignments(self, partitions=None) -> dict[TopicPartition, dict]:
         """Ongoing reassignments: {tp: {"replicas", "adding", "removing"}}."""
-        request = cluster_pb2.ListPartitionReassignmentsRequest(partitions=_tps(partitions or ()))
+        request = cluster_pb2.ListPartitionReassignmentsRequest(partitions=tps(partitions or ()))
         response = self._controller_call("ListPartitionReassignments", "ListPartitionReassignments", request)
         if response.error_code != ErrorCode.NONE:
             raise error_for(response.error_code, response.error_message)
@@ -390,7 +347,7 @@ class Admin:
         "latest" is the high watermark (the last stable offset under read_committed); a
         timestamp gives the earliest offset whose timestamp is >= it, or -1 if none is.
         """
-        level = _isolation_level(isolation_level)
+        level = isolation_level_code(isolation_level)
         partitions = []
         for tp, spec in specs.items():
             topic, partition = tp
@@ -506,7 +463,7 @@ class Admin:
         if not partitions:
             return {}
         listed_offsets = self._list_offsets_at_leaders(
-            _isolation_level(isolation_level),
+            isolation_level_code(isolation_level),
             [broker_pb2.ListOffsetsPartition(topic=tp.topic, partition=tp.partition, timestamp=-1)
              for tp in partitions])
         result: dict[TopicPartition, int | None] = dict.fromkeys(partitions)
@@ -594,7 +551,7 @@ class Admin:
         the group's, or those of `partitions`). With `require_stable`, a partition whose
         transactional commit is still pending is waited for (UNSTABLE_OFFSET_COMMIT retried)."""
         stub = self._group_coordinator(group_id)
-        wanted = _tps(partitions or [])
+        wanted = tps(partitions or [])
 
         def unstable_or_group_code(r):
             if r.error_code != ErrorCode.NONE:
@@ -621,7 +578,7 @@ class Admin:
         "current_offset" (None: no commit), "log_end_offset" (the LSO under read_committed;
         None if unknown), "lag" (None without both), "member_id", "group_instance_id", "host",
         "client_id" (None for a partition no member owns)}."""
-        _isolation_level(isolation_level)
+        isolation_level_code(isolation_level)
         try:
             description = self.describe_group(group_id)
             exists = True
@@ -722,7 +679,7 @@ class Admin:
         # Kafka sends DescribeProducers to each partition's leader: on a cluster the others
         # hold no producer state for it (or a follower's).
         answered = self._ask_leaders(
-            _tps(partitions),
+            tps(partitions),
             lambda stub, group, timeout_s: self._ask_once("DescribeProducers", stub.DescribeProducers,
                                                           broker_pb2.DescribeProducersRequest(partitions=group),
                                                           timeout_s).partitions,
@@ -876,7 +833,7 @@ class Admin:
         are applied, or none (the first refusal raises)."""
         from eos.v1 import security_pb2
         entries = [security_pb2.QuotaAlteration(
-            entity=_quota_entity_to_proto(entity),
+            entity=quota_entity_to_proto(entity),
             ops=[security_pb2.QuotaOp(key=key, remove=True) if value is None
                  else security_pb2.QuotaOp(key=key, value=float(value)) for key, value in changes.items()])
             for entity, changes in alterations]
@@ -885,7 +842,7 @@ class Admin:
                               stub=self._security_stub)
         # the refused entry first: the others only say they were not attempted because of it
         for result in sorted(response.results, key=lambda r: r.error_code == ErrorCode.OPERATION_NOT_ATTEMPTED):
-            _raise_if_error(result, f"cannot alter the client quotas of {_quota_entity_text(result.entity)}")
+            _raise_if_error(result, f"cannot alter the client quotas of {quota_entity_text(result.entity)}")
 
     def describe_client_quotas(self) -> list[tuple[dict, dict[str, float]]]:
         """Every entity with quotas: [({"user": ..., "client-id": ...}, {key: value})], the
@@ -905,19 +862,6 @@ class Admin:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
-
-
-def _quota_entity_to_proto(entity: dict) -> list:
-    from eos.v1 import security_pb2
-    unknown = sorted(set(entity) - {"user", "client-id"})
-    if unknown or not entity:
-        raise ValueError(f"a quota entity is {{'user': ..., 'client-id': ...}} (None for the default), got {entity!r}")
-    return [security_pb2.QuotaEntityComponent(entity_type=kind, name=name or "", is_default=name is None)
-            for kind, name in entity.items()]
-
-
-def _quota_entity_text(components) -> str:
-    return ", ".join(f"{c.entity_type}={'<default>' if c.is_default else c.name}" for c in components)
 
 
 def _raise_if_error(answer, what: str) -> None:

@@ -51,6 +51,8 @@ from eos.client_metrics import ProducerMetrics
 from eos.errors import EosError, ErrorCode, MessageTooLargeError, Reaction
 from eos.v1 import common_pb2, group_pb2, txn_pb2
 from producer.accumulator import BufferExhaustedError, ProducerClosedError, RecordAccumulator
+from producer.arguments import (as_bytes, check_headers, group_fields, normalise_many, offsets_to_commit,
+                                participant_partitions)
 from producer.batch import (
     RECORD_OVERHEAD_ESTIMATE_BYTES,
     RecordFuture,
@@ -106,46 +108,10 @@ def _metrics_client_id(settings: dict) -> str:
     return f"producer-{next(_client_numbers)}"
 
 
-def _as_bytes(what: str, data):
-    """The bytes of a key or value (str is encoded as UTF-8); TypeError for anything else."""
-    if data is None or type(data) is bytes:
-        return data
-    if isinstance(data, (bytearray, memoryview)):
-        return bytes(data)
-    if isinstance(data, str):
-        return data.encode("utf-8")
-    raise TypeError(f"{what} must be bytes, bytearray, str or None, got {type(data).__name__}")
-
-
-def _check_headers(headers) -> list | None:
-    if not headers:
-        return None
-    items = headers.items() if isinstance(headers, dict) else headers
-    checked = []
-    for item in items:
-        try:
-            hkey, hvalue = item
-        except (TypeError, ValueError):
-            raise TypeError(f"headers must be (str, bytes | None) pairs, got {item!r}") from None
-        if not isinstance(hkey, str):
-            raise TypeError(f"header key must be str, got {type(hkey).__name__}")
-        checked.append((hkey, _as_bytes(f"header {hkey!r} value", hvalue)))
-    return checked
-
-
 def _failed_future(error: BaseException) -> Future:
     future: Future = Future()
     future.set_exception(error)
     return future
-
-
-def _normalise_many(what: str, items: Sequence) -> list:
-    """A list of bytes-or-None from a sequence, converting only when needed."""
-    items = items if isinstance(items, list) else list(items)
-    kinds = set(map(type, items))
-    if kinds <= {bytes, type(None)}:
-        return items
-    return [_as_bytes(what, item) for item in items]
 
 
 def _positions_by_partition(partitions) -> list[tuple[int | None, list[int]]]:
@@ -354,11 +320,11 @@ class Producer:
         # the fewest lookups and calls in the common case (bytes value, no key, headers,
         # partition or timestamp); the general cases branch off it.
         if value.__class__ is not bytes and value is not None:
-            value = _as_bytes("value", value)
+            value = as_bytes("value", value)
         if key is not None and key.__class__ is not bytes:
-            key = _as_bytes("key", key)
+            key = as_bytes("key", key)
         if headers is not None:
-            headers = _check_headers(headers)
+            headers = check_headers(headers)
         if timestamp_ms is None:
             timestamp_ms = _time_ns() // 1_000_000
         elif isinstance(timestamp_ms, bool) or not isinstance(timestamp_ms, int) or timestamp_ms < 0:
@@ -391,9 +357,9 @@ class Producer:
         on as if it had named it."""
         if partition is None:
             if value.__class__ is not bytes and value is not None:
-                value = _as_bytes("value", value)
+                value = as_bytes("value", value)
             if key is not None and key.__class__ is not bytes:
-                key = _as_bytes("key", key)
+                key = as_bytes("key", key)
             count = self._metadata.partition_count(topic)
             if count is None:
                 count = self._partition_count(topic)
@@ -452,10 +418,10 @@ class Producer:
         if self._txn is not None:
             with self._txn_lock:
                 self._txn.check_send()
-        values = _normalise_many("value", values)
+        values = normalise_many("value", values)
         count = len(values)
         if keys is not None:
-            keys = _normalise_many("key", keys)
+            keys = normalise_many("key", keys)
             if len(keys) != count:
                 raise ValueError(f"keys has {len(keys)} items for {count} values")
         single_timestamp_ms = -1
@@ -474,7 +440,7 @@ class Producer:
             if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in timestamps):
                 raise ValueError("timestamps_ms must hold non-negative ints")
         if headers is not None:
-            headers = [_check_headers(h) for h in headers]
+            headers = [check_headers(h) for h in headers]
             if len(headers) != count:
                 raise ValueError(f"headers has {len(headers)} items for {count} values")
         future: Future = Future()
@@ -685,7 +651,7 @@ class Producer:
         pairs) are registered by that same request, so their first batches need no
         AddPartitionsToTxn round trip."""
         txn = self._transactions("init_transactions()")
-        registered = _participant_partitions(partitions, self._participant_of is not None)
+        registered = participant_partitions(partitions, self._participant_of is not None)
         with self._txn_lock:
             txn.begin_init()
         deadline_ms = self._deadline_ms(timeout)
@@ -733,8 +699,8 @@ class Producer:
         Sends AddOffsetsToTxn to the transaction coordinator, then TxnOffsetCommit to the
         group coordinator."""
         txn = self._transactions("send_offsets_to_transaction()")
-        group_id, generation_id, member_id, instance_id = _group_fields(group_metadata)
-        to_commit = _offsets_to_commit(offsets)
+        group_id, generation_id, member_id, instance_id = group_fields(group_metadata)
+        to_commit = offsets_to_commit(offsets)
         with self._txn_lock:
             txn.check_send_offsets()
             txn.offsets_added()
@@ -916,7 +882,7 @@ class Producer:
         followed by init_transactions(partitions=...)."""
         # Bad input is refused before anything starts; the checked list is what is passed on
         # (`partitions` may be a one-shot iterator).
-        checked_partitions = _participant_partitions(partitions, True)
+        checked_partitions = participant_partitions(partitions, True)
         producer = cls(bootstrap, config=config, participant_of=(owner_producer_id, owner_producer_epoch),
                        transactional_id=transactional_id, **kwargs)
         try:
@@ -955,73 +921,3 @@ class Producer:
         """The transactional state's name (UNINITIALIZED, READY, IN_TRANSACTION, ...), or
         None for a producer without transactional.id."""
         return None if self._txn is None else self._txn.state.name
-
-
-def _participant_partitions(partitions, participant: bool) -> list[tuple[str, int]]:
-    """init_transactions(partitions=...) checked: sorted distinct (topic, partition) pairs;
-    only a participant may name any."""
-    if partitions is None:
-        return []
-    if not participant:
-        raise ValueError("partitions are registered at initialisation only for a participant "
-                         "(Producer.participant or participant_of=)")
-    if isinstance(partitions, (str, bytes)):
-        raise TypeError(f"partitions must be (topic, partition) pairs, got {partitions!r}")
-    checked = set()
-    for tp in partitions:
-        try:
-            topic, partition = tp
-        except (TypeError, ValueError):
-            raise TypeError(f"partitions must be (topic, partition) pairs, got {tp!r}") from None
-        if (not isinstance(topic, str) or not topic or isinstance(partition, bool)
-                or not isinstance(partition, int) or partition < 0):
-            raise ValueError(f"partition {tp!r} is not a (topic, partition >= 0)")
-        checked.add((topic, partition))
-    return sorted(checked)
-
-
-def _group_fields(group_metadata) -> tuple[str, int, str, str]:
-    """(group id, generation id, member id, group instance id) of a consumer's group
-    metadata, or of a plain group id (generation -1: no generation check)."""
-    if isinstance(group_metadata, str):
-        if not group_metadata:
-            raise ValueError("the group id must not be empty")
-        return group_metadata, -1, "", ""
-    try:
-        group_id = group_metadata.group_id
-        generation_id = group_metadata.generation_id
-        member_id = group_metadata.member_id
-        instance_id = group_metadata.group_instance_id
-    except AttributeError:
-        raise TypeError(f"group_metadata must be the consumer's group_metadata() (group_id, generation_id, "
-                        f"member_id, group_instance_id) or a group id str, got {group_metadata!r}") from None
-    if not isinstance(group_id, str) or not group_id:
-        raise ValueError(f"group_metadata.group_id must be a non-empty str, got {group_id!r}")
-    if isinstance(generation_id, bool) or not isinstance(generation_id, int):
-        raise TypeError(f"group_metadata.generation_id must be an int, got {generation_id!r}")
-    return group_id, generation_id, member_id or "", instance_id or ""
-
-
-def _offsets_to_commit(offsets) -> list:
-    """OffsetToCommit messages, checked before anything is sent."""
-    if not isinstance(offsets, dict):
-        raise TypeError(f"offsets must be a dict of TopicPartition -> offset, got {type(offsets).__name__}")
-    out = []
-    for tp, value in offsets.items():
-        try:
-            topic, partition = tp
-        except (TypeError, ValueError):
-            raise TypeError(f"offsets keys must be TopicPartition(topic, partition), got {tp!r}") from None
-        metadata = ""
-        offset = value
-        if not isinstance(value, int):
-            offset = getattr(value, "offset", None)
-            metadata = getattr(value, "metadata", "") or ""
-        if (not isinstance(topic, str) or not topic or isinstance(partition, bool) or not isinstance(partition, int)
-                or partition < 0):
-            raise ValueError(f"offsets key {tp!r} is not a (topic, partition >= 0)")
-        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-            raise ValueError(f"offset for {topic}-{partition} must be an int >= 0, got {value!r}")
-        out.append(group_pb2.OffsetToCommit(topic=topic, partition=partition, offset=offset, leader_epoch=-1,
-                                            metadata=metadata))
-    return out

@@ -146,6 +146,8 @@ def launcher_script(cache_dir: Path) -> Path:
     if path.is_file() and os.access(path, os.X_OK):
         return path
     directory.mkdir(parents=True, exist_ok=True)
+    # A staging file of its own, not eos.files.write_file_atomically's fixed "<path>.tmp":
+    # two drivers starting at once (test processes) would unlink each other's.
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", dir=directory)
     staging = Path(name)
     try:
