@@ -23,6 +23,7 @@ CorruptRecordError naming what is wrong.
 """
 from __future__ import annotations
 
+import functools
 import struct
 from collections import defaultdict
 
@@ -157,8 +158,11 @@ def partition_for(key: str, partition_count: int = 50) -> int:
     return (0 if h == -(1 << 31) else abs(h)) % partition_count
 
 
+@functools.lru_cache(maxsize=16384)
 def java_string_hash(text: str) -> int:
-    """Java's String.hashCode over UTF-16 code units, as a signed 32-bit int."""
+    """Java's String.hashCode over UTF-16 code units, as a signed 32-bit int. Cached: the
+    coordinators ask it for the same few ids on every request (a loop over the characters
+    in Python costs microseconds), and the cache is bounded."""
     raw = text.encode("utf-16-be")
     h = 0
     for i in range(0, len(raw), 2):
