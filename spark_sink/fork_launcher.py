@@ -23,19 +23,26 @@ site: a few milliseconds), which:
   `os.execv`s the real interpreter (EOS_SPARK_REAL_PYTHON) with the same arguments, so the
   worker is what it would have been, a few milliseconds later.
 
-The wire: one request, a 4-byte big-endian length and a JSON object {"argv", "cwd", "env",
-"ignored_signals"}, sent with the three descriptors; the server answers JSON lines:
-{"pid": n} once forked, then {"exit": code} (a negative code: killed by that signal), or
-{"error": "..."} (not forked: the launcher falls back to exec). Only that explicit refusal,
-or a failure before the request is sent, falls back: after it, a child may already run on
-the descriptors, and a second worker beside it would be worse than a failed one.
+The wire: frames of a 4-byte big-endian length and a `marshal`led dict (both ends are this
+interpreter: the launcher script names it). One request {"argv", "cwd", "env",
+"ignored_signals"}, sent with the three descriptors; the server answers {"pid": n} once
+forked, then {"exit": code} (a negative code: killed by that signal), or {"error": "..."}
+(not forked: the launcher falls back to exec). Only that explicit refusal, or a failure
+before the request is sent, falls back: after it, a child may already run on the
+descriptors, and a second worker beside it would be worse than a failed one.
+
+Every query's start waits for this process, so it imports no Python module beyond what
+the interpreter loads to start: `json` (with `re` and `enum`) and `socket`, `signal` and
+`struct` (their Python layers import `enum`, `selectors`, ...) cost 20 ms here, twice the
+interpreter's own start. It uses the C modules under them (`_socket`, `_signal`,
+`_struct`, `select`) and `marshal`, which load in well under a millisecond.
 """
-import json
+import _signal
+import _socket
+import _struct
+import marshal
 import os
 import select
-import signal
-import socket
-import struct
 import sys
 import time
 
@@ -43,7 +50,9 @@ SOCKET_ENV = "EOS_SPARK_FORK_SOCKET"
 MODULES_ENV = "EOS_SPARK_FORK_MODULES"
 REAL_PYTHON_ENV = "EOS_SPARK_REAL_PYTHON"
 CONNECT_TIMEOUT_S = 2.0
-FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+FORWARDED_SIGNALS = (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP)
+FRAME_HEAD = _struct.Struct(">I")      # a frame's length, before its marshalled dict
+FRAME_BYTES_MAX = 1 << 20              # an answer is a few bytes; anything this long is not one
 
 
 def forked_module(argv, modules_text):
@@ -66,14 +75,32 @@ def exec_real_python(argv):
     os.execv(real, [real] + list(argv))
 
 
-def _read_line(sock, buffer):
-    while b"\n" not in buffer:
+def encode_frame(message):
+    body = marshal.dumps(message)
+    return FRAME_HEAD.pack(len(body)) + body
+
+
+def read_frame(sock, buffer):
+    """(the next answer, the bytes after it), or (None, ...) at the end of the connection.
+    ValueError for a frame that is not an answer."""
+    while True:
+        if len(buffer) >= FRAME_HEAD.size:
+            (size,) = FRAME_HEAD.unpack_from(buffer)
+            if size > FRAME_BYTES_MAX:
+                raise ValueError(f"an answer of {size} bytes")
+            end = FRAME_HEAD.size + size
+            if len(buffer) >= end:
+                try:
+                    answer = marshal.loads(buffer[FRAME_HEAD.size:end])
+                except (EOFError, TypeError) as exc:
+                    raise ValueError(f"an unreadable answer: {exc}") from None
+                if not isinstance(answer, dict):
+                    raise ValueError("an answer that is not a dict")
+                return answer, buffer[end:]
         chunk = sock.recv(4096)
         if not chunk:
             return None, buffer
         buffer += chunk
-    line, _, rest = buffer.partition(b"\n")
-    return json.loads(line), rest
 
 
 class _Child:
@@ -102,7 +129,7 @@ class _Child:
             return
         try:
             if self.pidfd is not None:
-                signal.pidfd_send_signal(self.pidfd, signum)
+                _signal.pidfd_send_signal(self.pidfd, signum)
             else:
                 os.kill(self.pid, signum)
         except OSError:
@@ -135,25 +162,25 @@ def run_forked(argv, socket_path):
     # Signals ignored at start stay ignored (pyspark starts the JVM with SIGINT ignored, so
     # its workers ignore a terminal's Ctrl-C); the others are handed to the child, kept
     # until its pid is known.
-    ignored = [signum for signum in FORWARDED_SIGNALS if signal.getsignal(signum) == signal.SIG_IGN]
+    ignored = [signum for signum in FORWARDED_SIGNALS if _signal.getsignal(signum) == _signal.SIG_IGN]
     for signum in FORWARDED_SIGNALS:
         if signum not in ignored:
-            signal.signal(signum, lambda signum, _frame: child.send(signum))
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    request = json.dumps({"argv": list(argv), "cwd": os.getcwd(), "env": dict(os.environ),
-                          "ignored_signals": [int(signum) for signum in ignored]}).encode()
-    message = struct.pack(">I", len(request)) + request
+            _signal.signal(signum, lambda signum, _frame: child.send(signum))
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    message = encode_frame({"argv": list(argv), "cwd": os.getcwd(), "env": dict(os.environ),
+                            "ignored_signals": [int(signum) for signum in ignored]})
     try:
         sock.settimeout(CONNECT_TIMEOUT_S)
         sock.connect(socket_path)
         sock.settimeout(None)
-        sent = socket.send_fds(sock, [message], [0, 1, 2])
+        # stdin, stdout and stderr ride with the first bytes (socket.send_fds, without socket.py)
+        sent = sock.sendmsg([message], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, _struct.pack("3i", 0, 1, 2))])
     except OSError:
         sock.close()
         return 128 + child.pending[0] if child.pending else None
     try:
         sock.sendall(message[sent:])
-        answer, buffer = _read_line(sock, b"")
+        answer, buffer = read_frame(sock, b"")
     except (OSError, ValueError) as exc:
         answer, buffer = {"lost": str(exc)}, b""
     if answer is not None and "error" in answer:
@@ -167,7 +194,7 @@ def run_forked(argv, socket_path):
     child.adopt(answer["pid"])
     while True:
         try:
-            answer, buffer = _read_line(sock, buffer)
+            answer, buffer = read_frame(sock, buffer)
         except (OSError, ValueError):
             answer = None
         if answer is None:

@@ -45,8 +45,8 @@ import atexit
 import gc
 import hashlib
 import importlib
-import json
 import logging
+import marshal
 import os
 import re
 import selectors
@@ -54,7 +54,6 @@ import shlex
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -65,13 +64,23 @@ from spark_sink import fork_launcher
 
 log = logging.getLogger("eos.spark.fork_server")
 
-# What the server imports before it forks anything: the planner workers' modules and the
-# eos source they unpickle.
+# What the server imports before it forks anything: the planner workers' modules, the eos
+# source they unpickle, and what the two import on their first steps. A child must import
+# nothing that is not already here: Spark puts its spark-core jar on the workers'
+# PYTHONPATH, so a module found on sys.path makes zipimport read that jar's directory (6,000
+# entries, 17 ms), and pyspark's invalidate_caches() once the child adds Spark's files
+# directory reads it again. encodings.idna (and stringprep) come from pyspark connecting to
+# "127.0.0.1" (getaddrinfo encodes the host name), eos.admin (with grpc: imported, not
+# initialised, it starts no thread), eos.sasl and secrets from the source's first Admin.
 PRELOADED_MODULES = (
     "pyspark.sql.streaming.python_streaming_source_runner",
     "pyspark.sql.worker.create_data_source",
     "pyspark.sql.worker.plan_data_source_read",
     "spark_sink.source",
+    "encodings.idna",
+    "eos.admin",
+    "eos.sasl",
+    "secrets",
 )
 # The modules whose workers are forked (a trailing dot: every module under that package).
 FORKED_MODULES = "pyspark.sql.streaming.python_streaming_source_runner,pyspark.sql.worker."
@@ -508,20 +517,25 @@ def _receive_request(connection: socket.socket) -> tuple[dict, list[int]]:
     they would keep the JVM's pipes of that worker open)."""
     message, fds, _flags, _addr = socket.recv_fds(connection, 65536, 3)
     try:
-        if len(message) < 4:
+        if len(message) < fork_launcher.FRAME_HEAD.size:
             raise ValueError("a call without its length")
-        size = struct.unpack(">I", message[:4])[0]
+        (size,) = fork_launcher.FRAME_HEAD.unpack_from(message)
         if size > REQUEST_BYTES_MAX:
             raise ValueError(f"a call of {size} bytes")
-        body = bytearray(message[4:])
+        body = bytearray(message[fork_launcher.FRAME_HEAD.size:])
         while len(body) < size:
             chunk = connection.recv(min(65536, size - len(body)))
             if not chunk:
                 raise ValueError("the call ended early")
             body += chunk
-        request = json.loads(bytes(body[:size]))
+        # marshal, not json: the launcher must not pay json's imports (fork_launcher's doc).
+        # The socket is in this server's private directory: only its own user can call.
+        try:
+            request = marshal.loads(bytes(body[:size]))
+        except (EOFError, TypeError) as exc:
+            raise ValueError(f"an unreadable call: {exc}") from None
         if not isinstance(request, dict):
-            raise ValueError("a call that is not a JSON object")
+            raise ValueError("a call that is not a dict")
         return request, list(fds)
     except BaseException:
         for fd in fds:
@@ -531,7 +545,7 @@ def _receive_request(connection: socket.socket) -> tuple[dict, list[int]]:
 
 def _send(connection: socket.socket, answer: dict) -> None:
     try:
-        connection.sendall(json.dumps(answer).encode() + b"\n")
+        connection.sendall(fork_launcher.encode_frame(answer))
     except OSError:
         pass       # the launcher is gone; its child is reaped or killed on its own
 

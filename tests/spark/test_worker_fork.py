@@ -197,13 +197,28 @@ def test_a_malformed_call_is_refused_and_the_server_goes_on(launched, server):
     import socket
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.connect(str(server.socket_path))
-        body = json.dumps({"argv": ["not", "-m"], "cwd": "/", "env": {}}).encode()
-        socket.send_fds(sock, [len(body).to_bytes(4, "big") + body], [0, 1, 2])
-        answer = json.loads(sock.makefile("rb").readline())
+        socket.send_fds(sock, [fork_launcher.encode_frame({"argv": ["not", "-m"], "cwd": "/", "env": {}})],
+                        [0, 1, 2])
+        answer, _ = fork_launcher.read_frame(sock, b"")
     assert "error" in answer and "malformed" in answer["error"]
     process = launch(launched, server, "0")
     assert report_of(process)["ppid"] == server.process.pid
     assert process.wait(timeout=WAIT_S) == 0
+
+
+def test_the_launcher_imports_only_c_modules():
+    """Every query's start waits for the launcher: a Python-level import (json, socket,
+    signal) would add milliseconds to each (fork_launcher's doc)."""
+    launcher_dir = Path(fork_launcher.__file__).resolve().parent
+    probe = ("import sys; before = set(sys.modules); sys.path.insert(0, sys.argv[1]); import fork_launcher; "
+             "print(','.join(sorted(set(sys.modules) - before)))")
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", probe, str(launcher_dir)], capture_output=True,
+                         text=True, timeout=WAIT_S, check=True).stdout.strip()
+    loaded = set(out.split(","))
+    assert "fork_launcher" in loaded
+    os_and_its_parts = {"os", "os.path", "posixpath", "genericpath", "stat", "_stat", "_collections_abc"}
+    c_modules = {"_socket", "_struct", "select", "marshal", "_signal", "time"}
+    assert loaded - {"fork_launcher"} - os_and_its_parts - c_modules == set()
 
 
 def test_a_streaming_querys_source_runner_is_forked_by_the_sessions_server(spark, eos_broker, admin, tmp_path):
