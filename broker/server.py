@@ -594,9 +594,10 @@ class BrokerServer:
         cluster = self._cluster
         own_address = format_host_port(self.host, bound_port)
         own_stub = InProcessBrokerStub(self._servicer)
-        self._txn_link = (BrokerLink(own_address, stub=own_stub) if cluster is None
+        append_own = self._servicer.append_own_records
+        self._txn_link = (BrokerLink(own_address, stub=own_stub, append_own=append_own) if cluster is None
                           else RoutingBrokerLink(own_address, stub=own_stub, own_node_id=self.node_id,
-                                                 security=cluster.security))
+                                                 security=cluster.security, append_own=append_own))
         return TransactionCoordinator(
             self._txn_link, self._producer_ids.next_id, now_ms_fn=self._now_ms,
             state_topic_partitions=self.config.transaction_state_log_num_partitions,

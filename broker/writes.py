@@ -62,7 +62,7 @@ from broker.acl import Operation, ResourceType
 from broker.produce_streams import NOTHING_YET, ProduceStreamSession
 from broker.quotas import PRODUCER_BYTE_RATE
 from broker.request_gate import gated
-from eos.errors import EosError, ErrorCode, error_code_and_message
+from eos.errors import EosError, ErrorCode, error_code_and_message, error_for
 from eos.records.header import BatchHeader, iter_headers
 from eos.types import TopicPartition
 from eos.v1 import broker_pb2
@@ -357,46 +357,75 @@ class WriteHandlers:
                            headers: list[BatchHeader] | None = None,
                            timeout_ms: int = PRODUCE_TIMEOUT_MS_DEFAULT,
                            defer=None) -> broker_pb2.PartitionProduceResult:
-        replicas = self._replicas
-        try:
-            with (replicas.leader_append(p.topic, p.partition) if replicas is not None
-                  else contextlib.nullcontext(0)) as leader_epoch:
-                partition_log = self._log_for(p.topic, p.partition, may_create=replicas is None)
-                min_isr = self._registry.get(p.topic).config.min_insync_replicas
-                if acks == -1:
-                    if replicas is not None:
-                        replicas.check_min_isr(p.topic, p.partition, min_isr)
-                    elif min_isr > 1:
-                        raise EosError(
-                            f"acks=all needs min.insync.replicas={min_isr} in-sync replicas; "
-                            f"{p.topic}-{p.partition} has 1 (single broker)",
-                            ErrorCode.NOT_ENOUGH_REPLICAS)
-                append = partition_log.append_as_leader(p.records, now_ms, headers=headers,
-                                                        leader_epoch=leader_epoch)
-                if replicas is not None and not append.duplicate:
-                    replicas.on_leader_append(p.topic, p.partition, partition_log)
-        except Exception as exc:
-            code, message = error_code_and_message(exc)
-            self._log_partition_error("Produce", p.topic, p.partition, exc)
+        code, message, append, log_start_offset = self._append_partition(
+            p.topic, p.partition, p.records, acks, now_ms, headers, timeout_ms, defer)
+        if code != ErrorCode.NONE:
             return _produce_error(p, code, message)
-        if self.storage_errors.failing and self.storage_errors.recovered(p.topic, p.partition):
-            log.info("Produce %s-%d: writes succeed again after storage errors", p.topic, p.partition)
-        if not append.duplicate:
-            # wakes followers' long polls (they read to the log end) and, on one node, readers
-            self._purgatory.notify(TopicPartition(p.topic, p.partition))
-            if self.traffic is not None:
-                self.traffic.produced(p.topic, len(p.records), append.last_offset - append.first_offset + 1)
-        if replicas is not None:
-            if acks == -1:
-                wait = functools.partial(replicas.wait_for_high_watermark, p.topic, p.partition,
-                                         append.last_offset + 1, timeout_ms, min_isr)
-                if defer is not None:
-                    defer(wait)        # answered in order once the in-sync replicas have it
-                else:
-                    code, message = wait()
-                    if code != ErrorCode.NONE:
-                        return _produce_error(p, code, message)
         return broker_pb2.PartitionProduceResult(
             topic=p.topic, partition=p.partition, error_code=ErrorCode.NONE,
             base_offset=append.first_offset, log_append_time_ms=append.log_append_time_ms,
-            log_start_offset=partition_log.log_start_offset)
+            log_start_offset=log_start_offset)
+
+    def _append_partition(self, topic: str, partition: int, records: bytes, acks: int, now_ms: int,
+                          headers: list[BatchHeader] | None, timeout_ms: int, defer):
+        """One partition of a Produce: the leader's checks and append, then (acks=all on a
+        cluster) the wait for the in-sync replicas, or `defer(wait)` to leave it to the
+        caller. (code, message, LogAppendInfo or None, log start offset)."""
+        replicas = self._replicas
+        try:
+            with (replicas.leader_append(topic, partition) if replicas is not None
+                  else contextlib.nullcontext(0)) as leader_epoch:
+                partition_log = self._log_for(topic, partition, may_create=replicas is None)
+                min_isr = self._registry.get(topic).config.min_insync_replicas
+                if acks == -1:
+                    if replicas is not None:
+                        replicas.check_min_isr(topic, partition, min_isr)
+                    elif min_isr > 1:
+                        raise EosError(
+                            f"acks=all needs min.insync.replicas={min_isr} in-sync replicas; "
+                            f"{topic}-{partition} has 1 (single broker)",
+                            ErrorCode.NOT_ENOUGH_REPLICAS)
+                append = partition_log.append_as_leader(records, now_ms, headers=headers,
+                                                        leader_epoch=leader_epoch)
+                if replicas is not None and not append.duplicate:
+                    replicas.on_leader_append(topic, partition, partition_log)
+        except Exception as exc:
+            code, message = error_code_and_message(exc)
+            self._log_partition_error("Produce", topic, partition, exc)
+            return code, message, None, -1
+        if self.storage_errors.failing and self.storage_errors.recovered(topic, partition):
+            log.info("Produce %s-%d: writes succeed again after storage errors", topic, partition)
+        if not append.duplicate:
+            # wakes followers' long polls (they read to the log end) and, on one node, readers
+            self._purgatory.notify(TopicPartition(topic, partition))
+            if self.traffic is not None:
+                self.traffic.produced(topic, len(records), append.last_offset - append.first_offset + 1)
+        if replicas is not None and acks == -1:
+            wait = functools.partial(replicas.wait_for_high_watermark, topic, partition,
+                                     append.last_offset + 1, timeout_ms, min_isr)
+            if defer is not None:
+                defer(wait)        # answered in order once the in-sync replicas have it
+            else:
+                code, message = wait()
+                if code != ErrorCode.NONE:
+                    return code, message, None, -1
+        return ErrorCode.NONE, "", append, partition_log.log_start_offset
+
+    def append_own_records(self, topic: str, partition: int, records: bytes) -> int:
+        """A coordinator's write to its own log in this broker (the transaction log's state
+        records): what a Produce with acks=all of `records` to that one partition does --
+        the same checks, append and wait for the in-sync replicas, inside the shutdown gate
+        -- without the request around it (its messages, the quota, the ACLs a broker's own
+        write passes anyway): half the cost of that write, paid three times a transaction.
+        Returns the base offset; raises the partition's error as a client's Produce would
+        report it."""
+        if not self._gate.enter():
+            raise EosError("the broker is shutting down", ErrorCode.BROKER_NOT_AVAILABLE)
+        try:
+            code, message, append, _ = self._append_partition(
+                topic, partition, records, -1, self._now_ms(), None, PRODUCE_TIMEOUT_MS_DEFAULT, None)
+        finally:
+            self._gate.exit()
+        if code != ErrorCode.NONE:
+            raise error_for(code, message)
+        return append.first_offset

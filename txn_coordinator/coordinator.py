@@ -82,9 +82,12 @@ class BrokerLink:
     `stub` (optional) is the Broker service of the coordinator's own broker when both run
     in one process: any object with a BrokerStub's methods, such as the broker's
     in-process stub, which hands each request to the handler without a network hop. The
-    coordinator's log always lives on its own broker, so every state write goes there."""
+    coordinator's log always lives on its own broker, so every state write goes there:
+    through `append_own(topic, partition, records) -> base offset` when the broker gives one
+    (its own write path, the checks and acks=all wait of a Produce without the request:
+    three state writes a transaction), else as a Produce."""
 
-    def __init__(self, bootstrap: str, *, stub=None):
+    def __init__(self, bootstrap: str, *, stub=None, append_own: Callable[[str, int, bytes], int] | None = None):
         self._channel = None
         if stub is None:
             self._channel = grpc.insecure_channel(bootstrap, options=[
@@ -92,6 +95,7 @@ class BrokerLink:
                 ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES)])
             stub = broker_pb2_grpc.BrokerStub(self._channel)
         self._stub = stub
+        self._append_own = append_own
 
     def close(self) -> None:
         if self._channel is not None:
@@ -113,6 +117,8 @@ class BrokerLink:
         return partitions
 
     def append(self, topic: str, partition: int, records: bytes) -> int:
+        if self._append_own is not None:
+            return self._append_own(topic, partition, records)
         response = self._stub.Produce(broker_pb2.ProduceRequest(
             acks=-1, timeout_ms=RPC_TIMEOUT_S * 1000,
             partitions=[broker_pb2.PartitionRecords(topic=topic, partition=partition, records=records)]),
@@ -174,8 +180,9 @@ class RoutingBrokerLink(BrokerLink):
     retries it after a metadata refresh. Markers for partitions the coordinator's own
     broker leads (`own_node_id`) go to `stub`, in process when it is the broker's own."""
 
-    def __init__(self, own_address: str, *, stub=None, own_node_id: int | None = None, security=None):
-        super().__init__(own_address, stub=stub)
+    def __init__(self, own_address: str, *, stub=None, own_node_id: int | None = None, security=None,
+                 append_own: Callable[[str, int, bytes], int] | None = None):
+        super().__init__(own_address, stub=stub, append_own=append_own)
         from eos import net
         # `security`: the inter-broker listener's (own_address is on it, so Metadata names
         # every leader on it too).

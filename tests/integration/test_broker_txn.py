@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 
 from eos.errors import ErrorCode, Reaction, reaction_for
 from eos.records.codec import CONTROL_TYPE_ABORT, decode_control_record, decode_records, encode_batch
@@ -380,3 +381,32 @@ def test_hanging_transaction_is_aborted_at_its_timeout(inprocess_broker_factory)
     assert producer.end(commit=True).error_code in FENCED
     assert producer.send("t", 0, [b"after"]).error_code in FENCED
     assert high_watermark(stub, "t", 0) == 3
+
+
+# ---- the coordinator's own writes --------------------------------------------------------------
+
+def test_the_coordinators_own_writes_take_a_produces_checks_and_land_in_its_log(inprocess_broker):
+    """BrokerLink.append in the broker's process goes through append_own_records, not a
+    Produce: the same checks and errors, the record in the state log, and a broker that
+    stops refuses it."""
+    from eos.errors import EosError, InvalidRecordError, UnknownTopicOrPartitionError
+    from txn_coordinator import txn_log
+
+    server = inprocess_broker.server
+    wait_for(lambda: server.txn_coordinator.ready, "the transaction coordinator loaded")
+    append_own = server._servicer.append_own_records
+    state_log = server._log_manager.get_log("__transaction_state", 7)
+    end_before = state_log.log_end_offset
+    record = encode_batch([b"state"], keys=[txn_log.encode_key("an-id")])
+    assert append_own("__transaction_state", 7, record) == end_before
+    assert state_log.log_end_offset == end_before + 1
+    with pytest.raises(InvalidRecordError, match="compacted"):      # a keyless record, as a Produce
+        append_own("__transaction_state", 7, encode_batch([b"no key"]))
+    with pytest.raises(UnknownTopicOrPartitionError):
+        append_own("__transaction_state", 50, record)
+    assert state_log.log_end_offset == end_before + 1
+    assert server._servicer.close_and_drain(5)
+    with pytest.raises(EosError) as refused:
+        append_own("__transaction_state", 7, record)
+    assert refused.value.code == ErrorCode.BROKER_NOT_AVAILABLE
+    assert state_log.log_end_offset == end_before + 1
