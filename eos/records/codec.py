@@ -655,7 +655,14 @@ def encode_batch(values, keys=None, timestamps_ms=None, headers=None, *, compres
                  timestamp_type: int = CREATE_TIME, **build_kwargs) -> bytes:
     """One batch of `values` (see BatchBuilder.append_many and .build for the arguments)."""
     builder = BatchBuilder(compression=compression, timestamp_type=timestamp_type)
-    builder.append_many(values, keys, timestamps_ms, headers)
+    if (len(values) == 1 and (keys is None or len(keys) == 1) and (headers is None or len(headers) == 1)
+            and not hasattr(timestamps_ms, "__len__")):
+        # One record (the coordinators' state records): append() is the short path; the
+        # bulk path's column work costs more than it saves for one.
+        builder.append(values[0], None if keys is None else keys[0], timestamps_ms,
+                       None if headers is None else headers[0])
+    else:
+        builder.append_many(values, keys, timestamps_ms, headers)
     return builder.build(**build_kwargs)
 
 
