@@ -173,20 +173,36 @@ def launcher_script(cache_dir: Path) -> Path:
 def remove_abandoned_directories(parent: Path | None = None) -> list[Path]:
     """Remove the directories of servers that died without removing their own (killed
     outright with their driver, as `kill -9` of a process tree does); returns them. A
-    directory is abandoned when its server's pid (`server.pid`) names no live process."""
+    directory is abandoned when its server's pid (`server.pid`) names no running process."""
     removed = []
     for directory in Path(parent or tempfile.gettempdir()).glob(f"{DIRECTORY_PREFIX}*"):
         try:
             pid = int((directory / PID_NAME).read_text())
-            os.kill(pid, 0)
-            continue               # (a live process: its server, or one that took its pid)
-        except ProcessLookupError:
-            pass
         except (OSError, ValueError):
             continue               # being set up, or not ours to judge
+        if _running(pid):
+            continue               # (its server, or a process that took its pid)
         shutil.rmtree(directory, ignore_errors=True)
         removed.append(directory)
     return removed
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` names a process that has not exited. A zombie has: a server killed
+    with its driver (kill -9 of the tree) passes to pid 1, which may reap it late or never,
+    and until then the pid still answers os.kill(pid, 0)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True                # another user's process (EPERM): alive, not ours
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return True                # no /proc to tell: as os.kill said
+    # "pid (comm) state ...": the state follows the last ")" (comm may hold one)
+    return stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3] != b"Z"
 
 
 def start_fork_server(launcher: Path, modules: str = FORKED_MODULES) -> ForkServerProcess:

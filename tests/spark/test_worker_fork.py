@@ -193,6 +193,25 @@ def test_the_directory_of_a_server_killed_with_its_driver_is_removed_by_the_next
         live.stop()
 
 
+def test_the_directory_of_a_server_left_a_zombie_is_removed_too(tmp_path):
+    """A server killed with its driver passes to pid 1, which may not reap it: its pid still
+    answers os.kill(pid, 0), but it has exited."""
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])      # exits; not waited for yet
+    try:
+        wait_for(lambda: Path(f"/proc/{zombie.pid}/stat").read_bytes().rsplit(b")", 1)[1][1:2] == b"Z",
+                 "the child to exit unreaped", timeout_s=WAIT_S)
+        abandoned = tmp_path / f"{worker_fork.DIRECTORY_PREFIX}zombie"
+        abandoned.mkdir()
+        (abandoned / worker_fork.PID_NAME).write_text(str(zombie.pid))
+        running = tmp_path / f"{worker_fork.DIRECTORY_PREFIX}running"
+        running.mkdir()
+        (running / worker_fork.PID_NAME).write_text(str(os.getpid()))
+        assert worker_fork.remove_abandoned_directories(tmp_path) == [abandoned]
+        assert not abandoned.exists() and running.exists()
+    finally:
+        zombie.wait(timeout=WAIT_S)
+
+
 def test_a_malformed_call_is_refused_and_the_server_goes_on(launched, server):
     import socket
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
