@@ -594,10 +594,11 @@ class BrokerServer:
         cluster = self._cluster
         own_address = format_host_port(self.host, bound_port)
         own_stub = InProcessBrokerStub(self._servicer)
-        append_own = self._servicer.append_own_records
-        self._txn_link = (BrokerLink(own_address, stub=own_stub, append_own=append_own) if cluster is None
+        own_paths = {"append_own": self._servicer.append_own_records,
+                     "write_own_markers": self._servicer.write_own_markers}
+        self._txn_link = (BrokerLink(own_address, stub=own_stub, **own_paths) if cluster is None
                           else RoutingBrokerLink(own_address, stub=own_stub, own_node_id=self.node_id,
-                                                 security=cluster.security, append_own=append_own))
+                                                 security=cluster.security, **own_paths))
         return TransactionCoordinator(
             self._txn_link, self._producer_ids.next_id, now_ms_fn=self._now_ms,
             state_topic_partitions=self.config.transaction_state_log_num_partitions,

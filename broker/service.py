@@ -95,6 +95,14 @@ def _each(items, result_type, code: int, message: str) -> list:
     return [result_type(error_code=code, error_message=message) for _ in items]
 
 
+class _OwnMarker(NamedTuple):
+    """A marker of the embedded coordinator's (write_own_markers), as _write_marker reads one."""
+    producer_id: int
+    producer_epoch: int
+    coordinator_epoch: int
+    committed: bool
+
+
 class BrokerServicer(WriteHandlers, ReadHandlers, broker_pb2_grpc.BrokerServicer):
     """The Broker service of one node. Build with the owners of the state; see module doc."""
 
@@ -435,7 +443,31 @@ class BrokerServicer(WriteHandlers, ReadHandlers, broker_pb2_grpc.BrokerServicer
             broker_pb2.TxnMarkerResult(producer_id=marker.producer_id, partitions=partitions)
             for marker, partitions in zip(request.markers, results)])
 
-    def _write_marker(self, marker: broker_pb2.TxnMarker, tp, now_ms: int):
+    def write_own_markers(self, coordinator_epoch: int, entries) -> dict[tuple[int, TopicPartition], tuple[int, str]]:
+        """The embedded transaction coordinator's markers for partitions this broker leads:
+        what WriteTxnMarkers does with them (each appended, then on a cluster the wait for the
+        in-sync replicas), inside the shutdown gate, without the request and response
+        messages around them (the broker's own call passes the ACL check anyway). `entries`
+        have producer_id, producer_epoch, committed and partitions (TopicPartition);
+        returns {(entry index, partition): (error code, message)}, BROKER_NOT_AVAILABLE for
+        every partition of a broker that stops."""
+        if not self._gate.enter():
+            return {(index, tp): (ErrorCode.BROKER_NOT_AVAILABLE, "the broker is shutting down")
+                    for index, entry in enumerate(entries) for tp in entry.partitions}
+        try:
+            now_ms = self._now_ms()
+            answers = [((index, tp), self._write_marker(
+                _OwnMarker(entry.producer_id, entry.producer_epoch, coordinator_epoch, entry.committed), tp, now_ms))
+                for index, entry in enumerate(entries) for tp in sorted(entry.partitions)]
+            results = {}
+            for key, answer in answers:      # (on a cluster: every marker appended before any wait)
+                result = answer() if callable(answer) else answer
+                results[key] = (result.error_code, result.error_message)
+            return results
+        finally:
+            self._gate.exit()
+
+    def _write_marker(self, marker: broker_pb2.TxnMarker | _OwnMarker, tp, now_ms: int):
         """The partition's answer, or on a cluster a callable that waits for replication and
         returns it."""
         replicas = self._replicas

@@ -85,9 +85,12 @@ class BrokerLink:
     coordinator's log always lives on its own broker, so every state write goes there:
     through `append_own(topic, partition, records) -> base offset` when the broker gives one
     (its own write path, the checks and acks=all wait of a Produce without the request:
-    three state writes a transaction), else as a Produce."""
+    three state writes a transaction), else as a Produce. Likewise the markers of the
+    partitions it leads go through `write_own_markers(coordinator_epoch, entries) ->
+    {(entry index, partition): (code, message)}` when given, else as a WriteTxnMarkers."""
 
-    def __init__(self, bootstrap: str, *, stub=None, append_own: Callable[[str, int, bytes], int] | None = None):
+    def __init__(self, bootstrap: str, *, stub=None, append_own: Callable[[str, int, bytes], int] | None = None,
+                 write_own_markers: Callable[[int, tuple], dict] | None = None):
         self._channel = None
         if stub is None:
             self._channel = grpc.insecure_channel(bootstrap, options=[
@@ -96,6 +99,7 @@ class BrokerLink:
             stub = broker_pb2_grpc.BrokerStub(self._channel)
         self._stub = stub
         self._append_own = append_own
+        self._write_own_markers = write_own_markers
 
     def close(self) -> None:
         if self._channel is not None:
@@ -157,6 +161,8 @@ class BrokerLink:
     def write_markers(self, group: MarkerRequest) -> dict[tuple[int, TopicPartition], tuple[int, str]]:
         """Send every entry of `group` in one WriteTxnMarkersRequest. Returns
         {(entry index, partition): (error code, message)} for the answers received."""
+        if self._write_own_markers is not None:
+            return self._write_own_markers(group.coordinator_epoch, group.entries)
         response = self._stub.WriteTxnMarkers(broker_pb2.WriteTxnMarkersRequest(markers=[
             broker_pb2.TxnMarker(producer_id=entry.producer_id, producer_epoch=entry.producer_epoch,
                                  committed=entry.committed, coordinator_epoch=group.coordinator_epoch,
@@ -181,8 +187,9 @@ class RoutingBrokerLink(BrokerLink):
     broker leads (`own_node_id`) go to `stub`, in process when it is the broker's own."""
 
     def __init__(self, own_address: str, *, stub=None, own_node_id: int | None = None, security=None,
-                 append_own: Callable[[str, int, bytes], int] | None = None):
-        super().__init__(own_address, stub=stub, append_own=append_own)
+                 append_own: Callable[[str, int, bytes], int] | None = None,
+                 write_own_markers: Callable[[int, tuple], dict] | None = None):
+        super().__init__(own_address, stub=stub, append_own=append_own, write_own_markers=write_own_markers)
         from eos import net
         # `security`: the inter-broker listener's (own_address is on it, so Metadata names
         # every leader on it too).
@@ -207,6 +214,12 @@ class RoutingBrokerLink(BrokerLink):
                     continue
                 by_leader.setdefault(leader, []).append((index, dataclasses.replace(entry, partitions=frozenset({tp}))))
         for leader, items in by_leader.items():
+            if leader == self._own_node_id and self._write_own_markers is not None:
+                answered = self._write_own_markers(group.coordinator_epoch, [entry for _, entry in items])
+                for position, (index, entry) in enumerate(items):
+                    for tp in entry.partitions:
+                        results[(index, tp)] = answered[(position, tp)]
+                continue
             stub = self._stub if leader == self._own_node_id else self._metadata.broker_stub(leader)
             if stub is None:
                 for index, entry in items:

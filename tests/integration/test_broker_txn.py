@@ -17,6 +17,7 @@ import pytest
 from eos.errors import ErrorCode, Reaction, reaction_for
 from eos.records.codec import CONTROL_TYPE_ABORT, decode_control_record, decode_records, encode_batch
 from eos.records.header import iter_headers
+from eos.types import TopicPartition
 from eos.v1 import broker_pb2, common_pb2, txn_pb2
 from tests.waits import wait_for
 
@@ -410,3 +411,29 @@ def test_the_coordinators_own_writes_take_a_produces_checks_and_land_in_its_log(
         append_own("__transaction_state", 7, record)
     assert refused.value.code == ErrorCode.BROKER_NOT_AVAILABLE
     assert state_log.log_end_offset == end_before + 1
+
+
+def test_the_coordinators_own_markers_take_write_txn_markers_checks_and_answer_per_partition(inprocess_broker):
+    """BrokerLink.write_markers in the broker's process goes through write_own_markers, not
+    a WriteTxnMarkers: each partition answered as that RPC answers it (written, unknown, a
+    stale epoch), and a stopping broker answers BROKER_NOT_AVAILABLE for each."""
+    from txn_coordinator.state import MarkerEntry
+
+    server = inprocess_broker.server
+    wait_for(lambda: server.txn_coordinator.ready, "the transaction coordinator loaded")
+    create_topic(inprocess_broker.broker_stub(), "marked")
+    write_own = server._servicer.write_own_markers
+    marked, missing = TopicPartition("marked", 0), TopicPartition("never-created", 0)
+    marked_log = server._log_manager.get_log("marked", 0)
+    answers = write_own(3, [MarkerEntry(4242, 1, True, frozenset({marked, missing}))])
+    assert answers[(0, marked)][0] == ErrorCode.NONE
+    assert answers[(0, missing)][0] == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    assert marked_log.log_end_offset == 1
+    [header] = list(iter_headers(marked_log.read(0, 1 << 20).records))
+    assert header.is_control and header.producer_id == 4242 and header.producer_epoch == 1
+    stale = write_own(3, [MarkerEntry(4242, 0, False, frozenset({marked}))])
+    assert stale[(0, marked)][0] == ErrorCode.INVALID_PRODUCER_EPOCH and marked_log.log_end_offset == 1
+    assert server._servicer.close_and_drain(5)
+    closed = write_own(3, [MarkerEntry(4242, 2, True, frozenset({marked}))])
+    assert closed == {(0, marked): (ErrorCode.BROKER_NOT_AVAILABLE, "the broker is shutting down")}
+    assert marked_log.log_end_offset == 1
