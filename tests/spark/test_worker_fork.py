@@ -225,6 +225,17 @@ def test_a_malformed_call_is_refused_and_the_server_goes_on(launched, server):
     assert process.wait(timeout=WAIT_S) == 0
 
 
+def test_a_forked_workers_first_steps_import_nothing(launched, server):
+    """A module looked up on sys.path in a child makes zipimport read the spark-core jar
+    Spark puts there (worker_fork's PRELOADED_MODULES): the runner's first steps find
+    everything preloaded."""
+    process = launch(launched, server, "first-steps", "0")
+    report = report_of(process)
+    assert report["ppid"] == server.process.pid          # forked, not a fresh interpreter
+    assert report["first_steps_imported"] == []
+    assert process.wait(timeout=WAIT_S) == 0
+
+
 def test_the_launcher_imports_only_c_modules():
     """Every query's start waits for the launcher: a Python-level import (json, socket,
     signal) would add milliseconds to each (fork_launcher's doc)."""
