@@ -15,7 +15,8 @@ before the JVM starts) starts this module's server, `python -m spark_sink.worker
 driver's to handle, not the server's). The server imports those modules once, freezes its
 heap (`gc.freeze`: children share its pages and their collections skip them), and listens
 on a Unix socket in its private directory, which it removes when it stops (a server killed
-outright leaves it: the next server's start removes those whose server.pid is dead).
+outright leaves it: the next server's start, or another's stop, removes those whose
+server.pid has exited).
 PYSPARK_PYTHON then names a launcher script in eos's cache, which runs
 `spark_sink/fork_launcher.py`
 (written once per interpreter and checkout, never removed by a server: a session whose
@@ -141,6 +142,9 @@ class ForkServerProcess:
         elif not self.process.stdin.closed:
             self.process.stdin.close()
         shutil.rmtree(self.directory, ignore_errors=True)
+        # and those of servers killed since this one started (a driver killed beside this
+        # one, as the bench's and the demo's kill runs do), rather than at the next start
+        remove_abandoned_directories(self.directory.parent)
 
 
 def launcher_script(cache_dir: Path) -> Path:

@@ -193,6 +193,15 @@ def test_the_directory_of_a_server_killed_with_its_driver_is_removed_by_the_next
         live.stop()
 
 
+def test_a_server_that_stops_removes_the_directory_of_one_killed_meanwhile(server):
+    live = worker_fork.start_fork_server(server.launcher, modules=PROBE)     # swept before the kill
+    server.process.kill()                    # kill -9 of another driver's tree
+    server.process.wait(timeout=WAIT_S)
+    assert server.directory.exists()
+    live.stop()
+    assert not server.directory.exists() and not live.directory.exists()
+
+
 def test_the_directory_of_a_server_left_a_zombie_is_removed_too(tmp_path):
     """A server killed with its driver passes to pid 1, which may not reap it: its pid still
     answers os.kill(pid, 0), but it has exited."""
