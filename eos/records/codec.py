@@ -378,7 +378,9 @@ class BatchBuilder:
             base_timestamp_ms = timestamps_ms if scalar_timestamp else timestamps_ms[0]
 
         encoded = None
-        if headers is None:
+        # One record (a coordinator's state record, a lone record's batch): the per-record
+        # path below; the bulk encoders' column work costs more than it saves for one.
+        if headers is None and count > 1:
             if scalar_timestamp:
                 if keys is None:
                     encoded = self._encode_uniform(
@@ -655,14 +657,7 @@ def encode_batch(values, keys=None, timestamps_ms=None, headers=None, *, compres
                  timestamp_type: int = CREATE_TIME, **build_kwargs) -> bytes:
     """One batch of `values` (see BatchBuilder.append_many and .build for the arguments)."""
     builder = BatchBuilder(compression=compression, timestamp_type=timestamp_type)
-    if (len(values) == 1 and (keys is None or len(keys) == 1) and (headers is None or len(headers) == 1)
-            and not hasattr(timestamps_ms, "__len__")):
-        # One record (the coordinators' state records): append() is the short path; the
-        # bulk path's column work costs more than it saves for one.
-        builder.append(values[0], None if keys is None else keys[0], timestamps_ms,
-                       None if headers is None else headers[0])
-    else:
-        builder.append_many(values, keys, timestamps_ms, headers)
+    builder.append_many(values, keys, timestamps_ms, headers)
     return builder.build(**build_kwargs)
 
 
