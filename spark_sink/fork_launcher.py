@@ -80,6 +80,19 @@ def encode_frame(message):
     return FRAME_HEAD.pack(len(body)) + body
 
 
+def decode_frame_body(body, what):
+    """The dict a frame's body holds (`what`: "call" or "answer", for the error); ValueError
+    for anything else. Both ends are the same interpreter (marshal's format is its own);
+    the socket is in the server's private directory, so only its user can send one."""
+    try:
+        message = marshal.loads(body)
+    except (EOFError, TypeError, ValueError) as exc:
+        raise ValueError(f"an unreadable {what}: {exc}") from None
+    if not isinstance(message, dict):
+        raise ValueError(f"a {what} that is not a dict")
+    return message
+
+
 def read_frame(sock, buffer):
     """(the next answer, the bytes after it), or (None, ...) at the end of the connection.
     ValueError for a frame that is not an answer."""
@@ -90,13 +103,7 @@ def read_frame(sock, buffer):
                 raise ValueError(f"an answer of {size} bytes")
             end = FRAME_HEAD.size + size
             if len(buffer) >= end:
-                try:
-                    answer = marshal.loads(buffer[FRAME_HEAD.size:end])
-                except (EOFError, TypeError) as exc:
-                    raise ValueError(f"an unreadable answer: {exc}") from None
-                if not isinstance(answer, dict):
-                    raise ValueError("an answer that is not a dict")
-                return answer, buffer[end:]
+                return decode_frame_body(buffer[FRAME_HEAD.size:end], "answer"), buffer[end:]
         chunk = sock.recv(4096)
         if not chunk:
             return None, buffer

@@ -47,7 +47,6 @@ import gc
 import hashlib
 import importlib
 import logging
-import marshal
 import os
 import re
 import selectors
@@ -206,7 +205,8 @@ def _running(pid: int) -> bool:
     except OSError:
         return True                # no /proc to tell: as os.kill said
     # "pid (comm) state ...": the state follows the last ")" (comm may hold one)
-    return stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3] != b"Z"
+    state_at = stat.rindex(b")") + 2
+    return stat[state_at:state_at + 1] != b"Z"
 
 
 def start_fork_server(launcher: Path, modules: str = FORKED_MODULES) -> ForkServerProcess:
@@ -339,17 +339,13 @@ class ForkServer:
         try:
             connection.settimeout(CALL_READ_TIMEOUT_S)
             request, fds = _receive_request(connection)
-        except Exception as exc:     # a call that cannot be read: the launcher execs instead
-            log.warning("a launcher's call could not be read: %s", exc)
-            _send(connection, {"error": str(exc)})
-            connection.close()
+        except Exception as exc:
+            _refuse(connection, "could not be read", exc)
             return
         try:
             pid = self._fork(request, fds, connection)
-        except Exception as exc:     # refused or failed: the launcher execs instead
-            log.warning("a launcher's call was not forked: %s", exc)
-            _send(connection, {"error": str(exc)})
-            connection.close()
+        except Exception as exc:
+            _refuse(connection, "was not forked", exc)
             return
         finally:
             for fd in fds:
@@ -548,19 +544,19 @@ def _receive_request(connection: socket.socket) -> tuple[dict, list[int]]:
             if not chunk:
                 raise ValueError("the call ended early")
             body += chunk
-        # marshal, not json: the launcher must not pay json's imports (fork_launcher's doc).
-        # The socket is in this server's private directory: only its own user can call.
-        try:
-            request = marshal.loads(bytes(body[:size]))
-        except (EOFError, TypeError) as exc:
-            raise ValueError(f"an unreadable call: {exc}") from None
-        if not isinstance(request, dict):
-            raise ValueError("a call that is not a dict")
-        return request, list(fds)
+        # marshal, not json: the launcher must not pay json's imports (fork_launcher's doc)
+        return fork_launcher.decode_frame_body(bytes(body[:size]), "call"), list(fds)
     except BaseException:
         for fd in fds:
             os.close(fd)
         raise
+
+
+def _refuse(connection: socket.socket, why: str, exc: Exception) -> None:
+    """A call not forked: the launcher, told so, execs the real interpreter instead."""
+    log.warning("a launcher's call %s: %s", why, exc)
+    _send(connection, {"error": str(exc)})
+    connection.close()
 
 
 def _send(connection: socket.socket, answer: dict) -> None:
