@@ -1,6 +1,7 @@
 """What callers hand the producer, checked and converted before anything is queued.
 
-Keys, values and headers become bytes (str as UTF-8) or a TypeError; the transactional
+Keys, values and headers become bytes (str as UTF-8) or a TypeError; send_batch's lists
+become aligned lists (with their timestamps) or a ValueError; the transactional
 calls' arguments (a participant's partitions, a consumer's group metadata, the offsets
 to commit) become what the coordinator calls carry, or a TypeError/ValueError naming the
 argument at fault. Pure functions: nothing here touches the producer's state.
@@ -48,6 +49,55 @@ def normalise_many(what: str, items: Sequence) -> list:
     if kinds <= {bytes, type(None)}:
         return items
     return [as_bytes(what, item) for item in items]
+
+
+def bulk_records(values: Sequence, keys: Sequence | None, timestamps_ms, headers: Sequence | None,
+                 now_ms: int) -> tuple[list, list | None, list[int], int, list | None]:
+    """send_batch's records as aligned lists: (values, keys or None, timestamps, the one
+    timestamp of them all or -1, headers or None). `timestamps_ms` is None (all `now_ms`),
+    one non-negative int for all, or one per value; ValueError/TypeError otherwise."""
+    values = normalise_many("value", values)
+    count = len(values)
+    if keys is not None:
+        keys = normalise_many("key", keys)
+        if len(keys) != count:
+            raise ValueError(f"keys has {len(keys)} items for {count} values")
+    single_timestamp_ms = -1
+    if timestamps_ms is None:
+        single_timestamp_ms = now_ms
+        timestamps = [now_ms] * count
+    elif isinstance(timestamps_ms, int) and not isinstance(timestamps_ms, bool):
+        if timestamps_ms < 0:
+            raise ValueError(f"timestamps_ms must be non-negative, got {timestamps_ms}")
+        single_timestamp_ms = timestamps_ms
+        timestamps = [timestamps_ms] * count
+    else:
+        timestamps = list(timestamps_ms)
+        if len(timestamps) != count:
+            raise ValueError(f"timestamps_ms has {len(timestamps)} items for {count} values")
+        if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in timestamps):
+            raise ValueError("timestamps_ms must hold non-negative ints")
+    if headers is not None:
+        headers = [check_headers(h) for h in headers]
+        if len(headers) != count:
+            raise ValueError(f"headers has {len(headers)} items for {count} values")
+    return values, keys, timestamps, single_timestamp_ms, headers
+
+
+def check_participant_of(participant_of, transactional_id: str | None) -> None:
+    """A participant producer's (owner producer id, owner epoch): two ints >= 0, and a
+    transactional id (the owner's) to write into; TypeError/ValueError otherwise."""
+    try:
+        owner_id, owner_epoch = participant_of
+    except (TypeError, ValueError):
+        raise TypeError(f"participant_of must be (owner producer id, owner producer epoch), "
+                        f"got {participant_of!r}") from None
+    if (isinstance(owner_id, bool) or not isinstance(owner_id, int) or owner_id < 0
+            or isinstance(owner_epoch, bool) or not isinstance(owner_epoch, int) or owner_epoch < 0):
+        raise ValueError(f"participant_of needs a producer id and epoch >= 0, got {participant_of!r}")
+    if transactional_id is None:
+        raise ValueError("a participant writes into the transaction of a transactional.id: "
+                         "give transactional_id= (the owner's)")
 
 
 def participant_partitions(partitions, participant: bool) -> list[tuple[str, int]]:

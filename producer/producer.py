@@ -51,8 +51,8 @@ from eos.client_metrics import ProducerMetrics
 from eos.errors import EosError, ErrorCode, MessageTooLargeError, Reaction
 from eos.v1 import common_pb2, group_pb2, txn_pb2
 from producer.accumulator import BufferExhaustedError, ProducerClosedError, RecordAccumulator
-from producer.arguments import (as_bytes, check_headers, group_fields, normalise_many, offsets_to_commit,
-                                participant_partitions)
+from producer.arguments import (as_bytes, bulk_records, check_headers, check_participant_of, group_fields,
+                                offsets_to_commit, participant_partitions)
 from producer.batch import (
     RECORD_OVERHEAD_ESTIMATE_BYTES,
     RecordFuture,
@@ -155,17 +155,7 @@ class Producer:
                  participant_of: tuple[int, int] | None = None, **kwargs):
         settings = resolve_producer_config(config, kwargs)
         if participant_of is not None:
-            try:
-                owner_id, owner_epoch = participant_of
-            except (TypeError, ValueError):
-                raise TypeError(f"participant_of must be (owner producer id, owner producer epoch), "
-                                f"got {participant_of!r}") from None
-            if (isinstance(owner_id, bool) or not isinstance(owner_id, int) or owner_id < 0
-                    or isinstance(owner_epoch, bool) or not isinstance(owner_epoch, int) or owner_epoch < 0):
-                raise ValueError(f"participant_of needs a producer id and epoch >= 0, got {participant_of!r}")
-            if settings["transactional.id"] is None:
-                raise ValueError("a participant writes into the transaction of a transactional.id: "
-                                 "give transactional_id= (the owner's)")
+            check_participant_of(participant_of, settings["transactional.id"])
         self._participant_of = participant_of
         self.config = settings
         if settings["bootstrap.servers"]:
@@ -413,36 +403,10 @@ class Producer:
         ``offsets_by_partition()``. If any batch fails, the future fails with the first
         error; the other batches may have been written.
         """
-        if self._closed:
-            raise ProducerClosedError("cannot send after the producer is closed")
-        if self._txn is not None:
-            with self._txn_lock:
-                self._txn.check_send()
-        values = normalise_many("value", values)
+        self._check_can_send()
+        values, keys, timestamps, single_timestamp_ms, headers = bulk_records(
+            values, keys, timestamps_ms, headers, _time_ns() // 1_000_000)
         count = len(values)
-        if keys is not None:
-            keys = normalise_many("key", keys)
-            if len(keys) != count:
-                raise ValueError(f"keys has {len(keys)} items for {count} values")
-        single_timestamp_ms = -1
-        if timestamps_ms is None:
-            single_timestamp_ms = int(time.time() * 1000)
-            timestamps = [single_timestamp_ms] * count
-        elif isinstance(timestamps_ms, int) and not isinstance(timestamps_ms, bool):
-            if timestamps_ms < 0:
-                raise ValueError(f"timestamps_ms must be non-negative, got {timestamps_ms}")
-            single_timestamp_ms = timestamps_ms
-            timestamps = [timestamps_ms] * count
-        else:
-            timestamps = list(timestamps_ms)
-            if len(timestamps) != count:
-                raise ValueError(f"timestamps_ms has {len(timestamps)} items for {count} values")
-            if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in timestamps):
-                raise ValueError("timestamps_ms must hold non-negative ints")
-        if headers is not None:
-            headers = [check_headers(h) for h in headers]
-            if len(headers) != count:
-                raise ValueError(f"headers has {len(headers)} items for {count} values")
         future: Future = Future()
         bulk = _BulkCompletion(future, count)
         if count == 0:
