@@ -57,6 +57,12 @@ ADMIN_CONFIG: dict[str, net.ConfigSpec] = {
 }
 
 _OFFSET_SPECS = {"earliest": -2, "latest": -1, "max_timestamp": -3}
+# A call to partition leaders (list_offsets, ...) fetches Metadata first, as Kafka's admin
+# client does for each such call, unless this client's metadata of the topics is younger
+# than this: a describe_topic followed by list_offsets (the Spark source's snapshot of a
+# topic) then asks Metadata once, not twice. A leader that moved meanwhile answers
+# NOT_LEADER_OR_FOLLOWER, and the call is asked again after a refresh.
+LEADERS_REUSE_MS = 1000
 MAX_TRANSACTION_TIMEOUT_MS = 15 * 60 * 1000     # Kafka's transaction.max.timeout.ms: find-hanging's default
 # A transaction the coordinator still works on: its partitions may legitimately be open.
 _LIVE_TXN_STATES = ("Ongoing", "PrepareCommit", "PrepareAbort")
@@ -213,6 +219,8 @@ class Admin:
         names = [names] if isinstance(names, str) else list(names or [])
         response = self._call("Metadata", lambda s: s.Metadata, broker_pb2.MetadataRequest(
             topics=names, include_internal=include_internal or bool(names)))
+        if names:
+            self._metadata.apply(response, names)     # the leaders for a call that follows
         described = {}
         for topic in sorted(response.topics, key=lambda t: t.name):
             if names:
@@ -398,15 +406,20 @@ class Admin:
         refresh until default.api.timeout.ms; `unanswered(item, code, message)` makes the
         answer of one that never got any (UNKNOWN_TOPIC_OR_PARTITION at once for a
         partition the metadata does not have: waiting cannot help a typo). The answers, in
-        the order of `items`."""
+        the order of `items`. Metadata is fetched first unless it is younger than
+        LEADERS_REUSE_MS and names every item's partition."""
         topics = sorted({p.topic for p in items})
         answers: dict[tuple[str, int], object] = {}
         pending = list(items)
         deadline = time.monotonic() + self._api_timeout_ms / 1000
         attempt = 0
+        reuse = not self._metadata.needs_refresh(topics, LEADERS_REUSE_MS) and all(
+            p.partition < self._metadata.partition_count(p.topic) for p in items)
         while True:
             try:
-                self._metadata.fetch(topics)
+                if not reuse:
+                    self._metadata.fetch(topics)
+                reuse = False
             except EosError as exc:
                 # a single bootstrap broker restarting, or busy: ridden out until the deadline
                 if not exc.retriable or time.monotonic() >= deadline:

@@ -662,13 +662,16 @@ class ClusterMetadata:
     def stale_topics(self) -> set[str]:
         return set(self._stale_topics)
 
-    def needs_refresh(self, topics: Iterable[str]) -> bool:
+    def needs_refresh(self, topics: Iterable[str], max_age_ms: int | None = None) -> bool:
+        """Whether any of `topics` is unknown, marked stale, or older than `max_age_ms`
+        (metadata.max.age.ms when None)."""
         snapshot = self._snapshot
         now = now_ms()
+        max_age_ms = self.metadata_max_age_ms if max_age_ms is None else max_age_ms
         for name in topics:
             if name in self._stale_topics or name not in snapshot.topics:
                 return True
-            if now - snapshot.fetched_ms.get(name, 0) > self.metadata_max_age_ms:
+            if now - snapshot.fetched_ms.get(name, 0) > max_age_ms:
                 return True
         return False
 
@@ -690,11 +693,13 @@ class ClusterMetadata:
                 last_error = error_from_rpc(exc, f"Metadata from {address}", self.security)
                 continue
             self._bootstrap_index = index
-            self._apply(response, topics)
+            self.apply(response, topics)
             return response
         raise last_error if last_error is not None else NetworkError("no bootstrap address")
 
-    def _apply(self, response: broker_pb2.MetadataResponse, asked: list[str] | None) -> None:
+    def apply(self, response: broker_pb2.MetadataResponse, asked: list[str] | None) -> None:
+        """Take in a Metadata answer (of the `asked` topics, or of all when None): fetch()'s,
+        or one a caller got itself (the Admin's describe_topics)."""
         with self._refresh_lock:
             old = self._snapshot
             brokers = {b.node_id: f"{b.host}:{b.port}" for b in response.brokers}

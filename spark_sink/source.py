@@ -315,8 +315,10 @@ class EosStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def prepareForTriggerAvailableNow(self) -> None:
         # What "available now" means: the upper bounds at this moment. Later batches never
-        # pass them, so the query drains what was there and stops.
-        _, _, upper = self._snapshot()
+        # pass them, so the query drains what was there and stops. (The earliest offsets
+        # are not needed here: latestOffset checks its start against them.)
+        upper = self._broker.upper(self._broker.partitions())
+        self._last_upper = upper
         self._available_now_end = dict(upper)
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:

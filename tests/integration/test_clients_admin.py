@@ -12,6 +12,7 @@ from eos.errors import (
     UnknownTopicOrPartitionError,
 )
 from eos.types import TopicPartition
+from tests.metrics import scrape
 
 
 def test_topic_lifecycle(broker):
@@ -75,6 +76,33 @@ def test_list_offsets(broker):
             admin.list_offsets({tp: "newest"})
         with pytest.raises(UnknownTopicOrPartitionError):
             admin.list_offsets({TopicPartition("ghost", 0): "latest"})
+
+
+def test_list_offsets_right_after_describe_reuses_its_metadata(inprocess_broker_factory):
+    """describe_topic then list_offsets (the Spark source's snapshot of a topic) asks
+    Metadata once: the describe's answer routes the ListOffsets that follow. A partition
+    that answer did not have is asked Metadata for, not refused as unknown."""
+    broker = inprocess_broker_factory({"metrics.port": "0"})
+    url = f"http://127.0.0.1:{broker.server.metrics_port}/metrics"
+
+    def requests(scraped, name: str) -> float:
+        return scraped.total("eos_network_requests_total", request=name)
+
+    with eos.Admin(broker.address) as admin:
+        admin.create_topic("snap", partitions=3)
+        before = scrape(url)
+        tps = [TopicPartition("snap", p["partition"]) for p in admin.describe_topic("snap")["partitions"]]
+        assert admin.list_offsets({tp: "earliest" for tp in tps}) == dict.fromkeys(tps, 0)
+        assert admin.list_offsets({tp: "latest" for tp in tps}, isolation_level="read_committed") == dict.fromkeys(tps, 0)
+        after = scrape(url)
+        assert requests(after, "Metadata") - requests(before, "Metadata") == 1
+        assert requests(after, "ListOffsets") - requests(before, "ListOffsets") == 2
+
+        with eos.Admin(broker.address) as other:
+            other.create_partitions("snap", 4)
+        added = TopicPartition("snap", 3)
+        assert admin.list_offsets({added: "latest"}) == {added: 0}
+        assert requests(scrape(url), "Metadata") - requests(after, "Metadata") == 1
 
 
 def test_internal_topics_only_when_asked(broker):

@@ -24,12 +24,12 @@ def test_stubs_go_over_the_socket_port_metadata_names_and_follow_it():
     metadata = net.ClusterMetadata(ADDRESS)
     try:
         assert not _over_socket(metadata.broker_stub_at(ADDRESS))         # before any Metadata
-        metadata._apply(_metadata(29092), None)
+        metadata.apply(_metadata(29092), None)
         stub = metadata.broker_stub_at(ADDRESS)
         assert _over_socket(stub) and stub.Metadata._channel.address == ("127.0.0.1", 29092)
-        metadata._apply(_metadata(39092), None)                            # the broker restarted elsewhere
+        metadata.apply(_metadata(39092), None)                            # the broker restarted elsewhere
         assert metadata.broker_stub_at(ADDRESS).Metadata._channel.address == ("127.0.0.1", 39092)
-        metadata._apply(_metadata(0), None)                                # and without the port
+        metadata.apply(_metadata(0), None)                                # and without the port
         assert not _over_socket(metadata.broker_stub_at(ADDRESS))
     finally:
         metadata.close()
@@ -38,7 +38,7 @@ def test_stubs_go_over_the_socket_port_metadata_names_and_follow_it():
 def test_every_broker_of_a_cluster_at_its_own_port():
     metadata = net.ClusterMetadata("127.0.0.1:19092,127.0.0.1:19093")
     try:
-        metadata._apply(_metadata(29092, brokers=3), None)
+        metadata.apply(_metadata(29092, brokers=3), None)
         for n in range(3):
             assert metadata.broker_stub_at(f"127.0.0.1:{19092 + n}").Metadata._channel.address == (
                 "127.0.0.1", 29092 + n)
@@ -49,14 +49,14 @@ def test_every_broker_of_a_cluster_at_its_own_port():
 def test_a_port_that_refused_is_left_for_grpc_then_tried_again_after_a_metadata_refresh():
     metadata = net.ClusterMetadata(ADDRESS)
     try:
-        metadata._apply(_metadata(29092), None)
+        metadata.apply(_metadata(29092), None)
         assert _over_socket(metadata.broker_stub_at(ADDRESS))
         metadata.socket_routes.unreachable(ADDRESS)
         assert not _over_socket(metadata.broker_stub_at(ADDRESS))
-        metadata._apply(_metadata(29092), None)             # a refresh within SOCKET_RETRY_MS changes nothing
+        metadata.apply(_metadata(29092), None)             # a refresh within SOCKET_RETRY_MS changes nothing
         assert not _over_socket(metadata.broker_stub_at(ADDRESS))
         metadata.socket_routes._down_until_ms[ADDRESS] = -1     # its time on gRPC is over
-        metadata._apply(_metadata(29092), None)             # the first refresh after it
+        metadata.apply(_metadata(29092), None)             # the first refresh after it
         assert _over_socket(metadata.broker_stub_at(ADDRESS))
     finally:
         metadata.close()
@@ -66,7 +66,7 @@ def test_a_connection_refused_by_the_port_tells_the_client():
     metadata = net.ClusterMetadata(ADDRESS)
     try:
         from eos.local_cluster import free_port
-        metadata._apply(_metadata(free_port()), None)       # nothing listens there
+        metadata.apply(_metadata(free_port()), None)       # nothing listens there
         stub = metadata.broker_stub_at(ADDRESS)
         try:
             stub.Metadata(broker_pb2.MetadataRequest(), timeout=2)
@@ -84,7 +84,7 @@ def test_tls_and_sasl_clients_stay_on_grpc():
     tls = net.ChannelSecurity(protocol="SSL")
     metadata = net.ClusterMetadata(ADDRESS, security=tls)
     try:
-        metadata._apply(_metadata(29092), None)
+        metadata.apply(_metadata(29092), None)
         assert not _over_socket(metadata.broker_stub_at(ADDRESS))
     finally:
         metadata.close()
@@ -96,9 +96,9 @@ def test_a_bootstrap_address_that_is_not_the_brokers_own_keeps_every_call():
     proxied = net.ClusterMetadata("127.0.0.1:18000")
     local_name = net.ClusterMetadata("localhost:19092")
     try:
-        proxied._apply(_metadata(29092), None)
+        proxied.apply(_metadata(29092), None)
         assert not _over_socket(proxied.broker_stub(0))
-        local_name._apply(_metadata(29092), None)     # the same broker by its loopback name
+        local_name.apply(_metadata(29092), None)     # the same broker by its loopback name
         assert _over_socket(local_name.broker_stub(0))
     finally:
         proxied.close()
