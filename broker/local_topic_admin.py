@@ -62,12 +62,17 @@ class LocalTopicAdmin:
         return info
 
     def _create_topic_logs(self, info: TopicInfo, partitions) -> None:
-        """Create the logs of `partitions`; on failure delete the ones made, then raise."""
+        """Create the logs of `partitions` (their directories fsynced once, after them all);
+        on failure delete the ones made, then raise."""
         created = []
         try:
             for partition in partitions:
-                self._log_manager.create_log(info.name, partition, info.config)
+                self._log_manager.create_log(info.name, partition, info.config, sync_directory=False)
                 created.append(partition)
+            self._log_manager.sync_directories()
+            offline = [p for p in created if self._log_manager.offline_reason(info.name, p) is not None]
+            if offline:
+                raise StorageError(self._log_manager.offline_reason(info.name, offline[0]))
         except BaseException:
             for partition in created:
                 try:

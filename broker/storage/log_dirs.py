@@ -152,7 +152,8 @@ class LogDirs:
             logs += manager.all_logs()
         return logs
 
-    def create_log(self, topic: str, partition: int, config: TopicConfig) -> Log:
+    def create_log(self, topic: str, partition: int, config: TopicConfig, *,
+                   sync_directory: bool = True) -> Log:
         key = (topic, partition)
         with self._lock:
             reason = self._offline_partitions.get(key)
@@ -177,7 +178,7 @@ class LogDirs:
                 home = min(online, key=lambda m: counts[m.data_dir])     # min keeps the first of ties
                 self._home[key] = home
         try:
-            created = home.create_log(topic, partition, config)
+            created = home.create_log(topic, partition, config, sync_directory=sync_directory)
         except BaseException:
             with self._lock:
                 if home.get_log(topic, partition) is None and self._home.get(key) is home:
@@ -207,6 +208,16 @@ class LogDirs:
     def update_config(self, topic: str, config: TopicConfig) -> None:
         for manager in self._online():
             manager.update_config(topic, config)
+
+    def sync_directories(self) -> None:
+        """fsync every online directory, after logs were created with
+        `sync_directory=False`: one fsync a directory instead of one a log. A directory
+        whose fsync fails goes offline, its new logs with it (`offline_reason` says so)."""
+        for manager in self._online():
+            try:
+                manager.sync_directories()
+            except OSError as exc:
+                self._fail(manager, f"syncing it failed: {exc}")
 
     # ---- background work --------------------------------------------------------------
 

@@ -159,8 +159,11 @@ class LogManager:
         with self._lock:
             return list(self._logs.values())
 
-    def create_log(self, topic: str, partition: int, config: TopicConfig) -> Log:
-        """The partition's log, created empty if it does not exist yet."""
+    def create_log(self, topic: str, partition: int, config: TopicConfig, *,
+                   sync_directory: bool = True) -> Log:
+        """The partition's log, created empty if it does not exist yet. The data directory
+        is fsynced so that the new log's entry survives a crash; a caller creating many at
+        once passes `sync_directory=False` and calls `sync_directories()` once after them."""
         check_topic_name(topic)
         if partition < 0:
             raise StorageError(f"partition {partition} of {topic!r} is negative")
@@ -172,8 +175,13 @@ class LogManager:
             created = Log.open(path, config, now_ms=self._now_ms(),
                                producer_id_expiration_ms=self.producer_id_expiration_ms)
             self._logs[(topic, partition)] = created
-        fsync_directory(self.data_dir)
+        if sync_directory:
+            fsync_directory(self.data_dir)
         return created
+
+    def sync_directories(self) -> None:
+        """fsync the data directory: the logs created in it since are durable entries."""
+        fsync_directory(self.data_dir)
 
     def delete_log(self, topic: str, partition: int) -> bool:
         """Close and remove the partition's files; False when there was no such log."""

@@ -103,9 +103,12 @@ class FakeLogManager:
     def get_log(self, topic, partition):
         return self.logs.get((topic, partition))
 
-    def create_log(self, topic, partition, config):
+    def create_log(self, topic, partition, config, *, sync_directory=True):
         self.logs[(topic, partition)] = FakeLog(topic, partition)
         return self.logs[(topic, partition)]
+
+    def sync_directories(self):
+        pass                            # nothing on disk
 
     def delete_log(self, topic, partition):
         self.logs.pop((topic, partition), None)
