@@ -69,10 +69,9 @@ class LocalTopicAdmin:
             for partition in partitions:
                 self._log_manager.create_log(info.name, partition, info.config, sync_directory=False)
                 created.append(partition)
-            self._log_manager.sync_directories()
-            offline = [p for p in created if self._log_manager.offline_reason(info.name, p) is not None]
+            offline = self._log_manager.sync_directories([(info.name, p) for p in created])
             if offline:
-                raise StorageError(self._log_manager.offline_reason(info.name, offline[0]))
+                raise StorageError(next(iter(offline.values())))
         except BaseException:
             for partition in created:
                 try:

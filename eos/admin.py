@@ -413,13 +413,14 @@ class Admin:
         pending = list(items)
         deadline = time.monotonic() + self._api_timeout_ms / 1000
         attempt = 0
-        reuse = not self._metadata.needs_refresh(topics, LEADERS_REUSE_MS) and all(
-            p.partition < self._metadata.partition_count(p.topic) for p in items)
+        # (`or 0`: another thread's refresh may have dropped the topic since)
+        cached_is_fresh = not self._metadata.needs_refresh(topics, LEADERS_REUSE_MS) and all(
+            p.partition < (self._metadata.partition_count(p.topic) or 0) for p in items)
         while True:
             try:
-                if not reuse:
+                if not cached_is_fresh:
                     self._metadata.fetch(topics)
-                reuse = False
+                cached_is_fresh = False      # a retry asks again
             except EosError as exc:
                 # a single bootstrap broker restarting, or busy: ridden out until the deadline
                 if not exc.retriable or time.monotonic() >= deadline:

@@ -238,12 +238,10 @@ class ReplicaManager:
                 code = exc.code if isinstance(exc, EosError) else ErrorCode.UNKNOWN_SERVER_ERROR
                 results[tp] = (int(code), f"{type(exc).__name__}: {exc}")
         if created:
-            self._log_manager.sync_directories()
-            for tp in created:
-                reason = self._log_manager.offline_reason(*tp)
-                if reason is not None:      # its directory failed: it is not served here
-                    results[tp] = (ErrorCode.KAFKA_STORAGE_ERROR, reason)
-                    new_follows.pop(tp, None)
+            # a partition whose directory failed its fsync is not served here
+            for tp, reason in self._log_manager.sync_directories(created).items():
+                results[tp] = (ErrorCode.KAFKA_STORAGE_ERROR, reason)
+                new_follows.pop(tp, None)
         if self.fetchers is not None and new_follows:
             self.fetchers.add_partitions(new_follows)
         if self.on_role_change is not None:

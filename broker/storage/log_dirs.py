@@ -209,15 +209,17 @@ class LogDirs:
         for manager in self._online():
             manager.update_config(topic, config)
 
-    def sync_directories(self) -> None:
+    def sync_directories(self, created=()) -> dict[tuple[str, int], str]:
         """fsync every online directory, after logs were created with
         `sync_directory=False`: one fsync a directory instead of one a log. A directory
-        whose fsync fails goes offline, its new logs with it (`offline_reason` says so)."""
+        whose fsync fails goes offline, its new logs with it: the partitions of `created`
+        (topic, partition) offline now, with the reason."""
         for manager in self._online():
             try:
                 manager.sync_directories()
             except OSError as exc:
                 self._fail(manager, f"syncing it failed: {exc}")
+        return {tp: reason for tp in created if (reason := self.offline_reason(*tp)) is not None}
 
     # ---- background work --------------------------------------------------------------
 

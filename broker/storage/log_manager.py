@@ -179,9 +179,11 @@ class LogManager:
             fsync_directory(self.data_dir)
         return created
 
-    def sync_directories(self) -> None:
-        """fsync the data directory: the logs created in it since are durable entries."""
+    def sync_directories(self, created=()) -> dict[tuple[str, int], str]:
+        """fsync the data directory: the logs created in it since are durable entries.
+        None of `created` goes offline here (one directory: a failed fsync raises)."""
         fsync_directory(self.data_dir)
+        return {}
 
     def delete_log(self, topic: str, partition: int) -> bool:
         """Close and remove the partition's files; False when there was no such log."""

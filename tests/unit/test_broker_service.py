@@ -107,8 +107,8 @@ class FakeLogManager:
         self.logs[(topic, partition)] = FakeLog(topic, partition)
         return self.logs[(topic, partition)]
 
-    def sync_directories(self):
-        pass                            # nothing on disk
+    def sync_directories(self, created=()):
+        return {}                       # nothing on disk, nothing offline
 
     def delete_log(self, topic, partition):
         self.logs.pop((topic, partition), None)
