@@ -4,7 +4,11 @@ Theory of operation
 -------------------
 One run starts Apache Kafka's 3-node KRaft cluster (`bench.kafka_cluster`), measures every
 figure, stops it, then does the same on eos's 3-broker cluster (`eos.local_cluster`:
-ZooKeeper and three broker processes); the two never share the machine. Both sides run at
+ZooKeeper and three broker processes); the two never share the machine. Both sides' data
+stays on disk until the run ends: on ext4 without a journal, as here, creating a file scans
+past the inodes freed in the last minute or more, so removing one side's tens of thousands
+of files would slow the file creation of the side measured next (bench/README, "A topic's
+creation on a cluster"). Both sides run at
 the same session timeout (6 s: eos's zookeeper.session.timeout.ms, Kafka's
 broker.session.timeout.ms with a 1 s heartbeat), RF 3, min.insync.replicas 2.
 
@@ -48,6 +52,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -230,7 +235,7 @@ class KafkaSide:
         self.admin = AdminClient({"bootstrap.servers": self.cluster.bootstrap, "log_level": 0})
 
     def stop(self):
-        self.cluster.stop()
+        self.cluster.stop(keep_files=True)     # main() removes every side's files at the end
 
     @property
     def bootstrap(self):
@@ -894,18 +899,23 @@ def main(argv=None) -> int:
     def progress(message):
         print(f"[{time.monotonic() - t0:6.1f}s] {message}", flush=True)
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    # every side's data goes here and is removed at the end, not as each side stops (above)
+    data_dir = tempfile.mkdtemp(prefix="eos-bench-cluster-run-", dir=args.tmp_dir)
     run = {"command": "python -m bench.cluster " + " ".join(argv if argv is not None else sys.argv[1:]),
            "started_utc": started.isoformat(timespec="seconds"), "quick": args.quick,
            "loadavg_at_start": os.getloadavg(), "systems": {}}
-    for system in systems:
-        progress(f"{system}: starting a 3-broker cluster")
-        try:
-            side = KafkaSide(args.tmp_dir) if system == "kafka" else EosSide(args.tmp_dir)
-            run["systems"][system] = run_side(side, args.quick, progress)
-        except Exception as exc:
-            traceback.print_exc()
-            run["systems"][system] = {key: {"status": "error", "detail": f"{type(exc).__name__}: {exc}"}
-                                      for key, *_ in FIGURES}
+    try:
+        for system in systems:
+            progress(f"{system}: starting a 3-broker cluster")
+            try:
+                side = KafkaSide(data_dir) if system == "kafka" else EosSide(data_dir)
+                run["systems"][system] = run_side(side, args.quick, progress)
+            except Exception as exc:
+                traceback.print_exc()
+                run["systems"][system] = {key: {"status": "error", "detail": f"{type(exc).__name__}: {exc}"}
+                                          for key, *_ in FIGURES}
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
     from bench import disk
     speed = disk.measure(args.tmp_dir, 256)
     run["disk_buffered_mb_s"] = speed.buffered_mb_s

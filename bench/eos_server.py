@@ -135,7 +135,9 @@ class EosBroker:
             return "(no log)"
         return "\n".join(text.splitlines()[-lines:])
 
-    def stop(self) -> None:
+    def stop(self, *, keep_files: bool = False) -> None:
+        """SIGTERM, SIGKILL after a bound; the temp dir is removed unless `keep_files` (then
+        `remove_files()` later)."""
         try:
             if self.proc is not None:
                 stop_process(self.proc)
@@ -145,9 +147,13 @@ class EosBroker:
                     self.proc.stdout.close()
         finally:
             self.proc = None
-            if self.tmp is not None:
-                shutil.rmtree(self.tmp, ignore_errors=True)
-                self.tmp = None
+            if not keep_files:
+                self.remove_files()
+
+    def remove_files(self) -> None:
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.tmp = None
 
     def __enter__(self) -> "EosBroker":
         return self.start()

@@ -8,7 +8,8 @@ own log dir, a PLAINTEXT port and a CONTROLLER port; the voter set is static
 `kafka-storage.sh format` does for a new cluster. Session settings are the ones the cluster
 benchmark compares at (`broker.session.timeout.ms`, the heartbeat), so that eos's
 `zookeeper.session.timeout.ms` has a like-for-like peer. Every wait is bounded; `stop()`
-ends every node and removes the temp dir, whatever state the nodes are in.
+ends every node and removes the temp dir (unless `keep_files`: then `remove_files()`),
+whatever state the nodes are in.
 """
 from __future__ import annotations
 
@@ -177,16 +178,20 @@ class KafkaCluster:
         self._spawn(node)
         self.wait_ready({node})
 
-    def stop(self) -> None:
+    def stop(self, *, keep_files: bool = False) -> None:
         try:
             for node, proc in self.procs.items():
                 if proc is not None:
                     stop_process(proc)
         finally:
             self.procs = {}
-            if self.tmp is not None:
-                shutil.rmtree(self.tmp, ignore_errors=True)
-                self.tmp = None
+            if not keep_files:
+                self.remove_files()
+
+    def remove_files(self) -> None:
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.tmp = None
 
     def __enter__(self) -> "KafkaCluster":
         return self.start()
