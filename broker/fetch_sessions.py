@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import random
 import threading
-from typing import Iterable
+from typing import Callable, Iterable
 
 from eos.errors import EosError, ErrorCode
 
@@ -105,9 +105,13 @@ class SessionPartition:
 
 
 class FetchSession:
-    """One follower's session. `epoch` is the epoch its next Fetch must carry."""
+    """One follower's session. `epoch` is the epoch its next Fetch must carry.
+    `keys_version` moves whenever a partition joins or leaves; the leader's read side keeps
+    the session's purgatory waiter in `waiter`, registered at `watched_version`, under
+    `waiter_lock`, and sets `dropped` (under it too) once the session is replaced or closed."""
 
-    __slots__ = ("session_id", "replica_id", "epoch", "partitions", "_all_reported_s")
+    __slots__ = ("session_id", "replica_id", "epoch", "partitions", "_all_reported_s", "keys_version",
+                 "waiter", "watched_version", "waiter_lock", "dropped")
 
     def __init__(self, session_id: int, replica_id: int):
         self.session_id = session_id
@@ -115,6 +119,11 @@ class FetchSession:
         self.epoch = next_epoch(INITIAL_EPOCH)
         self.partitions: dict[tuple[str, int], SessionPartition] = {}
         self._all_reported_s = float("-inf")
+        self.keys_version = 0
+        self.waiter = None
+        self.watched_version = -1
+        self.waiter_lock = threading.Lock()
+        self.dropped = False
 
     def report_all_due(self, now_s: float, interval_s: float) -> bool:
         """Whether this Fetch reports every partition, not only those it lists: once per
@@ -130,12 +139,14 @@ class FetchSession:
         are added or updated, `forgotten` (topic, partition)-like entries leave. Returns the
         listed keys, in order."""
         for entry in forgotten:
-            self.partitions.pop((entry.topic, entry.partition), None)
+            if self.partitions.pop((entry.topic, entry.partition), None) is not None:
+                self.keys_version += 1
         keys = []
         for fp in listed:
             key = (fp.topic, fp.partition)
             known = self.partitions.get(key)
             if known is None:
+                self.keys_version += 1
                 self.partitions[key] = SessionPartition(fp.fetch_offset, fp.partition_max_bytes,
                                                         fp.has_leader_epoch, fp.current_leader_epoch)
             else:
@@ -145,9 +156,12 @@ class FetchSession:
 
 
 class FetchSessionCache:
-    """The leader's sessions, one per follower broker; thread-safe."""
+    """The leader's sessions, one per follower broker; thread-safe. `on_drop(session)` is
+    called, outside the lock, for each session replaced or closed."""
 
-    def __init__(self, rng: random.Random | None = None):
+    def __init__(self, rng: random.Random | None = None,
+                 on_drop: Callable[[FetchSession], None] | None = None):
+        self._on_drop = on_drop
         self._lock = threading.Lock()
         self._random = rng or random.Random()
         self._by_id: dict[int, FetchSession] = {}
@@ -165,14 +179,18 @@ class FetchSessionCache:
             session_id = self._random.randrange(1, EPOCH_MAX)
             while session_id in self._by_id:
                 session_id = self._random.randrange(1, EPOCH_MAX)
-            old = self._id_by_replica.pop(replica_id, None)
-            if old is not None:
-                self._by_id.pop(old, None)
+            old_id = self._id_by_replica.pop(replica_id, None)
+            dropped = self._by_id.pop(old_id, None) if old_id is not None else None
             session = FetchSession(session_id, replica_id)
             session.apply(listed, ())
             self._by_id[session_id] = session
             self._id_by_replica[replica_id] = session_id
+        self._dropped(dropped)
         return session
+
+    def _dropped(self, session: FetchSession | None) -> None:
+        if session is not None and self._on_drop is not None:
+            self._on_drop(session)
 
     def resume(self, session_id: int, epoch: int, replica_id: int) -> FetchSession:
         """The session for an incremental Fetch at `epoch`, whose epoch then moves on; raises
@@ -199,3 +217,4 @@ class FetchSessionCache:
             session = self._by_id.pop(session_id, None)
             if session is not None and self._id_by_replica.get(session.replica_id) == session_id:
                 del self._id_by_replica[session.replica_id]
+        self._dropped(session)

@@ -14,10 +14,16 @@ moved since its last read (an append between the read and the registration is se
 that check; one after the registration finds the waiter). The event is cleared before each
 re-read for the same reason.
 
-The purgatory is bounded: each waiter holds a gRPC worker thread, so at most `max_waiters`
-may wait at once; past that `watch()` returns None and the fetch answers at once with what
-it has (the client polls again). The lock guards only the waiter map and is never held
-while reading or writing the log.
+A follower's fetch session keeps one waiter registered under its partitions for as long
+as the session lives (`rewatch` moves it when the session's partitions change): with a
+thousand partitions a session, registering them afresh on every Fetch cost more than the
+read itself. Its Fetches clear the event, read, and wait on it, one at a time.
+
+The purgatory is bounded: each waiter holds a gRPC worker thread (a session's, at most one
+per follower broker, while its Fetch waits), so at most `max_waiters` are registered at
+once; past that `watch()` returns None and the fetch answers at once with what it has (the
+client polls again). The lock guards only the waiter map and is never held while reading
+or writing the log.
 """
 from __future__ import annotations
 
@@ -79,17 +85,44 @@ class FetchPurgatory:
             self._waiter_count += 1
         return waiter
 
+    def rewatch(self, waiter: FetchWaiter, keys: Iterable[Hashable]) -> bool:
+        """Move a registered waiter to `keys`, touching only the keys that differ; False
+        when the purgatory is closed (the waiter was cancelled), the waiter is not here, or
+        `keys` is empty (the waiter is then unwatched)."""
+        key_set = frozenset(keys)
+        if not key_set:
+            self.unwatch(waiter)
+            return False
+        with self._lock:
+            if self._closed or not self._registered_locked(waiter):
+                return False
+            for key in waiter.keys - key_set:
+                self._unregister_key_locked(key, waiter)
+            for key in key_set - waiter.keys:
+                self._waiters_by_key.setdefault(key, set()).add(waiter)
+            waiter.keys = key_set
+        return True
+
+    def _registered_locked(self, waiter: FetchWaiter) -> bool:
+        if not waiter.keys:
+            return False
+        some_key = next(iter(waiter.keys))
+        return waiter in self._waiters_by_key.get(some_key, ())
+
+    def _unregister_key_locked(self, key: Hashable, waiter: FetchWaiter) -> bool:
+        waiters = self._waiters_by_key.get(key)
+        if waiters is None or waiter not in waiters:
+            return False
+        waiters.discard(waiter)
+        if not waiters:
+            del self._waiters_by_key[key]
+        return True
+
     def unwatch(self, waiter: FetchWaiter) -> None:
         with self._lock:
             removed = False
             for key in waiter.keys:
-                waiters = self._waiters_by_key.get(key)
-                if waiters is None or waiter not in waiters:
-                    continue
-                waiters.discard(waiter)
-                removed = True
-                if not waiters:
-                    del self._waiters_by_key[key]
+                removed = self._unregister_key_locked(key, waiter) or removed
             if removed:
                 self._waiter_count -= 1
 

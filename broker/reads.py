@@ -31,6 +31,7 @@ the servicer's `_log_for`, `_authorizer`, `_topic_denied`, `_denial`, `_replicas
 """
 from __future__ import annotations
 
+import threading
 import time
 
 from broker.acl import Operation
@@ -215,24 +216,59 @@ class ReadHandlers:
             results, told, _ = self._read_session(request, session, errors, budget_bytes)
             return results, told
         sessions = self._fetch_sessions
-        waiter = self._purgatory.watch(TopicPartition(*key) for key in session.partitions)
+        waiter = self._session_waiter(session)
+        if waiter is None:
+            results, told, _ = self._read_session(request, session, errors, budget_bytes)
+            return results, told
+        rpc_ended = threading.Event()
+
+        def end_wait() -> None:       # a follower that gave up frees its worker
+            rpc_ended.set()
+            waiter.wake()
+        context.add_callback(end_wait)
+        # Cleared before the first read: appends since the session's last Fetch are in that
+        # read, and an append after it wakes the wait below.
+        waiter.clear()
+        while True:
+            # The follower's offsets stay as it sent them, only the logs move.
+            results, told, bytes_read = self._read_session(request, session, errors, budget_bytes)
+            if bytes_read >= request.min_bytes or errors or not sessions.is_current(session):
+                return results, told
+            remaining_s = deadline_s - time.monotonic()
+            if (remaining_s <= 0 or not waiter.wait(remaining_s) or waiter.cancelled
+                    or rpc_ended.is_set()):
+                return results, told
+            waiter.clear()
+
+    def _session_waiter(self, session):
+        """The session's purgatory waiter, registered under its partitions for as long as the
+        session lives (broker/purgatory.py) and moved when they change; None when the
+        purgatory is full or closing, or the session is empty (answer without waiting).
+        Dropped with the session (`_drop_session_waiter`)."""
+        with session.waiter_lock:
+            if session.dropped:
+                return None
+            waiter = session.waiter
+            if waiter is not None and session.watched_version == session.keys_version:
+                return None if waiter.cancelled else waiter
+            version = session.keys_version
+            # (topic, partition) keys: equal to, and hashed as, the TopicPartition appends notify
+            if waiter is None:
+                waiter = self._purgatory.watch(session.partitions)
+            elif not self._purgatory.rewatch(waiter, session.partitions):
+                waiter = None
+            session.waiter, session.watched_version = waiter, version
+            return waiter
+
+    def _drop_session_waiter(self, session) -> None:
+        """A session was replaced or closed: its waiter leaves the purgatory, and a Fetch still
+        waiting on it returns."""
+        with session.waiter_lock:
+            waiter, session.waiter = session.waiter, None
+            session.dropped = True
         if waiter is not None:
-            context.add_callback(waiter.cancel)
-        try:
-            while True:
-                # Registered before this read, so an append after it wakes the waiter; the
-                # follower's offsets stay as it sent them, only the logs move.
-                results, told, bytes_read = self._read_session(request, session, errors, budget_bytes)
-                if (waiter is None or bytes_read >= request.min_bytes or errors
-                        or not sessions.is_current(session)):
-                    return results, told
-                remaining_s = deadline_s - time.monotonic()
-                if remaining_s <= 0 or not waiter.wait(remaining_s) or waiter.cancelled:
-                    return results, told
-                waiter.clear()
-        finally:
-            if waiter is not None:
-                self._purgatory.unwatch(waiter)
+            self._purgatory.unwatch(waiter)
+            waiter.cancel()
 
     def _report_session(self, request: broker_pb2.FetchRequest, session, keys) -> dict:
         """Report the follower's fetch offset of each partition of `keys` to the replica

@@ -134,7 +134,8 @@ class BrokerServicer(WriteHandlers, ReadHandlers, broker_pb2_grpc.BrokerServicer
         self._registry = registry
         self._log_manager = log_manager
         self._purgatory = purgatory
-        self._fetch_sessions = FetchSessionCache()     # the followers' (broker/fetch_sessions.py)
+        # the followers' (broker/fetch_sessions.py); a dropped session's waiter leaves the purgatory
+        self._fetch_sessions = FetchSessionCache(on_drop=self._drop_session_waiter)
         self._node = node
         self._listener_nodes = dict(listener_nodes or {})
         self._cluster_id = cluster_id

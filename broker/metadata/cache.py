@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from functools import cached_property
+from types import MappingProxyType
 from typing import Iterable, Mapping
 
 from broker.metadata.types import BrokerInfo as BrokerEndpoint
@@ -51,15 +53,22 @@ class ClusterSnapshot:
     partitions: Mapping[tuple[str, int], PartitionInfo] = field(default_factory=dict)
     topic_configs: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
-    def topics(self) -> dict[str, list[PartitionInfo]]:
-        """Partitions by topic, each list in partition order."""
+    def topics(self) -> Mapping[str, tuple[PartitionInfo, ...]]:
+        """Partitions by topic, each in partition order (read-only)."""
+        return self._by_topic
+
+    @cached_property
+    def _by_topic(self) -> Mapping[str, tuple[PartitionInfo, ...]]:
+        # Built once a snapshot, at its first use: a Metadata answer, and each partition of
+        # a LeaderAndIsr (partition_count), would otherwise sort every partition of the
+        # cluster again.
         by_topic: dict[str, list[PartitionInfo]] = {}
         for (topic, _), info in sorted(self.partitions.items()):
             by_topic.setdefault(topic, []).append(info)
-        return by_topic
+        return MappingProxyType({topic: tuple(infos) for topic, infos in by_topic.items()})
 
     def partition_count(self, topic: str) -> int:
-        return sum(1 for (name, _) in self.partitions if name == topic)
+        return len(self._by_topic.get(topic, ()))
 
 
 class MetadataCache:

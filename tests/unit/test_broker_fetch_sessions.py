@@ -157,3 +157,43 @@ def test_an_incremental_fetch_without_cluster_action_is_refused_even_when_it_lis
     assert fetch(leader, session_id=session_id, epoch=3).error_code != ErrorCode.NONE
     full = fetch(leader, epoch=0, listed=[(0, 1)])
     assert [p.error_code for p in full.partitions] == [ErrorCode.TOPIC_AUTHORIZATION_FAILED]
+
+
+def test_a_session_keeps_one_waiter_across_its_fetches_and_moves_it_with_its_partitions(leader):
+    """The session's purgatory registration outlives each Fetch (registering a thousand
+    partitions afresh on every Fetch cost more than the read) and follows what it holds."""
+    session_id = opened(leader)
+    purgatory = leader._purgatory
+    assert answered(fetch(leader, session_id=session_id, epoch=2, max_wait_ms=20)) == {}   # waited, timed out
+    assert purgatory.waiter_count == 1                 # still registered after the answer
+    assert answered(fetch(leader, session_id=session_id, epoch=3, max_wait_ms=20)) == {}
+    assert purgatory.waiter_count == 1                 # the same registration, not a second
+    assert answered(fetch(leader, session_id=session_id, epoch=4, forgotten=[0], max_wait_ms=20)) == {}
+    assert purgatory.notify(TopicPartition("t", 0)) == 0 and purgatory.notify(TopicPartition("t", 1)) == 1
+    # listed again: answered at once with its high watermark (no records), and watched again
+    assert answered(fetch(leader, session_id=session_id, epoch=5, listed=[(0, 1)], max_wait_ms=20)) == {0: 0}
+    assert purgatory.notify(TopicPartition("t", 0)) == 1 and purgatory.waiter_count == 1
+    closing = fetch(leader, session_id=session_id, epoch=-1, listed=[(0, 1)])
+    assert closing.error_code == ErrorCode.NONE and purgatory.waiter_count == 0
+
+
+def test_a_fetch_waiting_on_a_replaced_session_returns_and_the_new_session_waits_alone(leader):
+    session_id = opened(leader)
+    answers = []
+    waiting = threading.Thread(target=lambda: answers.append(
+        fetch(leader, session_id=session_id, epoch=2, max_wait_ms=60_000)))
+    waiting.start()
+    wait_for(lambda: leader._purgatory.waiter_count == 1, "the fetch waiting in the purgatory")
+    replacing = fetch(leader, epoch=0, listed=[(0, 1), (1, 1), (2, 1)])   # the follower started over
+    assert replacing.error_code == ErrorCode.NONE and replacing.session_id != session_id
+    waiting.join(10)      # well inside the fetch's deadline (FETCH_MAX_WAIT_CAP_MS): it was told to stop
+    assert not waiting.is_alive() and answered(answers[0]) == {}
+    assert leader._purgatory.waiter_count == 0          # the old session's place is free
+    new_answers = []
+    again = threading.Thread(target=lambda: new_answers.append(
+        fetch(leader, session_id=replacing.session_id, epoch=1, max_wait_ms=60_000)))
+    again.start()
+    wait_for(lambda: leader._purgatory.waiter_count == 1, "the new session's fetch waiting")
+    append(leader, 2)
+    again.join(30)
+    assert not again.is_alive() and list(answered(new_answers[0])) == [2]

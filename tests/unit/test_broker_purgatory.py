@@ -44,3 +44,15 @@ def test_close_cancels_everyone_and_refuses_new_waiters():
 
 def test_empty_key_set_does_not_wait():
     assert FetchPurgatory(max_waiters=2).watch([]) is None
+
+
+def test_rewatch_moves_a_waiter_to_other_keys_and_an_empty_set_unwatches_it():
+    purgatory = FetchPurgatory(max_waiters=2)
+    waiter = purgatory.watch(["a", "b"])
+    assert purgatory.rewatch(waiter, ["b", "c"])
+    assert purgatory.waiter_count == 1
+    assert (purgatory.notify("a"), purgatory.notify("b"), purgatory.notify("c")) == (0, 1, 1)
+    assert not purgatory.rewatch(waiter, [])
+    assert purgatory.waiter_count == 0 and purgatory.notify("b") == 0
+    assert not purgatory.rewatch(waiter, ["a"])        # no longer registered: nothing comes back
+    assert purgatory.notify("a") == 0
