@@ -14,7 +14,6 @@ SIGKILL; the temp dir is removed in every case.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -22,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench.kafka import free_port, port_accepts, stop_process
+from bench.kafka import TempFiles, free_port, port_accepts, stop_process
 
 READY_LINE = "eos broker listening on"
 START_TIMEOUT_S = 60.0
@@ -40,7 +39,7 @@ def broker_available() -> str | None:
     return None
 
 
-class EosBroker:
+class EosBroker(TempFiles):
     """with EosBroker() as eos_broker: eos_broker.bootstrap, eos_broker.data_dir"""
 
     def __init__(self, *, base_dir: str | None = None, extra_args: tuple[str, ...] = (),
@@ -149,11 +148,6 @@ class EosBroker:
             self.proc = None
             if not keep_files:
                 self.remove_files()
-
-    def remove_files(self) -> None:
-        if self.tmp is not None:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            self.tmp = None
 
     def __enter__(self) -> "EosBroker":
         return self.start()

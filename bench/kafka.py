@@ -302,6 +302,19 @@ def wait_until(condition, what: str, timeout_s: float, interval_s: float = 0.05)
         time.sleep(interval_s)
 
 
+class TempFiles:
+    """A server's temp dir (`self.tmp`), removed by `remove_files()`: at stop, or once a
+    benchmark has run every system (a mass removal slows the next one's file creation,
+    bench/README, session 25)."""
+
+    tmp: Path | None = None
+
+    def remove_files(self) -> None:
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.tmp = None
+
+
 def stop_process(proc: subprocess.Popen, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
     """SIGTERM, a bounded wait, then SIGKILL. Returns the exit code."""
     if proc.poll() is not None:
@@ -329,7 +342,7 @@ class KafkaSsl(NamedTuple):
     client_auth: str = "none"          # Kafka's ssl.client.auth: none | required
 
 
-class KafkaBroker:
+class KafkaBroker(TempFiles):
     """One Kafka 4.x node in KRaft mode (broker + controller) on free 127.0.0.1 ports.
 
     with KafkaBroker(dist) as kafka:
@@ -489,11 +502,6 @@ class KafkaBroker:
             self.proc = None
             if not keep_files:
                 self.remove_files()
-
-    def remove_files(self) -> None:
-        if self.tmp is not None:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            self.tmp = None
 
     def __enter__(self) -> "KafkaBroker":
         return self.start()

@@ -14,20 +14,19 @@ whatever state the nodes are in.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-from bench.kafka import KafkaDist, KafkaUnavailable, free_port, port_accepts, stop_process
+from bench.kafka import KafkaDist, KafkaUnavailable, TempFiles, free_port, port_accepts, stop_process
 
 START_TIMEOUT_S = 120.0
 HEAP = "-Xmx512m"
 
 
-class KafkaCluster:
+class KafkaCluster(TempFiles):
     def __init__(self, dist: KafkaDist, *, brokers: int = 3, base_dir: str | None = None,
                  session_timeout_ms: int = 6000, extra: dict | None = None):
         self.dist = dist
@@ -187,11 +186,6 @@ class KafkaCluster:
             self.procs = {}
             if not keep_files:
                 self.remove_files()
-
-    def remove_files(self) -> None:
-        if self.tmp is not None:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            self.tmp = None
 
     def __enter__(self) -> "KafkaCluster":
         return self.start()

@@ -67,6 +67,17 @@ def fetch(servicer, *, session_id=0, epoch, listed=(), forgotten=(), max_wait_ms
     return servicer.Fetch(request, FakeContext())
 
 
+def waiting_fetch(servicer, session_id: int, epoch: int) -> tuple[threading.Thread, list]:
+    """An incremental Fetch with nothing new, started on a thread and seen waiting in the
+    purgatory; its answer lands in the list."""
+    answers: list = []
+    thread = threading.Thread(target=lambda: answers.append(
+        fetch(servicer, session_id=session_id, epoch=epoch, max_wait_ms=60_000)))
+    thread.start()
+    wait_for(lambda: servicer._purgatory.waiter_count == 1, "the fetch waiting in the purgatory")
+    return thread, answers
+
+
 def answered(response) -> dict[int, int]:
     """{partition: bytes of records} of an answer."""
     return {p.partition: len(p.records) for p in response.partitions}
@@ -126,11 +137,7 @@ def test_records_of_a_partition_this_broker_no_longer_leads_never_go_out(leader)
 
 def test_an_incremental_fetch_with_nothing_new_waits_for_an_append(leader):
     session_id = opened(leader)
-    answers = []
-    waiting = threading.Thread(target=lambda: answers.append(
-        fetch(leader, session_id=session_id, epoch=2, max_wait_ms=10_000)))
-    waiting.start()
-    wait_for(lambda: leader._purgatory.waiter_count == 1, "the fetch waiting in the purgatory")
+    waiting, answers = waiting_fetch(leader, session_id, 2)
     append(leader, 1)
     waiting.join(10)
     assert not waiting.is_alive() and list(answered(answers[0])) == [1]
@@ -179,21 +186,13 @@ def test_a_session_keeps_one_waiter_across_its_fetches_and_moves_it_with_its_par
 
 def test_a_fetch_waiting_on_a_replaced_session_returns_and_the_new_session_waits_alone(leader):
     session_id = opened(leader)
-    answers = []
-    waiting = threading.Thread(target=lambda: answers.append(
-        fetch(leader, session_id=session_id, epoch=2, max_wait_ms=60_000)))
-    waiting.start()
-    wait_for(lambda: leader._purgatory.waiter_count == 1, "the fetch waiting in the purgatory")
+    waiting, answers = waiting_fetch(leader, session_id, 2)
     replacing = fetch(leader, epoch=0, listed=[(0, 1), (1, 1), (2, 1)])   # the follower started over
     assert replacing.error_code == ErrorCode.NONE and replacing.session_id != session_id
     waiting.join(10)      # well inside the fetch's deadline (FETCH_MAX_WAIT_CAP_MS): it was told to stop
     assert not waiting.is_alive() and answered(answers[0]) == {}
     assert leader._purgatory.waiter_count == 0          # the old session's place is free
-    new_answers = []
-    again = threading.Thread(target=lambda: new_answers.append(
-        fetch(leader, session_id=replacing.session_id, epoch=1, max_wait_ms=60_000)))
-    again.start()
-    wait_for(lambda: leader._purgatory.waiter_count == 1, "the new session's fetch waiting")
+    again, new_answers = waiting_fetch(leader, replacing.session_id, 1)
     append(leader, 2)
     again.join(30)
     assert not again.is_alive() and list(answered(new_answers[0])) == [2]
