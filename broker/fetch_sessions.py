@@ -23,7 +23,10 @@ for its followers instead of 4. A session makes the cost follow what changed:
 
 The leader still reports each partition's fetch offset to the replica manager (high
 watermark, caught-up time, ISR expansion, leadership and epoch checks): those the Fetch
-lists, any it is about to answer, and all of them once per `report_interval_s`.
+lists, any it is about to answer, and all of them once per `report_interval_s`. Which
+partitions a read looks at is broker/reads.py's: those listed, those notified since the
+session's last read (its purgatory waiter collects them), those left `pending`, and all of
+them at that periodic report.
 
 A leader keeps one session per follower broker (a follower has one fetcher thread per
 leader): opening a new one replaces that broker's old one, so the cache is bounded by the
@@ -108,10 +111,12 @@ class FetchSession:
     """One follower's session. `epoch` is the epoch its next Fetch must carry.
     `keys_version` moves whenever a partition joins or leaves; the leader's read side keeps
     the session's purgatory waiter in `waiter`, registered at `watched_version`, under
-    `waiter_lock`, and sets `dropped` (under it too) once the session is replaced or closed."""
+    `waiter_lock`, and sets `dropped` (under it too) once the session is replaced or closed.
+    `pending` holds the partitions a read must look at again though nothing notifies them
+    (an answer cut short by the response's size, a refusal); its Fetches' thread owns it."""
 
     __slots__ = ("session_id", "replica_id", "epoch", "partitions", "_all_reported_s", "keys_version",
-                 "waiter", "watched_version", "waiter_lock", "dropped")
+                 "waiter", "watched_version", "waiter_lock", "dropped", "pending")
 
     def __init__(self, session_id: int, replica_id: int):
         self.session_id = session_id
@@ -124,6 +129,7 @@ class FetchSession:
         self.watched_version = -1
         self.waiter_lock = threading.Lock()
         self.dropped = False
+        self.pending: set[tuple[str, int]] = set()
 
     def report_all_due(self, now_s: float, interval_s: float) -> bool:
         """Whether this Fetch reports every partition, not only those it lists: once per

@@ -17,7 +17,10 @@ re-read for the same reason.
 A follower's fetch session keeps one waiter registered under its partitions for as long
 as the session lives (`rewatch` moves it when the session's partitions change): with a
 thousand partitions a session, registering them afresh on every Fetch cost more than the
-read itself. Its Fetches clear the event, read, and wait on it, one at a time.
+read itself. Its Fetches clear the event, read, and wait on it, one at a time. That waiter
+also tracks which keys were notified (`take_touched`, swapped under the lock that notify
+adds them under), so a Fetch woken by one partition's append reads that partition, not
+the thousand.
 
 The purgatory is bounded: each waiter holds a gRPC worker thread (a session's, at most one
 per follower broker, while its Fetch waits), so at most `max_waiters` are registered at
@@ -32,14 +35,16 @@ from typing import Hashable, Iterable
 
 
 class FetchWaiter:
-    """One waiting fetch. Woken by an append to any of its keys, cancel(), or close()."""
+    """One waiting fetch. Woken by an append to any of its keys, cancel(), or close().
+    A waiter watched `tracking` also collects the keys notified since `take_touched`."""
 
-    __slots__ = ("keys", "_event", "cancelled")
+    __slots__ = ("keys", "_event", "cancelled", "touched")
 
-    def __init__(self, keys: frozenset):
+    def __init__(self, keys: frozenset, tracking: bool = False):
         self.keys = keys
         self._event = threading.Event()
         self.cancelled = False
+        self.touched: set | None = set() if tracking else None
 
     def wait(self, timeout_s: float) -> bool:
         """Sleep until woken or `timeout_s` passes; True when woken."""
@@ -73,10 +78,11 @@ class FetchPurgatory:
     def waiter_count(self) -> int:
         return self._waiter_count
 
-    def watch(self, keys: Iterable[Hashable]) -> FetchWaiter | None:
-        """Register a waiter on `keys`; None when full or closed (answer without waiting)."""
+    def watch(self, keys: Iterable[Hashable], *, tracking: bool = False) -> FetchWaiter | None:
+        """Register a waiter on `keys`; None when full or closed (answer without waiting).
+        `tracking`: it also collects the keys notified (`take_touched`)."""
         key_set = frozenset(keys)
-        waiter = FetchWaiter(key_set)
+        waiter = FetchWaiter(key_set, tracking)
         with self._lock:
             if self._closed or self._waiter_count >= self.max_waiters or not key_set:
                 return None
@@ -126,6 +132,12 @@ class FetchPurgatory:
             if removed:
                 self._waiter_count -= 1
 
+    def take_touched(self, waiter: FetchWaiter) -> set:
+        """The keys notified to a tracking waiter since the last call (then none)."""
+        with self._lock:
+            touched, waiter.touched = waiter.touched, set()
+        return touched
+
     def notify(self, key: Hashable) -> int:
         """Wake every waiter on `key` (called after an append); returns how many."""
         with self._lock:
@@ -133,6 +145,9 @@ class FetchPurgatory:
             if not waiters:
                 return 0
             woken = list(waiters)
+            for waiter in woken:
+                if waiter.touched is not None:
+                    waiter.touched.add(key)
         for waiter in woken:
             waiter.wake()
         return len(woken)

@@ -182,9 +182,12 @@ class ReadHandlers:
             return broker_pb2.FetchResponse(error_code=exc.code, error_message=str(exc))
         listed = session.apply(request.partitions, request.forgotten)
         every_s = report_interval_s(self._replicas.replica_lag_time_max_ms)
-        errors = self._report_session(
-            request, session, list(session.partitions) if session.report_all_due(time.monotonic(), every_s) else listed)
-        results, told = self._wait_for_session_news(request, context, session, errors, max_wait_ms, deadline_s)
+        report_all = session.report_all_due(time.monotonic(), every_s)
+        errors = self._report_session(request, session, list(session.partitions) if report_all else listed)
+        # The periodic report of every partition also reads every partition once: what
+        # notifies nothing (a log start moved by retention) is told within the interval.
+        results, told = self._wait_for_session_news(request, context, session, errors, max_wait_ms, deadline_s,
+                                                    None if report_all else listed)
         for told_partition, result in told:
             told_partition.told(result.high_watermark, result.log_start_offset)
         return broker_pb2.FetchResponse(partitions=results, session_id=session.session_id)
@@ -207,16 +210,19 @@ class ReadHandlers:
         return response
 
     def _wait_for_session_news(self, request: broker_pb2.FetchRequest, context, session, errors: dict,
-                               max_wait_ms: int, deadline_s: float):
+                               max_wait_ms: int, deadline_s: float, listed):
         """(results, told) of an incremental Fetch: at once when there are `errors` or no
         wait; else the long poll, woken by an append to any partition of the session, until
-        records come, the deadline passes, or the session is replaced."""
+        records come, the deadline passes, or the session is replaced. `listed`: the keys
+        this Fetch listed, or None to read every partition of the session; otherwise a read
+        looks at those, the ones notified since the session's last read, and its pending
+        ones (`_read_session`)."""
         budget_bytes = _response_budget_bytes(request)
         if errors or max_wait_ms == 0:
             results, told, _ = self._read_session(request, session, errors, budget_bytes)
             return results, told
         sessions = self._fetch_sessions
-        waiter = self._session_waiter(session)
+        waiter, fresh = self._session_waiter(session)
         if waiter is None:
             results, told, _ = self._read_session(request, session, errors, budget_bytes)
             return results, told
@@ -227,11 +233,16 @@ class ReadHandlers:
             waiter.wake()
         context.add_callback(end_wait)
         # Cleared before the first read: appends since the session's last Fetch are in that
-        # read, and an append after it wakes the wait below.
+        # read, and an append after it wakes the wait below. A waiter registered just now
+        # saw nothing before: that first read looks at everything.
         waiter.clear()
+        first_keys = None if fresh or listed is None else set(listed)      # None: all
         while True:
+            touched = self._purgatory.take_touched(waiter)
+            keys = None if first_keys is None else first_keys.union(touched, session.pending)
+            first_keys = set()    # later reads: what was notified since, and what is pending
             # The follower's offsets stay as it sent them, only the logs move.
-            results, told, bytes_read = self._read_session(request, session, errors, budget_bytes)
+            results, told, bytes_read = self._read_session(request, session, errors, budget_bytes, keys)
             if bytes_read >= request.min_bytes or errors or not sessions.is_current(session):
                 return results, told
             remaining_s = deadline_s - time.monotonic()
@@ -241,24 +252,25 @@ class ReadHandlers:
             waiter.clear()
 
     def _session_waiter(self, session):
-        """The session's purgatory waiter, registered under its partitions for as long as the
-        session lives (broker/purgatory.py) and moved when they change; None when the
-        purgatory is full or closing, or the session is empty (answer without waiting).
-        Dropped with the session (`_drop_session_waiter`)."""
+        """(waiter, registered just now): the session's purgatory waiter, registered under
+        its partitions for as long as the session lives (broker/purgatory.py), tracking the
+        keys notified, and moved when they change; (None, False) when the purgatory is full
+        or closing, or the session is empty (answer without waiting). Dropped with the
+        session (`_drop_session_waiter`)."""
         with session.waiter_lock:
             if session.dropped:
-                return None
+                return None, False
             waiter = session.waiter
             if waiter is not None and session.watched_version == session.keys_version:
-                return None if waiter.cancelled else waiter
+                return (None, False) if waiter.cancelled else (waiter, False)
             version = session.keys_version
             # (topic, partition) keys: equal to, and hashed as, the TopicPartition appends notify
             if waiter is None:
-                waiter = self._purgatory.watch(session.partitions)
+                waiter = self._purgatory.watch(session.partitions, tracking=True)
             elif not self._purgatory.rewatch(waiter, session.partitions):
                 waiter = None
             session.waiter, session.watched_version = waiter, version
-            return waiter
+            return waiter, waiter is not None
 
     def _drop_session_waiter(self, session) -> None:
         """A session was replaced or closed: its waiter leaves the purgatory, and a Fetch still
@@ -308,21 +320,35 @@ class ReadHandlers:
                 held.reported_at = request.session_epoch
         return errors
 
-    def _read_session(self, request: broker_pb2.FetchRequest, session, errors: dict, budget_bytes: int):
+    def _read_session(self, request: broker_pb2.FetchRequest, session, errors: dict, budget_bytes: int,
+                      keys=None):
         """(results, [(session partition, result) to note as told once answered], bytes read):
         the session's partitions with something new -- records past the fetch offset, or a
         high watermark or log start offset the follower was not told -- plus `errors`. A
         partition not reported in this Fetch is reported before it is read (see
-        `_report_session`); one it refuses is answered with the error."""
+        `_report_session`); one it refuses is answered with the error. `keys`: look at
+        those of the session's partitions only (None: all). One with records left unsent
+        (the response's size ran out) or refused stays in `session.pending`, looked at again
+        by the next read."""
         results = list(errors.values())
         told = []
         bytes_read = 0
-        for key, held in session.partitions.items():
+        partitions = session.partitions
+        pending = session.pending
+        if keys is None:
+            pending.clear()
+            examined = partitions.items()
+        else:
+            examined = [(key, partitions[key]) for key in keys if key in partitions]
+            pending.difference_update(keys)
+        for key, held in examined:
             partition_log = held.log
-            if key in errors or (partition_log is not None
-                                 and partition_log.log_end_offset <= held.fetch_offset
-                                 and partition_log.high_watermark == held.sent_high_watermark
-                                 and partition_log.log_start_offset == held.sent_log_start_offset):
+            if key in errors:
+                pending.add(key)
+                continue
+            if (partition_log is not None and partition_log.log_end_offset <= held.fetch_offset
+                    and partition_log.high_watermark == held.sent_high_watermark
+                    and partition_log.log_start_offset == held.sent_log_start_offset):
                 continue      # nothing new: not in the answer
             if held.reported_at != request.session_epoch or partition_log is None:
                 if not self._fetch_sessions.is_current(session):
@@ -331,6 +357,7 @@ class ReadHandlers:
                 if refused:
                     errors.update(refused)
                     results.append(refused[key])
+                    pending.add(key)
                     continue
                 partition_log = held.log
             fp = broker_pb2.FetchPartition(
@@ -341,8 +368,11 @@ class ReadHandlers:
                                           min_one_batch=bytes_read == 0, request=request, replica_reported=True)
             if result.error_code == ErrorCode.NONE:
                 told.append((held, result))
+                if not result.records and partition_log.log_end_offset > held.fetch_offset:
+                    pending.add(key)      # records the size left out: the next read sends them
             else:
                 held.forget_told()
+                pending.add(key)
             bytes_read += len(result.records)
             results.append(result)
         return results, told, bytes_read

@@ -57,8 +57,8 @@ def append(servicer, partition: int) -> None:
     servicer._purgatory.notify(TopicPartition("t", partition))
 
 
-def fetch(servicer, *, session_id=0, epoch, listed=(), forgotten=(), max_wait_ms=0):
-    request = broker_pb2.FetchRequest(max_wait_ms=max_wait_ms, min_bytes=1, max_bytes=1 << 20, is_replica=True,
+def fetch(servicer, *, session_id=0, epoch, listed=(), forgotten=(), max_wait_ms=0, max_bytes=1 << 20):
+    request = broker_pb2.FetchRequest(max_wait_ms=max_wait_ms, min_bytes=1, max_bytes=max_bytes, is_replica=True,
                                       replica_id=FOLLOWER, session_id=session_id, session_epoch=epoch)
     for partition, offset in listed:
         request.partitions.add(topic="t", partition=partition, fetch_offset=offset, partition_max_bytes=1 << 20)
@@ -196,3 +196,38 @@ def test_a_fetch_waiting_on_a_replaced_session_returns_and_the_new_session_waits
     append(leader, 2)
     again.join(30)
     assert not again.is_alive() and list(answered(new_answers[0])) == [2]
+
+
+class Untouchable:
+    """A session partition's log that must not be looked at."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"an untouched partition's log was read ({name})")
+
+
+def test_a_fetch_woken_by_one_partition_reads_that_partition_only(leader, monkeypatch):
+    monkeypatch.setattr("broker.reads.report_interval_s", lambda _ms: 3600.0)   # no periodic read of all here
+    session_id = opened(leader)
+    # the session's waiter is registered: that first waiting read looks at everything
+    assert answered(fetch(leader, session_id=session_id, epoch=2, max_wait_ms=20)) == {}
+    session = leader._fetch_sessions._by_id[session_id]
+    session.partitions[("t", 0)].log = Untouchable()
+    waiting, answers = waiting_fetch(leader, session_id, 3)
+    append(leader, 1)
+    waiting.join(10)
+    assert not waiting.is_alive() and list(answered(answers[0])) == [1]
+
+
+def test_records_a_full_answer_left_out_go_in_the_next_without_another_append(leader):
+    session_id = opened(leader)
+    append(leader, 0)
+    append(leader, 1)
+    # room for one batch: the partition read first gets it, the other only its high watermark
+    first = fetch(leader, session_id=session_id, epoch=2, max_wait_ms=20, max_bytes=1)
+    sent = [p for p in first.partitions if p.records]
+    assert len(sent) == 1 and len(first.partitions) == 2
+    left_out = ({0, 1} - {sent[0].partition}).pop()
+    # the follower lists only what it got; nothing else is appended meanwhile
+    second = fetch(leader, session_id=session_id, epoch=3, max_wait_ms=20,
+                   listed=[(sent[0].partition, 2)])
+    assert [p.partition for p in second.partitions if p.records] == [left_out]

@@ -56,3 +56,14 @@ def test_rewatch_moves_a_waiter_to_other_keys_and_an_empty_set_unwatches_it():
     assert purgatory.waiter_count == 0 and purgatory.notify("b") == 0
     assert not purgatory.rewatch(waiter, ["a"])        # no longer registered: nothing comes back
     assert purgatory.notify("a") == 0
+
+
+def test_a_tracking_waiter_collects_the_keys_notified_until_they_are_taken():
+    purgatory = FetchPurgatory(max_waiters=2)
+    tracking = purgatory.watch(["a", "b"], tracking=True)
+    plain = purgatory.watch(["a"])
+    for key in ("a", "b", "a", "zzz"):
+        purgatory.notify(key)
+    assert purgatory.take_touched(tracking) == {"a", "b"}
+    assert purgatory.take_touched(tracking) == set()
+    assert plain.touched is None and plain.wait(0)
