@@ -22,11 +22,11 @@ also tracks which keys were notified (`take_touched`, swapped under the lock tha
 adds them under), so a Fetch woken by one partition's append reads that partition, not
 the thousand.
 
-The purgatory is bounded: each waiter holds a gRPC worker thread (a session's, at most one
-per follower broker, while its Fetch waits), so at most `max_waiters` are registered at
-once; past that `watch()` returns None and the fetch answers at once with what it has (the
-client polls again). The lock guards only the waiter map and is never held while reading
-or writing the log.
+The purgatory is bounded: a waiting fetch holds a worker thread, so at most `max_waiters`
+are registered at once (a session's waiter stays registered between its Fetches too, and
+there is at most one a follower broker); past that `watch()` returns None and the fetch
+answers at once with what it has (the client polls again). The lock guards only the waiter
+map and is never held while reading or writing the log.
 """
 from __future__ import annotations
 
