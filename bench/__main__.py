@@ -163,13 +163,34 @@ def run_system(system: str, broker, workloads: list[str], sizes: Sizes, disk_spe
     return outcomes
 
 
-def _remove_files(brokers) -> None:
-    """Remove the stopped brokers' files once every system has run, not as each stops: on
-    ext4 without a journal, as on this machine, creating a file scans past the inodes freed
-    in the last minute or more, so one system's mass removal would slow the file creation
-    of the system measured next (bench/README, "A topic's creation on a cluster")."""
-    for broker in brokers:
-        broker.remove_files()
+def _measure_system(system: str, args, sizes: Sizes, disk_speed, progress: Progress, systems: dict,
+                    per_workload: dict, stopped: list) -> None:
+    """Start `system`'s broker, run every workload on it into `per_workload` (its status into
+    `systems`), and stop it; a stopped broker's files stay, listed in `stopped`."""
+    broker = None
+    try:
+        try:
+            broker, version = start_broker(system, args.kafka_version, args.tmp_dir,
+                                           progress, tuple(args.eos_config))
+        except (KafkaUnavailable, EosUnavailable, ImportError) as exc:
+            # No eos broker program yet is "not available"; one that crashes is an error.
+            missing = system == "eos" and broker_available() is not None
+            status = "not available" if missing else "error"
+            progress(f"{system}: {status}: {exc}")
+            systems[system] = {"status": status, "detail": str(exc), "version": None}
+            for name in args.workloads:
+                per_workload[name][system] = {"status": status, "detail": f"{system} broker: {exc}"}
+            return
+        systems[system] = {"status": "ok", "version": version, "bootstrap": broker.bootstrap}
+        progress(f"{system}: broker up at {broker.bootstrap}")
+        for name, outcome in run_system(system, broker, args.workloads, sizes, disk_speed,
+                                        progress).items():
+            per_workload[name][system] = outcome
+    finally:
+        if broker is not None:
+            progress(f"{system}: stopping the broker")
+            broker.stop(keep_files=True)
+            stopped.append(broker)
 
 
 def start_broker(system: str, kafka_version: str, tmp_dir: str, progress: Progress,
@@ -249,37 +270,17 @@ def main(argv: list[str] | None = None) -> int:
              f"{disk_speed.fsync_mb_s:,.0f} MB/s with fsync")
     systems: dict[str, dict] = {}
     per_workload: dict[str, dict[str, dict]] = {name: {} for name in args.workloads}
-    stopped = []     # their files go at the end: see _remove_files
+    # Every system's files stay until all have run: on ext4 without a journal, as on this
+    # machine, creating a file scans past the inodes freed in the last minute or more, so
+    # one system's mass removal would slow the file creation of the system measured next
+    # (bench/README, "Files kept to the end, a session's waiter, the metadata index").
+    stopped = []
     try:
         for system in args.system_list:
-            broker = None
-            try:
-                try:
-                    broker, version = start_broker(system, args.kafka_version, args.tmp_dir,
-                                                   progress, tuple(args.eos_config))
-                except (KafkaUnavailable, EosUnavailable, ImportError) as exc:
-                    # No eos broker program yet is "not available"; one that crashes is an error.
-                    missing = system == "eos" and broker_available() is not None
-                    status = "not available" if missing else "error"
-                    progress(f"{system}: {status}: {exc}")
-                    systems[system] = {"status": status, "detail": str(exc), "version": None}
-                    for name in args.workloads:
-                        per_workload[name][system] = {"status": status,
-                                                      "detail": f"{system} broker: {exc}"}
-                    continue
-                systems[system] = {"status": "ok", "version": version,
-                                   "bootstrap": broker.bootstrap}
-                progress(f"{system}: broker up at {broker.bootstrap}")
-                for name, outcome in run_system(system, broker, args.workloads, sizes, disk_speed,
-                                                progress).items():
-                    per_workload[name][system] = outcome
-            finally:
-                if broker is not None:
-                    progress(f"{system}: stopping the broker")
-                    broker.stop(keep_files=True)
-                    stopped.append(broker)
+            _measure_system(system, args, sizes, disk_speed, progress, systems, per_workload, stopped)
     finally:
-        _remove_files(stopped)
+        for broker in stopped:
+            broker.remove_files()
     finished = dt.datetime.now(dt.timezone.utc)
     run = {
         "schema": 1,

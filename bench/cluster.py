@@ -7,8 +7,8 @@ figure, stops it, then does the same on eos's 3-broker cluster (`eos.local_clust
 ZooKeeper and three broker processes); the two never share the machine. Both sides' data
 stays on disk until the run ends: on ext4 without a journal, as here, creating a file scans
 past the inodes freed in the last minute or more, so removing one side's tens of thousands
-of files would slow the file creation of the side measured next (bench/README, "A topic's
-creation on a cluster"). Both sides run at
+of files would slow the file creation of the side measured next (bench/README, "Files
+kept to the end, a session's waiter, the metadata index"). Both sides run at
 the same session timeout (6 s: eos's zookeeper.session.timeout.ms, Kafka's
 broker.session.timeout.ms with a 1 s heartbeat), RF 3, min.insync.replicas 2.
 

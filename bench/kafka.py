@@ -304,8 +304,8 @@ def wait_until(condition, what: str, timeout_s: float, interval_s: float = 0.05)
 
 class TempFiles:
     """A server's temp dir (`self.tmp`), removed by `remove_files()`: at stop, or once a
-    benchmark has run every system (a mass removal slows the next one's file creation,
-    bench/README, session 25)."""
+    benchmark has run every system (a mass removal slows the next one's file creation:
+    bench/README, "Files kept to the end, a session's waiter, the metadata index")."""
 
     tmp: Path | None = None
 
