@@ -33,6 +33,17 @@ The `RecordAccumulator` is what they share, behind one lock held only for list a
   failed; the reservation is also the batch's capacity. When the buffer is full, appends
   wait up to max.block.ms for space, then raise `BufferExhaustedError` (Kafka's
   BufferExhaustedException).
+- Backlog: a sealed batch the sender has not taken yet is work the sender is behind on
+  (its records are encoded when it is taken). An application that appends faster than the
+  sender sends would fill all of buffer.memory with such batches, and every record would
+  then wait behind 32 MiB of others: a flush, a commit_transaction, pays for all of it
+  (measured flat out: commit 34-74 ms with the whole buffer queued, 4-6 ms with a sixteenth,
+  at the same records/s). So a new batch also waits while the backlog holds
+  `backlog_bytes_max` (buffer.memory / BACKLOG_SHARE_OF_BUFFER, at least batch.size), until
+  the sender has taken it down to half of that. Open batches do not count (a producer
+  writing to many partitions has one open in each), nor do batches in flight (what keeps
+  a distant broker busy still has all of buffer.memory). The wait is the same as for
+  memory: up to max.block.ms, then `BufferExhaustedError`.
 - Readiness: the head batch of a partition is ready when it is sealed, or linger.ms has
   passed since it was opened, or a flush or close is in progress -- and its retry backoff
   (if it is a retry) has passed. `drain` hands ready head batches to the sender, which
@@ -63,6 +74,10 @@ from producer.batch import BATCH_HEADER_BYTES, ProducerBatch, RecordFuture, _Bul
 
 log = logging.getLogger("eos.producer")
 
+# The backlog of sealed, untaken batches an append may add to: this share of buffer.memory
+# (see the module doc, "Backlog").
+BACKLOG_SHARE_OF_BUFFER = 16
+
 class BufferExhaustedError(RequestTimedOutError):
     """buffer.memory stayed full for max.block.ms (Kafka's BufferExhaustedException)."""
 
@@ -86,6 +101,10 @@ class RecordAccumulator:
         self.lock = threading.Lock()
         self.wakeup = Wakeup()      # the sender waits on this (set: it has something to do)
         self._space = threading.Condition(self.lock)      # appenders wait for buffer memory
+        self._backlog_drop = threading.Condition(self.lock)   # ... or for the sender to catch up
+        self.backlog_bytes_max = max(buffer_memory // BACKLOG_SHARE_OF_BUFFER, batch_size)
+        self._backlog_bytes = 0       # sum of the queued batches' backlog_bytes
+        self._backlog_waiters = 0
         self._deques: dict[tuple, collections.deque] = {}
         self._creation_counter = itertools.count()
         self._available_bytes = buffer_memory
@@ -111,15 +130,32 @@ class RecordAccumulator:
             raise EosError(
                 f"a record of about {first_record_bytes} bytes is larger than buffer.memory "
                 f"({self.buffer_memory} bytes)", ErrorCode.MESSAGE_TOO_LARGE)
-        while self._available_bytes < reserve:
+        backlog_limit = self.backlog_bytes_max
+        while self._available_bytes < reserve or self._backlog_bytes >= backlog_limit:
             if deadline_ms is None:
                 deadline_ms = self._clock() + self.max_block_ms
             remaining_ms = deadline_ms - self._clock()
+            short_of_memory = self._available_bytes < reserve
             if remaining_ms <= 0:
+                if short_of_memory:
+                    raise BufferExhaustedError(
+                        f"failed to allocate {reserve} bytes within max.block.ms ({self.max_block_ms} ms): "
+                        f"buffer.memory ({self.buffer_memory} bytes) is full of undelivered batches")
                 raise BufferExhaustedError(
-                    f"failed to allocate {reserve} bytes within max.block.ms ({self.max_block_ms} ms): "
-                    f"buffer.memory ({self.buffer_memory} bytes) is full of undelivered batches")
-            self._space.wait(remaining_ms / 1000)
+                    f"the sender did not catch up within max.block.ms ({self.max_block_ms} ms): "
+                    f"{self._backlog_bytes} bytes of full batches wait to be sent (a new batch "
+                    f"waits while they are {self.backlog_bytes_max} bytes or more, buffer.memory "
+                    f"/ {BACKLOG_SHARE_OF_BUFFER}); is the partition's leader reachable?")
+            if short_of_memory:
+                self._space.wait(remaining_ms / 1000)
+            else:
+                # Resume at half: one wake-up lets many batches in, not one per batch taken.
+                backlog_limit = self.backlog_bytes_max // 2
+                self._backlog_waiters += 1
+                try:
+                    self._backlog_drop.wait(remaining_ms / 1000)
+                finally:
+                    self._backlog_waiters -= 1
             self._check_open()   # closed while we waited
         self._available_bytes -= reserve
         batch = ProducerBatch(topic, partition, next(self._creation_counter), self._clock(), reserve)
@@ -130,12 +166,28 @@ class RecordAccumulator:
         elif dq:
             # Another thread may have opened a batch while we waited for memory: only the
             # tail takes records, so the one before it is complete.
-            dq[-1].sealed = True
+            self._seal_locked(dq[-1])
         dq.append(batch)
         self._incomplete[batch] = None
         # A new batch starts a linger timer the sender may not know about yet.
         self.wakeup.set()
         return batch
+
+    def _seal_locked(self, batch: ProducerBatch) -> None:
+        """Seal a queued batch (it takes no more records): it joins the backlog."""
+        if not batch.sealed:
+            batch.sealed = True
+            # A head that absorbed sealed followers already counts their bytes.
+            self._backlog_bytes += batch.size_estimate_bytes - batch.backlog_bytes
+            batch.backlog_bytes = batch.size_estimate_bytes
+
+    def _leave_backlog_locked(self, batch: ProducerBatch) -> None:
+        """The batch left the queue (taken, expired, aborted, finished)."""
+        if batch.backlog_bytes:
+            self._backlog_bytes -= batch.backlog_bytes
+            batch.backlog_bytes = 0
+            if self._backlog_waiters and self._backlog_bytes < self.backlog_bytes_max // 2:
+                self._backlog_drop.notify_all()
 
     def _check_open(self) -> None:
         if self.closing or self.closed:
@@ -159,7 +211,7 @@ class RecordAccumulator:
         if batch is not None:
             if batch.size_estimate_bytes + record_bytes <= batch.reserved_bytes or not batch.values:
                 return batch
-            batch.sealed = True
+            self._seal_locked(batch)
         if sticky:
             # KIP-480: needing a new batch is the moment to move to another partition.
             partition = self._sticky.switch(topic, partition_count)
@@ -167,7 +219,7 @@ class RecordAccumulator:
             if batch is not None:
                 if batch.size_estimate_bytes + record_bytes <= batch.reserved_bytes or not batch.values:
                     return batch
-                batch.sealed = True
+                self._seal_locked(batch)
         return self._new_batch_locked(topic, partition, record_bytes, deadline_ms, reserve_bytes)
 
     def append(self, topic: str, partition: int | None, partition_count: int, value, key,
@@ -200,7 +252,7 @@ class RecordAccumulator:
             if on_delivery is not batch.run_callback:
                 batch.add_record_callback(index, on_delivery)
             if batch.size_estimate_bytes >= self.batch_size:
-                batch.sealed = True
+                self._seal_locked(batch)
                 self.wakeup.set()
         finally:
             lock.release()
@@ -225,7 +277,7 @@ class RecordAccumulator:
             if on_delivery is not batch.run_callback:
                 batch.add_record_callback(len(batch.values) - 1, on_delivery)
             if batch.size_estimate_bytes >= self.batch_size:
-                batch.sealed = True
+                self._seal_locked(batch)
                 self.wakeup.set()
             return True
         finally:
@@ -310,7 +362,7 @@ class RecordAccumulator:
                 batch.size_estimate_bytes += cumulative[end - 1] - consumed_before
                 bulk.watch(_Segment(batch, batch_start, end - start, positions[start:end]))
                 if end < count or batch.size_estimate_bytes >= self.batch_size:
-                    batch.sealed = True
+                    self._seal_locked(batch)
                     self.wakeup.set()
                 start = end
 
@@ -404,6 +456,7 @@ class RecordAccumulator:
                         break
                     batch.sealed = True
                     dq.popleft()
+                    self._leave_backlog_locked(batch)
                     taken.append(batch)
         return taken, next_ready_ms
 
@@ -416,6 +469,8 @@ class RecordAccumulator:
                     or head.size_estimate_bytes + follower.size_estimate_bytes - BATCH_HEADER_BYTES > limit_bytes):
                 return
             head.absorb(follower)
+            head.backlog_bytes += follower.backlog_bytes    # still queued, inside the head
+            follower.backlog_bytes = 0
             del dq[1]
 
     def reenqueue(self, batch: ProducerBatch) -> None:
@@ -441,6 +496,7 @@ class RecordAccumulator:
                 while dq and now_ms - dq[0].created_ms >= delivery_timeout_ms:
                     batch = dq.popleft()
                     batch.sealed = True
+                    self._leave_backlog_locked(batch)
                     expired.append(batch)
         return expired
 
@@ -463,6 +519,7 @@ class RecordAccumulator:
                 dq.clear()
             for batch in batches:
                 batch.sealed = True
+                self._leave_backlog_locked(batch)
             return batches
 
     def deallocate(self, batch: ProducerBatch) -> None:
@@ -474,6 +531,7 @@ class RecordAccumulator:
                 if self._incomplete.pop(done, False) is not False:
                     self._available_bytes += done.reserved_bytes
                     freed = True
+                self._leave_backlog_locked(done)
                 # A finished batch is sealed, so the append cache would only skip it; drop
                 # it so the cache does not keep its records alive for the producer's life.
                 for key in (done.topic, (done.topic, done.partition)):
@@ -487,12 +545,18 @@ class RecordAccumulator:
         with self.lock:
             self.closed = True
             self._space.notify_all()
+            self._backlog_drop.notify_all()
         self.wakeup.close()
 
     def available_bytes(self) -> int:
         """buffer.memory not reserved by a batch (read without the lock: one int, for the
         buffer_available_bytes gauge at a scrape)."""
         return self._available_bytes
+
+    def backlog_bytes(self) -> int:
+        """Bytes of sealed batches the sender has not taken yet (see "Backlog")."""
+        with self.lock:
+            return self._backlog_bytes
 
     def has_queued(self) -> bool:
         with self.lock:

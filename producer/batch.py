@@ -71,7 +71,7 @@ class ProducerBatch:
     __slots__ = (
         "topic", "partition", "tp", "creation_index", "created_ms",
         "values", "keys", "timestamps_ms", "headers", "size_estimate_bytes", "reserved_bytes",
-        "sealed", "single_timestamp_ms",
+        "sealed", "backlog_bytes", "single_timestamp_ms",
         "_condition", "_done", "base_offset", "log_append_time_ms", "exception",
         "_callback_runs", "run_callback", "_done_callbacks", "_watched_futures",
         "payload", "producer_id", "producer_epoch", "base_sequence",
@@ -95,6 +95,9 @@ class ProducerBatch:
         self.size_estimate_bytes = BATCH_HEADER_BYTES
         self.reserved_bytes = reserved_bytes
         self.sealed = False
+        # What this batch counts in its accumulator's backlog (sealed, not yet taken by the
+        # sender): RecordAccumulator owns the count; 0 once taken, expired or aborted.
+        self.backlog_bytes = 0
         # The one timestamp all records share (bulk appends know it), -1 when they differ,
         # None when nobody looked (per-record appends): the encoder finds out then.
         self.single_timestamp_ms = None

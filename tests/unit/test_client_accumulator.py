@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import random
+import threading
+import time
 from concurrent.futures import Future
 
 import pytest
@@ -131,6 +133,81 @@ def test_buffer_memory_bounds_queued_batches():
     append(acc, 3)  # the memory came back
 
 
+def test_a_new_batch_waits_while_the_sender_is_a_backlog_behind():
+    # batch.size 1000, buffer 64,000: the backlog bound is 4,000 bytes (a sixteenth)
+    acc, clock = make(batch_size=1000, buffer_memory=64_000, max_block_ms=0)
+    assert acc.backlog_bytes_max == 4000
+    first = [append(acc, 0)._batch for _ in range(37)][0]   # 4 sealed batches of 9, one open
+    assert acc.backlog_bytes() == 4 * 961
+    with pytest.raises(BufferExhaustedError, match="did not catch up"):
+        for _ in range(9):
+            append(acc, 0)                  # the fifth batch's records, then a sixth batch
+    assert acc.backlog_bytes() == 5 * 961 and acc._available_bytes > 50_000   # memory to spare
+    taken, _ = acc.drain(clock() + 1, lambda b: b is first)   # in flight: not backlog
+    assert taken == [first] and acc.backlog_bytes() == 4 * 961
+    taken, _ = acc.drain(clock() + 1, take_all)   # the open batch too (linger is over)
+    assert acc.backlog_bytes() == 0
+    append(acc, 0)
+
+
+def test_open_batches_and_batches_in_flight_are_not_backlog():
+    acc, clock = make(batch_size=1000, buffer_memory=64_000, max_block_ms=0)
+    for partition in range(40):             # one open batch in each of 40 partitions
+        append(acc, partition, count=40)
+    assert acc.backlog_bytes() == 0
+    taken, _ = acc.drain(clock() + 10, take_all)
+    assert len(taken) == 40
+    for _ in range(4 * 9 + 1):              # 4 sealed batches and an open one
+        append(acc, 0, count=40)
+    assert acc.backlog_bytes() == 4 * 961
+
+
+def test_expired_aborted_and_absorbed_batches_leave_the_backlog_count():
+    acc, clock = make(batch_size=1000, buffer_memory=64_000, max_block_ms=0)
+    for _ in range(3 * 9 + 1):
+        append(acc, 0)
+    assert acc.backlog_bytes() == 3 * 961
+    taken, _ = acc.drain(clock() + 1, lambda b: False, lambda topic: 10_000)   # absorbs, takes none
+    assert acc.backlog_bytes() == 3 * 961
+    expired = acc.expire(clock() + 100, 100)
+    assert len(expired) == 2 and acc.backlog_bytes() == 0      # head (with 2 followers), open one
+    for _ in range(2 * 9 + 1):
+        append(acc, 1)
+    assert acc.backlog_bytes() == 2 * 961
+    aborted = acc.abort_queued(RuntimeError("closing"))
+    assert len(aborted) == 3 and acc.backlog_bytes() == 0
+
+
+def test_an_appender_blocked_on_the_backlog_resumes_once_the_sender_takes_half():
+    acc, clock = make(batch_size=1000, buffer_memory=64_000, max_block_ms=60_000)
+    clock.now_ms = 0
+
+    class RealClock:               # max.block.ms measured for real while the thread waits
+        def __call__(self):
+            return int(time.monotonic() * 1000)
+
+    acc._clock = RealClock()
+    for _ in range(4 * 9 + 1):
+        append(acc, 0)             # 4 sealed batches and an open one
+    appended = threading.Event()
+
+    def appender():
+        for _ in range(9):
+            append(acc, 0)         # fills the open batch; the ninth seals it and must wait
+        appended.set()
+
+    thread = threading.Thread(target=appender, daemon=True)
+    thread.start()
+    assert not appended.wait(0.3)                      # held by the backlog
+    batches = list(acc._deques[("t", 0)])
+    assert len(batches) == 5 and acc.backlog_bytes() == 5 * 961
+    acc.drain(acc._clock(), lambda b: b is batches[0])
+    assert not appended.wait(0.3)                      # 4 left: under the bound, not half
+    acc.drain(acc._clock(), lambda b: b in batches[1:3])
+    assert appended.wait(10)                           # 2 left: under half, it goes on
+    thread.join(10)
+
+
 def test_a_record_larger_than_buffer_memory_is_refused():
     acc, _ = make(batch_size=100, buffer_memory=1000)
     with pytest.raises(Exception, match="buffer.memory"):
@@ -175,7 +252,7 @@ def test_bulk_append_splits_by_batch_size_and_maps_results_back():
 
 
 def test_bulk_batches_grow_to_batch_bytes_max_and_reserve_what_they_hold():
-    acc, clock = make(batch_size=1000, buffer_memory=100_000)
+    acc, clock = make(batch_size=1000, buffer_memory=1_000_000)   # a backlog bound over 3 x 4000
     values = [b"v" * 84] * 100                       # 100 bytes each by the estimate
     sizes = [record_size_estimate(v, None, None) for v in values]
     bulk = _BulkCompletion(Future(), len(values))
@@ -186,7 +263,7 @@ def test_bulk_batches_grow_to_batch_bytes_max_and_reserve_what_they_hold():
     assert [b.record_count for b in batches] == [39, 39, 22]
     assert all(b.size_estimate_bytes <= b.reserved_bytes <= 4000 for b in batches)
     assert [b.reserved_bytes for b in batches] == [4000, 4000, 22 * 100 + 61]
-    assert acc._available_bytes == 100_000 - sum(b.reserved_bytes for b in batches)
+    assert acc._available_bytes == 1_000_000 - sum(b.reserved_bytes for b in batches)
 
 
 def test_bulk_records_fill_an_open_send_batch_only_up_to_its_reservation():
