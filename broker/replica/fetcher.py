@@ -28,6 +28,13 @@ Each `ReplicaFetcher` loops:
    leader wrote them; offsets, producer state and leader epochs checked and rebuilt), then
    take the leader's high watermark, capped at the local log end.
 
+A round costs what moved, not how many partitions the thread follows: the thread keeps
+each partition's fetch position (its log end, its leader epoch) between rounds and reads it
+again only for the partitions that moved -- added or removed, appended to or truncated by
+this thread (the only writer of a follower's log), or put in or out of a backoff. So with
+thousands of idle partitions a round reads the few that changed, and lists those (a full
+Fetch, after a session is lost, lists them all).
+
 A fetch offset below the leader's log start (retention moved on) restarts the log at the
 leader's log start. Errors back off (replica.fetch.backoff.ms) without ending the thread;
 removing a partition waits for a response being applied, so a change of role never races
@@ -85,22 +92,43 @@ class FollowerSession:
         of them in a full one, else only those the session holds otherwise."""
         return self.epoch == INITIAL_EPOCH or self._held.get(tp) != position
 
-    def forgotten(self, positions: dict) -> list[tuple[str, int]]:
+    @property
+    def full(self) -> bool:
+        """Whether the next Fetch is full (lists every partition, opens a session)."""
+        return self.epoch == INITIAL_EPOCH
+
+    def forgotten(self, positions: dict, candidates=None) -> list[tuple[str, int]]:
         """The partitions the session holds that the next Fetch leaves out (no longer followed
-        from this leader, backing off, or being truncated)."""
+        from this leader, backing off, or being truncated); only among `candidates` when
+        given (the partitions that moved: no other can have left `positions`)."""
         if self.epoch == INITIAL_EPOCH:
             return []
-        return [tp for tp in self._held if tp not in positions]
+        held = self._held
+        if candidates is None:
+            return [tp for tp in held if tp not in positions]
+        return [tp for tp in candidates if tp in held and tp not in positions]
 
-    def answered(self, session_id: int, positions: dict) -> None:
-        """A Fetch sent at `positions` was answered: the session now holds them. A leader
-        that made no session (id 0) gets full fetches."""
+    def answered(self, session_id: int, positions: dict, moved=None) -> None:
+        """A Fetch sent at `positions` was answered: the session now holds them. `moved`,
+        for an incremental Fetch, names the only partitions whose position can differ from
+        what the session held (the others are not read again). A leader that made no
+        session (id 0) gets full fetches."""
         if self.epoch == INITIAL_EPOCH:
             if session_id == 0:
                 return
             self.session_id = session_id
+            moved = None
         self.epoch = next_epoch(self.epoch)
-        self._held = dict(positions)
+        if moved is None:
+            self._held = dict(positions)
+            return
+        held = self._held
+        for tp in moved:
+            position = positions.get(tp)
+            if position is None:
+                held.pop(tp, None)
+            else:
+                held[tp] = position
 
 
 class ReplicaFetcher(threading.Thread):
@@ -117,6 +145,17 @@ class ReplicaFetcher(threading.Thread):
         self._on_appended = on_appended
         self._broker_epoch = broker_epoch_fn
         self._partitions: dict[tuple[str, int], _FollowedPartition] = {}
+        # The partitions whose fetch position must be read again before the next Fetch (see
+        # the module doc): under _lock, since add() and remove() run on other threads.
+        self._moved: set[tuple[str, int]] = set()
+        # This thread's, read again only for what moved: where each partition is fetched
+        # from (log end, leader epoch) and the _FollowedPartition that was read for (an
+        # answer for one replaced meanwhile is dropped); the partitions in a backoff (until,
+        # monotonic s) and those to truncate before they are fetched.
+        self._positions: dict[tuple[str, int], tuple[int, int]] = {}
+        self._fetched_as: dict[tuple[str, int], _FollowedPartition] = {}
+        self._backing_off: dict[tuple[str, int], float] = {}
+        self._to_truncate: dict[tuple[str, int], _FollowedPartition] = {}
         self._session = FollowerSession()      # this thread's fetch session with the leader
         self._lock = threading.Lock()          # the partition map, and one response's application
         self._wake = threading.Event()
@@ -148,12 +187,14 @@ class ReplicaFetcher(threading.Thread):
         with self._lock:
             for tp, assignment in assignments.items():
                 self._partitions[tp] = _FollowedPartition(assignment)
+                self._moved.add(tp)
         self._wake.set()
 
     def remove(self, tps) -> None:
         with self._lock:   # waits for a response being applied
             for tp in tps:
-                self._partitions.pop(tp, None)
+                if self._partitions.pop(tp, None) is not None:
+                    self._moved.add(tp)
 
     def partition_count(self) -> int:
         with self._lock:
@@ -184,21 +225,49 @@ class ReplicaFetcher(threading.Thread):
                 log.exception("fetcher for leader %d: unexpected error; backing off", self.leader_id)
                 self._stopping.wait(REPLICA_FETCH_BACKOFF_MS / 1000.0)
 
-    def _ready(self) -> dict[tuple[str, int], _FollowedPartition]:
+    def _take_moved(self) -> set[tuple[str, int]]:
+        """The partitions that moved since the last round, those whose backoff is over among
+        them, each one's position read again (and put back in its backoff or in the
+        truncation set if that is where it is). Under _lock."""
+        moved, self._moved = self._moved, set()
         now_s = time.monotonic()
-        with self._lock:
-            return {tp: p for tp, p in self._partitions.items() if p.backoff_until_s <= now_s}
+        if self._backing_off:
+            moved.update(tp for tp, until_s in self._backing_off.items() if until_s <= now_s)
+        for tp in moved:
+            self._positions.pop(tp, None)
+            self._fetched_as.pop(tp, None)
+            self._backing_off.pop(tp, None)
+            self._to_truncate.pop(tp, None)
+            followed = self._partitions.get(tp)
+            if followed is None:
+                continue
+            if followed.backoff_until_s > now_s:
+                self._backing_off[tp] = followed.backoff_until_s
+            elif followed.needs_truncation:
+                self._to_truncate[tp] = followed
+            else:
+                partition_log = self._log_manager.get_log(*tp)
+                if partition_log is None:   # not (yet) on disk here: look again after a backoff
+                    self._backing_off[tp] = now_s + REPLICA_FETCH_BACKOFF_MS / 1000.0
+                    continue
+                self._positions[tp] = (partition_log.log_end_offset, followed.assignment.leader_epoch)
+                self._fetched_as[tp] = followed
+        return moved
 
     def _fetch_once(self) -> bool:
         """One round; False when there was nothing to do or the leader could not be reached."""
-        ready = self._ready()
-        if not ready:
-            return False
-        to_truncate = {tp: p for tp, p in ready.items() if p.needs_truncation}
-        if to_truncate and not self._truncate(to_truncate):
-            return False
-        fetchable = {tp: p for tp, p in ready.items() if not p.needs_truncation}
-        if not fetchable:
+        with self._lock:
+            moved = self._take_moved()
+            to_truncate = dict(self._to_truncate)
+        if to_truncate:
+            truncated = self._truncate(to_truncate)
+            with self._lock:
+                self._moved.update(to_truncate)     # truncated, backing off, or still to do
+                moved |= self._take_moved()
+            if not truncated:
+                return False
+        positions = self._positions
+        if not positions:
             return False
         session = self._session
         request = broker_pb2.FetchRequest(
@@ -206,18 +275,14 @@ class ReplicaFetcher(threading.Thread):
             max_bytes=REPLICA_FETCH_RESPONSE_MAX_BYTES, isolation_level=common_pb2.READ_UNCOMMITTED,
             is_replica=True, replica_id=self.broker_id, replica_broker_epoch=self._broker_epoch(),
             session_id=session.session_id, session_epoch=session.epoch)
-        positions = {}
-        for (topic, partition), followed in fetchable.items():
-            partition_log = self._log_manager.get_log(topic, partition)
-            if partition_log is None:
-                continue
-            position = positions[(topic, partition)] = (partition_log.log_end_offset,
-                                                        followed.assignment.leader_epoch)
-            if session.needs_listing((topic, partition), position):
-                request.partitions.add(topic=topic, partition=partition, fetch_offset=position[0],
+        full = session.full
+        for tp in (positions if full else moved):
+            position = positions.get(tp)
+            if position is not None and session.needs_listing(tp, position):
+                request.partitions.add(topic=tp[0], partition=tp[1], fetch_offset=position[0],
                                        partition_max_bytes=REPLICA_FETCH_MAX_BYTES, has_leader_epoch=True,
                                        current_leader_epoch=position[1])
-        for topic, partition in session.forgotten(positions):
+        for topic, partition in session.forgotten(positions, None if full else moved):
             request.forgotten.add(topic=topic, partition=partition)
         try:
             response = self._broker.Fetch(request, timeout=RPC_TIMEOUT_S)
@@ -231,13 +296,13 @@ class ReplicaFetcher(threading.Thread):
                      ErrorCode(response.error_code).name, response.error_message)
             session.reset()
             return True
-        session.answered(response.session_id, positions)
+        session.answered(response.session_id, positions, None if full else moved)
         with self._lock:
             for result in response.partitions:
                 tp = (result.topic, result.partition)
                 followed = self._partitions.get(tp)
                 # removed, or removed and added again (a new leader epoch) while the fetch was out
-                if followed is None or followed is not fetchable.get(tp):
+                if followed is None or followed is not self._fetched_as.get(tp):
                     continue
                 try:
                     self._apply(result, followed)
@@ -246,15 +311,19 @@ class ReplicaFetcher(threading.Thread):
                                 "the next fetch", tp[0], tp[1], exc)
                     followed.needs_truncation = True
                     followed.backoff_until_s = time.monotonic() + REPLICA_FETCH_BACKOFF_MS / 1000.0
+                    self._moved.add(tp)
         return True
 
     def _apply(self, result: broker_pb2.FetchedPartition, followed: _FollowedPartition) -> None:
-        """Apply one partition's answer; called with the lock held."""
+        """Apply one partition's answer; called with the lock held. Anything but an answer
+        without records moves the partition (its log end, its truncation or backoff)."""
         tp = (result.topic, result.partition)
         partition_log = self._log_manager.get_log(*tp)
         if partition_log is None:
             return
         code = result.error_code
+        if code != ErrorCode.NONE or result.records:
+            self._moved.add(tp)
         if code == ErrorCode.NONE:
             if result.records:
                 partition_log.append_as_follower(result.records, _now_ms())
