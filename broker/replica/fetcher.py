@@ -156,6 +156,10 @@ class ReplicaFetcher(threading.Thread):
         self._fetched_as: dict[tuple[str, int], _FollowedPartition] = {}
         self._backing_off: dict[tuple[str, int], float] = {}
         self._to_truncate: dict[tuple[str, int], _FollowedPartition] = {}
+        # The partitions that moved since the last answered Fetch: the next incremental one
+        # lists (or forgets) them. Kept over a round that sent nothing (a failed truncation,
+        # nothing fetchable), so the leader is told every move once.
+        self._unanswered_moves: set[tuple[str, int]] = set()
         self._session = FollowerSession()      # this thread's fetch session with the leader
         self._lock = threading.Lock()          # the partition map, and one response's application
         self._wake = threading.Event()
@@ -256,8 +260,9 @@ class ReplicaFetcher(threading.Thread):
 
     def _fetch_once(self) -> bool:
         """One round; False when there was nothing to do or the leader could not be reached."""
+        moved = self._unanswered_moves
         with self._lock:
-            moved = self._take_moved()
+            moved |= self._take_moved()
             to_truncate = dict(self._to_truncate)
         if to_truncate:
             truncated = self._truncate(to_truncate)
@@ -297,6 +302,7 @@ class ReplicaFetcher(threading.Thread):
             session.reset()
             return True
         session.answered(response.session_id, positions, None if full else moved)
+        self._unanswered_moves = set()
         with self._lock:
             for result in response.partitions:
                 tp = (result.topic, result.partition)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import collections
 import time
 
+import grpc
+
 from broker.replica.fetcher import REPLICA_FETCH_BACKOFF_MS, FollowerSession, ReplicaFetcher
 from eos.errors import ErrorCode
 from eos.v1 import broker_pb2, cluster_pb2
@@ -48,12 +50,18 @@ class Logs:
         return self.logs.get((topic, partition))
 
 
+class Unavailable(grpc.RpcError):
+    def code(self):
+        return grpc.StatusCode.UNAVAILABLE
+
+
 class Leader:
     """The leader's Fetch and OffsetsForLeaderEpoch: answers what the test queues."""
 
     def __init__(self):
         self.requests: list[broker_pb2.FetchRequest] = []
         self.answers: dict = {}      # tp -> FetchedPartition fields, for the next Fetch only
+        self.epochs_unavailable = False
 
     def Fetch(self, request, timeout=None):
         self.requests.append(request)
@@ -62,6 +70,8 @@ class Leader:
             broker_pb2.FetchedPartition(topic=tp[0], partition=tp[1], **fields) for tp, fields in answers.items()])
 
     def OffsetsForLeaderEpoch(self, request, timeout=None):
+        if self.epochs_unavailable:
+            raise Unavailable()
         return cluster_pb2.OffsetsForLeaderEpochResponse(partitions=[
             cluster_pb2.EpochEndOffset(topic=q.topic, partition=q.partition, leader_epoch=3, end_offset=0)
             for q in request.partitions])
@@ -124,6 +134,24 @@ def test_removed_failed_and_readded_partitions_leave_and_rejoin_the_session():
         request = leader.requests[-1]
         assert _listed(request) == {("t", 1): 0, ("t", 2): 0} and _forgotten(request) == set()
         assert {p.current_leader_epoch for p in request.partitions if p.partition == 1} == {4}
+    finally:
+        _close(fetcher)
+
+
+def test_a_move_made_in_a_round_that_sent_nothing_is_listed_in_the_next_fetch():
+    tps = [("t", p) for p in range(3)]
+    fetcher, logs, leader = _fetcher(tps)
+    try:
+        leader.answers = {("t", 0): {"records": b"abcd", "high_watermark": 4}}
+        assert fetcher._fetch_once()
+        sent = len(leader.requests)
+        fetcher.add({("t", 2): Assignment(1, 4)})           # to truncate first: the leader is down
+        leader.epochs_unavailable = True
+        assert not fetcher._fetch_once()
+        assert len(leader.requests) == sent                 # no Fetch went out
+        leader.epochs_unavailable = False
+        assert fetcher._fetch_once()
+        assert _listed(leader.requests[-1]) == {("t", 0): 4, ("t", 2): 0}   # t-0's move too
     finally:
         _close(fetcher)
 
