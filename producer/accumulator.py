@@ -42,8 +42,11 @@ The `RecordAccumulator` is what they share, behind one lock held only for list a
   `backlog_bytes_max` (buffer.memory / BACKLOG_SHARE_OF_BUFFER, at least batch.size), until
   the sender has taken it down to half of that. Open batches do not count (a producer
   writing to many partitions has one open in each), nor do batches in flight (what keeps
-  a distant broker busy still has all of buffer.memory). The wait is the same as for
-  memory: up to max.block.ms, then `BufferExhaustedError`.
+  a distant broker busy still has all of buffer.memory). The bound paces; it never fails
+  an append: the wait ends at max.block.ms (so max.block.ms=0 never waits), and there is
+  none while the sender has taken nothing for BACKLOG_STALL_MS (held up by a missing
+  leader, a quota, a broker down: then appends fill buffer.memory as in Kafka, and only a
+  full buffer raises `BufferExhaustedError`).
 - Readiness: the head batch of a partition is ready when it is sealed, or linger.ms has
   passed since it was opened, or a flush or close is in progress -- and its retry backoff
   (if it is a retry) has passed. `drain` hands ready head batches to the sender, which
@@ -77,6 +80,9 @@ log = logging.getLogger("eos.producer")
 # The backlog of sealed, untaken batches an append may add to: this share of buffer.memory
 # (see the module doc, "Backlog").
 BACKLOG_SHARE_OF_BUFFER = 16
+# A sender that took no batch for this long is held up (no leader, a quota, a broker down),
+# not slow: the backlog then paces nobody.
+BACKLOG_STALL_MS = 500
 
 class BufferExhaustedError(RequestTimedOutError):
     """buffer.memory stayed full for max.block.ms (Kafka's BufferExhaustedException)."""
@@ -105,6 +111,8 @@ class RecordAccumulator:
         self.backlog_bytes_max = max(buffer_memory // BACKLOG_SHARE_OF_BUFFER, batch_size)
         self._backlog_bytes = 0       # sum of the queued batches' backlog_bytes
         self._backlog_waiters = 0
+        self.backlog_stall_ms = BACKLOG_STALL_MS
+        self._last_taken_ms = -BACKLOG_STALL_MS   # when drain last took a batch (clock ms)
         self._deques: dict[tuple, collections.deque] = {}
         self._creation_counter = itertools.count()
         self._available_bytes = buffer_memory
@@ -131,29 +139,33 @@ class RecordAccumulator:
                 f"a record of about {first_record_bytes} bytes is larger than buffer.memory "
                 f"({self.buffer_memory} bytes)", ErrorCode.MESSAGE_TOO_LARGE)
         backlog_limit = self.backlog_bytes_max
-        while self._available_bytes < reserve or self._backlog_bytes >= backlog_limit:
-            if deadline_ms is None:
-                deadline_ms = self._clock() + self.max_block_ms
-            remaining_ms = deadline_ms - self._clock()
+        while True:
             short_of_memory = self._available_bytes < reserve
-            if remaining_ms <= 0:
-                if short_of_memory:
+            if not short_of_memory and self._backlog_bytes < backlog_limit:
+                break
+            now_ms = self._clock()
+            if deadline_ms is None:
+                deadline_ms = now_ms + self.max_block_ms
+            remaining_ms = deadline_ms - now_ms
+            if short_of_memory:
+                if remaining_ms <= 0:
                     raise BufferExhaustedError(
                         f"failed to allocate {reserve} bytes within max.block.ms ({self.max_block_ms} ms): "
                         f"buffer.memory ({self.buffer_memory} bytes) is full of undelivered batches")
-                raise BufferExhaustedError(
-                    f"the sender did not catch up within max.block.ms ({self.max_block_ms} ms): "
-                    f"{self._backlog_bytes} bytes of full batches wait to be sent (a new batch "
-                    f"waits while they are {self.backlog_bytes_max} bytes or more, buffer.memory "
-                    f"/ {BACKLOG_SHARE_OF_BUFFER}); is the partition's leader reachable?")
-            if short_of_memory:
                 self._space.wait(remaining_ms / 1000)
             else:
+                # The backlog paces the application only while the sender is taking batches,
+                # and only within max.block.ms: it never fails an append (only a full buffer
+                # does), and a sender held up (no leader, a quota) lets appends fill the
+                # buffer as in Kafka.
+                stall_left_ms = self._last_taken_ms + self.backlog_stall_ms - now_ms
+                if remaining_ms <= 0 or stall_left_ms <= 0:
+                    break
                 # Resume at half: one wake-up lets many batches in, not one per batch taken.
                 backlog_limit = self.backlog_bytes_max // 2
                 self._backlog_waiters += 1
                 try:
-                    self._backlog_drop.wait(remaining_ms / 1000)
+                    self._backlog_drop.wait(min(remaining_ms, stall_left_ms) / 1000)
                 finally:
                     self._backlog_waiters -= 1
             self._check_open()   # closed while we waited
@@ -458,6 +470,8 @@ class RecordAccumulator:
                     dq.popleft()
                     self._leave_backlog_locked(batch)
                     taken.append(batch)
+            if taken:
+                self._last_taken_ms = now_ms
         return taken, next_ready_ms
 
     @staticmethod

@@ -133,21 +133,44 @@ def test_buffer_memory_bounds_queued_batches():
     append(acc, 3)  # the memory came back
 
 
-def test_a_new_batch_waits_while_the_sender_is_a_backlog_behind():
+def test_sealed_batches_not_taken_are_the_backlog_and_taking_one_leaves_it():
     # batch.size 1000, buffer 64,000: the backlog bound is 4,000 bytes (a sixteenth)
     acc, clock = make(batch_size=1000, buffer_memory=64_000, max_block_ms=0)
     assert acc.backlog_bytes_max == 4000
     first = [append(acc, 0)._batch for _ in range(37)][0]   # 4 sealed batches of 9, one open
     assert acc.backlog_bytes() == 4 * 961
-    with pytest.raises(BufferExhaustedError, match="did not catch up"):
-        for _ in range(9):
-            append(acc, 0)                  # the fifth batch's records, then a sixth batch
-    assert acc.backlog_bytes() == 5 * 961 and acc._available_bytes > 50_000   # memory to spare
     taken, _ = acc.drain(clock() + 1, lambda b: b is first)   # in flight: not backlog
-    assert taken == [first] and acc.backlog_bytes() == 4 * 961
-    taken, _ = acc.drain(clock() + 1, take_all)   # the open batch too (linger is over)
-    assert acc.backlog_bytes() == 0
-    append(acc, 0)
+    assert taken == [first] and acc.backlog_bytes() == 3 * 961
+    taken, _ = acc.drain(clock() + 10, take_all)   # the open batch too (linger is over)
+    assert len(taken) == 4 and acc.backlog_bytes() == 0
+
+
+def test_the_backlog_never_fails_an_append_nor_holds_one_at_max_block_ms_zero():
+    acc, clock = make(batch_size=1000, buffer_memory=64_000, max_block_ms=0)
+    batches = [append(acc, 0)._batch for _ in range(5 * 9 + 1)]
+    acc.drain(clock(), lambda b: b is batches[0])           # the sender is taking batches
+    for _ in range(2 * 9):
+        append(acc, 0)                                       # past the bound: no wait, no error
+    assert acc.backlog_bytes() == 6 * 961
+
+
+def test_a_sender_held_up_for_the_stall_time_paces_nobody():
+    acc, clock = make(batch_size=1000, buffer_memory=64_000, max_block_ms=60_000)
+    batches = [append(acc, 0)._batch for _ in range(5 * 9 + 1)]
+    acc.drain(clock(), lambda b: b is batches[0])
+    clock.now_ms += acc.backlog_stall_ms                      # nothing taken since
+    appended = threading.Event()
+
+    def appender():
+        for _ in range(2 * 9):
+            append(acc, 0)
+        appended.set()
+
+    thread = threading.Thread(target=appender, daemon=True)
+    thread.start()
+    assert appended.wait(10)                                  # went on: the buffer takes them
+    thread.join(10)
+    assert acc.backlog_bytes() == 6 * 961
 
 
 def test_open_batches_and_batches_in_flight_are_not_backlog():
@@ -187,8 +210,11 @@ def test_an_appender_blocked_on_the_backlog_resumes_once_the_sender_takes_half()
             return int(time.monotonic() * 1000)
 
     acc._clock = RealClock()
-    for _ in range(4 * 9 + 1):
-        append(acc, 0)             # 4 sealed batches and an open one
+    acc.backlog_stall_ms = 600_000     # the sender below is never taken for held up
+    for _ in range(5 * 9 + 1):
+        append(acc, 0)             # 5 sealed batches and an open one
+    head = acc._deques[("t", 0)][0]
+    acc.drain(acc._clock(), lambda b: b is head)   # the sender takes one: 4 left
     appended = threading.Event()
 
     def appender():
