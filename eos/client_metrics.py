@@ -61,6 +61,9 @@ _SPECS: dict[str, tuple[MetricSpec, ...]] = {
         MetricSpec("buffer_total_bytes", "gauge", "buffer.memory [buffer-total-bytes]"),
         MetricSpec("buffer_available_bytes", "gauge",
                    "buffer.memory not reserved by batches waiting or in flight [buffer-available-bytes]"),
+        MetricSpec("backlog_bytes", "gauge",
+                   "Full batches the sender has not taken yet; new batches wait while they hold "
+                   "buffer.memory / 16 (eos's pacing, no Kafka counterpart)"),
         MetricSpec("txn_commit_seconds", "histogram",
                    "commit_transaction() calls that committed, flush included (its count: transactions "
                    "committed) [txn-commit-time-ns-total]", LATENCY_BUCKETS_S),
@@ -200,10 +203,11 @@ class ProducerMetrics(ClientMetrics):
     KIND = "producer"
 
     def __init__(self, registry, client_id: str, *, buffer_total_bytes: int,
-                 buffer_available_bytes: Callable[[], float]):
+                 buffer_available_bytes: Callable[[], float], backlog_bytes: Callable[[], float]):
         super().__init__(registry, client_id)
         self.buffer_total_bytes.set(buffer_total_bytes)
         self.buffer_available_bytes.set_function(buffer_available_bytes)
+        self.backlog_bytes.set_function(backlog_bytes)
 
 
 class ConsumerMetrics(ClientMetrics):

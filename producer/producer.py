@@ -207,7 +207,8 @@ class Producer:
         if settings["metrics"]:
             self._metrics = ProducerMetrics(settings["metrics"], _metrics_client_id(settings),
                                             buffer_total_bytes=self._buffer_memory,
-                                            buffer_available_bytes=self._accumulator.available_bytes)
+                                            buffer_available_bytes=self._accumulator.available_bytes,
+                                            backlog_bytes=self._accumulator.backlog_bytes)
         self._sender = Sender(
             accumulator=self._accumulator, metadata=self._metadata,
             idempotence=(IdempotenceState(first_batch_alone=self._txn is None) if self._idempotent else None),

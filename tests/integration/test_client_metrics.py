@@ -86,6 +86,7 @@ def test_two_producers_count_what_they_sent_in_one_registry(inprocess_broker, ad
         assert value(samples, "eos_producer_buffer_total_bytes", client_id="p-named") == buffer_bytes
         # everything is delivered: no batch holds buffer memory
         assert value(samples, "eos_producer_buffer_available_bytes", client_id="p-named") == buffer_bytes
+        assert value(samples, "eos_producer_backlog_bytes", client_id="p-named") == 0
         assert value(samples, "eos_producer_txn_commit_seconds_count", client_id="p-named") == 0
     finally:
         named.close()
