@@ -1,8 +1,14 @@
 """A follower's fetch round (broker/replica/fetcher.ReplicaFetcher._fetch_once) against a
-leader stub and logs in memory: a round reads and lists only the partitions that moved."""
+leader stub and logs in memory: a round reads and lists only the partitions that moved.
+
+The stub leader answers what each test sets, including the failures it breaks on purpose (an
+error for one partition, OffsetsForLeaderEpoch down), and the logs count their lookups,
+which no real broker shows; replication against real brokers and ZooKeeper is
+tests/cluster/test_replication.py's."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import time
 
 import grpc
@@ -77,18 +83,21 @@ class Leader:
             for q in request.partitions])
 
 
-def _fetcher(tps):
+@contextlib.contextmanager
+def _following(partition_count: int):
+    """(fetcher, logs, leader): a fetcher of `partition_count` partitions of topic t, its
+    rounds run by the test (the thread never starts)."""
+    tps = [("t", p) for p in range(partition_count)]
     logs, leader = Logs(tps), Leader()
     fetcher = ReplicaFetcher(2, 1, "127.0.0.1:1", logs, on_appended=lambda tp: None,
                              broker_epoch_fn=lambda: 5)
     fetcher._broker = fetcher._cluster = leader
     fetcher.add({tp: Assignment(1, 3) for tp in tps})
-    return fetcher, logs, leader
-
-
-def _close(fetcher):
-    fetcher.shutdown()             # never started: nothing to join
-    fetcher._channel.close()
+    try:
+        yield fetcher, logs, leader
+    finally:
+        fetcher.shutdown()
+        fetcher._channel.close()
 
 
 def _listed(request):
@@ -100,27 +109,21 @@ def _forgotten(request):
 
 
 def test_an_incremental_round_reads_and_lists_only_the_partitions_that_moved():
-    tps = [("t", p) for p in range(200)]
-    fetcher, logs, leader = _fetcher(tps)
-    try:
+    with _following(200) as (fetcher, logs, leader):
         leader.answers = {("t", 7): {"records": b"abc", "high_watermark": 3}}
         assert fetcher._fetch_once()
         assert len(_listed(leader.requests[-1])) == 200          # the first Fetch is full
         before = logs.lookups.copy()
         assert fetcher._fetch_once()
         assert _listed(leader.requests[-1]) == {("t", 7): 3}     # appended to: listed at its end
-        looked_up = {tp for tp in tps if logs.lookups[tp] != before[tp]}
+        looked_up = {tp for tp in logs.logs if logs.lookups[tp] != before[tp]}
         assert looked_up == {("t", 7)}                            # the 199 others not read again
         assert fetcher._fetch_once()
         assert _listed(leader.requests[-1]) == {} and _forgotten(leader.requests[-1]) == set()
-    finally:
-        _close(fetcher)
 
 
 def test_removed_failed_and_readded_partitions_leave_and_rejoin_the_session():
-    tps = [("t", p) for p in range(5)]
-    fetcher, logs, leader = _fetcher(tps)
-    try:
+    with _following(5) as (fetcher, logs, leader):
         assert fetcher._fetch_once()
         fetcher.remove([("t", 1)])
         leader.answers = {("t", 2): {"error_code": ErrorCode.NOT_LEADER_OR_FOLLOWER}}
@@ -134,14 +137,10 @@ def test_removed_failed_and_readded_partitions_leave_and_rejoin_the_session():
         request = leader.requests[-1]
         assert _listed(request) == {("t", 1): 0, ("t", 2): 0} and _forgotten(request) == set()
         assert {p.current_leader_epoch for p in request.partitions if p.partition == 1} == {4}
-    finally:
-        _close(fetcher)
 
 
 def test_a_move_made_in_a_round_that_sent_nothing_is_listed_in_the_next_fetch():
-    tps = [("t", p) for p in range(3)]
-    fetcher, logs, leader = _fetcher(tps)
-    try:
+    with _following(3) as (fetcher, logs, leader):
         leader.answers = {("t", 0): {"records": b"abcd", "high_watermark": 4}}
         assert fetcher._fetch_once()
         sent = len(leader.requests)
@@ -152,14 +151,10 @@ def test_a_move_made_in_a_round_that_sent_nothing_is_listed_in_the_next_fetch():
         leader.epochs_unavailable = False
         assert fetcher._fetch_once()
         assert _listed(leader.requests[-1]) == {("t", 0): 4, ("t", 2): 0}   # t-0's move too
-    finally:
-        _close(fetcher)
 
 
 def test_a_lost_session_makes_the_next_fetch_list_every_partition_again():
-    tps = [("t", p) for p in range(20)]
-    fetcher, logs, leader = _fetcher(tps)
-    try:
+    with _following(20) as (fetcher, logs, leader):
         leader.answers = {("t", 3): {"records": b"ab", "high_watermark": 2}}
         assert fetcher._fetch_once()
         assert fetcher._fetch_once()
@@ -167,8 +162,6 @@ def test_a_lost_session_makes_the_next_fetch_list_every_partition_again():
         assert fetcher._fetch_once()
         listed = _listed(leader.requests[-1])
         assert len(listed) == 20 and listed[("t", 3)] == 2
-    finally:
-        _close(fetcher)
 
 
 def test_follower_session_forgets_and_holds_only_what_moved():
