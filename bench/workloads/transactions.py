@@ -35,12 +35,17 @@ first poll to the last commit. Checks: the output holds exactly the input's reco
 ``e2e-latency``: records at `Sizes.e2e_rate_per_s` for a warm-up then
 `Sizes.latency_duration_s`, produced transactionally (commit every 100 ms) and, second,
 idempotent (acks=all, linger 0, no transactions), while a read_committed consumer in
-another thread polls. Latency = wall clock at receipt - the record's timestamp (CreateTime,
-ms, stamped by the producer at send): a transactional record waits for its commit. Every
-record must arrive.
+another thread polls. Latency = the time of receipt - the time of send, both read from
+`time.perf_counter()` in the one process the producer and the consumer share: the first 8
+bytes of each value carry its send time. (The record's timestamp is whole milliseconds: a
+latency under a millisecond read against it gains the send's position within its
+millisecond, which the fixed pacing holds nearly constant over a run, so the figure moved
+by up to a millisecond with the phase at which the run started.) A transactional record
+waits for its commit. Every record must arrive.
 """
 from __future__ import annotations
 
+import struct
 import threading
 import time
 
@@ -59,6 +64,8 @@ TIMEOUT_S = 60.0
 ISOLATION = "read_committed"
 # The consumer of e2e-latency: how long a fetch may wait at the broker for data (both sides).
 E2E_FETCH_WAIT_MS = 10
+# e2e-latency: each value starts with its send time (time.perf_counter(), a big-endian double).
+SENT_AT = struct.Struct(">d")
 # commit-latency's pacing: at most one wake-up a millisecond, sending what is due.
 COMMIT_RATE_TICK_S = 0.001
 
@@ -498,6 +505,10 @@ def _copier_once(ctx: RunContext) -> list[Metric]:
 
 # ---------------------------------------------------------------- end-to-end latency
 
+def _sent_at(value: bytes) -> float:
+    return SENT_AT.unpack_from(value)[0]
+
+
 def _e2e_run(ctx: RunContext, transactional: bool) -> tuple[list[float], float, int]:
     """(latencies in s of the measured records, achieved rate, records) of one run."""
     rate = ctx.sizes.e2e_rate_per_s
@@ -532,8 +543,8 @@ def _e2e_run(ctx: RunContext, transactional: bool) -> tuple[list[float], float, 
                     if first is None:
                         return []
                     batch = [first] + consumer.consume(num_messages=POLL_RECORDS, timeout=0)
-                    now_ms = time.time() * 1000      # after the wait: the time of receipt
-                    return [(int(m.key()), now_ms - m.timestamp()[1])
+                    received_at = time.perf_counter()   # after the wait: the time of receipt
+                    return [(int(m.key()), received_at - _sent_at(m.value()))
                             for m in batch if m.error() is None]
             else:
                 eos = eos_module("Consumer")
@@ -545,16 +556,16 @@ def _e2e_run(ctx: RunContext, transactional: bool) -> tuple[list[float], float, 
 
                 def poll():
                     batch = consumer.poll(timeout_ms=50, max_records=POLL_RECORDS)
-                    now_ms = time.time() * 1000
-                    return [(int(r.key), now_ms - r.timestamp) for r in batch]
+                    received_at = time.perf_counter()
+                    return [(int(r.key), received_at - _sent_at(r.value)) for r in batch]
             try:
                 poll()
                 ready.set()
                 while received < total and not stop.is_set():
-                    for index, latency_ms in poll():
+                    for index, latency_s in poll():
                         received += 1
                         if index >= warm:
-                            latencies.append(latency_ms / 1000)
+                            latencies.append(latency_s)
             finally:
                 consumer.close()
         except BaseException as exc:  # reported by the main thread
@@ -564,7 +575,7 @@ def _e2e_run(ctx: RunContext, transactional: bool) -> tuple[list[float], float, 
     thread = threading.Thread(target=consume, name="e2e-consumer", daemon=True)
     thread.start()
     ready.wait(TIMEOUT_S)
-    value = b"e" * ctx.sizes.value_bytes
+    filler = b"e" * (ctx.sizes.value_bytes - SENT_AT.size)
     futures: list = []
     try:
         if transactional:
@@ -579,6 +590,7 @@ def _e2e_run(ctx: RunContext, transactional: bool) -> tuple[list[float], float, 
                 else:
                     time.sleep(delay_s)
             key = str(index).encode()
+            value = SENT_AT.pack(time.perf_counter()) + filler
             if ctx.system == "kafka":
                 producer.produce(topic, value, key=key)
                 producer.poll(0)
@@ -628,12 +640,12 @@ def _e2e_metrics(ctx: RunContext, transactional: bool) -> list[Metric]:
     p99 = _percentile(values, 0.99) * 1000
     ctx.progress(f"    p50 {p50:.1f} ms, p99 {p99:.1f} ms over {len(values):,} records "
                  f"at {achieved:,.0f}/s")
-    note = (f"{what}; {len(values):,} records at {achieved:,.0f}/s; receipt time - "
-            f"record timestamp (ms resolution); all {total:,} received")
+    note = (f"{what}; {len(values):,} records at {achieved:,.0f}/s; receipt - send "
+            f"(perf_counter, one process); all {total:,} received")
     return [
-        Metric(f"e2e.{mode}.p50_ms", f"end-to-end {mode}: p50", round(p50, 2), "ms",
+        Metric(f"e2e.{mode}.p50_ms", f"end-to-end {mode}: p50", round(p50, 3), "ms",
                False, note),
-        Metric(f"e2e.{mode}.p99_ms", f"end-to-end {mode}: p99", round(p99, 2), "ms",
+        Metric(f"e2e.{mode}.p99_ms", f"end-to-end {mode}: p99", round(p99, 3), "ms",
                False, note),
     ]
 
