@@ -1,5 +1,5 @@
 """Consumer groups, the member's side: Kafka's classic group protocol (JoinGroup, SyncGroup,
-Heartbeat, LeaveGroup) and committed offsets (OffsetCommit, OffsetFetch).
+Heartbeat, LeaveGroup) and, through consumer/offsets.py, committed offsets (OffsetCommit, OffsetFetch).
 
 Theory of operation
 -------------------
@@ -64,16 +64,10 @@ Static membership (group.instance.id): close() and a missed poll interval do not
 LeaveGroup, so a member restarted within session.timeout.ms keeps its partitions.
 FENCED_INSTANCE_ID (another process took over the instance id) is fatal.
 
-Offsets: `commit_sync` retries coordinator errors until its deadline. ILLEGAL_GENERATION,
-UNKNOWN_MEMBER_ID and REBALANCE_IN_PROGRESS raise CommitFailedError: the group moved on, and
-the records since the last successful commit will be delivered again to whoever owns the
-partitions now. `fetch_committed` asks with require_stable (KIP-447) and retries
-UNSTABLE_OFFSET_COMMIT with backoff: a read-process-write copier must not start from an
-offset whose transaction is still open.
+Offsets: the coordinator's `OffsetCommitter` commits and fetches them (consumer/offsets.py).
 """
 from __future__ import annotations
 
-import collections
 import dataclasses
 import enum
 import logging
@@ -98,11 +92,13 @@ from consumer.assignors import (
     partitions_not_subscribed,
     rebalance_protocol,
 )
+# OffsetAndMetadata, CommitFailedError: re-exported (consumer/__init__.py, consumer.py and tests import them from here)
+from consumer.offsets import CommitFailedError, MemberAccess, OffsetAndMetadata, OffsetCommitter
 from eos import net
 from eos.client_metrics import ConsumerMetrics
 from eos.errors import EosError, ErrorCode, InvariantError, Reaction, error_for, reaction_for
 from eos.types import TopicPartition
-from eos.v1 import common_pb2, group_pb2, group_pb2_grpc
+from eos.v1 import group_pb2, group_pb2_grpc
 
 log = logging.getLogger("eos.consumer.group")
 
@@ -132,21 +128,6 @@ class ConsumerGroupMetadata(NamedTuple):
     generation_id: int = NO_GENERATION
     member_id: str = NO_MEMBER_ID
     group_instance_id: str | None = None
-
-
-class OffsetAndMetadata(NamedTuple):
-    """An offset to commit (the offset of the next record to read) and its metadata string."""
-
-    offset: int
-    metadata: str = ""
-
-
-class CommitFailedError(EosError):
-    """The group rebalanced (or this member left it) before the commit: the partitions may
-    belong to another member now. `code` says why (ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID,
-    REBALANCE_IN_PROGRESS)."""
-
-    code = ErrorCode.ILLEGAL_GENERATION
 
 
 class FencedInstanceIdError(EosError):
@@ -193,16 +174,6 @@ class _Call(NamedTuple):
     member_id: str
 
 
-class _CommitDone(NamedTuple):
-    """A finished (or refused) asynchronous commit, waiting for its callback to run."""
-
-    callback: object | None
-    offsets: dict
-    error: EosError | None = None
-    future: object | None = None      # the OffsetCommit call, read on the application's thread
-    generation_id: int = NO_GENERATION
-
-
 class _Subscription(NamedTuple):
     topics: frozenset          # the topics subscribed (for a pattern: those it matches now)
     pattern: re.Pattern | None
@@ -210,7 +181,8 @@ class _Subscription(NamedTuple):
 
 
 class ConsumerCoordinator:
-    """The consumer's group membership and committed offsets (see the module docstring).
+    """The consumer's group membership and, through its OffsetCommitter, committed offsets
+    (see the module docstrings).
 
     `assign_partitions(list)` hands an assignment to the fetcher; `positions()` answers the
     current position of each assigned partition (what a default commit commits). Both are
@@ -257,7 +229,6 @@ class ConsumerCoordinator:
         self._stub_for = stub_for or (lambda address: metadata.stub_at(address, group_pb2_grpc.GroupCoordinatorStub))
         self._start_heartbeat_thread = start_heartbeat_thread
         self._call_metadata = net.client_id_metadata(client_id)
-        self._metrics = metrics       # commit_latency_seconds: each OffsetCommit answered
 
         # Shared with the heartbeat thread (under _lock).
         self._lock = threading.Lock()
@@ -288,9 +259,15 @@ class ConsumerCoordinator:
         self._leader_topics: frozenset | None = None          # leader: every topic of the group
         self._assignment_snapshot: dict[str, int] | None = None   # leader: partition counts assigned with
         self._next_metadata_check_ms = 0
-        self._next_auto_commit_ms = clock() + auto_commit_interval_ms
-        self._completed_commits: collections.deque = collections.deque()   # from gRPC threads
-        self._async_commits_in_flight = 0
+        self._offsets = OffsetCommitter(
+            MemberAccess(commit_generation=self._commit_generation, commit_refused=self._after_commit_refused,
+                         instance_fenced=self._fenced_by_commit, coordinator_address=self._coordinator_address,
+                         coordinator_stub=self._coordinator_stub,
+                         forget_moved_coordinator=self._forget_moved_coordinator, stub_for=self._stub_for,
+                         rpc_timeout_s=self._rpc_timeout_s, sleep_backoff=self._sleep_backoff),
+            group_id=group_id, request_timeout_ms=request_timeout_ms, max_poll_interval_ms=max_poll_interval_ms,
+            enable_auto_commit=enable_auto_commit, auto_commit_interval_ms=auto_commit_interval_ms,
+            positions=positions, wakeup=self.wakeup, clock=clock, metrics=metrics)
 
     # ---- what others read ----------------------------------------------------------------------
 
@@ -390,13 +367,14 @@ class ConsumerCoordinator:
             fatal = self._fatal
         if fatal is not None:
             raise fatal
-        self._run_commit_callbacks()
+        self._offsets.run_commit_callbacks()
         if self._subscription is not None:
             if self._coordinator is None and not self._find_coordinator(deadline_ms):
                 return
             self._maybe_check_metadata(now)
             self._advance_rebalance()
-        self._maybe_auto_commit(now)
+        self._offsets.maybe_auto_commit(
+            now, assignment_settled=self._subscription is None or self._state is MemberState.STABLE)
         with self._lock:
             fatal = self._fatal
         if fatal is not None:
@@ -432,7 +410,7 @@ class ConsumerCoordinator:
         with self._lock:
             generation_valid = self._state is MemberState.STABLE
         if generation_valid and self.enable_auto_commit and self._owned:
-            self._auto_commit_sync("before rejoining")
+            self._offsets.auto_commit_sync("before rejoining")
         self._needs_join_prepare = False
         if not self._cooperative:
             self._revoke_or_lose()
@@ -727,7 +705,7 @@ class ConsumerCoordinator:
         self._owned = list(partitions)
         self._sticky_owned = list(partitions)
         self._owned_generation = generation_id
-        self._next_auto_commit_ms = self._clock() + self.auto_commit_interval_ms
+        self._offsets.restart_auto_commit_timer()
         self._assign_partitions(list(partitions))
         listener = self._subscription.listener if self._subscription is not None else None
         if listener is not None:
@@ -835,9 +813,18 @@ class ConsumerCoordinator:
                 address = self._coordinator
         return self._stub_for(address)
 
-    def _mark_coordinator_unknown(self) -> None:
+    def _coordinator_address(self) -> str | None:
+        """The coordinator's address, None while it is unknown."""
+        with self._lock:
+            return self._coordinator
+
+    def _forget_moved_coordinator(self, code: ErrorCode) -> bool:
+        """True when `code` says the coordinator moved; it is then looked up again."""
+        if code not in _COORDINATOR_MOVED:
+            return False
         with self._lock:
             self._coordinator = None
+        return True
 
     def _rpc_timeout_s(self, deadline_ms: int) -> float:
         return max(0.001, min(self.request_timeout_ms, max(1, deadline_ms - self._clock()))) / 1000
@@ -850,7 +837,21 @@ class ConsumerCoordinator:
         self._sleep_ms(delay_ms)
         return True
 
-    # ---- offsets -------------------------------------------------------------------------------
+    # ---- committed offsets: consumer/offsets.py ------------------------------------------------
+
+    def commit_sync(self, offsets: Mapping[TopicPartition, OffsetAndMetadata], timeout_ms: int) -> None:
+        self._offsets.commit_sync(offsets, timeout_ms)
+
+    def commit_async(self, offsets: Mapping[TopicPartition, OffsetAndMetadata], callback=None) -> None:
+        self._offsets.commit_async(offsets, callback)
+
+    def fetch_committed(self, partitions: Iterable[TopicPartition], timeout_ms: int, *,
+                        raise_on_timeout: bool = True) -> dict[TopicPartition, int | None] | None:
+        return self._offsets.fetch_committed(partitions, timeout_ms, raise_on_timeout=raise_on_timeout)
+
+    # ---- what the OffsetCommitter asks of the member (MemberAccess) ----------------------------
+    # (and, above, _coordinator_address, _coordinator_stub, _forget_moved_coordinator,
+    # _rpc_timeout_s, _sleep_backoff)
 
     def _commit_generation(self) -> tuple[int, str, str]:
         """(generation, member id, instance id) a commit carries, or CommitFailedError."""
@@ -866,79 +867,6 @@ class ConsumerCoordinator:
         raise CommitFailedError(f"this consumer is not a member of group {self.group_id} any more (its "
                                 f"partitions may have moved); poll() to rejoin", ErrorCode.UNKNOWN_MEMBER_ID)
 
-    @staticmethod
-    def _commit_request_offsets(offsets: Mapping[TopicPartition, OffsetAndMetadata]) -> list:
-        return [group_pb2.OffsetToCommit(topic=tp.topic, partition=tp.partition, offset=om.offset,
-                                         leader_epoch=-1, metadata=om.metadata)
-                for tp, om in sorted(offsets.items())]
-
-    def default_offsets(self) -> dict[TopicPartition, OffsetAndMetadata]:
-        return {tp: OffsetAndMetadata(offset) for tp, offset in self._positions().items()}
-
-    def commit_sync(self, offsets: Mapping[TopicPartition, OffsetAndMetadata], timeout_ms: int) -> None:
-        """OffsetCommit, retried on coordinator errors until `timeout_ms`."""
-        self._run_commit_callbacks()
-        if not offsets:
-            return
-        deadline = self._clock() + timeout_ms
-        attempt = 0
-        last_error: EosError | None = None
-        while True:
-            generation_id, member_id, instance_id = self._commit_generation()
-            try:
-                stub = self._coordinator_stub(deadline)
-                request = group_pb2.OffsetCommitRequest(
-                    group_id=self.group_id, generation_id=generation_id, member_id=member_id,
-                    group_instance_id=instance_id, offsets=self._commit_request_offsets(offsets))
-                sent_ms = self._clock()
-                response = stub.OffsetCommit(request, timeout=self._rpc_timeout_s(deadline))
-                self._commit_answered(sent_ms)
-            except grpc.RpcError as exc:
-                last_error = net.error_from_rpc(exc, f"OffsetCommit of group {self.group_id}")
-                if not last_error.retriable:
-                    raise last_error from None
-            except EosError as exc:
-                if not exc.retriable:
-                    raise
-                last_error = exc
-            else:
-                failed = [p for p in response.partitions if p.error_code != ErrorCode.NONE]
-                if not failed:
-                    return
-                last_error = self._commit_error(failed, generation_id)
-                if last_error is None:
-                    return
-            attempt += 1
-            if not self._sleep_backoff(attempt, deadline):
-                raise last_error
-
-    def _commit_answered(self, sent_ms: int) -> None:
-        """An OffsetCommit was answered (whatever its partitions' codes, as Kafka's
-        commit-latency): its round trip, for the metrics."""
-        if self._metrics is not None:
-            self._metrics.commit_latency_seconds.observe((self._clock() - sent_ms) / 1000)
-
-    def _commit_error(self, failed, generation_id: int) -> EosError:
-        """What a failed commit means; raises unless the error is worth retrying."""
-        first = failed[0]
-        code = ErrorCode(first.error_code)
-        where = ", ".join(f"{p.topic}-{p.partition}" for p in failed[:5])
-        message = f"commit of group {self.group_id} failed for {where}: {first.error_message or code.name}"
-        if code in _COORDINATOR_MOVED:
-            self._mark_coordinator_unknown()
-            return error_for(code, message)
-        if code in (ErrorCode.ILLEGAL_GENERATION, ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.REBALANCE_IN_PROGRESS):
-            self._after_commit_refused(code, generation_id)
-            raise CommitFailedError(f"{message}: the group rebalanced or this member left it; the partitions "
-                                    f"may belong to another member now", code)
-        if code is ErrorCode.FENCED_INSTANCE_ID:
-            error = FencedInstanceIdError(message)
-            self._set_fatal(error)
-            raise error
-        if reaction_for(code) is Reaction.RETRY:
-            return error_for(code, message)
-        raise error_for(code, message)
-
     def _after_commit_refused(self, code: ErrorCode, generation_id: int) -> None:
         if self._subscription is None:
             return
@@ -951,168 +879,11 @@ class ConsumerCoordinator:
                 self._reset_generation_locked(reset_member_id=code is ErrorCode.UNKNOWN_MEMBER_ID)
         self.wakeup.set()
 
-    def commit_async(self, offsets: Mapping[TopicPartition, OffsetAndMetadata], callback=None) -> None:
-        """OffsetCommit without waiting; `callback(offsets, error_or_None)` runs on the
-        application's thread, in a later poll(), commit or close. Not retried (as Kafka)."""
-        if not offsets:
-            if callback is not None:
-                self._completed_commits.append(_CommitDone(callback, dict(offsets)))
-            return
-        offsets = dict(offsets)
-        try:
-            generation_id, member_id, instance_id = self._commit_generation()
-            with self._lock:
-                address = self._coordinator
-            if address is None:
-                self._coordinator_stub(self._clock() + self.request_timeout_ms)
-                with self._lock:
-                    address = self._coordinator
-        except EosError as exc:
-            self._completed_commits.append(_CommitDone(callback, offsets, error=exc))
-            return
-        request = group_pb2.OffsetCommitRequest(
-            group_id=self.group_id, generation_id=generation_id, member_id=member_id,
-            group_instance_id=instance_id, offsets=self._commit_request_offsets(offsets))
-        sent_ms = self._clock()
-        future = self._stub_for(address).OffsetCommit.future(request, timeout=self.request_timeout_ms / 1000)
-        self._async_commits_in_flight += 1
-
-        def done(f) -> None:   # a gRPC thread: only hand the result over (and time it)
-            if self._metrics is not None and not f.cancelled() and f.exception() is None:
-                self._commit_answered(sent_ms)
-            self._completed_commits.append(_CommitDone(callback, offsets, future=f, generation_id=generation_id))
-            self.wakeup.set()
-
-        future.add_done_callback(done)
-
-    def _run_commit_callbacks(self) -> None:
-        while self._completed_commits:
-            done: _CommitDone = self._completed_commits.popleft()
-            error = done.error
-            if done.future is not None:
-                self._async_commits_in_flight -= 1
-                error = self._async_commit_outcome(done.future, done.generation_id)
-            if done.callback is not None:
-                done.callback(done.offsets, error)
-            elif error is not None:
-                log.warning("group %s: asynchronous commit failed: %s", self.group_id, error)
-
-    def _async_commit_outcome(self, future, generation_id: int) -> EosError | None:
-        try:
-            response = future.result()
-        except grpc.FutureCancelledError:
-            return EosError(f"commit of group {self.group_id} cancelled", ErrorCode.NETWORK_EXCEPTION)
-        except grpc.RpcError as exc:
-            return net.error_from_rpc(exc, f"OffsetCommit of group {self.group_id}")
-        failed = [p for p in response.partitions if p.error_code != ErrorCode.NONE]
-        if not failed:
-            return None
-        try:
-            return self._commit_error(failed, generation_id)
-        except EosError as exc:
-            return exc
-
-    def wait_for_async_commits(self, timeout_ms: int) -> None:
-        deadline = self._clock() + timeout_ms
-        while self._async_commits_in_flight > 0 and self._clock() < deadline:
-            self.wakeup.clear()
-            self._run_commit_callbacks()
-            if self._async_commits_in_flight > 0:
-                self.wakeup.wait(min(0.05, max(0.0, (deadline - self._clock()) / 1000)))
-        self._run_commit_callbacks()
-
-    def fetch_committed(self, partitions: Iterable[TopicPartition], timeout_ms: int, *,
-                        raise_on_timeout: bool = True) -> dict[TopicPartition, int | None] | None:
-        """The committed offset of each partition (None: nothing committed), with
-        require_stable: UNSTABLE_OFFSET_COMMIT (a transactional commit awaiting its marker) and
-        coordinator errors are retried with backoff until `timeout_ms`; then the last error is
-        raised, or None returned when `raise_on_timeout` is False."""
-        wanted = list(dict.fromkeys(partitions))
-        result: dict[TopicPartition, int | None] = {}
-        if not wanted:
-            return result
-        deadline = self._clock() + timeout_ms
-        attempt = 0
-        while True:
-            remaining = [tp for tp in wanted if tp not in result]
-            error = self._fetch_committed_once(remaining, deadline, result)
-            if error is None:
-                return {tp: result[tp] for tp in wanted}
-            attempt += 1
-            if not self._sleep_backoff(attempt, deadline):
-                if raise_on_timeout:
-                    raise error
-                return None
-
-    def _fetch_committed_once(self, partitions: list[TopicPartition], deadline: int,
-                              result: dict) -> EosError | None:
-        """One OffsetFetch; fills `result`; returns the retriable error if any is left to retry."""
-        try:
-            stub = self._coordinator_stub(deadline)
-            response = stub.OffsetFetch(group_pb2.OffsetFetchRequest(
-                group_id=self.group_id, require_stable=True,
-                partitions=[common_pb2.TopicPartition(topic=tp.topic, partition=tp.partition) for tp in partitions]),
-                timeout=self._rpc_timeout_s(deadline))
-        except grpc.RpcError as exc:
-            error = net.error_from_rpc(exc, f"OffsetFetch of group {self.group_id}")
-            if not error.retriable:
-                raise error from None
-            return error
-        except EosError as exc:
-            if not exc.retriable:
-                raise
-            return exc
-        if response.error_code != ErrorCode.NONE:
-            code = ErrorCode(response.error_code)
-            error = error_for(code, f"OffsetFetch of group {self.group_id}: {response.error_message or code.name}")
-            if code in _COORDINATOR_MOVED:
-                self._mark_coordinator_unknown()
-            if reaction_for(code) is Reaction.RETRY:
-                return error
-            raise error
-        unstable = []
-        for p in response.partitions:
-            tp = TopicPartition(p.topic, p.partition)
-            if p.error_code == ErrorCode.UNSTABLE_OFFSET_COMMIT:
-                unstable.append(tp)
-            elif p.error_code != ErrorCode.NONE:
-                raise error_for(p.error_code, f"OffsetFetch of group {self.group_id} for {p.topic}-{p.partition}")
-            else:
-                result[tp] = p.offset if p.offset >= 0 else None
-        if unstable:
-            return error_for(ErrorCode.UNSTABLE_OFFSET_COMMIT,
-                             f"group {self.group_id} has a transactional commit pending for "
-                             f"{', '.join(f'{t.topic}-{t.partition}' for t in unstable)}")
-        missing = [tp for tp in partitions if tp not in result]
-        if missing:
-            return EosError(f"OffsetFetch of group {self.group_id} did not answer for {missing}",
-                            ErrorCode.UNKNOWN_SERVER_ERROR)
-        return None
-
-    # ---- auto-commit ---------------------------------------------------------------------------
-
-    def _maybe_auto_commit(self, now: int) -> None:
-        if not self.enable_auto_commit or now < self._next_auto_commit_ms:
-            return
-        self._next_auto_commit_ms = now + self.auto_commit_interval_ms
-        if self._subscription is not None and self._state is not MemberState.STABLE:
-            return
-        offsets = self.default_offsets()
-        if offsets:
-            self.commit_async(offsets, callback=self._auto_commit_done)
-
-    def _auto_commit_done(self, offsets, error) -> None:
-        if error is not None:
-            log.warning("group %s: auto-commit of %d partitions failed: %s", self.group_id, len(offsets), error)
-
-    def _auto_commit_sync(self, why: str) -> None:
-        offsets = self.default_offsets()
-        if not offsets:
-            return
-        try:
-            self.commit_sync(offsets, min(self.max_poll_interval_ms, self.request_timeout_ms))
-        except EosError as exc:
-            log.warning("group %s: auto-commit %s failed: %s", self.group_id, why, exc)
+    def _fenced_by_commit(self, message: str) -> EosError:
+        """A commit was answered FENCED_INSTANCE_ID: fatal (the next poll raises it); the error to raise."""
+        error = FencedInstanceIdError(message)
+        self._set_fatal(error)
+        return error
 
     # ---- the heartbeat thread ------------------------------------------------------------------
 
@@ -1247,8 +1018,8 @@ class ConsumerCoordinator:
         """Commit (auto-commit), revoke, leave the group (dynamic members), stop the heartbeat thread."""
         try:
             if self.enable_auto_commit and (self._subscription is None or self._state is MemberState.STABLE):
-                self._auto_commit_sync("on close")
-            self.wait_for_async_commits(min(timeout_ms, self.request_timeout_ms))
+                self._offsets.auto_commit_sync("on close")
+            self._offsets.wait_for_async_commits(min(timeout_ms, self.request_timeout_ms))
             if self._subscription is not None:
                 try:
                     self._revoke_or_lose()
