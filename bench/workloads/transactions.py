@@ -638,7 +638,7 @@ def _e2e_metrics(ctx: RunContext, transactional: bool) -> list[Metric]:
     values = sorted(latencies)
     p50 = _percentile(values, 0.50) * 1000
     p99 = _percentile(values, 0.99) * 1000
-    ctx.progress(f"    p50 {p50:.1f} ms, p99 {p99:.1f} ms over {len(values):,} records "
+    ctx.progress(f"    p50 {p50:.3f} ms, p99 {p99:.3f} ms over {len(values):,} records "
                  f"at {achieved:,.0f}/s")
     note = (f"{what}; {len(values):,} records at {achieved:,.0f}/s; receipt - send "
             f"(perf_counter, one process); all {total:,} received")
