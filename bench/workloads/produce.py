@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 
 from bench.workloads import (Metric, NotAvailable, RecordsLost, RunContext, Workload,
-                             register)
+                             register, settle_writes)
 from bench.workloads.clients import (eos_create_topic, eos_end_offset, eos_module,
                                      kafka_create_topic, kafka_end_offset,
                                      kafka_producer_config, require_client)
@@ -278,6 +278,7 @@ RUNNERS = {"kafka": kafka_produce, "eos": eos_produce}
 
 
 def measure_once(ctx: RunContext, config: ProduceConfig) -> ProduceRun:
+    settle_writes()
     run = RUNNERS[ctx.system](ctx, config)
     ctx.progress(f"    {run.records_per_s:,.0f} records/s, {run.mb_per_s:.1f} MB/s "
                  f"({run.acked:,} acked in {run.elapsed_s:.2f} s)")

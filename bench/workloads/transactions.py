@@ -50,7 +50,7 @@ import threading
 import time
 
 from bench.workloads import (Metric, RecordsLost, RunContext, Workload, register,
-                             repeated)
+                             repeated, settle_writes)
 from bench.workloads.clients import (eos_create_topic, eos_module, kafka_create_topic,
                                      kafka_producer_config)
 from bench.workloads.latency import _percentile
@@ -205,6 +205,7 @@ def _close(ctx: RunContext, producer) -> None:
 
 def _txn_run(ctx: RunContext, value_bytes: int, transactional: bool) -> tuple[float, list[float], int]:
     """(records/s, commit durations in s, records) of one timed run on a fresh topic."""
+    settle_writes()     # the pair's second run must not pay for the first one's writes
     topic = _create_topic(ctx, "txn" if transactional else "txn-idem")
     producer = _make_producer(ctx, ctx.topic_name("bench-tx") if transactional else None)
     sender = _Sender(ctx, producer, topic, b"t" * value_bytes)
