@@ -205,7 +205,6 @@ def _close(ctx: RunContext, producer) -> None:
 
 def _txn_run(ctx: RunContext, value_bytes: int, transactional: bool) -> tuple[float, list[float], int]:
     """(records/s, commit durations in s, records) of one timed run on a fresh topic."""
-    settle_writes()     # the pair's second run must not pay for the first one's writes
     topic = _create_topic(ctx, "txn" if transactional else "txn-idem")
     producer = _make_producer(ctx, ctx.topic_name("bench-tx") if transactional else None)
     sender = _Sender(ctx, producer, topic, b"t" * value_bytes)
@@ -249,6 +248,7 @@ def _txn_pair(ctx: RunContext, value_bytes: int) -> list[Metric]:
                  f"{ctx.sizes.txn_duration_s:.1f} s")
     tx_rate, commits, tx_records = _txn_run(ctx, value_bytes, transactional=True)
     ctx.progress(f"  idempotent, no transactions, {label} values")
+    settle_writes()     # repeated() settled before the transactional half; the same for this one
     idem_rate, _, _ = _txn_run(ctx, value_bytes, transactional=False)
     values = sorted(commits)
     p50 = _percentile(values, 0.50) * 1000
@@ -510,6 +510,44 @@ def _sent_at(value: bytes) -> float:
     return SENT_AT.unpack_from(value)[0]
 
 
+def _e2e_consumer(ctx: RunContext, topic: str):
+    """(consumer, poll) of e2e-latency's read_committed reader of partition 0 from offset 0:
+    poll() returns [(record index, latency in s)] of what has arrived, [] after a short wait."""
+    if ctx.system == "kafka":
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+        consumer = Consumer({"bootstrap.servers": ctx.bootstrap,
+                             "group.id": ctx.topic_name("e2e"),
+                             "enable.auto.commit": False, "isolation.level": ISOLATION,
+                             "fetch.wait.max.ms": E2E_FETCH_WAIT_MS})
+        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+
+        def poll():
+            # consume(n, timeout) waits for n messages or the timeout, whichever comes
+            # first: that wait would be measured. poll() returns the first message at
+            # once; consume(timeout=0) then takes what else is ready.
+            first = consumer.poll(0.05)
+            if first is None:
+                return []
+            batch = [first] + consumer.consume(num_messages=POLL_RECORDS, timeout=0)
+            received_at = time.perf_counter()   # after the wait: the time of receipt
+            return [(int(m.key()), received_at - _sent_at(m.value()))
+                    for m in batch if m.error() is None]
+        return consumer, poll
+    eos = eos_module("Consumer")
+    consumer = eos.Consumer(ctx.bootstrap, isolation_level=ISOLATION,
+                            fetch_max_wait_ms=E2E_FETCH_WAIT_MS)
+    tp = eos.TopicPartition(topic, 0)
+    consumer.assign([tp])
+    consumer.seek(tp, 0)
+
+    def poll():
+        batch = consumer.poll(timeout_ms=50, max_records=POLL_RECORDS)
+        received_at = time.perf_counter()
+        return [(int(r.key), received_at - _sent_at(r.value)) for r in batch]
+    return consumer, poll
+
+
 def _e2e_run(ctx: RunContext, transactional: bool) -> tuple[list[float], float, int]:
     """(latencies in s of the measured records, achieved rate, records) of one run."""
     rate = ctx.sizes.e2e_rate_per_s
@@ -527,38 +565,7 @@ def _e2e_run(ctx: RunContext, transactional: bool) -> tuple[list[float], float, 
     def consume() -> None:
         nonlocal received
         try:
-            if ctx.system == "kafka":
-                from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-
-                consumer = Consumer({"bootstrap.servers": ctx.bootstrap,
-                                     "group.id": ctx.topic_name("e2e"),
-                                     "enable.auto.commit": False, "isolation.level": ISOLATION,
-                                     "fetch.wait.max.ms": E2E_FETCH_WAIT_MS})
-                consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
-
-                def poll():
-                    # consume(n, timeout) waits for n messages or the timeout, whichever
-                    # comes first: that wait would be measured. poll() returns the first
-                    # message at once; consume(timeout=0) then takes what else is ready.
-                    first = consumer.poll(0.05)
-                    if first is None:
-                        return []
-                    batch = [first] + consumer.consume(num_messages=POLL_RECORDS, timeout=0)
-                    received_at = time.perf_counter()   # after the wait: the time of receipt
-                    return [(int(m.key()), received_at - _sent_at(m.value()))
-                            for m in batch if m.error() is None]
-            else:
-                eos = eos_module("Consumer")
-                consumer = eos.Consumer(ctx.bootstrap, isolation_level=ISOLATION,
-                                        fetch_max_wait_ms=E2E_FETCH_WAIT_MS)
-                tp = eos.TopicPartition(topic, 0)
-                consumer.assign([tp])
-                consumer.seek(tp, 0)
-
-                def poll():
-                    batch = consumer.poll(timeout_ms=50, max_records=POLL_RECORDS)
-                    received_at = time.perf_counter()
-                    return [(int(r.key), received_at - _sent_at(r.value)) for r in batch]
+            consumer, poll = _e2e_consumer(ctx, topic)
             try:
                 poll()
                 ready.set()
