@@ -166,17 +166,37 @@ class RunContext:
         return total
 
 
-def settle_writes() -> None:
-    """Before a run, outside its clock: write the page cache's dirty pages back (os.sync()).
+def settle_writes(fresh_memory_bytes: int = 0) -> None:
+    """Before a run, outside its clock: write the page cache's dirty pages back (os.sync()),
+    and with `fresh_memory_bytes`, have that much free memory backed by the host (`back_memory`).
 
     A run that writes faster than the disk drains leaves its data dirty in memory, and once
     that passes the kernel's background threshold (vm.dirty_background_ratio) the next
     writer shares the machine with its write-back. Measured here, eos's bulk produce of
     1 KB values for 2 s: 1.1M records/s from a clean cache, 0.4M right after a run that
-    left 2 GB dirty: a run's figure depended on the run before it. (Slow 1 KB runs still
-    happen right after a sync, for a cause not found yet: bench/README.md, session 27.)
-    Called on both systems alike."""
+    left 2 GB dirty: a run's figure depended on the run before it. Called on both systems
+    alike."""
     os.sync()
+    if fresh_memory_bytes > 0:
+        back_memory(fresh_memory_bytes)
+
+
+def back_memory(size_bytes: int) -> None:
+    """Write every page of `size_bytes` of new memory, then free it.
+
+    This machine is a VM whose host backs its memory lazily and takes freed memory back
+    (virtio-balloon free page reporting, `page_reporting_order` on the kernel's command
+    line): a page the guest freed is reported after about two seconds and dropped by the
+    host, and the next write into it -- a page cache page a broker's write() fills --
+    waits for the host to back it again. The host backs about 0.4-0.6 GB/s, so a run that
+    writes faster than that into such pages runs at the host's rate: eos's bulk produce of
+    1 KB values, 2 s runs, sync before each: 1.09M, 0.61M, 0.37M, 0.32M, 0.35M records/s,
+    the broker in the kernel's copy into the page cache 76% of its time (perf); with 6 GB
+    touched and freed just before each run, 0.72M-1.08M. Pages freed a moment ago are
+    handed out first and are not reported yet, so the run's writes land in backed memory.
+    On a machine that keeps its memory, this costs the time to touch it and changes nothing."""
+    memory = bytearray(size_bytes)   # CPython writes its zeros (memset), every page
+    del memory
 
 
 def repeated(ctx: RunContext, run_once: Callable[[], list[Metric]]) -> list[Metric]:
