@@ -188,7 +188,7 @@ def back_memory(size_bytes: int) -> None:
     (virtio-balloon free page reporting, `page_reporting_order` on the kernel's command
     line): a page the guest freed is reported after about two seconds and dropped by the
     host, and the next write into it -- a page cache page a broker's write() fills --
-    waits for the host to back it again. The host backs about 0.4-0.6 GB/s, so a run that
+    waits for the host to back it again. The host backs about 0.5-0.7 GB/s, so a run that
     writes faster than that into such pages runs at the host's rate: eos's bulk produce of
     1 KB values, 2 s runs, sync before each: 1.09M, 0.61M, 0.37M, 0.32M, 0.35M records/s,
     the broker in the kernel's copy into the page cache 76% of its time (perf); with 6 GB
