@@ -166,9 +166,8 @@ class RunContext:
         return total
 
 
-def settle_writes(fresh_memory_bytes: int = 0) -> None:
-    """Before a run, outside its clock: write the page cache's dirty pages back (os.sync()),
-    and with `fresh_memory_bytes`, have that much free memory backed by the host (`back_memory`).
+def settle_writes() -> None:
+    """Before a run, outside its clock: write the page cache's dirty pages back (os.sync()).
 
     A run that writes faster than the disk drains leaves its data dirty in memory, and once
     that passes the kernel's background threshold (vm.dirty_background_ratio) the next
@@ -177,8 +176,6 @@ def settle_writes(fresh_memory_bytes: int = 0) -> None:
     left 2 GB dirty: a run's figure depended on the run before it. Called on both systems
     alike."""
     os.sync()
-    if fresh_memory_bytes > 0:
-        back_memory(fresh_memory_bytes)
 
 
 def back_memory(size_bytes: int) -> None:

@@ -50,6 +50,7 @@ from __future__ import annotations
 import struct
 import threading
 import time
+from typing import Callable, NamedTuple
 
 from bench.workloads import (Metric, RecordsLost, RunContext, Workload, back_memory, register,
                              repeated, settle_writes)
@@ -256,7 +257,8 @@ def _txn_pair(ctx: RunContext, value_bytes: int) -> list[Metric]:
     back_memory(fresh_memory_bytes)     # repeated() wrote the page cache back already
     tx_rate, commits, tx_records = _txn_run(ctx, value_bytes, transactional=True)
     ctx.progress(f"  idempotent, no transactions, {label} values")
-    settle_writes(fresh_memory_bytes)   # what repeated() did for the transactional half
+    settle_writes()                     # what repeated() did for the transactional half
+    back_memory(fresh_memory_bytes)
     idem_rate, _, _ = _txn_run(ctx, value_bytes, transactional=False)
     values = sorted(commits)
     p50 = _percentile(values, 0.50) * 1000
@@ -402,17 +404,19 @@ def run_copier(ctx: RunContext) -> list[Metric]:
     return repeated(ctx, lambda: _copier_once(ctx))
 
 
-def _copier_once(ctx: RunContext) -> list[Metric]:
-    count = (ctx.sizes.copier_records // CHUNK_RECORDS) * CHUNK_RECORDS
-    source, sink = _create_topic(ctx, "copier-in"), _create_topic(ctx, "copier-out")
-    group = ctx.topic_name("copier-group")
-    ctx.progress(f"  filling {source} with {count:,} records")
-    _fill(ctx, source, count, b"c" * 100)
-    ctx.progress(f"  copying {count:,} records, commit every 100 ms or "
-                 f"{COPIER_COMMIT_RECORDS:,} records, offsets in the transaction")
-    producer = _make_producer(ctx, ctx.topic_name("bench-copier"))
-    errors: list = []
-    commits = 0
+class _CopierEnds(NamedTuple):
+    """The copier's consumer and what its loop does with it on one system."""
+    consumer: object
+    poll: Callable[[], list]          # records read, each batch also sent to the sink
+    next_offset: Callable[[list], int]  # the input offset after a polled batch
+    commit: Callable[[int], None]     # the consumed offset into the transaction, then commit
+    committed: Callable[[], int]      # the group's committed offset of the input
+    failures: Callable[[], list]      # errors of reads and sends, once the producer closed
+
+
+def _copier_ends(ctx: RunContext, producer, source: str, sink: str, group: str) -> _CopierEnds:
+    """The read_committed consumer of `source` (partition 0, from the start, in `group`)
+    and the loop's steps on Kafka's or eos's clients."""
     if ctx.system == "kafka":
         from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
@@ -420,6 +424,7 @@ def _copier_once(ctx: RunContext) -> list[Metric]:
                              "enable.auto.commit": False, "isolation.level": ISOLATION,
                              "auto.offset.reset": "earliest"})
         consumer.assign([TopicPartition(source, 0, OFFSET_BEGINNING)])
+        errors: list = []
 
         def poll() -> list:
             batch = []
@@ -434,41 +439,51 @@ def _copier_once(ctx: RunContext) -> list[Metric]:
                 producer.poll(0)
             return batch
 
-        def next_offset(batch) -> int:
-            return batch[-1].offset() + 1
-
         def commit(offset: int) -> None:
             producer.send_offsets_to_transaction([TopicPartition(source, 0, offset)],
                                                  consumer.consumer_group_metadata(), TIMEOUT_S)
             producer.commit_transaction(TIMEOUT_S)
 
-        def committed() -> int:
-            return consumer.committed([TopicPartition(source, 0)], timeout=10)[0].offset
-    else:
-        eos = eos_module("Producer", "Consumer")
-        consumer = eos.Consumer(ctx.bootstrap, group_id=group, isolation_level=ISOLATION,
-                                auto_offset_reset="earliest")
-        tp = eos.TopicPartition(source, 0)
-        consumer.assign([tp])
-        futures: list = []
+        return _CopierEnds(
+            consumer, poll, lambda batch: batch[-1].offset() + 1, commit,
+            lambda: consumer.committed([TopicPartition(source, 0)], timeout=10)[0].offset,
+            lambda: errors)
+    eos = eos_module("Producer", "Consumer")
+    consumer = eos.Consumer(ctx.bootstrap, group_id=group, isolation_level=ISOLATION,
+                            auto_offset_reset="earliest")
+    tp = eos.TopicPartition(source, 0)
+    consumer.assign([tp])
+    futures: list = []
 
-        def poll() -> list:
-            batch = consumer.poll(timeout_ms=100, max_records=POLL_RECORDS)
-            if batch:
-                futures.append(producer.send_batch(sink, [r.value for r in batch],
-                                                   keys=[r.key for r in batch]))
-            return batch
+    def poll() -> list:
+        batch = consumer.poll(timeout_ms=100, max_records=POLL_RECORDS)
+        if batch:
+            futures.append(producer.send_batch(sink, [r.value for r in batch],
+                                               keys=[r.key for r in batch]))
+        return batch
 
-        def next_offset(batch) -> int:
-            return batch[-1].offset + 1
+    def commit(offset: int) -> None:
+        producer.send_offsets_to_transaction({tp: offset}, consumer.group_metadata(), TIMEOUT_S)
+        producer.commit_transaction(TIMEOUT_S)
 
-        def commit(offset: int) -> None:
-            producer.send_offsets_to_transaction({tp: offset}, consumer.group_metadata(),
-                                                 TIMEOUT_S)
-            producer.commit_transaction(TIMEOUT_S)
+    def failures() -> list:
+        return [f.exception(timeout=TIMEOUT_S) for f in futures
+                if f.exception(timeout=TIMEOUT_S) is not None]
 
-        def committed() -> int:
-            return consumer.committed([tp])[tp]
+    return _CopierEnds(consumer, poll, lambda batch: batch[-1].offset + 1, commit,
+                       lambda: consumer.committed([tp])[tp], failures)
+
+
+def _copier_once(ctx: RunContext) -> list[Metric]:
+    count = (ctx.sizes.copier_records // CHUNK_RECORDS) * CHUNK_RECORDS
+    source, sink = _create_topic(ctx, "copier-in"), _create_topic(ctx, "copier-out")
+    ctx.progress(f"  filling {source} with {count:,} records")
+    _fill(ctx, source, count, b"c" * 100)
+    ctx.progress(f"  copying {count:,} records, commit every 100 ms or "
+                 f"{COPIER_COMMIT_RECORDS:,} records, offsets in the transaction")
+    producer = _make_producer(ctx, ctx.topic_name("bench-copier"))
+    ends = _copier_ends(ctx, producer, source, sink, ctx.topic_name("copier-group"))
+    commits = 0
     copied = 0
     try:
         start = time.perf_counter()
@@ -479,24 +494,22 @@ def _copier_once(ctx: RunContext) -> list[Metric]:
             txn_end = time.perf_counter() + COMMIT_INTERVAL_S
             while (time.perf_counter() < txn_end and in_txn < COPIER_COMMIT_RECORDS
                    and copied + in_txn < count):
-                batch = poll()
+                batch = ends.poll()
                 if batch:
                     in_txn += len(batch)
-                    offset = next_offset(batch)
+                    offset = ends.next_offset(batch)
             if offset is None:
                 producer.abort_transaction(TIMEOUT_S)
                 continue
-            commit(offset)
+            ends.commit(offset)
             commits += 1
             copied += in_txn
         elapsed_s = time.perf_counter() - start
-        group_offset = committed()
+        group_offset = ends.committed()
     finally:
         _close(ctx, producer)
-        consumer.close()
-    if ctx.system == "eos":
-        errors += [f.exception(timeout=TIMEOUT_S) for f in futures
-                   if f.exception(timeout=TIMEOUT_S) is not None]
+        ends.consumer.close()
+    errors = ends.failures()
     if errors or copied != count:
         raise RecordsLost(f"{ctx.system} copier ({errors[:1]})", count, copied)
     if group_offset != count:
