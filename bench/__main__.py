@@ -31,6 +31,7 @@ from pathlib import Path
 
 from bench import disk, report
 from bench.eos_server import EosBroker, EosUnavailable, broker_available
+from bench.host_speed import python_probe_ms
 from bench.kafka import KafkaBroker, KafkaUnavailable, resolve_kafka
 from bench.workloads import REGISTRY, NotAvailable, RecordsLost, RunContext, Sizes
 
@@ -91,6 +92,8 @@ def machine_info(tmp_dir: str) -> dict:
         "data_filesystem": _filesystem_of(tmp_dir),
         # Other work on a shared machine moves the figures; this shows how busy it was.
         "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+        # ... and this how fast the host ran Python code (bench/host_speed.py).
+        "python_probe_ms_at_start": python_probe_ms(),
     }
     try:
         import confluent_kafka
@@ -290,7 +293,8 @@ def main(argv: list[str] | None = None) -> int:
         "finished_utc": finished.isoformat(timespec="seconds"),
         "duration_s": round((finished - started).total_seconds(), 1),
         "sizes": asdict(sizes),
-        "machine": {**machine, "loadavg_at_end": [round(x, 2) for x in os.getloadavg()]},
+        "machine": {**machine, "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
+                    "python_probe_ms_at_end": python_probe_ms()},
         "disk": disk_speed.to_dict(),
         "systems": systems,
         "workloads": [{"name": name, "title": REGISTRY[name].title,

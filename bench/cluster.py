@@ -65,7 +65,8 @@ from pathlib import Path
 
 from bench.cluster_sides import EosSide, KafkaSide
 from bench.kafka import wait_until
-from bench.report import write_run
+from bench.host_speed import python_probe_ms
+from bench.report import python_probe_sentence, write_run
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO_ROOT / "bench" / "results"
@@ -455,7 +456,8 @@ def main(argv=None) -> int:
     data_dir = tempfile.mkdtemp(prefix="eos-bench-cluster-run-", dir=args.tmp_dir)
     run = {"command": "python -m bench.cluster " + " ".join(argv if argv is not None else sys.argv[1:]),
            "started_utc": started.isoformat(timespec="seconds"), "quick": args.quick,
-           "loadavg_at_start": os.getloadavg(), "systems": {}}
+           "loadavg_at_start": os.getloadavg(), "python_probe_ms_at_start": python_probe_ms(),
+           "systems": {}}
     try:
         for system in systems:
             progress(f"{system}: starting a 3-broker cluster")
@@ -473,6 +475,7 @@ def main(argv=None) -> int:
     run["disk_buffered_mb_s"] = speed.buffered_mb_s
     run["disk_fsync_mb_s"] = speed.fsync_mb_s
     run["loadavg_at_end"] = os.getloadavg()
+    run["python_probe_ms_at_end"] = python_probe_ms()
     run["duration_s"] = round(time.monotonic() - t0, 1)
     text = table(run)
     print()
@@ -482,7 +485,8 @@ def main(argv=None) -> int:
     stem = f"cluster-{started:%Y-%m-%d}-{socket.gethostname()}"
     header = (f"# Cluster benchmark\n\n`{run['command']}` at {run['started_utc']} "
               f"({run['duration_s']} s, load {run['loadavg_at_start'][0]:.1f} at start); raw disk here "
-              f"{run['disk_buffered_mb_s']:,.0f} MB/s buffered, {run['disk_fsync_mb_s']:,.0f} MB/s with fsync\n\n")
+              f"{run['disk_buffered_mb_s']:,.0f} MB/s buffered, {run['disk_fsync_mb_s']:,.0f} MB/s with fsync."
+              + python_probe_sentence(run) + "\n\n")
     write_run(out, stem, None if partial else "cluster-latest", run, header + text + "\n")
     failed = [(s, k) for s, figures in run["systems"].items() for k, o in figures.items()
               if isinstance(o, dict) and o.get("status") in ("lost", "error")]

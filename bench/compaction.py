@@ -81,7 +81,8 @@ import traceback
 from pathlib import Path
 
 from bench.kafka import KafkaBroker, free_port, port_accepts, stop_process, wait_until
-from bench.report import write_run
+from bench.host_speed import python_probe_ms
+from bench.report import python_probe_sentence, write_run
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO_ROOT / "bench" / "results"
@@ -885,7 +886,8 @@ def main(argv=None) -> int:
     run = {"command": "python -m bench.compaction " + " ".join(argv if argv is not None else sys.argv[1:]),
            "started_utc": started.isoformat(timespec="seconds"), "quick": args.quick, "records": records,
            "commits": commits, "keys": KEYS, "value_bytes": VALUE_BYTES,
-           "loadavg_at_start": os.getloadavg(), "systems": {}}
+           "loadavg_at_start": os.getloadavg(), "python_probe_ms_at_start": python_probe_ms(),
+           "systems": {}}
     for system in systems:
         progress(f"{system}: start")
         try:
@@ -900,6 +902,7 @@ def main(argv=None) -> int:
     run["disk_buffered_mb_s"] = speed.buffered_mb_s
     run["disk_fsync_mb_s"] = speed.fsync_mb_s
     run["loadavg_at_end"] = os.getloadavg()
+    run["python_probe_ms_at_end"] = python_probe_ms()
     run["duration_s"] = round(time.monotonic() - t0, 1)
     text = table(run)
     extra = notes(run)
@@ -915,7 +918,8 @@ def main(argv=None) -> int:
     header = (f"# Log compaction benchmark\n\n`{run['command']}` at {run['started_utc']} "
               f"({run['duration_s']} s, load {run['loadavg_at_start'][0]:.1f} at start, "
               f"{run['loadavg_at_end'][0]:.1f} at end); {records:,} records of {VALUE_BYTES} B over {KEYS:,} keys "
-              f"in the cleaned topic; {commits:,} offset commits. One run a figure (see bench/compaction.py).\n\n")
+              f"in the cleaned topic; {commits:,} offset commits. One run a figure (see bench/compaction.py)."
+              + python_probe_sentence(run) + "\n\n")
     body = header + text + "\n" + (f"\n{extra}\n" if extra else "")
     write_run(out, stem, None if partial else "compaction-latest", run, body)
     failed = [(s, k) for s, figures in run["systems"].items() for k, o in figures.items()

@@ -247,6 +247,16 @@ def _notes(workload: dict) -> list[str]:
     return notes
 
 
+def python_probe_sentence(figures: dict) -> str:
+    """" Python speed probe ...": the host's speed for Python at the run's start and end
+    (bench/host_speed.py), or "" for a run recorded before the probe existed."""
+    start, end = figures.get("python_probe_ms_at_start"), figures.get("python_probe_ms_at_end")
+    if start is None or end is None:
+        return ""
+    return (f" Python speed probe (a fixed pure-Python loop, median of 3, lower is faster): "
+            f"{start:,.0f} ms at the start, {end:,.0f} at the end.")
+
+
 def markdown(run: dict) -> str:
     machine = run["machine"]
     disk = run.get("disk") or {}
@@ -266,7 +276,8 @@ def markdown(run: dict) -> str:
         f"{machine.get('confluent_kafka', '?')} (librdkafka {machine.get('librdkafka', '?')}); "
         f"eos at {machine['eos_commit']}. Load average (1/5/15 min) "
         f"{'/'.join(map(str, machine.get('loadavg_at_start', [])))} at the start, "
-        f"{'/'.join(map(str, machine.get('loadavg_at_end', [])))} at the end.",
+        f"{'/'.join(map(str, machine.get('loadavg_at_end', [])))} at the end."
+        + python_probe_sentence(machine),
         "",
         "**Ratio = eos/Kafka where higher is better (throughput), Kafka/eos where lower is "
         "better (latency, duplicates): above 1 means eos is better.** "

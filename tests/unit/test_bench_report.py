@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from bench import report
+from bench import host_speed, report
 from bench.workloads import Metric, median_of_runs, median_low
 
 
@@ -165,6 +165,28 @@ def test_markdown_groups_rows_by_workload_after_the_summary():
     produce_section = text[produce_at:copier_at]
     assert "| a (records/s) |" in produce_section and "| b (records/s) |" in produce_section
     assert "| c (records/s) |" not in produce_section and "| c (records/s) |" in text
+
+
+def test_the_header_gives_the_python_speed_probe_at_the_start_and_the_end():
+    run = _run([("produce", {"eos": [_metric("a", 1.0)], "kafka": [_metric("a", 1.5)]})])
+    run["machine"].update({"python_probe_ms_at_start": 84.4, "python_probe_ms_at_end": 131.0})
+    header = report.markdown(run).split("## produce")[0]
+    assert "Python speed probe" in header
+    assert "84 ms at the start, 131 at the end." in header
+
+
+def test_a_run_recorded_before_the_probe_existed_has_no_probe_sentence():
+    run = _run([("produce", {"eos": [_metric("a", 1.0)], "kafka": [_metric("a", 1.5)]})])
+    assert "Python speed probe" not in report.markdown(run)
+    run["machine"]["python_probe_ms_at_start"] = 80.0      # a run that stopped before its end
+    assert "Python speed probe" not in report.markdown(run)
+
+
+def test_the_python_probe_is_the_median_of_its_repeats_in_ms():
+    readings = iter([0.0, 0.010, 1.0, 1.030, 2.0, 2.020])   # runs of 10, 30 and 20 ms
+    assert host_speed.python_probe_ms(repeats=3, iterations=10, timer=lambda: next(readings)) == 20.0
+    with pytest.raises(ValueError, match="at least 1"):
+        host_speed.python_probe_ms(repeats=0)
 
 
 def test_legacy_runs_without_restates_count_mb_per_s_once():
