@@ -2,12 +2,13 @@
 
 Theory of operation
 -------------------
-On this VM the same Python code runs up to 2.5 times slower in one hour than in another
-(a pure-Python loop, the eos producer's round trip, the broker's append), while a bare TCP
-echo barely moves (bench/README.md, sessions 28 and 29). eos's clients and broker are
-Python; Kafka's client is C and its broker a JVM. So the rows where eos is near parity move
-with the host's speed for Python, and a run that does not say how fast the host was cannot
-be compared with another.
+On this VM the same code runs at very different speeds on different days, and within an
+hour: the eos producer's round trip (`python -m bench.transport_floor`) took 0.19-0.22 ms
+in session 28 and 0.59-0.62 ms in session 29, the broker's side of a raw ProduceStream
+request 3.5-4 times longer, while a bare TCP echo took about twice as long (bench/README.md).
+eos's clients and broker are Python; Kafka's client is C and its broker a JVM. So the rows
+where eos is near parity move with the host's speed for Python, and a run that does not say
+how fast the host was cannot be compared with another.
 
 `python_probe_ms` times a fixed piece of pure-Python work -- calls, dict reads and writes,
 small allocations, the kind of steps a client's round trip is made of -- `repeats` times,
