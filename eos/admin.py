@@ -44,7 +44,8 @@ from eos.admin_arguments import (config_strings, isolation_level_code, quota_ent
 from eos.acl import AclBinding, AclFilter, Operation, binding_from_proto, binding_to_proto, filter_to_proto
 from eos.errors import EosError, ErrorCode, Reaction, error_for, reaction_for
 from eos.types import TopicPartition
-from eos.v1 import broker_pb2, cluster_pb2, cluster_pb2_grpc, common_pb2, group_pb2, group_pb2_grpc, txn_pb2
+from eos.v1 import (broker_pb2, cluster_pb2, cluster_pb2_grpc, common_pb2, group_pb2, group_pb2_grpc, txn_pb2,
+                    txn_pb2_grpc)
 
 ADMIN_CONFIG: dict[str, net.ConfigSpec] = {
     "bootstrap.servers": net.ConfigSpec(None, net.as_optional_str),
@@ -504,19 +505,27 @@ class Admin:
             return self._metadata.bootstrap_address
         return f"{host}:{port}"
 
+    def _every_broker(self) -> list[tuple[int, str]]:
+        """(node id, address) of every broker, from a fresh Metadata answer, by node id: for
+        what each broker knows only of its own share (the groups and transactional ids of
+        the internal partitions it leads). (-1, the bootstrap address) when Metadata cannot
+        be had for now (the call to it is then retried as any other)."""
+        try:
+            self._metadata.fetch()
+        except EosError as exc:
+            if not exc.retriable:
+                raise
+        brokers = self._metadata.brokers()
+        if not brokers:
+            return [(-1, self._metadata.bootstrap_address)]
+        return [(node_id, self._address_of(*address.rsplit(":", 1))) for node_id, address in sorted(brokers.items())]
+
     def list_groups(self, states=None) -> list[dict]:
         """Every group: [{"group_id", "protocol_type", "state"}], sorted by id; `states`
         (e.g. ["Stable", "Empty"]) keeps only groups in those states."""
         states = [states] if isinstance(states, str) else list(states or [])
-        try:
-            self._metadata.fetch()   # every broker coordinates some groups: ask them all
-        except EosError as exc:
-            if not exc.retriable:
-                raise   # else the bootstrap broker alone, retried below
-        addresses = sorted({self._address_of(*address.rsplit(":", 1)) for address in
-                            self._metadata.brokers().values()} or {self._metadata.bootstrap_address})
         listed = {}
-        for address in addresses:
+        for _, address in self._every_broker():   # every broker coordinates some groups: ask them all
             response = self._call("ListGroups", lambda s: s.ListGroups, group_pb2.ListGroupsRequest(states_filter=states),
                                   stub=lambda a=address: group_pb2_grpc.GroupCoordinatorStub(self._metadata.channel(a)),
                                   answer_code=lambda r: r.error_code)
@@ -624,36 +633,50 @@ class Admin:
         return self._call(what, rpc, request, stub=self._metadata.txn_coordinator_stub, answer_code=answer_code)
 
     def list_transactions(self, states=None, *, producer_ids=None, duration_ms: int | None = None) -> list[dict]:
-        """[{"transactional_id", "producer_id", "state", "participant_count"}], sorted by id;
-        filtered by `states` (e.g. ["Ongoing"]), `producer_ids` (owners or participants) and
-        `duration_ms` (only transactions open longer than that)."""
+        """[{"transactional_id", "coordinator_id", "producer_id", "state", "participant_count"}],
+        sorted by id, then coordinator; filtered by `states` (e.g. ["Ongoing"]), `producer_ids`
+        (owners or participants) and `duration_ms` (only transactions open longer than that).
+
+        Each broker coordinates the ids of the __transaction_state partitions it leads, so
+        every broker is asked, as Kafka's admin asks them (its `coordinator_id` names the one
+        that answered). A broker that cannot be asked fails the call: a listing without its
+        share would call its live transactions unknown (find_hanging_transactions reads it)."""
         states = [states] if isinstance(states, str) else list(states or [])
-        response = self._txn_call("ListTransactions", lambda s: s.ListTransactions, txn_pb2.ListTransactionsRequest(
-            state_filters=states, producer_id_filters=list(producer_ids or []), duration_filter_ms=duration_ms or 0),
-            answer_code=lambda r: r.error_code)
-        if response.error_code == ErrorCode.INVALID_REQUEST:
-            raise ValueError(f"unknown transaction state in {states}: known are Empty, Ongoing, PrepareCommit, "
-                             f"PrepareAbort, CompleteCommit, CompleteAbort, PrepareEpochFence, Dead")
-        if response.error_code != ErrorCode.NONE:
-            raise error_for(response.error_code, f"ListTransactions: {ErrorCode(response.error_code).name}")
-        return [{"transactional_id": t.transactional_id, "producer_id": t.producer_id, "state": t.state,
-                 "participant_count": t.participant_count}
-                for t in sorted(response.transactions, key=lambda t: t.transactional_id)]
+        request = txn_pb2.ListTransactionsRequest(
+            state_filters=states, producer_id_filters=list(producer_ids or []), duration_filter_ms=duration_ms or 0)
+        listed = []
+        for node_id, address in self._every_broker():
+            response = self._call("ListTransactions", lambda s: s.ListTransactions, request,
+                                  stub=lambda a=address: txn_pb2_grpc.TxnCoordinatorStub(self._metadata.channel(a)),
+                                  answer_code=lambda r: r.error_code)
+            if response.error_code == ErrorCode.INVALID_REQUEST:
+                raise ValueError(f"unknown transaction state in {states}: known are Empty, Ongoing, PrepareCommit, "
+                                 f"PrepareAbort, CompleteCommit, CompleteAbort, PrepareEpochFence, Dead")
+            if response.error_code != ErrorCode.NONE:
+                raise error_for(response.error_code,
+                                f"ListTransactions at {address}: {ErrorCode(response.error_code).name}")
+            listed += [{"transactional_id": t.transactional_id, "coordinator_id": node_id, "producer_id": t.producer_id,
+                        "state": t.state, "participant_count": t.participant_count} for t in response.transactions]
+        return sorted(listed, key=lambda t: (t["transactional_id"], t["coordinator_id"]))
 
     def describe_transaction(self, transactional_id: str) -> dict:
-        """{"transactional_id", "state", "producer_id", "producer_epoch", "timeout_ms",
-        "start_time_ms" (None when no transaction is open), "partitions": [TopicPartition],
+        """{"transactional_id", "coordinator_id", "state", "producer_id", "producer_epoch",
+        "timeout_ms", "start_time_ms" (None when no transaction is open), "partitions": [TopicPartition],
         "groups", "coordinator_epoch", "participants": [{"producer_id", "producer_epoch",
         "partitions", "accepted"}]}. An unknown id raises TRANSACTIONAL_ID_NOT_FOUND."""
-        response = self._txn_call("DescribeTransactions", lambda s: s.DescribeTransactions,
-                                  txn_pb2.DescribeTransactionsRequest(transactional_ids=[transactional_id]),
-                                  answer_code=lambda r: r.transactions[0].error_code if r.transactions else 0)
+        # at the id's coordinator (on a cluster, the leader of its __transaction_state partition)
+        coordinator = self._metadata.txn_coordinator_stub(transactional_id)
+        response = self._call("DescribeTransactions", lambda s: s.DescribeTransactions,
+                              txn_pb2.DescribeTransactionsRequest(transactional_ids=[transactional_id]),
+                              stub=lambda: coordinator,
+                              answer_code=lambda r: r.transactions[0].error_code if r.transactions else 0)
         found = [t for t in response.transactions if t.transactional_id == transactional_id]
         if not found:
             raise EosError(f"DescribeTransactions did not answer for {transactional_id!r}", ErrorCode.UNKNOWN_SERVER_ERROR)
         t = found[0]
         _raise_if_error(t, f"cannot describe transactional id {transactional_id!r}")
-        return {"transactional_id": t.transactional_id, "state": t.state, "producer_id": t.producer_id,
+        return {"transactional_id": t.transactional_id, "coordinator_id": self._coordinator_id(transactional_id),
+                "state": t.state, "producer_id": t.producer_id,
                 "producer_epoch": t.producer_epoch, "timeout_ms": t.transaction_timeout_ms,
                 "start_time_ms": t.transaction_start_time_ms if t.transaction_start_time_ms >= 0 else None,
                 "partitions": sorted(TopicPartition(p.topic, p.partition) for p in t.partitions),
@@ -661,6 +684,15 @@ class Admin:
                 "participants": [{"producer_id": p.producer_id, "producer_epoch": p.producer_epoch,
                                   "partitions": sorted(TopicPartition(q.topic, q.partition) for q in p.partitions),
                                   "accepted": p.accepted} for p in t.participants]}
+
+    def _coordinator_id(self, transactional_id: str) -> int:
+        """The node id of the transactional id's coordinator (the broker that just answered
+        for it), or -1 when no broker of the metadata has its address."""
+        address = self._metadata.coordinator_address(transactional_id)
+        brokers = self._every_broker()
+        if len(brokers) == 1:
+            return brokers[0][0]
+        return next((node_id for node_id, at in brokers if at == address), -1)
 
     def abort_transaction(self, tp, producer_id: int, producer_epoch: int, coordinator_epoch: int) -> None:
         """KIP-664: write an ABORT marker for `producer_id`'s open transaction in partition `tp`
@@ -708,19 +740,21 @@ class Admin:
                  "current_txn_start_offset": s.current_txn_start_offset} for s in p.producers]
         return result
 
-    def find_hanging_transactions(self, topic: str | None = None, *, partitions=None,
+    def find_hanging_transactions(self, topic: str | None = None, *, partitions=None, broker_id: int | None = None,
                                   max_duration_ms: int = MAX_TRANSACTION_TIMEOUT_MS,
                                   now_ms: int | None = None) -> list[dict]:
         """kafka-transactions.sh find-hanging: open transactions (in `partitions`, or every
-        partition of `topic`, or of every topic) whose last write is older than
-        `max_duration_ms` and that the coordinator does not account for. Rows sorted by
-        (topic, partition, producer): {"topic", "partition", "producer_id", "producer_epoch",
-        "coordinator_epoch", "start_offset", "last_timestamp_ms", "duration_ms",
-        "transactional_id" (None: no coordinator knows the producer)}."""
+        partition of `topic`, or of every topic; with `broker_id`, only the partitions with a
+        replica on that broker) whose last write is older than `max_duration_ms` and that
+        no coordinator accounts for. Rows sorted by (topic, partition, producer): {"topic",
+        "partition", "producer_id", "producer_epoch", "coordinator_epoch", "start_offset",
+        "last_timestamp_ms", "duration_ms", "transactional_id" (None: no coordinator knows
+        the producer)}."""
         if partitions is None:
             # one Metadata for every topic, not one per topic
             described = self.describe_topics([topic] if topic is not None else None)
-            partitions = [TopicPartition(t, p["partition"]) for t, d in described.items() for p in d["partitions"]]
+            partitions = [TopicPartition(t, p["partition"]) for t, d in described.items() for p in d["partitions"]
+                          if broker_id is None or broker_id in p["replicas"]]
         now = now_ms if now_ms is not None else int(time.time() * 1000)
         candidates = []
         for tp, producers in self.describe_producers(partitions).items():

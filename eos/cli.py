@@ -466,37 +466,69 @@ def cmd_groups(args) -> int:
 # ---- transactions ---------------------------------------------------------------------------
 
 def cmd_txn(args) -> int:
+    """kafka-transactions.sh's subcommands, with its columns in its order (a script that reads
+    Kafka's output reads eos's)."""
     import eos
     with eos.Admin(bootstrap=args.bootstrap_server, config=client_config(args)) as admin:
         if args.action == "list":
-            listed = admin.list_transactions(states=args.state)
-            _print_table(["TransactionalId", "ProducerId", "TransactionState", "Participants"],
-                         [[t["transactional_id"], t["producer_id"], t["state"], t["participant_count"]] for t in listed])
+            listed = admin.list_transactions(states=args.state, duration_ms=args.duration_filter)
+            _print_table(["TransactionalId", "Coordinator", "ProducerId", "TransactionState"],
+                         [[t["transactional_id"], t["coordinator_id"], t["producer_id"], t["state"]] for t in listed])
         elif args.action == "describe":
-            t = admin.describe_transaction(args.transactional_id)
-            now_ms = int(time.time() * 1000)
-            _print_table(["TransactionalId", "ProducerId", "ProducerEpoch", "CoordinatorEpoch", "TransactionState",
-                          "TransactionTimeoutMs", "CurrentTransactionStartTimeMs", "TransactionDurationMs",
-                          "TopicPartitions"],
-                         [[t["transactional_id"], t["producer_id"], t["producer_epoch"], t["coordinator_epoch"],
-                           t["state"], t["timeout_ms"], t["start_time_ms"],
-                           now_ms - t["start_time_ms"] if t["start_time_ms"] is not None else None,
-                           ",".join(f"{tp.topic}-{tp.partition}" for tp in t["partitions"])]])
-            if t["participants"]:
-                print()
-                _print_table(["ParticipantProducerId", "ProducerEpoch", "Accepted", "TopicPartitions"],
-                             [[p["producer_id"], p["producer_epoch"], str(p["accepted"]).lower(),
-                               ",".join(f"{tp.topic}-{tp.partition}" for tp in p["partitions"])]
-                              for p in t["participants"]])
+            return _txn_describe(admin, args)
+        elif args.action == "describe-producers":
+            from eos import TopicPartition
+            tp = TopicPartition(args.topic, args.partition)
+            producers = admin.describe_producers([tp]).get(tp, [])
+            _print_table(["ProducerId", "ProducerEpoch", "LatestCoordinatorEpoch", "LastSequence", "LastTimestamp",
+                          "CurrentTransactionStartOffset"],
+                         [[p["producer_id"], p["producer_epoch"], p["coordinator_epoch"], p["last_sequence"],
+                           p["last_timestamp_ms"],
+                           p["current_txn_start_offset"] if p["current_txn_start_offset"] >= 0 else "None"]
+                          for p in producers])
         elif args.action == "abort":
             return _txn_abort(admin, args)
         elif args.action == "find-hanging":
+            if args.topic is None and args.broker_id is None:
+                print("error: the `find-hanging` command requires either --topic or --broker-id to limit the scope "
+                      "of the search", file=sys.stderr)
+                return 2
+            if args.partition is not None and args.topic is None:
+                print("error: the --partition argument requires --topic to be provided", file=sys.stderr)
+                return 2
+            from eos import TopicPartition
             hanging = admin.find_hanging_transactions(
-                args.topic, max_duration_ms=int(args.max_transaction_timeout * 60_000))
+                args.topic, broker_id=args.broker_id,
+                partitions=None if args.partition is None else [TopicPartition(args.topic, args.partition)],
+                max_duration_ms=int(args.max_transaction_timeout * 60_000))
             _print_table(["Topic", "Partition", "ProducerId", "ProducerEpoch", "CoordinatorEpoch", "StartOffset",
                           "LastTimestamp", "Duration(min)"],
                          [[h["topic"], h["partition"], h["producer_id"], h["producer_epoch"], h["coordinator_epoch"],
                            h["start_offset"], h["last_timestamp_ms"], h["duration_ms"] // 60_000] for h in hanging])
+    return 0
+
+
+def _txn_describe(admin, args) -> int:
+    transactional_id = args.transactional_id_flag or args.transactional_id
+    if not transactional_id:
+        print("error: eos txn describe needs --transactional-id", file=sys.stderr)
+        return 2
+    t = admin.describe_transaction(transactional_id)
+    now_ms = int(time.time() * 1000)
+    started_ms = t["start_time_ms"]
+    _print_table(["CoordinatorId", "TransactionalId", "ProducerId", "ProducerEpoch", "TransactionState",
+                  "TransactionTimeoutMs", "CurrentTransactionStartTimeMs", "TransactionDurationMs", "TopicPartitions"],
+                 [[t["coordinator_id"], t["transactional_id"], t["producer_id"], t["producer_epoch"], t["state"],
+                   t["timeout_ms"], "None" if started_ms is None else started_ms,
+                   "None" if started_ms is None else now_ms - started_ms,
+                   ",".join(f"{tp.topic}-{tp.partition}" for tp in t["partitions"])]])
+    if t["participants"]:
+        # eos's own: the producers writing into this transaction besides its owner
+        print()
+        _print_table(["ParticipantProducerId", "ProducerEpoch", "Accepted", "TopicPartitions"],
+                     [[p["producer_id"], p["producer_epoch"], str(p["accepted"]).lower(),
+                       ",".join(f"{tp.topic}-{tp.partition}" for tp in p["partitions"])]
+                      for p in t["participants"]])
     return 0
 
 
@@ -730,12 +762,19 @@ def _add_groups_command(client_command) -> None:
 
 def _add_txn_command(client_command) -> None:
     """eos txn (after kafka-transactions.sh)."""
-    txn = client_command("txn", help="list, describe, abort and find hanging transactions")
+    txn = client_command("txn", help="list, describe, describe-producers, abort and find hanging transactions")
     txn_actions = txn.add_subparsers(dest="action", required=True)
-    txn_list = txn_actions.add_parser("list", help="every transactional id the coordinator knows")
+    txn_list = txn_actions.add_parser("list", help="every transactional id the coordinators know (every broker asked)")
     txn_list.add_argument("--state", action="append", metavar="STATE", help="only this state (repeatable)")
+    txn_list.add_argument("--duration-filter", type=int, metavar="MS",
+                          help="only transactions open longer than this many ms")
     txn_describe = txn_actions.add_parser("describe", help="one transactional id")
-    txn_describe.add_argument("transactional_id")
+    txn_describe.add_argument("--transactional-id", dest="transactional_id_flag", metavar="ID")
+    txn_describe.add_argument("transactional_id", nargs="?", help="the id, as --transactional-id gives it")
+    txn_producers = txn_actions.add_parser("describe-producers",
+                                           help="the active producers of a partition (at its leader)")
+    txn_producers.add_argument("--topic", required=True)
+    txn_producers.add_argument("--partition", type=int, required=True)
     txn_abort = txn_actions.add_parser("abort", help="write an ABORT marker for a hanging transaction (KIP-664)")
     txn_abort.add_argument("--topic")
     txn_abort.add_argument("--partition", type=int)
@@ -743,11 +782,13 @@ def _add_txn_command(client_command) -> None:
     txn_abort.add_argument("--producer-epoch", type=int)
     txn_abort.add_argument("--coordinator-epoch", type=int)
     txn_abort.add_argument("--start-offset", type=int, help="instead of the ids: the open transaction starting here")
-    txn_hanging = txn_actions.add_parser("find-hanging", help="open transactions the coordinator does not account for")
-    txn_hanging.add_argument("--topic")
+    txn_hanging = txn_actions.add_parser("find-hanging", help="open transactions no coordinator accounts for")
+    txn_hanging.add_argument("--topic", help="the topic to search (or --broker-id)")
+    txn_hanging.add_argument("--partition", type=int, help="only this partition of --topic")
+    txn_hanging.add_argument("--broker-id", type=int, help="the partitions with a replica on this broker")
     txn_hanging.add_argument("--max-transaction-timeout", type=float, default=15.0, metavar="MINUTES",
                              help="only transactions without a write for this long (default 15, the broker maximum)")
-    for sub in (txn_list, txn_describe, txn_abort, txn_hanging):
+    for sub in (txn_list, txn_describe, txn_producers, txn_abort, txn_hanging):
         sub.add_argument("--bootstrap-server", default=argparse.SUPPRESS, help="host:port of a broker")
         add_client_arguments(sub, suppress=True)
     txn.set_defaults(handler=cmd_txn)

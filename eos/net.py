@@ -396,11 +396,12 @@ _COORDINATOR_MOVED = frozenset({ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR
 
 
 def _coordinator_moved(response) -> bool:
-    """Does the answer say the coordinator is elsewhere (at the top or for a partition)?"""
+    """Does the answer say the coordinator is elsewhere (at the top, or for a partition or a
+    described transaction)?"""
     if getattr(response, "error_code", ErrorCode.NONE) in _COORDINATOR_MOVED:
         return True
     return any(getattr(p, "error_code", ErrorCode.NONE) in _COORDINATOR_MOVED
-               for p in getattr(response, "partitions", ()))
+               for p in (*getattr(response, "partitions", ()), *getattr(response, "transactions", ())))
 
 
 class _CoordinatorStub:

@@ -363,6 +363,13 @@ class TransactionCoordinator:
     def owns(self, transactional_id: str) -> bool:
         return not self.partitioned or txn_log.partition_for(transactional_id, self._partitions) in self._owned
 
+    def ownership_refusal(self, transactional_id: str) -> Decision | None:
+        """NOT_COORDINATOR (or COORDINATOR_LOAD_IN_PROGRESS) for an id this broker does not
+        answer for on a cluster, else None: for the reads (DescribeTransactions), which
+        would otherwise answer "no such id" for an id that another broker coordinates."""
+        with self._lock:
+            return self._not_owned(transactional_id)
+
     def _not_owned(self, transactional_id: str) -> Decision | None:
         """On a cluster: the refusal for an id whose partition this broker does not lead."""
         if not self.partitioned:

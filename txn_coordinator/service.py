@@ -259,6 +259,10 @@ class TxnCoordinatorServicer(txn_pb2_grpc.TxnCoordinatorServicer):
         if not self._coordinator.ready:
             return txn_pb2.TransactionDescription(transactional_id=transactional_id,
                                                   error_code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
+        refusal = self._coordinator.ownership_refusal(transactional_id)
+        if refusal is not None:
+            return txn_pb2.TransactionDescription(transactional_id=transactional_id, error_code=refusal.error,
+                                                  error_message=refusal.message)
         md: TxnMetadata | None = self._coordinator.describe(transactional_id)
         if md is None:
             return txn_pb2.TransactionDescription(

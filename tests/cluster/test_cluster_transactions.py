@@ -4,9 +4,12 @@ partition's leader; a transaction open while a leader dies commits or aborts as 
 from __future__ import annotations
 
 
+import grpc
 import pytest
 
 import eos
+from eos.errors import ErrorCode
+from eos.v1 import txn_pb2, txn_pb2_grpc
 from tests.cluster.test_cluster_failover import CLUSTER_CONFIG, describe, read_all, wait_for_leader
 from tests.waits import wait_for
 
@@ -126,3 +129,42 @@ def test_the_coordinators_death_before_the_decision_aborts_at_the_timeout(cluste
         later.close()
         records = _read_committed(cluster, "undecided", 1, 1)
         assert [r.value for r in records] == [b"after"]
+
+
+def test_every_coordinator_is_asked_so_live_transactions_are_listed_and_never_called_hanging(cluster):
+    """Each broker coordinates the ids of the __transaction_state partitions it leads: a
+    listing from one broker alone showed a third of the open transactions, and
+    find-hanging called the rest hanging -- live transactions an operator would then abort."""
+    with eos.Admin(bootstrap=cluster.bootstrap) as admin:
+        admin.create_topic("spread", partitions=3, replication_factor=3)
+        full_isr(admin, "spread")
+        producers, coordinators = {}, {}
+        for index in range(30):
+            transactional_id = f"spread-{index}"
+            producer = eos.Producer(bootstrap=cluster.bootstrap, transactional_id=transactional_id)
+            producer.init_transactions(timeout=120)     # (the first also creates __transaction_state)
+            coordinator = _coordinator_of(transactional_id, cluster)
+            if list(coordinators.values()).count(coordinator) == 2:
+                producer.close()
+                continue
+            producer.begin_transaction()
+            producer.send("spread", value=b"open", partition=len(producers) % 3).result(timeout=60)
+            producers[transactional_id], coordinators[transactional_id] = producer, coordinator
+            if len(producers) == 6:
+                break
+        assert set(coordinators.values()) == set(cluster.processes)       # two ids on each broker
+        listed = {t["transactional_id"]: t for t in admin.list_transactions(states=["Ongoing"])}
+        assert {tid: (t["coordinator_id"], t["producer_id"]) for tid, t in listed.items()} == {
+            tid: (coordinators[tid], p.producer_id) for tid, p in producers.items()}
+        assert admin.describe_transaction("spread-0")["coordinator_id"] == coordinators["spread-0"]
+        # another broker does not say "no such id" for it, but that it is not its coordinator
+        other = next(b for b in cluster.processes if b != coordinators["spread-0"])
+        with grpc.insecure_channel(cluster.processes[other].address) as channel:
+            [answer] = txn_pb2_grpc.TxnCoordinatorStub(channel).DescribeTransactions(
+                txn_pb2.DescribeTransactionsRequest(transactional_ids=["spread-0"]), timeout=30).transactions
+        assert answer.error_code == ErrorCode.NOT_COORDINATOR
+        assert admin.find_hanging_transactions("spread", max_duration_ms=0) == []
+        for producer in producers.values():
+            producer.abort_transaction(timeout=60)
+            producer.close()
+        assert admin.list_transactions(states=["Ongoing"]) == []

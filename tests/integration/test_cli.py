@@ -38,6 +38,29 @@ def eos_cli(broker, *args: str, expect_code: int = 0) -> str:
     return done.stdout if expect_code == 0 else done.stderr
 
 
+# kafka-transactions.sh's columns (Kafka's TransactionsCommand), which eos txn prints in the same order.
+KAFKA_TXN_LIST_COLUMNS = ["TransactionalId", "Coordinator", "ProducerId", "TransactionState"]
+KAFKA_TXN_DESCRIBE_COLUMNS = ["CoordinatorId", "TransactionalId", "ProducerId", "ProducerEpoch", "TransactionState",
+                              "TransactionTimeoutMs", "CurrentTransactionStartTimeMs", "TransactionDurationMs",
+                              "TopicPartitions"]
+KAFKA_TXN_PRODUCERS_COLUMNS = ["ProducerId", "ProducerEpoch", "LatestCoordinatorEpoch", "LastSequence",
+                               "LastTimestamp", "CurrentTransactionStartOffset"]
+KAFKA_TXN_HANGING_COLUMNS = ["Topic", "Partition", "ProducerId", "ProducerEpoch", "CoordinatorEpoch", "StartOffset",
+                             "LastTimestamp", "Duration(min)"]
+
+
+class _AnyCell(str):
+    """Equal to any cell (the transaction's duration moves between two calls)."""
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, str)
+
+    __hash__ = str.__hash__
+
+
+ANY_CELL = _AnyCell()
+
+
 def table(output: str, header_word: str) -> list[list[str]]:
     """The rows (split on whitespace) of the table whose header starts with `header_word`."""
     lines = output.splitlines()
@@ -157,22 +180,36 @@ def test_txn_list_and_describe_follow_a_real_transaction(broker):
         admin.create_topic("txn-cli", partitions=2)
     writer = TxnProducer(broker, "cli-writer")
     writer.send("txn-cli", 1, [b"a", b"b"])
-    listed = table(eos_cli(broker, "txn", "list"), "TransactionalId")
-    assert ["cli-writer", str(writer.producer_id), "Ongoing", "0"] in listed
+    output = eos_cli(broker, "txn", "list")
+    assert output.splitlines()[0].split() == KAFKA_TXN_LIST_COLUMNS
+    assert ["cli-writer", "0", str(writer.producer_id), "Ongoing"] in table(output, "TransactionalId")
+    assert table(eos_cli(broker, "txn", "list", "--duration-filter", "600000"), "TransactionalId") == []
     ongoing = table(eos_cli(broker, "txn", "list", "--state", "Ongoing"), "TransactionalId")
-    assert all(row[2] == "Ongoing" for row in ongoing) and "cli-writer" in [row[0] for row in ongoing]
-    [row] = table(eos_cli(broker, "txn", "describe", "cli-writer"), "TransactionalId")
-    assert row[:3] == ["cli-writer", str(writer.producer_id), str(writer.epoch)]
+    assert all(row[3] == "Ongoing" for row in ongoing) and "cli-writer" in [row[0] for row in ongoing]
+    output = eos_cli(broker, "txn", "describe", "--transactional-id", "cli-writer")
+    assert output.splitlines()[0].split() == KAFKA_TXN_DESCRIBE_COLUMNS
+    [row] = table(output, "CoordinatorId")
+    assert row[:4] == ["0", "cli-writer", str(writer.producer_id), str(writer.epoch)]
     assert row[4] == "Ongoing" and row[5] == "600000" and row[8] == "txn-cli-1"
+    assert table(eos_cli(broker, "txn", "describe", "cli-writer"), "CoordinatorId") == [row[:7] + [ANY_CELL] + row[8:]]
+    output = eos_cli(broker, "txn", "describe-producers", "--topic", "txn-cli", "--partition", "1")
+    assert output.splitlines()[0].split() == KAFKA_TXN_PRODUCERS_COLUMNS
+    [producer] = table(output, "ProducerId")
+    assert producer[:2] == [str(writer.producer_id), str(writer.epoch)] and producer[3] == "1" and producer[5] == "0"
     writer.end(commit=True)
 
     def completed():
-        [row] = table(eos_cli(broker, "txn", "describe", "cli-writer"), "TransactionalId")
+        [row] = table(eos_cli(broker, "txn", "describe", "--transactional-id", "cli-writer"), "CoordinatorId")
         return row if row[4] == "CompleteCommit" else None
 
     row = wait_for(completed, "CompleteCommit")
-    assert row[6] == "-" and row[7] == "-"                   # no transaction open any more
-    assert "TRANSACTIONAL_ID_NOT_FOUND" in eos_cli(broker, "txn", "describe", "nobody", expect_code=1)
+    assert row[6] == "None" and row[7] == "None"             # no transaction open any more, as Kafka prints it
+    [producer] = table(eos_cli(broker, "txn", "describe-producers", "--topic", "txn-cli", "--partition", "1"),
+                       "ProducerId")
+    assert producer[5] == "None"                             # its transaction there is over
+    assert "TRANSACTIONAL_ID_NOT_FOUND" in eos_cli(broker, "txn", "describe", "--transactional-id", "nobody",
+                                                   expect_code=1)
+    assert "needs --transactional-id" in eos_cli(broker, "txn", "describe", expect_code=2)
     assert "unknown transaction state" in eos_cli(broker, "txn", "list", "--state", "Sleeping", expect_code=2)
 
 
@@ -191,15 +228,25 @@ def test_find_hanging_and_abort_transactions_the_coordinator_lost(broker_factory
     # Live transactions are not hanging, however old; and none is older than the default 15 minutes.
     assert table(eos_cli(handle, "txn", "find-hanging", "--topic", "hang", "--max-transaction-timeout", "0"),
                  "Topic") == []
-    assert table(eos_cli(handle, "txn", "find-hanging"), "Topic") == []
+    assert table(eos_cli(handle, "txn", "find-hanging", "--broker-id", "0"), "Topic") == []
+    assert "either --topic or --broker-id" in eos_cli(handle, "txn", "find-hanging", expect_code=2)
+    assert "requires --topic" in eos_cli(handle, "txn", "find-hanging", "--broker-id", "0", "--partition", "0",
+                                         expect_code=2)
 
     handle.stop()
     for directory in handle.data_dir.glob("__transaction_state-*"):
         shutil.rmtree(directory)
     handle.start()
 
-    hanging = table(eos_cli(handle, "txn", "find-hanging", "--topic", "hang", "--max-transaction-timeout", "0"),
-                    "Topic")
+    output = eos_cli(handle, "txn", "find-hanging", "--topic", "hang", "--max-transaction-timeout", "0")
+    assert output.splitlines()[0].split() == KAFKA_TXN_HANGING_COLUMNS
+    hanging = table(output, "Topic")
+    assert table(eos_cli(handle, "txn", "find-hanging", "--topic", "hang", "--partition", "1",
+                         "--max-transaction-timeout", "0"), "Topic") == hanging[1:]
+    assert table(eos_cli(handle, "txn", "find-hanging", "--broker-id", "0", "--max-transaction-timeout", "0"),
+                 "Topic") == hanging
+    assert table(eos_cli(handle, "txn", "find-hanging", "--broker-id", "7", "--max-transaction-timeout", "0"),
+                 "Topic") == []                             # no replica on a broker that does not exist
     assert [row[:4] + row[5:6] for row in hanging] == [
         ["hang", "0", str(first.producer_id), str(first.epoch), "0"],
         ["hang", "1", str(second.producer_id), str(second.epoch), "0"]]
@@ -212,7 +259,8 @@ def test_find_hanging_and_abort_transactions_the_coordinator_lost(broker_factory
     assert "Aborted" in output
     eos_cli(handle, "txn", "abort", "--topic", "hang", "--partition", "1", "--start-offset", "0")
     assert last_stable_offset(handle, tp0) == 3 and last_stable_offset(handle, tp1) == 2   # past the markers
-    assert table(eos_cli(handle, "txn", "find-hanging", "--max-transaction-timeout", "0"), "Topic") == []
+    assert table(eos_cli(handle, "txn", "find-hanging", "--broker-id", "0", "--max-transaction-timeout", "0"),
+                 "Topic") == []
     with eos.Consumer(handle.address, isolation_level="read_committed", auto_offset_reset="earliest") as reader:
         reader.assign([tp0, tp1])
         assert reader.poll(timeout_ms=500) == []                    # the aborted records are never shown
