@@ -10,17 +10,14 @@ restarting, deadline passed) is retried with backoff until default.api.timeout.m
 in the answer are raised at once. The client keeps no state beyond its channels, so it is
 safe to share between threads.
 
-Groups and transactions have the same shape, asked of their coordinator: a group's is found
-with FindCoordinator; the transaction coordinator is embedded in every broker, so the
-bootstrap broker answers. A coordinator that is still loading its log (or moving) answers
+Groups have the same shape, asked of their coordinator, found with FindCoordinator; a
+listing of groups asks every broker (each coordinates the groups of the __consumer_offsets
+partitions it leads). A coordinator that is still loading its log (or moving) answers
 with a retriable code; those answers are retried, like transport errors, until
 default.api.timeout.ms. Group lag follows kafka-consumer-groups.sh: committed offset
 against the log end, which for read_committed consumers is the last stable offset
-(ListOffsets latest with isolation READ_COMMITTED). Hanging transactions follow
-kafka-transactions.sh find-hanging (KIP-664): DescribeProducers on the partitions; a
-producer whose open transaction has had no write for longer than the maximum transaction
-timeout is hanging unless the coordinator lists that producer (as owner or participant)
-with an ongoing or completing transaction that includes the partition.
+(ListOffsets latest with isolation READ_COMMITTED). Transactions (kafka-transactions.sh's
+questions, find-hanging included) are eos/admin_transactions.py, a base class of Admin.
 
 ACLs (create_acls, describe_acls, delete_acls) are Kafka's CreateAcls, DescribeAcls and
 DeleteAcls, asked of the bootstrap broker; bindings and filters are `eos.acl.AclBinding`
@@ -42,10 +39,10 @@ from eos import net, scram
 from eos.admin_arguments import (config_strings, isolation_level_code, quota_entity_text, quota_entity_to_proto,
                                  topic_spec, tps)
 from eos.acl import AclBinding, AclFilter, Operation, binding_from_proto, binding_to_proto, filter_to_proto
-from eos.errors import EosError, ErrorCode, Reaction, error_for, reaction_for
+from eos.admin_transactions import TransactionAdmin
+from eos.errors import EosError, ErrorCode, Reaction, error_for, raise_if_error, reaction_for
 from eos.types import TopicPartition
-from eos.v1 import (broker_pb2, cluster_pb2, cluster_pb2_grpc, common_pb2, group_pb2, group_pb2_grpc, txn_pb2,
-                    txn_pb2_grpc)
+from eos.v1 import broker_pb2, cluster_pb2, cluster_pb2_grpc, group_pb2, group_pb2_grpc
 
 ADMIN_CONFIG: dict[str, net.ConfigSpec] = {
     "bootstrap.servers": net.ConfigSpec(None, net.as_optional_str),
@@ -64,15 +61,12 @@ _OFFSET_SPECS = {"earliest": -2, "latest": -1, "max_timestamp": -3}
 # topic) then asks Metadata once, not twice. A leader that moved meanwhile answers
 # NOT_LEADER_OR_FOLLOWER, and the call is asked again after a refresh.
 LEADERS_REUSE_MS = 1000
-MAX_TRANSACTION_TIMEOUT_MS = 15 * 60 * 1000     # Kafka's transaction.max.timeout.ms: find-hanging's default
-# A transaction the coordinator still works on: its partitions may legitimately be open.
-_LIVE_TXN_STATES = ("Ongoing", "PrepareCommit", "PrepareAbort")
 # KIP-430: the value of cluster_authorized_operations when the broker was not asked (or is
 # too old to know the field, in which case it answers 0: nothing allowed, the safe reading).
 _AUTHORIZED_OPERATIONS_OMITTED = -2**31
 
 
-class Admin:
+class Admin(TransactionAdmin):
     """``Admin(bootstrap="127.0.0.1:9092", *, config=None, **kwargs)``"""
 
     def __init__(self, bootstrap: str = net.DEFAULT_BOOTSTRAP, *, config: dict | None = None,
@@ -225,7 +219,7 @@ class Admin:
         described = {}
         for topic in sorted(response.topics, key=lambda t: t.name):
             if names:
-                _raise_if_error(topic, f"cannot describe topic {topic.name!r}")
+                raise_if_error(topic, f"cannot describe topic {topic.name!r}")
             elif topic.error_code != ErrorCode.NONE or (topic.is_internal and not include_internal):
                 continue
             described[topic.name] = {
@@ -274,7 +268,7 @@ class Admin:
         for broker_id in brokers:
             response = self._call("DescribeLogDirs", lambda s: s.DescribeLogDirs, broker_pb2.DescribeLogDirsRequest(),
                                   stub=lambda broker_id=broker_id: self._stub_of_broker(broker_id))
-            _raise_if_error(response, f"cannot describe the log dirs of broker {broker_id}")
+            raise_if_error(response, f"cannot describe the log dirs of broker {broker_id}")
             described[broker_id] = {d.log_dir: {
                 "error": None if d.error_code == ErrorCode.NONE else error_for(
                     d.error_code, f"log dir {d.log_dir} of broker {broker_id}: "
@@ -309,7 +303,7 @@ class Admin:
 
     @staticmethod
     def _partition_results(response, what: str) -> dict[TopicPartition, EosError | None]:
-        _raise_if_error(response, what)
+        raise_if_error(response, what)
         return {TopicPartition(r.topic, r.partition): (None if r.error_code == ErrorCode.NONE else error_for(
                     r.error_code, f"{what} {r.topic}-{r.partition}: {r.error_message or ErrorCode(r.error_code).name}"))
                 for r in response.partitions}
@@ -376,7 +370,7 @@ class Admin:
             return {}
         result = {}
         for listed in self._list_offsets_at_leaders(level, partitions):
-            _raise_if_error(listed, f"cannot list offsets of {listed.topic}-{listed.partition}")
+            raise_if_error(listed, f"cannot list offsets of {listed.topic}-{listed.partition}")
             result[TopicPartition(listed.topic, listed.partition)] = listed.offset
         return result
 
@@ -505,35 +499,45 @@ class Admin:
             return self._metadata.bootstrap_address
         return f"{host}:{port}"
 
-    def _every_broker(self) -> list[tuple[int, str]]:
-        """(node id, address) of every broker, from a fresh Metadata answer, by node id: for
-        what each broker knows only of its own share (the groups and transactional ids of
-        the internal partitions it leads). (-1, the bootstrap address) when Metadata cannot
-        be had for now (the call to it is then retried as any other)."""
-        try:
-            self._metadata.fetch()
-        except EosError as exc:
-            if not exc.retriable:
-                raise
+    def _every_broker(self, *, refresh: bool = True) -> list[tuple[int, str]]:
+        """(node id, address) of every broker, by node id, from a fresh Metadata answer (or,
+        `refresh` false, the last one when there is one). (-1, the bootstrap address) when
+        Metadata cannot be had for now (the call to it is then retried as any other)."""
+        if refresh or not self._metadata.brokers():
+            try:
+                self._metadata.fetch()
+            except EosError as exc:
+                if not exc.retriable:
+                    raise
         brokers = self._metadata.brokers()
         if not brokers:
             return [(-1, self._metadata.bootstrap_address)]
         return [(node_id, self._address_of(*address.rsplit(":", 1))) for node_id, address in sorted(brokers.items())]
+
+    def _list_at_every_broker(self, what: str, stub_class, request, unknown_state_message: str):
+        """(node id, answer) of the listing RPC `what` (ListGroups, ListTransactions) at every
+        broker: each knows only its own share, the groups or transactional ids of the
+        internal partitions it leads. A broker that cannot be asked fails the call, and so
+        does a state filter the brokers do not know (ValueError(`unknown_state_message`))."""
+        for node_id, address in self._every_broker():
+            response = self._call(what, lambda s: getattr(s, what), request,
+                                  stub=lambda a=address: stub_class(self._metadata.channel(a)),
+                                  answer_code=lambda r: r.error_code)
+            if response.error_code == ErrorCode.INVALID_REQUEST:
+                raise ValueError(unknown_state_message)
+            if response.error_code != ErrorCode.NONE:
+                raise error_for(response.error_code, f"{what} at {address}: {ErrorCode(response.error_code).name}")
+            yield node_id, response
 
     def list_groups(self, states=None) -> list[dict]:
         """Every group: [{"group_id", "protocol_type", "state"}], sorted by id; `states`
         (e.g. ["Stable", "Empty"]) keeps only groups in those states."""
         states = [states] if isinstance(states, str) else list(states or [])
         listed = {}
-        for _, address in self._every_broker():   # every broker coordinates some groups: ask them all
-            response = self._call("ListGroups", lambda s: s.ListGroups, group_pb2.ListGroupsRequest(states_filter=states),
-                                  stub=lambda a=address: group_pb2_grpc.GroupCoordinatorStub(self._metadata.channel(a)),
-                                  answer_code=lambda r: r.error_code)
-            if response.error_code == ErrorCode.INVALID_REQUEST:
-                raise ValueError(f"unknown group state in {states}: known are Empty, PreparingRebalance, "
-                                 f"CompletingRebalance, Stable, Dead")
-            if response.error_code != ErrorCode.NONE:
-                raise error_for(response.error_code, f"ListGroups at {address}: {ErrorCode(response.error_code).name}")
+        for _, response in self._list_at_every_broker(
+                "ListGroups", group_pb2_grpc.GroupCoordinatorStub, group_pb2.ListGroupsRequest(states_filter=states),
+                f"unknown group state in {states}: known are Empty, PreparingRebalance, CompletingRebalance, "
+                f"Stable, Dead"):
             for g in response.groups:
                 listed[g.group_id] = {"group_id": g.group_id, "protocol_type": g.protocol_type, "state": g.state}
         return [listed[g] for g in sorted(listed)]
@@ -554,7 +558,7 @@ class Admin:
         g = found[0]
         if g.error_code == ErrorCode.GROUP_ID_NOT_FOUND:
             raise error_for(g.error_code, f"consumer group {group_id!r} does not exist")
-        _raise_if_error(g, f"cannot describe group {group_id!r}")
+        raise_if_error(g, f"cannot describe group {group_id!r}")
         members = []
         for m in g.members:
             assignment: list[TopicPartition] = []
@@ -585,7 +589,7 @@ class Admin:
                               group_pb2.OffsetFetchRequest(group_id=group_id, partitions=wanted,
                                                            require_stable=require_stable),
                               stub=stub, answer_code=unstable_or_group_code)
-        _raise_if_error(response, f"cannot fetch offsets of group {group_id!r}")
+        raise_if_error(response, f"cannot fetch offsets of group {group_id!r}")
         result = {}
         for p in response.partitions:
             if p.error_code != ErrorCode.NONE:
@@ -627,170 +631,6 @@ class Admin:
                          "client_id": owner["client_id"] if owner else None})
         return rows
 
-    # ---- transactions --------------------------------------------------------------------
-
-    def _txn_call(self, what: str, rpc: Callable, request, answer_code: Callable | None = None):
-        return self._call(what, rpc, request, stub=self._metadata.txn_coordinator_stub, answer_code=answer_code)
-
-    def list_transactions(self, states=None, *, producer_ids=None, duration_ms: int | None = None) -> list[dict]:
-        """[{"transactional_id", "coordinator_id", "producer_id", "state", "participant_count"}],
-        sorted by id, then coordinator; filtered by `states` (e.g. ["Ongoing"]), `producer_ids`
-        (owners or participants) and `duration_ms` (only transactions open longer than that).
-
-        Each broker coordinates the ids of the __transaction_state partitions it leads, so
-        every broker is asked, as Kafka's admin asks them (its `coordinator_id` names the one
-        that answered). A broker that cannot be asked fails the call: a listing without its
-        share would call its live transactions unknown (find_hanging_transactions reads it)."""
-        states = [states] if isinstance(states, str) else list(states or [])
-        request = txn_pb2.ListTransactionsRequest(
-            state_filters=states, producer_id_filters=list(producer_ids or []), duration_filter_ms=duration_ms or 0)
-        listed = []
-        for node_id, address in self._every_broker():
-            response = self._call("ListTransactions", lambda s: s.ListTransactions, request,
-                                  stub=lambda a=address: txn_pb2_grpc.TxnCoordinatorStub(self._metadata.channel(a)),
-                                  answer_code=lambda r: r.error_code)
-            if response.error_code == ErrorCode.INVALID_REQUEST:
-                raise ValueError(f"unknown transaction state in {states}: known are Empty, Ongoing, PrepareCommit, "
-                                 f"PrepareAbort, CompleteCommit, CompleteAbort, PrepareEpochFence, Dead")
-            if response.error_code != ErrorCode.NONE:
-                raise error_for(response.error_code,
-                                f"ListTransactions at {address}: {ErrorCode(response.error_code).name}")
-            listed += [{"transactional_id": t.transactional_id, "coordinator_id": node_id, "producer_id": t.producer_id,
-                        "state": t.state, "participant_count": t.participant_count} for t in response.transactions]
-        return sorted(listed, key=lambda t: (t["transactional_id"], t["coordinator_id"]))
-
-    def describe_transaction(self, transactional_id: str) -> dict:
-        """{"transactional_id", "coordinator_id", "state", "producer_id", "producer_epoch",
-        "timeout_ms", "start_time_ms" (None when no transaction is open), "partitions": [TopicPartition],
-        "groups", "coordinator_epoch", "participants": [{"producer_id", "producer_epoch",
-        "partitions", "accepted"}]}. An unknown id raises TRANSACTIONAL_ID_NOT_FOUND."""
-        # at the id's coordinator (on a cluster, the leader of its __transaction_state partition)
-        coordinator = self._metadata.txn_coordinator_stub(transactional_id)
-        response = self._call("DescribeTransactions", lambda s: s.DescribeTransactions,
-                              txn_pb2.DescribeTransactionsRequest(transactional_ids=[transactional_id]),
-                              stub=lambda: coordinator,
-                              answer_code=lambda r: r.transactions[0].error_code if r.transactions else 0)
-        found = [t for t in response.transactions if t.transactional_id == transactional_id]
-        if not found:
-            raise EosError(f"DescribeTransactions did not answer for {transactional_id!r}", ErrorCode.UNKNOWN_SERVER_ERROR)
-        t = found[0]
-        _raise_if_error(t, f"cannot describe transactional id {transactional_id!r}")
-        return {"transactional_id": t.transactional_id, "coordinator_id": self._coordinator_id(transactional_id),
-                "state": t.state, "producer_id": t.producer_id,
-                "producer_epoch": t.producer_epoch, "timeout_ms": t.transaction_timeout_ms,
-                "start_time_ms": t.transaction_start_time_ms if t.transaction_start_time_ms >= 0 else None,
-                "partitions": sorted(TopicPartition(p.topic, p.partition) for p in t.partitions),
-                "groups": sorted(t.groups), "coordinator_epoch": t.coordinator_epoch,
-                "participants": [{"producer_id": p.producer_id, "producer_epoch": p.producer_epoch,
-                                  "partitions": sorted(TopicPartition(q.topic, q.partition) for q in p.partitions),
-                                  "accepted": p.accepted} for p in t.participants]}
-
-    def _coordinator_id(self, transactional_id: str) -> int:
-        """The node id of the transactional id's coordinator (the broker that just answered
-        for it), or -1 when no broker of the metadata has its address."""
-        address = self._metadata.coordinator_address(transactional_id)
-        brokers = self._every_broker()
-        if len(brokers) == 1:
-            return brokers[0][0]
-        return next((node_id for node_id, at in brokers if at == address), -1)
-
-    def abort_transaction(self, tp, producer_id: int, producer_epoch: int, coordinator_epoch: int) -> None:
-        """KIP-664: write an ABORT marker for `producer_id`'s open transaction in partition `tp`
-        (a hanging transaction the coordinator no longer knows about), so the LSO moves on.
-
-        `producer_epoch` and `coordinator_epoch` are the producer's, as find_hanging_transactions
-        and describe_producers show them (a coordinator epoch of -1, never marked, counts as 0,
-        as in Kafka's tool). The marker itself carries producer_epoch + 1: under transactions
-        v2 (KIP-890) a marker is written at the bumped epoch, as the coordinator writes its own,
-        and the broker refuses one at the epoch of the open transaction."""
-        topic, partition = tp
-        for label, value in (("producer_id", producer_id), ("producer_epoch", producer_epoch),
-                             ("coordinator_epoch", coordinator_epoch), ("partition", partition)):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{label} must be an int, got {value!r}")
-        if producer_id < 0 or not 0 <= producer_epoch < 32767:
-            raise ValueError(f"producer {producer_id} epoch {producer_epoch}: an id >= 0 and an epoch in 0..32766")
-        response = self._txn_call("AbortTransaction", lambda s: s.AbortTransaction, txn_pb2.AbortTransactionRequest(
-            partition=common_pb2.TopicPartition(topic=topic, partition=partition), producer_id=producer_id,
-            producer_epoch=producer_epoch + 1, coordinator_epoch=max(0, coordinator_epoch)))
-        _raise_if_error(response, f"cannot abort the transaction of producer {producer_id} in {topic}-{partition}")
-
-    def describe_producers(self, partitions) -> dict[TopicPartition, list[dict]]:
-        """The active producers of each partition: {tp: [{"producer_id", "producer_epoch",
-        "last_sequence", "last_timestamp_ms", "coordinator_epoch", "current_txn_start_offset"
-        (-1: no open transaction)}]}."""
-        partitions = sorted({TopicPartition(*tp) for tp in partitions})
-        if not partitions:
-            return {}
-        # Kafka sends DescribeProducers to each partition's leader: on a cluster the others
-        # hold no producer state for it (or a follower's).
-        answered = self._ask_leaders(
-            tps(partitions),
-            lambda stub, group, timeout_s: self._ask_once("DescribeProducers", stub.DescribeProducers,
-                                                          broker_pb2.DescribeProducersRequest(partitions=group),
-                                                          timeout_s).partitions,
-            lambda p, code, message: broker_pb2.PartitionProducers(topic=p.topic, partition=p.partition,
-                                                                   error_code=code, error_message=message))
-        result = {}
-        for p in answered:
-            _raise_if_error(p, f"cannot describe the producers of {p.topic}-{p.partition}")
-            result[TopicPartition(p.topic, p.partition)] = [
-                {"producer_id": s.producer_id, "producer_epoch": s.producer_epoch, "last_sequence": s.last_sequence,
-                 "last_timestamp_ms": s.last_timestamp_ms, "coordinator_epoch": s.coordinator_epoch,
-                 "current_txn_start_offset": s.current_txn_start_offset} for s in p.producers]
-        return result
-
-    def find_hanging_transactions(self, topic: str | None = None, *, partitions=None, broker_id: int | None = None,
-                                  max_duration_ms: int = MAX_TRANSACTION_TIMEOUT_MS,
-                                  now_ms: int | None = None) -> list[dict]:
-        """kafka-transactions.sh find-hanging: open transactions (in `partitions`, or every
-        partition of `topic`, or of every topic; with `broker_id`, only the partitions with a
-        replica on that broker) whose last write is older than `max_duration_ms` and that
-        no coordinator accounts for. Rows sorted by (topic, partition, producer): {"topic",
-        "partition", "producer_id", "producer_epoch", "coordinator_epoch", "start_offset",
-        "last_timestamp_ms", "duration_ms", "transactional_id" (None: no coordinator knows
-        the producer)}."""
-        if partitions is None:
-            # one Metadata for every topic, not one per topic
-            described = self.describe_topics([topic] if topic is not None else None)
-            partitions = [TopicPartition(t, p["partition"]) for t, d in described.items() for p in d["partitions"]
-                          if broker_id is None or broker_id in p["replicas"]]
-        now = now_ms if now_ms is not None else int(time.time() * 1000)
-        candidates = []
-        for tp, producers in self.describe_producers(partitions).items():
-            for state in producers:
-                if state["current_txn_start_offset"] >= 0 and now - state["last_timestamp_ms"] >= max_duration_ms:
-                    candidates.append((tp, state))
-        if not candidates:
-            return []
-        # Who does the coordinator say these producers write for, and where may they be open?
-        live: dict[int, tuple[str, set]] = {}    # producer id -> (transactional id, partitions it may have open)
-        ids = sorted({state["producer_id"] for _, state in candidates})
-        for listing in self.list_transactions(producer_ids=ids):
-            if listing["state"] not in _LIVE_TXN_STATES:
-                live.setdefault(listing["producer_id"], (listing["transactional_id"], set()))
-                continue
-            try:
-                described = self.describe_transaction(listing["transactional_id"])
-            except EosError as exc:
-                if exc.code != ErrorCode.TRANSACTIONAL_ID_NOT_FOUND:
-                    raise
-                continue
-            live[described["producer_id"]] = (described["transactional_id"], set(described["partitions"]))
-            for participant in described["participants"]:
-                live[participant["producer_id"]] = (described["transactional_id"], set(participant["partitions"]))
-        hanging = []
-        for tp, state in candidates:
-            transactional_id, open_partitions = live.get(state["producer_id"], (None, set()))
-            if tp in open_partitions:
-                continue
-            hanging.append({"topic": tp.topic, "partition": tp.partition, "producer_id": state["producer_id"],
-                            "producer_epoch": state["producer_epoch"], "coordinator_epoch": state["coordinator_epoch"],
-                            "start_offset": state["current_txn_start_offset"],
-                            "last_timestamp_ms": state["last_timestamp_ms"],
-                            "duration_ms": now - state["last_timestamp_ms"], "transactional_id": transactional_id})
-        return sorted(hanging, key=lambda h: (h["topic"], h["partition"], h["producer_id"]))
-
     # ---- lifecycle -----------------------------------------------------------------------
 
     # ---- ACLs ----------------------------------------------------------------------------
@@ -804,13 +644,13 @@ class Admin:
         response = self._call("CreateAcls", lambda s: s.CreateAcls,
                               broker_pb2.CreateAclsRequest(creations=[binding_to_proto(b) for b in acls]))
         for binding, result in zip(acls, response.results):
-            _raise_if_error(result, f"cannot create ACL {binding.describe()}")
+            raise_if_error(result, f"cannot create ACL {binding.describe()}")
 
     def describe_acls(self, acl_filter: AclFilter = AclFilter()) -> list[AclBinding]:
         """The ACLs `acl_filter` matches (by default: every ACL)."""
         response = self._call("DescribeAcls", lambda s: s.DescribeAcls,
                               broker_pb2.DescribeAclsRequest(filter=filter_to_proto(acl_filter)))
-        _raise_if_error(response, "cannot describe ACLs")
+        raise_if_error(response, "cannot describe ACLs")
         return [binding_from_proto(b) for b in response.acls]
 
     def delete_acls(self, filters) -> list[AclBinding]:
@@ -822,7 +662,7 @@ class Admin:
                               broker_pb2.DeleteAclsRequest(filters=[filter_to_proto(f) for f in filters]))
         removed: list[AclBinding] = []
         for result in response.results:
-            _raise_if_error(result, "cannot delete ACLs")
+            raise_if_error(result, "cannot delete ACLs")
             removed.extend(binding_from_proto(b) for b in result.matching_acls)
         return removed
 
@@ -855,7 +695,7 @@ class Admin:
         response = self._call("AlterUserScramCredentials", lambda s: s.AlterUserScramCredentials, request,
                               stub=self._security_stub)
         for result in response.results:
-            _raise_if_error(result, f"cannot alter the SCRAM credentials of {result.user!r}")
+            raise_if_error(result, f"cannot alter the SCRAM credentials of {result.user!r}")
 
     def describe_user_scram_credentials(self, users=None) -> dict[str, dict[str, int]]:
         """{user: {mechanism: iterations}} for `users` (None: every user). A user named
@@ -864,10 +704,10 @@ class Admin:
         response = self._call("DescribeUserScramCredentials", lambda s: s.DescribeUserScramCredentials,
                               security_pb2.DescribeUserScramCredentialsRequest(users=list(users or [])),
                               stub=self._security_stub)
-        _raise_if_error(response, "cannot describe SCRAM credentials")
+        raise_if_error(response, "cannot describe SCRAM credentials")
         found = {}
         for result in response.results:
-            _raise_if_error(result, f"cannot describe the SCRAM credentials of {result.user!r}")
+            raise_if_error(result, f"cannot describe the SCRAM credentials of {result.user!r}")
             found[result.user] = {info.mechanism: info.iterations for info in result.credential_infos}
         return found
 
@@ -890,7 +730,7 @@ class Admin:
                               stub=self._security_stub)
         # the refused entry first: the others only say they were not attempted because of it
         for result in sorted(response.results, key=lambda r: r.error_code == ErrorCode.OPERATION_NOT_ATTEMPTED):
-            _raise_if_error(result, f"cannot alter the client quotas of {quota_entity_text(result.entity)}")
+            raise_if_error(result, f"cannot alter the client quotas of {quota_entity_text(result.entity)}")
 
     def describe_client_quotas(self) -> list[tuple[dict, dict[str, float]]]:
         """Every entity with quotas: [({"user": ..., "client-id": ...}, {key: value})], the
@@ -898,7 +738,7 @@ class Admin:
         from eos.v1 import security_pb2
         response = self._call("DescribeClientQuotas", lambda s: s.DescribeClientQuotas,
                               security_pb2.DescribeClientQuotasRequest(), stub=self._security_stub)
-        _raise_if_error(response, "cannot describe client quotas")
+        raise_if_error(response, "cannot describe client quotas")
         return [({c.entity_type: "<default>" if c.is_default else c.name for c in entry.entity}, dict(entry.values))
                 for entry in response.entries]
 
@@ -910,9 +750,3 @@ class Admin:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
-
-
-def _raise_if_error(answer, what: str) -> None:
-    """An answer's error (its error_code and error_message) as the eos error, `what` first."""
-    if answer.error_code != ErrorCode.NONE:
-        raise error_for(answer.error_code, f"{what}: {answer.error_message or ErrorCode(answer.error_code).name}")

@@ -271,3 +271,10 @@ def error_code_and_message(exc: BaseException) -> tuple[int, str]:
     if isinstance(exc, EosError):
         return int(exc.code), str(exc)
     return int(ErrorCode.UNKNOWN_SERVER_ERROR), f"unexpected {type(exc).__name__}: {exc}"
+
+
+def raise_if_error(answer, what: str) -> None:
+    """An RPC answer's error (its error_code and error_message fields) as the eos error,
+    `what` first; nothing when its code is NONE."""
+    if answer.error_code != ErrorCode.NONE:
+        raise error_for(answer.error_code, f"{what}: {answer.error_message or ErrorCode(answer.error_code).name}")

@@ -34,7 +34,7 @@ from typing import Callable, NamedTuple
 from flask import Flask, abort, g, jsonify, redirect, render_template, request, url_for
 from werkzeug.exceptions import HTTPException, SecurityError
 
-from eos.admin import MAX_TRANSACTION_TIMEOUT_MS
+from eos.admin_transactions import MAX_TRANSACTION_TIMEOUT_MS
 from eos.console import views
 from eos.console.throughput import ThroughputSampler, end_offset_sums
 from eos.errors import EosError, ErrorCode

@@ -38,7 +38,7 @@ def open_console(args: argparse.Namespace):
     """(the eos.Admin, the ConsoleServer bound but not started) that `eos console` runs with
     `args`; the caller closes the Admin."""
     import eos
-    from eos.admin import MAX_TRANSACTION_TIMEOUT_MS
+    from eos.admin_transactions import MAX_TRANSACTION_TIMEOUT_MS
     from eos.cli import client_config
     from eos.console import ConsoleServer, create_app
     from eos.console.app import LOOPBACK_HOSTS
