@@ -396,6 +396,7 @@ class ClusterNode:
         """Ask the controller to move this broker's leaderships away; True when none is left."""
         if not self.config.controlled_shutdown_enable or self.store is None or self.broker_epoch < 0:
             return False
+        self.replicas.in_controlled_shutdown = True
         attempts = self.config.controlled_shutdown_max_retries + 1
         for attempt in range(1, attempts + 1):
             controller_id = self.store.controller_id()

@@ -471,6 +471,8 @@ class ReadHandlers:
             result = broker_pb2.FetchedPartition(
                 topic=fp.topic, partition=fp.partition, error_code=code, error_message=message,
                 high_watermark=-1, last_stable_offset=-1, log_start_offset=-1)
+            if not replica:
+                self.add_leader_hints((result,))
             if partition_log is not None:
                 # the client resets its position from these on OFFSET_OUT_OF_RANGE
                 try:

@@ -59,6 +59,9 @@ from eos.acl import binding_from_proto, binding_to_proto, filter_from_proto
 from eos.types import TopicPartition
 from eos.v1 import broker_pb2, broker_pb2_grpc
 
+# The refusals that carry the leader this broker knows (`add_leader_hints`).
+_LEADER_HINT_CODES = frozenset({ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH})
+
 log = logging.getLogger("eos.broker")
 
 # A produce stream holds a gRPC worker for its lifetime, so their number is bounded; the
@@ -216,6 +219,24 @@ class BrokerServicer(WriteHandlers, ReadHandlers, broker_pb2_grpc.BrokerServicer
                 raise StorageError(f"partition {topic}-{partition}: {offline}")
             raise UnknownTopicOrPartitionError(f"partition {topic}-{partition} has no log on this broker")
         return partition_log
+
+    def add_leader_hints(self, results) -> None:
+        """KIP-951: each result (PartitionProduceResult or FetchedPartition) refused as
+        NOT_LEADER_OR_FOLLOWER or FENCED_LEADER_EPOCH names the leader this broker knows, the
+        newer of the controller's LeaderAndIsr (a replica here) and its UpdateMetadata cache,
+        so the client retries there at once instead of asking Metadata and backing off. A
+        cluster of one has no other leader to name."""
+        if self._replicas is None:
+            return
+        for result in results:
+            if result.error_code not in _LEADER_HINT_CODES:
+                continue
+            known = self._replicas.known_leader(result.topic, result.partition)
+            cached = self._metadata.partition(result.topic, result.partition) if self._metadata is not None else None
+            if cached is not None and (known is None or cached.leader_epoch > known[1]):
+                known = (cached.leader, cached.leader_epoch)
+            if known is not None and known[0] >= 0:
+                result.current_leader.leader_id, result.current_leader.leader_epoch = known
 
     def _log_partition_error(self, rpc: str, topic: str, partition: int, exc: BaseException) -> None:
         if isinstance(exc, EosError) and exc.code == ErrorCode.KAFKA_STORAGE_ERROR:

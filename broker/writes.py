@@ -228,6 +228,7 @@ class WriteHandlers:
             log.exception("Produce failed unexpectedly")
             response = _refuse_produce(request, ErrorCode.UNKNOWN_SERVER_ERROR,
                                        f"unexpected {type(exc).__name__}: {exc}")
+        self.add_leader_hints(response.partitions)
         response.correlation_id = request.correlation_id
         return response
 
@@ -241,6 +242,7 @@ class WriteHandlers:
                 result.error_code = code
                 result.error_message = message
                 result.base_offset = -1
+                self.add_leader_hints((result,))
 
     def _produce_partitions(self, request: broker_pb2.ProduceRequest,
                             waits: list | None = None) -> broker_pb2.ProduceResponse:

@@ -496,6 +496,9 @@ class Fetcher:
                              tp.topic, tp.partition, self.auto_offset_reset)
                     state.request_reset(None)
             elif reaction_for(code) is Reaction.RETRY:
+                if fetched.HasField("current_leader") and self._metadata.learn_leader(
+                        tp.topic, tp.partition, fetched.current_leader, in_flight.node_id):
+                    continue    # KIP-951: the refusal named the new leader; fetch there at once
                 self._metadata.mark_stale(tp.topic)
                 state.retry_at_ms = now + self._backoff.base_ms
             else:

@@ -114,6 +114,12 @@ HEARTBEAT_IDLE_WAIT_S = 1.0             # the heartbeat thread looks at the stat
 REBALANCE_STEPS_MAX = 8                 # state changes one poll() makes at most before returning
 
 _COORDINATOR_MOVED = {ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE}
+# A coordinator call that failed on the way (the connection broke or could not be made, or
+# the call timed out): Kafka's clients mark the coordinator unknown on such a disconnect and
+# look it up again at once, rather than asking a dead broker until session.timeout.ms.
+# (Kafka reads REQUEST_TIMED_OUT in an OffsetCommit answer the same way.)
+_COORDINATOR_UNREACHABLE = {ErrorCode.NETWORK_EXCEPTION, ErrorCode.REQUEST_TIMED_OUT}
+_COORDINATOR_LOST = _COORDINATOR_MOVED | _COORDINATOR_UNREACHABLE
 _SPECIAL_ASSIGNOR_NAMES = {"rangeassignor": "range", "roundrobinassignor": "roundrobin",
                            "stickyassignor": "sticky", "cooperativestickyassignor": "cooperative-sticky"}
 
@@ -263,7 +269,7 @@ class ConsumerCoordinator:
             MemberAccess(commit_generation=self._commit_generation, commit_refused=self._after_commit_refused,
                          instance_fenced=self._fenced_by_commit, coordinator_address=self._coordinator_address,
                          coordinator_stub=self._coordinator_stub,
-                         forget_moved_coordinator=self._forget_moved_coordinator, stub_for=self._stub_for,
+                         forget_lost_coordinator=self._forget_lost_coordinator, stub_for=self._stub_for,
                          rpc_timeout_s=self._rpc_timeout_s, sleep_backoff=self._sleep_backoff),
             group_id=group_id, request_timeout_ms=request_timeout_ms, max_poll_interval_ms=max_poll_interval_ms,
             enable_auto_commit=enable_auto_commit, auto_commit_interval_ms=auto_commit_interval_ms,
@@ -781,14 +787,14 @@ class ConsumerCoordinator:
                 return False
 
     def _lookup_once(self, deadline_ms: int) -> str | None:
-        bootstrap = self._metadata.bootstrap_address
+        any_broker = self._metadata.any_broker_address
         request = group_pb2.FindCoordinatorRequest(key_type=group_pb2.GROUP, keys=[self.group_id])
         try:
-            response = self._stub_for(bootstrap).FindCoordinator(request, timeout=self._rpc_timeout_s(deadline_ms))
+            response = self._stub_for(any_broker).FindCoordinator(request, timeout=self._rpc_timeout_s(deadline_ms))
         except grpc.RpcError as exc:
             log.info("%s", net.error_from_rpc(exc, f"FindCoordinator for group {self.group_id}"))
-            # that bootstrap broker may be down for good: the next attempt asks another one
-            self._metadata.next_bootstrap()
+            # that broker may be down for good: the next attempt asks another one
+            self._metadata.next_any_broker()
             return None
         for found in response.coordinators:
             if found.key != self.group_id:
@@ -818,12 +824,14 @@ class ConsumerCoordinator:
         with self._lock:
             return self._coordinator
 
-    def _forget_moved_coordinator(self, code: ErrorCode) -> bool:
-        """True when `code` says the coordinator moved; it is then looked up again."""
-        if code not in _COORDINATOR_MOVED:
+    def _forget_lost_coordinator(self, code: ErrorCode) -> bool:
+        """True when `code` (an answer's, or a failed call's) says the coordinator moved or
+        could not be reached; it is then looked up again (`_COORDINATOR_LOST`)."""
+        if code not in _COORDINATOR_LOST:
             return False
         with self._lock:
             self._coordinator = None
+        self.wakeup.set()        # a poll() waiting on its fetches looks the coordinator up now
         return True
 
     def _rpc_timeout_s(self, deadline_ms: int) -> float:
@@ -850,7 +858,7 @@ class ConsumerCoordinator:
         return self._offsets.fetch_committed(partitions, timeout_ms, raise_on_timeout=raise_on_timeout)
 
     # ---- what the OffsetCommitter asks of the member (MemberAccess) ----------------------------
-    # (and, above, _coordinator_address, _coordinator_stub, _forget_moved_coordinator,
+    # (and, above, _coordinator_address, _coordinator_stub, _forget_lost_coordinator,
     # _rpc_timeout_s, _sleep_backoff)
 
     def _commit_generation(self) -> tuple[int, str, str]:
@@ -938,9 +946,11 @@ class ConsumerCoordinator:
             response = self._stub_for(address).Heartbeat(
                 request, timeout=min(self.request_timeout_ms, self.session_timeout_ms) / 1000)
         except grpc.RpcError as exc:
-            log.info("%s", net.error_from_rpc(exc, f"Heartbeat of group {self.group_id}"))
+            error = net.error_from_rpc(exc, f"Heartbeat of group {self.group_id}")
+            log.info("%s", error)
             with self._lock:
                 self._heartbeat_retry_at_ms = self._clock() + self._backoff.base_ms
+            self._forget_lost_coordinator(error.code)
             return
         except ValueError:
             return   # the channel was closed under us: the consumer is closing

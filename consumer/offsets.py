@@ -83,8 +83,9 @@ class MemberAccess:
     coordinator_address: Callable[[], str | None]
     # (deadline ms): its stub, after looking it up (until the deadline) if it is unknown.
     coordinator_stub: Callable[[int], object]
-    # (code): True when the code says the coordinator moved; it is then looked up again.
-    forget_moved_coordinator: Callable[[ErrorCode], bool]
+    # (code): True when the code (an answer's, or a failed call's) says the coordinator moved
+    # or could not be reached; it is then looked up again.
+    forget_lost_coordinator: Callable[[ErrorCode], bool]
     # (address): the client's GroupCoordinator stub there.
     stub_for: Callable[[str], object]
     # (deadline ms): the timeout of one RPC, in seconds.
@@ -161,6 +162,7 @@ class OffsetCommitter:
                 last_error = net.error_from_rpc(exc, f"OffsetCommit of group {self._group_id}")
                 if not last_error.retriable:
                     raise last_error from None
+                self._member.forget_lost_coordinator(last_error.code)
             except EosError as exc:
                 if not exc.retriable:
                     raise
@@ -188,7 +190,7 @@ class OffsetCommitter:
         code = ErrorCode(first.error_code)
         where = ", ".join(f"{p.topic}-{p.partition}" for p in failed[:5])
         message = f"commit of group {self._group_id} failed for {where}: {first.error_message or code.name}"
-        if self._member.forget_moved_coordinator(code):
+        if self._member.forget_lost_coordinator(code):
             return error_for(code, message)
         if code in (ErrorCode.ILLEGAL_GENERATION, ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.REBALANCE_IN_PROGRESS):
             self._member.commit_refused(code, generation_id)
@@ -250,7 +252,9 @@ class OffsetCommitter:
         except grpc.FutureCancelledError:
             return EosError(f"commit of group {self._group_id} cancelled", ErrorCode.NETWORK_EXCEPTION)
         except grpc.RpcError as exc:
-            return net.error_from_rpc(exc, f"OffsetCommit of group {self._group_id}")
+            error = net.error_from_rpc(exc, f"OffsetCommit of group {self._group_id}")
+            self._member.forget_lost_coordinator(error.code)
+            return error
         failed = [p for p in response.partitions if p.error_code != ErrorCode.NONE]
         if not failed:
             return None
@@ -306,6 +310,7 @@ class OffsetCommitter:
             error = net.error_from_rpc(exc, f"OffsetFetch of group {self._group_id}")
             if not error.retriable:
                 raise error from None
+            self._member.forget_lost_coordinator(error.code)
             return error
         except EosError as exc:
             if not exc.retriable:
@@ -314,7 +319,7 @@ class OffsetCommitter:
         if response.error_code != ErrorCode.NONE:
             code = ErrorCode(response.error_code)
             error = error_for(code, f"OffsetFetch of group {self._group_id}: {response.error_message or code.name}")
-            self._member.forget_moved_coordinator(code)
+            self._member.forget_lost_coordinator(code)
             if reaction_for(code) is Reaction.RETRY:
                 return error
             raise error

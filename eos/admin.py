@@ -83,12 +83,13 @@ class Admin(TransactionAdmin):
             retry_backoff_ms=settings["retry.backoff.ms"],
             retry_backoff_max_ms=settings["retry.backoff.max.ms"],
             security=net.channel_security(settings))
+        self._any_broker = self._metadata.any_broker_stub()
 
     # ---- plumbing ------------------------------------------------------------------------
 
     def _call(self, what: str, rpc: Callable, request, timeout_ms: int | None = None, *,
               stub: Callable | None = None, answer_code: Callable | None = None):
-        """One RPC (to the bootstrap broker, or to `stub()`), retried on transport errors until
+        """One RPC (to any broker, or to `stub()`), retried on transport errors until
         the timeout; with `answer_code(response)`, also while the answer's code is retriable
         (a coordinator loading its log)."""
         deadline = time.monotonic() + (timeout_ms if timeout_ms is not None else self._api_timeout_ms) / 1000
@@ -96,12 +97,10 @@ class Admin(TransactionAdmin):
         while True:
             remaining_s = deadline - time.monotonic()
             try:
-                response = rpc(stub() if stub is not None else self._metadata.bootstrap_stub())(
+                response = rpc(stub() if stub is not None else self._any_broker)(
                     request, timeout=max(0.001, min(self._request_timeout_ms / 1000, remaining_s)))
             except grpc.RpcError as exc:
                 error = net.error_from_rpc(exc, what, self._metadata.security)
-                if stub is None:
-                    self._metadata.next_bootstrap()
             else:
                 code = answer_code(response) if answer_code is not None else ErrorCode.NONE
                 if code == ErrorCode.NONE or reaction_for(code) is not Reaction.RETRY:
@@ -496,12 +495,12 @@ class Admin(TransactionAdmin):
         # As net.ClusterMetadata: one bootstrap address and one broker means the bootstrap
         # channel, whatever the broker advertises.
         if len(self._metadata.bootstrap_addresses) == 1 and len(self._metadata.brokers()) <= 1:
-            return self._metadata.bootstrap_address
+            return self._metadata.bootstrap_addresses[0]
         return f"{host}:{port}"
 
     def _every_broker(self, *, refresh: bool = True) -> list[tuple[int, str]]:
         """(node id, address) of every broker, by node id, from a fresh Metadata answer (or,
-        `refresh` false, the last one when there is one). (-1, the bootstrap address) when
+        `refresh` false, the last one when there is one). (-1, any broker's address) when
         Metadata cannot be had for now (the call to it is then retried as any other)."""
         if refresh or not self._metadata.brokers():
             try:
@@ -511,7 +510,7 @@ class Admin(TransactionAdmin):
                     raise
         brokers = self._metadata.brokers()
         if not brokers:
-            return [(-1, self._metadata.bootstrap_address)]
+            return [(-1, self._metadata.any_broker_address)]
         return [(node_id, self._address_of(*address.rsplit(":", 1))) for node_id, address in sorted(brokers.items())]
 
     def _list_at_every_broker(self, what: str, stub_class, request, unknown_state_message: str):
@@ -670,7 +669,7 @@ class Admin(TransactionAdmin):
 
     def _security_stub(self):
         from eos.v1 import security_pb2_grpc
-        return self._metadata.stub_at(self._metadata.bootstrap_address, security_pb2_grpc.SecurityStub)
+        return self._metadata.any_broker_stub(security_pb2_grpc.SecurityStub)
 
     def upsert_scram_credential(self, user: str, password: str, *, mechanism: str = "SCRAM-SHA-512",
                                 iterations: int = scram.DEFAULT_ITERATIONS) -> None:

@@ -22,7 +22,11 @@ says so when the client uses SSL.
 
 `ClusterMetadata` is the one owner of what a client knows about the cluster: the brokers
 (node id -> address) and, per topic, the partition count and the leader of each
-partition. It learns them from the Metadata RPC, asked of the bootstrap addresses in turn.
+partition. It learns them from the Metadata RPC, asked of the bootstrap addresses and then
+of the brokers an answer named, in turn (`any_broker_addresses`): what any broker can answer
+(Metadata, FindCoordinator, InitProducerId without an id, most admin calls) is asked of the
+one that answered last, and a call that fails on the network moves to the next, so a client
+given one broker's address outlives that broker, as Kafka's clients do.
 Lookups read an immutable snapshot without a lock (the snapshot is replaced whole on each
 refresh, never mutated); refreshes serialise on a lock and back off exponentially between
 failed attempts (retry.backoff.ms doubling up to retry.backoff.max.ms, as Kafka's clients).
@@ -54,7 +58,7 @@ from eos.errors import (
     reaction_for,
     Reaction,
 )
-from eos.socket_routes import ClosedError as SocketRoutesClosed, SocketRoutes
+from eos.socket_routes import ClosedError as SocketRoutesClosed, SocketRoutes, same_endpoint
 from eos.v1 import broker_pb2, broker_pb2_grpc, group_pb2, group_pb2_grpc, txn_pb2_grpc
 
 if TYPE_CHECKING:
@@ -127,6 +131,24 @@ def parse_bootstrap(bootstrap) -> list[str]:
 PLAINTEXT, SSL, SASL_SSL = "PLAINTEXT", "SSL", "SASL_SSL"
 TLS_PROBE_TIMEOUT_S = 10.0
 SASL_MECHANISM_DEFAULT = "SCRAM-SHA-512"
+
+
+def any_broker_addresses(bootstrap_addresses: list[str], brokers: dict[int, str]) -> list[str]:
+    """Where a client asks what any broker answers (Metadata, FindCoordinator, an admin
+    call): its bootstrap addresses, then every broker the last Metadata named that is not
+    one of them (by node id). Kafka's clients use the bootstrap list only to find the
+    cluster; after that any live broker will do. So a client given one broker's address
+    still works when that broker dies, from the brokers it has learned of. One bootstrap
+    address and a cluster of one broker: only the bootstrap address (it may be a proxy or
+    tunnel in front of the broker, whose own address is not reachable; see `address_of`)."""
+    if len(bootstrap_addresses) == 1 and len(brokers) <= 1:
+        return list(bootstrap_addresses)
+    addresses = list(bootstrap_addresses)
+    for _, address in sorted(brokers.items()):
+        host, _, port = address.rpartition(":")
+        if not any(same_endpoint(given, host, int(port)) for given in addresses):
+            addresses.append(address)
+    return addresses
 
 
 def _security_protocol(name: str, value) -> str:
@@ -382,6 +404,7 @@ class TopicInfo(NamedTuple):
     leaders: tuple[int, ...]            # leader node id per partition, NO_LEADER if none
     is_internal: bool
     configs: dict
+    leader_epochs: tuple[int, ...] = ()   # per partition, as Metadata (or a KIP-951 hint) gave it
 
 
 class _Snapshot(NamedTuple):
@@ -438,10 +461,11 @@ class _CoordinatorStub:
         return call
 
 
-class _BootstrapStub:
-    """A stub of `stub_class` on the current bootstrap broker, resolved at each call; a call
-    that fails on the network moves to the next bootstrap address, so the caller's retry
-    does not ask a dead broker forever."""
+class _AnyBrokerStub:
+    """A stub of `stub_class` on the broker asked for what any broker answers
+    (`ClusterMetadata.any_broker_address`), resolved at each call; a call that fails on the
+    network moves to the next address, so the caller's retry does not ask a dead broker
+    forever."""
 
     def __init__(self, metadata: "ClusterMetadata", stub_class):
         self._metadata = metadata
@@ -451,11 +475,11 @@ class _BootstrapStub:
         metadata, stub_class = self._metadata, self._stub_class
 
         def call(request, timeout=None, **kwargs):
-            stub = metadata.stub_at(metadata.bootstrap_address, stub_class)
+            stub = metadata.stub_at(metadata.any_broker_address, stub_class)
             try:
                 return getattr(stub, method)(request, timeout=timeout, **kwargs)
             except grpc.RpcError:
-                metadata.next_bootstrap()
+                metadata.next_any_broker()
                 raise
         return call
 
@@ -494,7 +518,7 @@ class ClusterMetadata:
         # (address, stub class) -> stub: a stub builds a callable per method, which costs
         # more than the call it then makes, so each is built once.
         self._stubs: dict[tuple[str, type], object] = {}
-        self._bootstrap_index = 0       # the bootstrap address that answered last
+        self._any_broker_index = 0      # in any_broker_addresses(): the one that answered last
         self._stale_topics: set[str] = set()
         self._coordinators: dict[tuple[int, str], str] = {}   # (key type, id) -> coordinator address
         # Brokers with socket.transport.port (eos/socket_routes.py), for a PLAINTEXT client.
@@ -548,24 +572,31 @@ class ClusterMetadata:
     def broker_stub_at(self, address: str) -> broker_pb2_grpc.BrokerStub:
         return self.stub_at(address, broker_pb2_grpc.BrokerStub)
 
+    def _any_broker_addresses(self) -> list[str]:
+        return any_broker_addresses(self.bootstrap_addresses, self._snapshot.brokers)
+
     @property
-    def bootstrap_address(self) -> str:
-        return self.bootstrap_addresses[self._bootstrap_index % len(self.bootstrap_addresses)]
+    def any_broker_address(self) -> str:
+        """The address asked for what any broker answers: the one that answered last."""
+        addresses = self._any_broker_addresses()
+        return addresses[self._any_broker_index % len(addresses)]
 
-    def bootstrap_stub(self) -> broker_pb2_grpc.BrokerStub:
-        return self.broker_stub_at(self.bootstrap_address)
+    def any_broker_stub(self, stub_class=broker_pb2_grpc.BrokerStub):
+        """A `stub_class` stub that asks `any_broker_address` at each call and moves to the
+        next address when a call fails on the network."""
+        return _AnyBrokerStub(self, stub_class)
 
-    def next_bootstrap(self) -> None:
-        """The bootstrap broker did not answer: use the next address (a cluster's other
-        brokers answer for it)."""
-        self._bootstrap_index = (self._bootstrap_index + 1) % len(self.bootstrap_addresses)
+    def next_any_broker(self) -> None:
+        """That broker did not answer: ask the next address (a cluster's other brokers
+        answer for it)."""
+        self._any_broker_index = (self._any_broker_index + 1) % len(self._any_broker_addresses())
 
     def txn_coordinator_stub(self, transactional_id: str | None = None):
         """The TxnCoordinator service for `transactional_id`: its coordinator, found with
         FindCoordinator and remembered until it answers NOT_COORDINATOR (or cannot be
         reached); without an id (an idempotent producer's InitProducerId), any broker."""
         if not transactional_id:
-            return _BootstrapStub(self, txn_pb2_grpc.TxnCoordinatorStub)
+            return self.any_broker_stub(txn_pb2_grpc.TxnCoordinatorStub)
         return _CoordinatorStub(self, transactional_id, group_pb2.TRANSACTION)
 
     def coordinator_address(self, key: str, timeout_s: float | None = None, *,
@@ -575,12 +606,12 @@ class ClusterMetadata:
         cached = self._coordinators.get((key_type, key))
         if cached is not None:
             return cached
-        stub = group_pb2_grpc.GroupCoordinatorStub(self.channel(self.bootstrap_address))
+        stub = group_pb2_grpc.GroupCoordinatorStub(self.channel(self.any_broker_address))
         try:
             response = stub.FindCoordinator(group_pb2.FindCoordinatorRequest(key_type=key_type, keys=[key]),
                                             timeout=timeout_s if timeout_s is not None else self.request_timeout_ms / 1000)
         except grpc.RpcError as exc:
-            self.next_bootstrap()
+            self.next_any_broker()
             raise error_from_rpc(exc, f"FindCoordinator for {key!r}", self.security) from None
         found = response.coordinators[0] if response.coordinators else None
         if found is None or found.error_code != ErrorCode.NONE:
@@ -603,7 +634,7 @@ class ClusterMetadata:
             except EosError:
                 pass      # unknown still: take the coordinator's own address
         if len(self.bootstrap_addresses) == 1 and len(self._snapshot.brokers) == 1:
-            return self.bootstrap_address
+            return self.bootstrap_addresses[0]
         return f"{host}:{port}"
 
     def forget_coordinator(self, key: str, *, key_type: int = group_pb2.TRANSACTION) -> None:
@@ -611,10 +642,10 @@ class ClusterMetadata:
 
     def group_coordinator_stub(self, group_id: str | None = None):
         """The GroupCoordinator service: the coordinator of `group_id` (found with
-        FindCoordinator and remembered until it moves), or without a group the bootstrap
-        broker (FindCoordinator itself, ListGroups)."""
+        FindCoordinator and remembered until it moves), or without a group any broker
+        (FindCoordinator itself, ListGroups)."""
         if not group_id:
-            return _BootstrapStub(self, group_pb2_grpc.GroupCoordinatorStub)
+            return self.any_broker_stub(group_pb2_grpc.GroupCoordinatorStub)
         return _CoordinatorStub(self, group_id, group_pb2.GROUP)
 
     def address_of(self, node_id: int) -> str | None:
@@ -680,21 +711,25 @@ class ClusterMetadata:
 
     def fetch(self, topics: list[str] | None = None, *, include_internal: bool = False,
               timeout_ms: int | None = None) -> broker_pb2.MetadataResponse:
-        """One Metadata RPC (trying each bootstrap address once); updates the snapshot."""
+        """One Metadata RPC (trying each of `any_broker_addresses` once, from the one that
+        answered last); updates the snapshot."""
         request = broker_pb2.MetadataRequest(topics=topics or [], include_internal=include_internal)
         timeout_s = (timeout_ms if timeout_ms is not None else self.request_timeout_ms) / 1000
         last_error: EosError | None = None
-        count = len(self.bootstrap_addresses)
+        addresses = self._any_broker_addresses()
+        count = len(addresses)
         for attempt in range(count):
-            index = (self._bootstrap_index + attempt) % count
-            address = self.bootstrap_addresses[index]
+            index = (self._any_broker_index + attempt) % count
+            address = addresses[index]
             try:
                 response = self.broker_stub_at(address).Metadata(request, timeout=timeout_s)
             except grpc.RpcError as exc:
                 last_error = error_from_rpc(exc, f"Metadata from {address}", self.security)
                 continue
-            self._bootstrap_index = index
             self.apply(response, topics)
+            # The answer may have changed the list (brokers joined or left): keep this one.
+            addresses = self._any_broker_addresses()
+            self._any_broker_index = addresses.index(address) if address in addresses else 0
             return response
         raise last_error if last_error is not None else NetworkError("no bootstrap address")
 
@@ -717,11 +752,13 @@ class ClusterMetadata:
                     fetched.pop(t.name, None)
                     continue
                 leaders = [NO_LEADER] * len(t.partitions)
+                epochs = [-1] * len(t.partitions)
                 for p in t.partitions:
                     if 0 <= p.partition < len(leaders):
                         leaders[p.partition] = p.leader_id if p.error_code == ErrorCode.NONE else NO_LEADER
+                        epochs[p.partition] = p.leader_epoch
                 topics[t.name] = TopicInfo(t.name, len(t.partitions), tuple(leaders), t.is_internal,
-                                           dict(t.configs))
+                                           dict(t.configs), tuple(epochs))
                 fetched[t.name] = now
                 self._stale_topics.discard(t.name)
             if not asked:
@@ -732,6 +769,29 @@ class ClusterMetadata:
                         fetched.pop(name, None)
             self._snapshot = _Snapshot(brokers, topics, fetched, response.controller_id,
                                        response.cluster_id)
+
+    def learn_leader(self, topic: str, partition: int, hint, asked_node: int) -> bool:
+        """KIP-951: node `asked_node` refused a call as NOT_LEADER_OR_FOLLOWER (or
+        FENCED_LEADER_EPOCH) and named the leader it knows (`hint`, a LeaderIdAndEpoch). The
+        hint replaces what this client knows when its epoch is newer and its broker is known
+        (an unknown one waits for Metadata). True when the partition's leader is now known to
+        be another broker: the caller then retries there at once, with no Metadata round
+        trip (which could even answer with the old leader, from a broker the controller's
+        update has not reached yet); False leaves the caller to refresh and back off."""
+        if hint.leader_id >= 0:
+            with self._refresh_lock:
+                old = self._snapshot
+                info = old.topics.get(topic)
+                if (info is not None and 0 <= partition < len(info.leader_epochs) and hint.leader_id in old.brokers
+                        and hint.leader_epoch > info.leader_epochs[partition]):
+                    leaders = list(info.leaders)
+                    leaders[partition] = hint.leader_id
+                    epochs = list(info.leader_epochs)
+                    epochs[partition] = hint.leader_epoch
+                    topics = dict(old.topics)
+                    topics[topic] = info._replace(leaders=tuple(leaders), leader_epochs=tuple(epochs))
+                    self._snapshot = old._replace(topics=topics)
+        return self.leader(topic, partition) not in (asked_node, NO_LEADER)
 
     def refresh_topics(self, topics: Iterable[str]) -> None:
         """Refresh now, one RPC; transport errors propagate (callers back off)."""

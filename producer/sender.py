@@ -660,8 +660,11 @@ class Sender(threading.Thread):
                     next_offset_by_tp[batch.tp] = base_offset + batch.record_count
                 self._complete(batch, base_offset, result.log_append_time_ms)
             else:
+                # KIP-951: a broker that no longer leads names the leader it knows
+                leader_moved = result.HasField("current_leader") and self._metadata.learn_leader(
+                    batch.topic, batch.partition, result.current_leader, in_flight.node_id)
                 self._on_batch_error(batch, result.error_code, result.error_message,
-                                     result.base_offset, now)
+                                     result.base_offset, now, leader_moved=leader_moved)
 
     def _note_throttle(self, node: int, throttle_time_ms: int, now: int) -> None:
         """A client quota (KIP-219): send this broker nothing more until the time is over (it
@@ -670,7 +673,11 @@ class Sender(threading.Thread):
             self._throttled_until_ms[node] = max(self._throttled_until_ms.get(node, 0), now + throttle_time_ms)
 
     def _on_batch_error(self, batch: ProducerBatch, code: int, message: str, base_offset: int,
-                        now: int) -> None:
+                        now: int, *, leader_moved: bool = False) -> None:
+        """A batch the broker refused (or a failed call): retried, failed, or accepted as
+        written. `leader_moved`: the answer named the partition's new leader, which the
+        metadata now holds (KIP-951), so the retry goes there at once, without a Metadata
+        refresh or a backoff."""
         error = error_for(code, message)
         batch.last_error = error
         idem = self._idempotence
@@ -683,7 +690,7 @@ class Sender(threading.Thread):
             # what a batch of this partition that expires unsent will name: an error retried on
             # (one that failed its own batch for good says nothing of the next one's fate)
             self._last_error_by_tp[batch.tp] = error
-        if code in _METADATA_REFRESH_CODES:
+        if code in _METADATA_REFRESH_CODES and not leader_moved:
             self._metadata.mark_stale(batch.topic)
         if decision is Decision.ACCEPT:
             self._complete(batch, base_offset, NO_TIMESTAMP)
@@ -700,10 +707,11 @@ class Sender(threading.Thread):
             log.debug("retrying %r after %s", batch, error)
             if self._metrics is not None:
                 self._metrics.record_retry.inc(batch.record_count)
-            if code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER and decision is Decision.RETRY:
+            if (code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER and decision is Decision.RETRY) or leader_moved:
                 # An older batch of the partition was behind it (gRPC does not keep the
                 # order of concurrent calls): resend as soon as the older ones are answered,
-                # which take() waits for; a backoff would only stall the partition.
+                # which take() waits for; a backoff would only stall the partition. Or the
+                # partition has a new leader, known already: a backoff would only wait.
                 batch.retry_after_ms = now
             else:
                 batch.retry_after_ms = now + self._backoff.delay_ms(batch.attempts)

@@ -29,7 +29,14 @@ the fetcher before its first fetch of the partition).
 
 Produce with acks=all waits (bounded by the request's timeout) until the HW passes the
 appended batch; min.insync.replicas is checked before the append (NOT_ENOUGH_REPLICAS,
-nothing appended) and again when the wait ends (NOT_ENOUGH_REPLICAS_AFTER_APPEND).
+nothing appended) and again when the wait ends (NOT_ENOUGH_REPLICAS_AFTER_APPEND). A
+LeaderAndIsr that keeps this broker leader at a new epoch (the controller shrinking the ISR
+during a controlled shutdown, a reassignment step) hands the leadership over without a gap
+and the waits go on under it: the write is still in this log and the new ISR commits it, as
+in Kafka, where a leader's pending produces outlive such an update. Only a leadership that
+ended (another leader, or this one after a time as a follower, when the log may have been
+truncated under the write) answers them NOT_LEADER_OR_FOLLOWER. Each unbroken leadership is
+one `_Leader.tenure`.
 
 Locks: `_lock` guards the role map and is never held during I/O; each leader partition's
 core has its own lock (`_Leader.lock`) held only for core calls.
@@ -86,9 +93,12 @@ class PartitionAssignment:
 class _Leader:
     """This broker leads the partition: the core plus the lock that orders calls into it."""
 
-    def __init__(self, assignment: PartitionAssignment, core):
+    def __init__(self, assignment: PartitionAssignment, core, tenure: object | None = None):
         self.assignment = assignment
         self.core = core
+        # The same object for every epoch of one unbroken leadership of this broker (see the
+        # module doc): an acks=all wait outlives a new epoch only within its tenure.
+        self.tenure = tenure if tenure is not None else object()
         self.lock = threading.Lock()
         self.hw_changed = threading.Condition(self.lock)
         self.isr_write_in_flight = False
@@ -127,6 +137,12 @@ class ReplicaManager:
         self._now_ms = now_ms_fn
         self.replica_lag_time_max_ms = replica_lag_time_max_ms
         self.fetchers = None   # set by the server: broker.replica.fetcher.FetcherManager
+        # Set when this broker asks for its controlled shutdown: the replicas it is then left
+        # to follow (its leaderships, moved away) are not fetched. A follower on its way out
+        # would rejoin the new leader's ISR within milliseconds and, once gone, hold every
+        # acks=all write there until the controller noticed (Kafka, KIP-841: a broker in
+        # controlled shutdown is not eligible for the ISR).
+        self.in_controlled_shutdown = False
         # (tp, is_leader, leader_epoch) after each applied change of role: the coordinators
         # follow the leadership of their internal topics' partitions
         self.on_role_change: Callable[[tuple[str, int], bool, int], None] | None = None
@@ -242,7 +258,7 @@ class ReplicaManager:
             for tp, reason in self._log_manager.sync_directories(created).items():
                 results[tp] = (ErrorCode.KAFKA_STORAGE_ERROR, reason)
                 new_follows.pop(tp, None)
-        if self.fetchers is not None and new_follows:
+        if self.fetchers is not None and new_follows and not self.in_controlled_shutdown:
             self.fetchers.add_partitions(new_follows)
         if self.on_role_change is not None:
             for assignment in partitions:
@@ -274,8 +290,8 @@ class ReplicaManager:
                            high_watermark=partition_log.high_watermark, now_ms=now_ms,
                            epoch_start_offset=same_epoch_start)
         partition_log.leader_epoch_cache.assign(assignment.leader_epoch, partition_log.log_end_offset)
-        leader = _Leader(assignment, core)
-        self._stop_leading(assignment.tp)
+        leader = _Leader(assignment, core, tenure=None if current is None else current.tenure)
+        self._stop_leading(assignment.tp, successor=leader)
         with self._lock:
             self._followers.pop(assignment.tp, None)
             self._leaders[assignment.tp] = leader
@@ -289,16 +305,21 @@ class ReplicaManager:
                         "records the previous in-sync replicas acknowledged past offset %d may be lost",
                         assignment.topic, assignment.partition, assignment.leader_epoch, partition_log.log_end_offset)
 
-    def _stop_leading(self, tp) -> None:
-        """Forget the leadership of `tp`, after any client append in flight (so none lands
-        after this returns), and wake its acks=all waiters (they answer NOT_LEADER)."""
+    def _stop_leading(self, tp, successor: _Leader | None = None) -> None:
+        """Forget the leadership of `tp` -- or hand it to `successor`, this broker's own at a
+        new epoch, with no moment without a leader -- after any client append in flight (so
+        none lands after this returns), and wake its acks=all waiters (they answer
+        NOT_LEADER, or go on waiting under the successor of their tenure)."""
         leader = self._leaders.get(tp)
         if leader is None:
             return
         with leader.append_lock:
             with self._lock:
                 if self._leaders.get(tp) is leader:
-                    del self._leaders[tp]
+                    if successor is None:
+                        del self._leaders[tp]
+                    else:
+                        self._leaders[tp] = successor
         with leader.lock:
             leader.hw_changed.notify_all()
 
@@ -387,24 +408,32 @@ class ReplicaManager:
             return (ErrorCode.NOT_LEADER_OR_FOLLOWER,
                     f"broker {self.broker_id} stopped leading {topic}-{partition} before the write was replicated")
         deadline = time.monotonic() + max(timeout_ms, 0) / 1000.0
+        tenure = leader.tenure
         with self._counts_lock:
             self.produce_waiters += 1
-        with leader.lock:
-            try:
-                while leader.core.high_watermark < offset_exclusive:
-                    remaining = deadline - time.monotonic()
-                    if (remaining <= 0 or self._stopping.is_set()
-                            or self._leaders.get((topic, partition)) is not leader):
-                        break
-                    leader.hw_changed.wait(remaining)
-            finally:
-                with self._counts_lock:
-                    self.produce_waiters -= 1
-            reached = leader.core.high_watermark >= offset_exclusive
-            isr_size = len(leader.core.isr)
-        if self._leaders.get((topic, partition)) is not leader:
-            return (ErrorCode.NOT_LEADER_OR_FOLLOWER,
-                    f"leadership of {topic}-{partition} moved while the write waited for replication")
+        try:
+            while True:
+                with leader.lock:
+                    while leader.core.high_watermark < offset_exclusive:
+                        remaining = deadline - time.monotonic()
+                        if (remaining <= 0 or self._stopping.is_set()
+                                or self._leaders.get((topic, partition)) is not leader):
+                            break
+                        leader.hw_changed.wait(remaining)
+                    reached = leader.core.high_watermark >= offset_exclusive
+                    isr_size = len(leader.core.isr)
+                current = self._leaders.get((topic, partition))
+                if current is leader:
+                    break
+                if current is None or current.tenure is not tenure:
+                    return (ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                            f"leadership of {topic}-{partition} moved while the write waited for replication")
+                leader = current     # still the leader, at a new epoch: wait on under it
+                if reached:
+                    break
+        finally:
+            with self._counts_lock:
+                self.produce_waiters -= 1
         if not reached:
             return (ErrorCode.REQUEST_TIMED_OUT,
                     f"{topic}-{partition}: the in-sync replicas did not all copy the write within {timeout_ms} ms")
@@ -527,6 +556,17 @@ class ReplicaManager:
     def follower_assignment(self, tp) -> PartitionAssignment | None:
         follower = self._followers.get(tp)
         return None if follower is None else follower.assignment
+
+    def known_leader(self, topic: str, partition: int) -> tuple[int, int] | None:
+        """(leader id, leader epoch) of a partition this broker has a replica of, as the
+        controller's LeaderAndIsr last told it (this broker, or the leader it follows)."""
+        leader = self._leaders.get((topic, partition))
+        if leader is not None:
+            return self.broker_id, leader.assignment.leader_epoch
+        follower = self._followers.get((topic, partition))
+        if follower is not None:
+            return follower.assignment.leader, follower.assignment.leader_epoch
+        return None
 
 
 class ThrottleBucket:

@@ -17,7 +17,8 @@ import eos
 from eos.errors import EosError, ErrorCode
 from eos.local_cluster import LocalCluster
 from eos.net import open_channel
-from eos.v1 import cluster_pb2, cluster_pb2_grpc
+from eos.records.codec import encode_batch
+from eos.v1 import broker_pb2, broker_pb2_grpc, cluster_pb2, cluster_pb2_grpc, group_pb2
 from tests.waits import wait_for
 
 SESSION_TIMEOUT_MS = 6000
@@ -176,6 +177,67 @@ def test_kill_leader_elects_new_leader_from_isr_and_loses_nothing(cluster_factor
         assert followed_over_socket == []
 
 
+def test_clients_given_only_one_brokers_address_outlive_that_broker(cluster):
+    # Kafka's clients use bootstrap.servers only to find the cluster: afterwards any broker
+    # they learned of answers Metadata and FindCoordinator. Here the one broker the clients
+    # were given leads the topic and coordinates the group, and is killed; the producer,
+    # the group member and the admin carry on through the other two. (Before, they asked
+    # only the dead address: the producer's records stayed undelivered; and the member kept
+    # asking its dead coordinator until its session timed out.)
+    admin = eos.Admin(bootstrap=cluster.bootstrap)
+    group = "lone-group"
+
+    def group_coordinator():
+        try:        # the first lookup creates __consumer_offsets: retried until it has leaders
+            return admin._metadata.coordinator_address(group, 10.0, key_type=group_pb2.GROUP)
+        except EosError as exc:
+            if not exc.retriable:
+                raise
+            return None
+    coordinator_address = wait_for(group_coordinator, f"the coordinator of {group}")
+    [victim] = [broker_id for broker_id, proc in cluster.processes.items() if proc.address == coordinator_address]
+    others = [broker_id for broker_id in sorted(cluster.processes) if broker_id != victim]
+    admin.create_topics([{"name": "lone", "partitions": 1, "replication_factor": 3,
+                          "config": {"min.insync.replicas": "2"}, "assignments": {0: [victim, *others]}}])
+    wait_for(lambda: (lambda p: p if len(p["isr"]) == 3 and p["leader"] == victim else None)(
+        describe(admin, "lone")[0]), f"broker {victim} leading lone-0 with the full ISR")
+    only = cluster.processes[victim].address
+    lone_admin = eos.Admin(bootstrap=only)
+    assert describe(lone_admin, "lone")[0]["leader"] == victim
+    consumer = eos.Consumer(bootstrap=only, group_id=group, auto_offset_reset="earliest", enable_auto_commit=False,
+                            session_timeout_ms=45_000)
+    consumer.subscribe(["lone"])
+    read: set[int] = set()
+
+    def read_at_least(count: int):
+        read.update(int(r.value) for r in consumer.poll(timeout_ms=100))
+        return len(read) >= count
+    try:
+        with SteadyProducer(only, "lone") as producer:
+            wait_for(lambda: producer.acked_count() >= 100, "100 acknowledged records")
+            wait_for(lambda: read_at_least(50), "the group member reading 50 records")
+            consumer.commit()
+            cluster.kill(victim)
+            acked_at_kill = producer.acked_count()
+            wait_for(lambda: producer.acked_count() >= acked_at_kill + 200, "200 records acknowledged after the kill")
+            producer.stop()
+        assert producer.errors == []
+        wait_for(lambda: read_at_least(len(producer.acked)), "the member reading every acknowledged record")
+        assert set(producer.acked) <= read
+        # At the group's new coordinator: a failed Heartbeat or commit looks it up again at
+        # once (as Kafka's clients do on a disconnect), not after the 45 s session timeout.
+        consumer.commit(timeout_ms=15_000)
+        end = consumer.position(eos.TopicPartition("lone", 0))
+        assert consumer.committed([eos.TopicPartition("lone", 0)])[eos.TopicPartition("lone", 0)] == end
+        assert describe(lone_admin, "lone")[0]["leader"] in others
+    finally:
+        consumer.close()
+        lone_admin.close()
+    records = read_all(cluster.bootstrap, "lone", 1, len(producer.acked))
+    assert_exactly_once_in_order(records, producer.acked)
+    admin.close()
+
+
 def test_a_consumer_asking_offsets_while_its_partition_has_no_leader_gets_them_once_one_is_back(cluster):
     # Seen in CI's 3-broker demo: the consumer's ListOffsets failed at the dead leader, its
     # refresh cached "no leader" for the partition, and it retried that cached answer, never
@@ -310,6 +372,48 @@ def _leader_and_isr(cluster, broker_id, *, controller_id, controller_epoch):
 
 
 # ---- controlled shutdown --------------------------------------------------------------------------
+
+def test_a_broker_that_no_longer_leads_names_the_new_leader_in_its_refusals(cluster):
+    # KIP-951: a Produce or Fetch refused NOT_LEADER_OR_FOLLOWER carries the leader (and its
+    # epoch) the refusing broker knows, so a client retries there without asking Metadata.
+    admin = eos.Admin(bootstrap=cluster.bootstrap)
+    first, second, third = sorted(cluster.processes)
+    admin.create_topics([{"name": "hint", "partitions": 1, "replication_factor": 3,
+                          "assignments": {0: [first, second, third]}}])
+    wait_for(lambda: (lambda p: p if len(p["isr"]) == 3 and p["leader"] == first else None)(
+        describe(admin, "hint")[0]), "the full ISR under the first replica")
+    tp = eos.TopicPartition("hint", 0)
+    assert admin.alter_partition_reassignments({("hint", 0): [second, first, third]}) == {tp: None}
+    wait_for(lambda: describe(admin, "hint")[0]["replicas"] == [second, first, third], "the new replica order")
+    assert admin.elect_leaders("preferred", [tp]) == {tp: None}
+    moved = wait_for(lambda: (lambda p: p if p["leader"] == second else None)(describe(admin, "hint")[0]),
+                     "the second replica leading")
+
+    old_leader = broker_pb2_grpc.BrokerStub(open_channel(cluster.processes[first].address))
+    produced = old_leader.Produce(broker_pb2.ProduceRequest(acks=1, timeout_ms=10_000, partitions=[
+        broker_pb2.PartitionRecords(topic="hint", partition=0, records=encode_batch([b"x"]))]), timeout=10)
+    fetched = old_leader.Fetch(broker_pb2.FetchRequest(max_wait_ms=0, max_bytes=1 << 20, partitions=[
+        broker_pb2.FetchPartition(topic="hint", partition=0, fetch_offset=0, partition_max_bytes=1 << 20)]),
+        timeout=10)
+    for refusal in (produced.partitions[0], fetched.partitions[0]):
+        assert refusal.error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER
+        assert refusal.HasField("current_leader")
+        assert (refusal.current_leader.leader_id, refusal.current_leader.leader_epoch) == (
+            second, moved["leader_epoch"])
+
+    # A client that knew the old leader takes the hint in and goes to the new one at once.
+    producer = eos.Producer(bootstrap=cluster.bootstrap, acks="all", enable_idempotence=True)
+    metadata = producer._metadata
+    metadata.refresh_topics(["hint"])
+    assert metadata.leader("hint", 0) == second
+    stale = metadata.topic("hint")._replace(leaders=(first,), leader_epochs=(moved["leader_epoch"] - 1,))
+    metadata._snapshot = metadata._snapshot._replace(topics={**metadata._snapshot.topics, "hint": stale})
+    assert metadata.learn_leader("hint", 0, produced.partitions[0].current_leader, first)
+    assert metadata.leader("hint", 0) == second and "hint" not in metadata.stale_topics()
+    assert producer.send("hint", value=b"after the move").result(30).offset >= 0
+    producer.close()
+    admin.close()
+
 
 def test_sigterm_moves_leaderships_away_before_exit(cluster):
     admin = eos.Admin(bootstrap=cluster.bootstrap)

@@ -1,6 +1,8 @@
 """Client configuration: Kafka names, underscores, validation, idempotence rules."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from consumer.consumer import CONSUMER_CONFIG
@@ -122,6 +124,35 @@ def test_parse_bootstrap(bootstrap, expected):
 def test_bad_bootstrap_is_refused(bad):
     with pytest.raises(ValueError, match="bootstrap"):
         net.parse_bootstrap(bad)
+
+
+@pytest.mark.parametrize("bootstrap,brokers,expected", [
+    # nothing learned yet: the bootstrap list
+    (["h:1"], {}, ["h:1"]),
+    # a cluster: the bootstrap address, then the brokers it does not name, by node id
+    (["h1:1"], {2: "h3:3", 0: "h1:1", 1: "h2:2"}, ["h1:1", "h2:2", "h3:3"]),
+    # the same broker by a loopback alias is not asked twice
+    (["localhost:9092"], {0: "127.0.0.1:9092", 1: "127.0.0.1:9093"}, ["localhost:9092", "127.0.0.1:9093"]),
+    # one address in front of a cluster of one (a proxy): only that address
+    (["proxy:7000"], {0: "broker:9092"}, ["proxy:7000"]),
+])
+def test_any_broker_addresses_add_the_brokers_metadata_named_to_the_bootstrap_list(bootstrap, brokers, expected):
+    assert net.any_broker_addresses(bootstrap, brokers) == expected
+
+
+def test_a_client_asks_the_next_known_broker_when_the_one_it_asked_fails():
+    metadata = net.ClusterMetadata("h1:1")
+    assert metadata.any_broker_address == "h1:1"
+    metadata.next_any_broker()
+    assert metadata.any_broker_address == "h1:1"      # nothing else known yet
+    metadata.apply(SimpleNamespace(brokers=[SimpleNamespace(node_id=i, host=f"h{i + 1}", port=i + 1, socket_port=0)
+                                            for i in range(3)], topics=[], controller_id=0, cluster_id="c"), [])
+    seen = []
+    for _ in range(4):
+        seen.append(metadata.any_broker_address)
+        metadata.next_any_broker()
+    assert seen == ["h1:1", "h2:2", "h3:3", "h1:1"]
+    metadata.close()
 
 
 def test_backoff_grows_and_is_capped():

@@ -101,7 +101,7 @@ class FakeStub:
 
 
 class FakeMetadata:
-    bootstrap_address = "b:1"
+    any_broker_address = "b:1"
     bootstrap_addresses = ["b:1"]
 
     def __init__(self, counts: dict[str, int]):
@@ -119,7 +119,7 @@ class FakeMetadata:
         return self.counts.get(name)
 
     def coordinator_channel_address(self, host, port, timeout_s=None):
-        return self.bootstrap_address      # one broker behind the one bootstrap address
+        return self.any_broker_address     # one broker behind the one bootstrap address
 
 
 class Listener:
