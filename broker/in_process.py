@@ -68,7 +68,7 @@ class InProcessBrokerStub:
             raise AttributeError(f"{name} is not a unary Broker RPC callable in process")
         handler = getattr(self._servicer, name)
 
-        def call(request, timeout: float | None = None):
+        def call(request, timeout: float | None = None, metadata=None):   # (metadata: the call is the broker's own)
             # The caller may be serving a client's call on this thread (EndTxn writing the
             # coordinator's state): the handler runs as the broker, not as that client.
             return run_as_broker(handler, request, _InProcessContext())

@@ -44,6 +44,12 @@ finished producer opens nothing. As in Kafka, a request with transactional batch
 transactional_id, or with transactional batches of more than one producer, is refused as a
 whole.
 
+Internal topics (`__consumer_offsets`, `__transaction_state`) are the coordinators': their
+own appends do not come through here, and a client's Produce to them is refused
+(INVALID_TOPIC_EXCEPTION, nothing appended), as Kafka refuses it to every client but its
+admin client id (`eos.net.ADMIN_CLIENT_ID`). One stray keyed record there could stop the
+coordinator loading the partition.
+
 `WriteHandlers` is a part of `broker/service.BrokerServicer` (which inherits it): it uses
 the servicer's `_log_for`, `_registry`, `_log_manager`, `_replicas`, `_purgatory`,
 `_authorizer`, `_topic_denied`, `_denial`, `_verify_txn`, `_add_txn_partitions`, `_quotas`,
@@ -62,7 +68,10 @@ from broker.acl import Operation, ResourceType
 from broker.produce_streams import NOTHING_YET, ProduceStreamSession
 from broker.quotas import PRODUCER_BYTE_RATE
 from broker.request_gate import gated
+from broker.security import client_id_of_call
+from broker.topics import PROTECTED_INTERNAL_TOPICS
 from eos.errors import EosError, ErrorCode, error_code_and_message, error_for
+from eos.net import ADMIN_CLIENT_ID
 from eos.records.header import BatchHeader, iter_headers
 from eos.types import TopicPartition
 from eos.v1 import broker_pb2
@@ -94,6 +103,14 @@ def _produce_error(p: broker_pb2.PartitionRecords, code: int, message: str) -> b
     return broker_pb2.PartitionProduceResult(
         topic=p.topic, partition=p.partition, error_code=code, error_message=message,
         base_offset=-1, log_append_time_ms=-1, log_start_offset=-1)
+
+
+def _may_write_internal_topics(context) -> bool:
+    """Only the broker's own calls (in process: no call metadata) and its admin client id may
+    append to an internal topic (see the module doc)."""
+    if context is None or not hasattr(context, "invocation_metadata"):
+        return True
+    return client_id_of_call(context) == ADMIN_CLIENT_ID
 
 
 def _refuse_produce(request: broker_pb2.ProduceRequest, code: int, message: str) -> broker_pb2.ProduceResponse:
@@ -148,7 +165,7 @@ class WriteHandlers:
         the throttle its bytes earn (Kafka appends first and throttles after: see
         broker/client_quotas.py)."""
         if self._quotas is None:
-            return self._produce(request, waits)
+            return self._produce(request, waits, context)
         who, go_on = self._quotas.hold(PRODUCER_BYTE_RATE, context)
         if not go_on:      # not held (see ClientQuotas.hold): refused, nothing appended
             response = _refuse_produce(request, ErrorCode.THROTTLING_QUOTA_EXCEEDED,
@@ -156,7 +173,7 @@ class WriteHandlers:
             response.correlation_id = request.correlation_id
             response.throttle_time_ms = self._quotas.owed_ms(PRODUCER_BYTE_RATE, who)
             return response
-        response = self._produce(request, waits)
+        response = self._produce(request, waits, context)
         response.throttle_time_ms = self._quotas.charge(
             PRODUCER_BYTE_RATE, who, sum(len(p.records) for p in request.partitions))
         return response
@@ -217,13 +234,14 @@ class WriteHandlers:
             session.finish()
             self._streams.unregister(session)
 
-    def _produce(self, request: broker_pb2.ProduceRequest, waits: list | None = None) -> broker_pb2.ProduceResponse:
+    def _produce(self, request: broker_pb2.ProduceRequest, waits: list | None = None,
+                 context=None) -> broker_pb2.ProduceResponse:
         """One produce request, unary or from a stream: per-partition results, the
         request's correlation_id echoed. Never raises (a stream goes on after a bad request).
         With `waits` (a stream), acks=all partitions are appended but their wait for the
         in-sync replicas is left in `waits` for `_finish_replication`."""
         try:
-            response = self._produce_partitions(request, waits)
+            response = self._produce_partitions(request, waits, context)
         except Exception as exc:   # a bug below: this request fails, the broker goes on
             log.exception("Produce failed unexpectedly")
             response = _refuse_produce(request, ErrorCode.UNKNOWN_SERVER_ERROR,
@@ -245,7 +263,7 @@ class WriteHandlers:
                 self.add_leader_hints((result,))
 
     def _produce_partitions(self, request: broker_pb2.ProduceRequest,
-                            waits: list | None = None) -> broker_pb2.ProduceResponse:
+                            waits: list | None = None, context=None) -> broker_pb2.ProduceResponse:
         acks = request.acks
         if acks not in (0, 1, -1):
             return _refuse_produce(request, ErrorCode.INVALID_REQUIRED_ACKS,
@@ -257,6 +275,10 @@ class WriteHandlers:
                 denied = self._authorize_produce(request, headers)
             except _RequestRefused as refused:
                 return _refuse_produce(request, refused.code, str(refused))
+        for index, p in enumerate(request.partitions):
+            if p.topic in PROTECTED_INTERNAL_TOPICS and not _may_write_internal_topics(context):
+                denied[index] = (ErrorCode.INVALID_TOPIC_EXCEPTION,
+                                 f"Cannot append to internal topic {p.topic}: it belongs to the broker's coordinators")
         try:
             refusals = self._verify_transactional_writes(request, headers, skip=denied)
         except _RequestRefused as refused:

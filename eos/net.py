@@ -72,6 +72,12 @@ CLIENT_ID_METADATA_KEY = "client-id"
 THROTTLED_MARK = "[throttled]"
 
 
+# Kafka's AdminUtils.AdminClientId: the one client.id whose Produce may write the internal
+# topics (__consumer_offsets, __transaction_state), which belong to the coordinators; a
+# transaction coordinator running in a process of its own writes its log with it.
+ADMIN_CLIENT_ID = "__admin_client"
+
+
 def client_id_metadata(client_id: str) -> tuple:
     """The call metadata that names `client_id` (none for an empty one)."""
     return ((CLIENT_ID_METADATA_KEY, client_id),) if client_id else ()

@@ -45,7 +45,8 @@ from typing import Callable
 
 import grpc
 
-from eos.errors import EosError, ErrorCode, error_for, reaction_for, Reaction
+from eos.errors import CorruptRecordError, EosError, ErrorCode, error_for, reaction_for, Reaction
+from eos.net import ADMIN_CLIENT_ID, client_id_metadata
 from eos.records.codec import decode_records, encode_batch
 from eos.records.header import iter_headers
 from eos.types import TopicPartition
@@ -123,10 +124,11 @@ class BrokerLink:
     def append(self, topic: str, partition: int, records: bytes) -> int:
         if self._append_own is not None:
             return self._append_own(topic, partition, records)
+        # As the broker's own admin client: a client's Produce may not write internal topics.
         response = self._stub.Produce(broker_pb2.ProduceRequest(
             acks=-1, timeout_ms=RPC_TIMEOUT_S * 1000,
             partitions=[broker_pb2.PartitionRecords(topic=topic, partition=partition, records=records)]),
-            timeout=RPC_TIMEOUT_S)
+            timeout=RPC_TIMEOUT_S, metadata=client_id_metadata(ADMIN_CLIENT_ID))
         result = response.partitions[0]
         if result.error_code != ErrorCode.NONE:
             raise error_for(result.error_code, result.error_message)
@@ -303,10 +305,7 @@ class TransactionCoordinator:
         self._partitions = self._link.ensure_topic(STATE_TOPIC, self._partitions)
         loaded = 0
         for partition in range(self._partitions):
-            for key, value in self._link.read_all(STATE_TOPIC, partition):
-                transactional_id = txn_log.decode_key(key)
-                self._core.replay(txn_log.decode_value(transactional_id, value), transactional_id)
-                loaded += 1
+            loaded += self._replay(partition, self._link.read_all(STATE_TOPIC, partition))
         unfinished = self._core.unfinished_markers()
         for marker in unfinished:
             self._markers.put(marker)
@@ -338,9 +337,7 @@ class TransactionCoordinator:
         with self._lock:
             ids = {tid for tid in self._core.durable if txn_log.partition_for(tid, self._partitions) == partition}
             self._core.unload(ids)
-            for key, value in records:
-                transactional_id = txn_log.decode_key(key)
-                self._core.replay(txn_log.decode_value(transactional_id, value), transactional_id)
+            self._replay(partition, records)
             self._owned[partition] = coordinator_epoch
             self._loading.discard(partition)
             self._lock.notify_all()
@@ -350,6 +347,23 @@ class TransactionCoordinator:
             self._markers.put(marker)
         log.info("transaction coordinator took %s-%d at epoch %d: %d records, %d decided transactions to finish",
                  STATE_TOPIC, partition, coordinator_epoch, len(records), len(unfinished))
+
+    def _replay(self, partition: int, records) -> int:
+        """Replay (key, value) records of a `__transaction_state` partition into the core;
+        returns how many. One that cannot be read is skipped with an error, as the group
+        coordinator skips one in `__consumer_offsets`: refusing to load would stop every
+        transactional id of the partition for good (and only the broker writes there)."""
+        count = 0
+        for key, value in records:
+            try:
+                transactional_id = txn_log.decode_key(key)
+                metadata = txn_log.decode_value(transactional_id, value)
+            except CorruptRecordError as exc:
+                log.error("skipping an unreadable record of %s-%d: %s", STATE_TOPIC, partition, exc)
+                continue
+            self._core.replay(metadata, transactional_id)
+            count += 1
+        return count
 
     def unload_partition(self, partition: int) -> None:
         with self._lock:

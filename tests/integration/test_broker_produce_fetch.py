@@ -205,6 +205,29 @@ def test_bad_input_is_refused_and_changes_nothing(broker, kind):
     assert read_values(stub, "t", 0) == [b"before", b"after"]
 
 
+def test_a_clients_produce_to_an_internal_topic_is_refused(broker):
+    # Kafka refuses it to every client but its admin client id: one stray keyed record in
+    # __transaction_state made every later load of the partition fail (the broker's own
+    # coordinators write there without a Produce).
+    import eos
+    stub = broker.broker_stub()
+    producer = eos.Producer(bootstrap=broker.address, transactional_id="internal-check")
+    producer.init_transactions()          # __transaction_state exists, with records
+    end_before = [list_offset(stub, "__transaction_state", p, -1).offset for p in range(50)]
+    for topic in ("__transaction_state", "__consumer_offsets"):
+        result = produce(stub, topic, 0, encode_batch([b"junk"], keys=[b"junk key"]))
+        assert result.error_code == ErrorCode.INVALID_TOPIC_EXCEPTION, result.error_message
+        assert "internal topic" in result.error_message and result.base_offset == -1
+    assert [list_offset(stub, "__transaction_state", p, -1).offset for p in range(50)] == end_before
+    create_topic(stub, "after")
+    producer.begin_transaction()          # the coordinator still answers
+    producer.send("after", value=b"committed")
+    producer.commit_transaction()
+    producer.close()
+    # the record and its COMMIT marker, written by the coordinator
+    assert list_offset(stub, "after", 0, -1, common_pb2.READ_COMMITTED).offset == 2
+
+
 def test_unknown_topic_partition_and_bad_acks(inprocess_broker):
     stub = inprocess_broker.broker_stub()
     create_topic(stub, "t", 2)

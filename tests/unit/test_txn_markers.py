@@ -221,3 +221,19 @@ def test_past_the_cap_of_parked_requests_the_answer_is_concurrent_transactions_a
     assert not parked, "the request was parked although no more may be"
     assert [a.error for a in answers] == [ErrorCode.CONCURRENT_TRANSACTIONS]
     assert coordinator._concurrent_waiters == 0
+
+
+def test_an_unreadable_record_in_the_log_is_skipped_and_the_rest_loads(make_coordinator):
+    # Before, one keyed record the log could not decode (a client's Produce to
+    # __transaction_state, refused now) made every load attempt fail: no transactional id of
+    # the partition could ever be initialised again.
+    link = FakeLink()
+    first = make_coordinator(link)
+    assert first.init_producer_id("kept", 60_000).ok
+    partition = next(p for p, records in link.state_log.items() if records)
+    link.state_log[partition].insert(0, (b"\xde\xad\xbe\xef junk key", b"junk value"))
+    first.stop()
+
+    restarted = make_coordinator(link)
+    assert restarted.describe("kept") is not None
+    assert restarted.init_producer_id("kept", 60_000).ok
