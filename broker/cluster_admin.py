@@ -108,6 +108,10 @@ class ClusterTopicAdmin:
                         f"topic {new_topic.name!r} appears {counts[new_topic.name]} times in one request")
                 with self._lock:
                     if new_topic.name in self._store.topics():
+                        if new_topic.name in self._store.topics_to_delete():
+                            # Kafka's words: a broker holding a replica is down, and the old
+                            # copy must be deleted before a new topic may take the name
+                            raise TopicAlreadyExistsError(f"Topic {new_topic.name!r} is marked for deletion.")
                         raise TopicAlreadyExistsError(f"topic {new_topic.name!r} already exists")
                     assignment, overrides = self.plan_topic(new_topic)
                     if not request.validate_only:

@@ -61,6 +61,10 @@ _OFFSET_SPECS = {"earliest": -2, "latest": -1, "max_timestamp": -3}
 # topic) then asks Metadata once, not twice. A leader that moved meanwhile answers
 # NOT_LEADER_OR_FOLLOWER, and the call is asked again after a refresh.
 LEADERS_REUSE_MS = 1000
+# CreateTopics and DeleteTopics wait at the broker up to their timeout_ms for the change to
+# reach the cluster; the call itself is given this much longer, so the broker's answer (a
+# REQUEST_TIMED_OUT naming what is still pending) arrives rather than the client's deadline.
+TOPIC_WAIT_MARGIN_MS = 5_000
 # KIP-430: the value of cluster_authorized_operations when the broker was not asked (or is
 # too old to know the field, in which case it answers 0: nothing allowed, the safe reading).
 _AUTHORIZED_OPERATIONS_OMITTED = -2**31
@@ -162,7 +166,7 @@ class Admin(TransactionAdmin):
             return
         timeout = timeout_ms if timeout_ms is not None else self._api_timeout_ms
         response = self._call("CreateTopics", lambda s: s.CreateTopics, broker_pb2.CreateTopicsRequest(
-            topics=new_topics, timeout_ms=timeout, validate_only=validate_only), timeout_ms)
+            topics=new_topics, timeout_ms=timeout, validate_only=validate_only), timeout + TOPIC_WAIT_MARGIN_MS)
         self._raise_topic_errors(response.topics, "cannot create topic")
         for topic in new_topics:
             self._metadata.mark_stale(topic.name)
@@ -176,7 +180,7 @@ class Admin(TransactionAdmin):
             return
         timeout = timeout_ms if timeout_ms is not None else self._api_timeout_ms
         response = self._call("DeleteTopics", lambda s: s.DeleteTopics, broker_pb2.DeleteTopicsRequest(
-            names=names, timeout_ms=timeout), timeout_ms)
+            names=names, timeout_ms=timeout), timeout + TOPIC_WAIT_MARGIN_MS)
         self._raise_topic_errors(response.topics, "cannot delete topic")
 
     def create_partitions(self, name: str, total: int, *, validate_only: bool = False) -> None:

@@ -24,6 +24,13 @@ on its version (a leader changed the ISR meanwhile) makes the core ask for the s
     effects = core.states_written({("t", 0): 8})
     # -> [SendLeaderAndIsr(1, ...), SendLeaderAndIsr(2, ...), SendUpdateMetadata((1, 2), ...)]
 
+Topic deletion (Kafka's TopicDeletionManager): a topic with a replica on a broker that is
+down stays marked for deletion (`deletions_waiting`, its /admin/delete_topics mark and its
+znodes kept) until every such broker is back; then every replica gets StopReplica with
+delete. Deleting it at once left the down broker's copy on its disk: back, it served the
+old records again inside a new topic of the same name (the epochs of both start at 0), so
+acknowledged records of the new one were lost and the replicas differed for good.
+
 Every leader change and every ISR change the controller makes bumps the leader epoch (as
 Kafka's controller does), and each state carries the controller's epoch. The election rules
 are `election.py`; the legal partition and replica state transitions are tables in
@@ -146,6 +153,8 @@ class ControllerCore:
         self.topics: dict[str, TopicModel] = {}
         self.states: dict[TP, tuple[LeaderIsr, int]] = {}
         self.shutting_down: set[int] = set()
+        # topic -> the brokers down that hold a replica of it: its deletion waits for them
+        self.deletions_waiting: dict[str, tuple[int, ...]] = {}
         self.reassignments: dict[TP, _Reassignment] = {}
         self.partition_states = PartitionStates()
         self.replica_states = ReplicaStates()
@@ -278,6 +287,9 @@ class ControllerCore:
                       and any(r in joined for r in self.replicas_of(tp))]
             effects.extend(self._leader_and_isr(hosted, to=joined))
         effects.extend(self._plan(list(self._pending)))
+        ready = {name for name, down in self.deletions_waiting.items() if all(b in self.live for b in down)}
+        if ready:
+            effects.extend(self.delete_topics(ready))
         return effects
 
     def topics_changed(self, topics: Mapping[str, TopicModel]) -> list:
@@ -406,10 +418,17 @@ class ControllerCore:
         effects: list = []
         deleted = []
         for name in sorted(topics):
-            model = self.topics.pop(name, None)
+            model = self.topics.get(name)
             if model is None:
+                self.deletions_waiting.pop(name, None)
                 effects.append(DeleteTopicZnodes(name))    # a mark left for a topic already gone
                 continue
+            down = tuple(sorted({r for replicas in model.assignment.values() for r in replicas} - set(self.live)))
+            if down:
+                self.deletions_waiting[name] = down        # see the module doc; brokers_changed resumes it
+                continue
+            self.deletions_waiting.pop(name, None)
+            del self.topics[name]
             by_broker: dict[int, list[TP]] = {}
             for partition, replicas in model.assignment.items():
                 tp = (name, partition)

@@ -318,6 +318,9 @@ class Controller:
         names = self._store.topics_to_delete(watch=lambda *_: self._put("delete_topics"))
         if names:
             self._execute(self._core.delete_topics(set(names)))
+        for name, down in sorted(self._core.deletions_waiting.items()):
+            log.warning("the deletion of topic %s waits for broker(s) %s, down, which hold a replica of it",
+                        name, ", ".join(map(str, down)))
 
     def _on_preferred_znode(self, _payload) -> None:
         tps = self._store.preferred_election_request(watch=lambda *_: self._put("preferred_znode"))

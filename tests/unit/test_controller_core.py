@@ -208,3 +208,22 @@ def test_topic_deletion_stops_and_deletes_replicas():
     assert sorted(e.broker_id for e in seen if isinstance(e, SendStopReplica) and e.delete) == [0, 1, 2]
     assert any(isinstance(e, DeleteTopicZnodes) and e.topic == "t" for e in seen)
     assert core.partitions() == []
+
+
+def test_a_topic_with_a_replica_on_a_broker_that_is_down_is_deleted_only_once_it_is_back():
+    # Deleted at once, the down broker kept its copy and served it again, back, inside a new
+    # topic of the same name (Kafka's TopicDeletionManager waits, as here).
+    core, zk, _ = started()
+    zk.run(core, core.brokers_changed(live(0, 1), now_ms=1))          # broker 2 dies
+    seen = zk.run(core, core.delete_topics({"t"}))
+    assert seen == [] and core.deletions_waiting == {"t": (2,)}
+    assert core.partitions() == [T0]                                  # still there, still served
+
+    seen = zk.run(core, core.brokers_changed(live(0, 1, 2), now_ms=2))   # broker 2 is back
+    stopped = sorted(e.broker_id for e in seen if isinstance(e, SendStopReplica) and e.delete)
+    assert stopped == [0, 1, 2]
+    # broker 2 first learns its roles in the partition it hosts, then is told to delete it
+    to_two = [e for e in seen if getattr(e, "broker_id", None) == 2]
+    assert isinstance(to_two[0], SendLeaderAndIsr) and isinstance(to_two[-1], SendStopReplica)
+    assert any(isinstance(e, DeleteTopicZnodes) and e.topic == "t" for e in seen)
+    assert core.partitions() == [] and core.deletions_waiting == {}
