@@ -47,8 +47,8 @@ from eos.v1 import broker_pb2, cluster_pb2, cluster_pb2_grpc, group_pb2, group_p
 ADMIN_CONFIG: dict[str, net.ConfigSpec] = {
     "bootstrap.servers": net.ConfigSpec(None, net.as_optional_str),
     "client.id": net.ConfigSpec("", net.as_str),
-    "request.timeout.ms": net.ConfigSpec(30000, net.as_int(1)),
-    "default.api.timeout.ms": net.ConfigSpec(60000, net.as_int(1)),
+    "request.timeout.ms": net.ConfigSpec(30000, net.as_int32(1)),
+    "default.api.timeout.ms": net.ConfigSpec(60000, net.as_int32(1)),
     "retry.backoff.ms": net.ConfigSpec(100, net.as_int(0)),
     "retry.backoff.max.ms": net.ConfigSpec(1000, net.as_int(0)),
     **net.CLIENT_SECURITY_CONFIG,

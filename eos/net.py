@@ -869,7 +869,12 @@ def as_bool(name: str, value) -> bool:
     raise ValueError(f"{name} must be true or false, got {value!r}")
 
 
-def as_int(minimum: int):
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+
+
+def as_int(minimum: int, maximum: int = INT64_MAX):
+    """A LONG setting of Kafka's (at least `minimum`); `as_int32` for an INT one."""
     def convert(name: str, value) -> int:
         if isinstance(value, bool):
             raise ValueError(f"{name} must be an integer, got {value!r}")
@@ -881,8 +886,17 @@ def as_int(minimum: int):
             raise ValueError(f"{name} must be an integer, got {value!r}")
         if number < minimum:
             raise ValueError(f"{name} must be at least {minimum}, got {number}")
+        if number > maximum:
+            # Kafka's INT settings are 32-bit (a ConfigException at construction); the value
+            # travels in 32-bit protocol fields, which would refuse it only at the first request
+            raise ValueError(f"{name} must be at most {maximum}, got {number}")
         return number
     return convert
+
+
+def as_int32(minimum: int):
+    """An INT setting of Kafka's: at least `minimum`, at most 2^31 - 1."""
+    return as_int(minimum, INT32_MAX)
 
 
 def as_str(name: str, value) -> str:

@@ -91,6 +91,24 @@ def test_bad_values_name_the_setting(kwargs):
         resolve_producer_config(None, kwargs)
 
 
+@pytest.mark.parametrize("kwargs", [{"transaction_timeout_ms": 2**31}, {"request_timeout_ms": 2**40},
+                                    {"batch_size": 2**40}, {"delivery_timeout_ms": 10**10}])
+def test_kafkas_int_settings_are_32_bit_and_refused_at_construction(kwargs):
+    # Before, the value was taken and failed only at the first request, in a 32-bit protocol
+    # field: the sender thread died and the next send() said the producer was closed.
+    name = next(iter(kwargs)).replace("_", ".")
+    with pytest.raises(ValueError, match=name.replace(".", r"\.") + " must be at most 2147483647"):
+        resolve_producer_config(None, kwargs)
+    assert resolve_producer_config(None, {"max_block_ms": 2**40})["max.block.ms"] == 2**40   # a LONG in Kafka
+
+
+@pytest.mark.parametrize("name", ["session_timeout_ms", "max_poll_interval_ms", "fetch_max_wait_ms",
+                                  "fetch_max_bytes"])
+def test_the_consumers_int_settings_are_32_bit(name):
+    with pytest.raises(ValueError, match="must be at most 2147483647"):
+        net.resolve_config("consumer", CONSUMER_CONFIG, None, {name: 2**40})
+
+
 def test_consumer_config_checks():
     values, explicit = net.resolve_config("consumer", CONSUMER_CONFIG, {"isolation.level": "read_committed"},
                                           {"auto_offset_reset": "earliest"})
