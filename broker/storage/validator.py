@@ -9,7 +9,8 @@ doc). This module is the pure part of prepare, and the stamping that follows it:
   partition and its topic's config, and summarises them (`PreparedBatches`): sizes against
   max.message.bytes and segment.bytes, record counts against lastOffsetDelta, every CRC,
   a control batch only from a coordinator and only as a transaction marker, a key on every
-  record of a compacted topic, one batch per request for an idempotent or transactional
+  record of a compacted topic, every record of a client's batch whole (its length prefix;
+  the compressed ones decompressed to see it), one batch per request for an idempotent or transactional
   producer, no v0/v1 message set from a client. A follower's append (`AppendOrigin.
   REPLICATION`) copies what its leader checked, so it is held only to the batches' own
   integrity. Any failure raises before anything is copied or written.
@@ -47,7 +48,7 @@ from eos.records.header import (
     write_base_offset,
 )
 from eos.records.legacy import refuse_legacy_produce
-from eos.records.raw import first_keyless_record
+from eos.records.raw import check_record_framing, first_keyless_record
 
 _LEADER_EPOCH_STRUCT = struct.Struct(">i")   # partitionLeaderEpoch at byte 12, outside the CRC
 _CRC_STRUCT = struct.Struct(">I")            # crc at byte 17
@@ -119,6 +120,10 @@ def prepare_batches(records, origin: AppendOrigin, config: TopicConfig, name: st
             marker = _check_marker_batch(view, header, origin, _where(name, len(headers), header))
         elif config.compact and not replicating:
             _check_keys(view, header, _where(name, len(headers), header), topic, config.cleanup_policy)
+        elif origin is AppendOrigin.CLIENT:
+            # (the key check above walks the records too; a follower's and a coordinator's
+            # batches were checked, or written, by a broker)
+            _check_framing(view, header, _where(name, len(headers), header))
         if header.producer_id != NO_PRODUCER_ID:
             if not header.is_control:
                 producer_header = header
@@ -160,6 +165,16 @@ def _check_keys(view, header: BatchHeader, where: str, topic: str, cleanup_polic
             f"{where}: record at offset delta {keyless - header.base_offset} has no key; "
             f"{topic} is a compacted topic (cleanup.policy={cleanup_policy}) and every "
             f"record in it needs a key")
+
+
+def _check_framing(view, header: BatchHeader, where: str) -> None:
+    """Every record of a client's batch is whole (eos.records.raw.check_record_framing): a
+    batch whose body cannot be read is refused here, CORRUPT_MESSAGE, rather than stored
+    where it would stop every consumer of the partition."""
+    try:
+        check_record_framing(view, header)
+    except CorruptRecordError as e:
+        raise CorruptRecordError(f"{where}: {e}") from None
 
 
 def _check_tiling(parsed: Sequence[BatchHeader], size_bytes: int, name: str) -> None:

@@ -124,6 +124,44 @@ def raw_records(data: bytes, start: int, end: int, header: BatchHeader) -> list[
     return records
 
 
+def check_record_framing(buf, header: BatchHeader) -> None:
+    """`header`'s batch in `buf` holds exactly recordsCount whole records in its records
+    section (decompressed first: a codec that cannot read it fails here), each as long as its
+    length prefix says; CorruptRecordError otherwise. Kafka's LogValidator parses every record
+    of a client's batch and refuses one it cannot read; this reads each record's length
+    prefix only -- one short step a record, on the append path -- so a batch whose body is
+    not records (a wrong codec flag, garbage under a good CRC) never reaches the log, where
+    it would stop every consumer of the partition. A record's inner fields are read by the
+    consumers, not here."""
+    data, start, end = _records_section(buf, header)
+    count = header.records_count
+    zigzag1 = ZIGZAG_DECODE_1
+    position = start
+    index = -1
+    try:
+        for index in range(count):
+            byte = data[position]
+            if byte < 0x80:
+                length = zigzag1[byte]
+                position += 1
+            elif data[position + 1] < 0x80:          # records of 64 B to 8 KiB: two bytes
+                raw = (byte & 0x7F) | (data[position + 1] << 7)
+                length = (raw >> 1) ^ -(raw & 1)
+                position += 2
+            else:
+                length, position = decode_varint(data, position)
+            position += length
+            if length <= 0 or position > end:
+                raise CorruptRecordError(f"batch at byte {header.position}: record {index} of {count} has length "
+                                         f"{length}, which the records section cannot hold")
+    except IndexError:
+        raise CorruptRecordError(f"batch at byte {header.position}: the records section ends inside record "
+                                 f"{index} of {count}") from None
+    if position != end:
+        raise CorruptRecordError(f"batch at byte {header.position}: {end - position} byte(s) after its {count} "
+                                 f"record(s)")
+
+
 def rebuild_batch(batch: bytes, header: BatchHeader, data, kept: list[RawRecord]) -> bytes:
     """The batch `batch` (its bytes alone, header at 0) with only the records `kept`
     (taken from `data`, the section `records_section` returned for it), recompressed with

@@ -216,11 +216,11 @@ def test_broker_stop_answers_the_request_in_flight_then_ends_the_streams(inproce
     entered, release = threading.Event(), threading.Event()
     real_produce_partitions = servicer._produce_partitions
 
-    def held_produce_partitions(produce_request, waits=None):
+    def held_produce_partitions(produce_request, waits=None, context=None):
         if produce_request.correlation_id == 100:
             entered.set()
             release.wait(WAIT_S)
-        return real_produce_partitions(produce_request, waits)
+        return real_produce_partitions(produce_request, waits, context)
 
     servicer._produce_partitions = held_produce_partitions
 
