@@ -454,7 +454,11 @@ class ReadHandlers:
                     replicas.on_replica_fetch(request.replica_id, fp.topic, fp.partition, fp.fetch_offset,
                                               current_epoch, partition_log)
                 allowed = replicas.replica_fetch_allowance(request.replica_id, fp.topic, fp.partition, budget_bytes)
-                return self._read_for_follower(fp, partition_log, allowed, min_one_batch and allowed > 0)
+                result = self._read_for_follower(fp, partition_log, allowed, min_one_batch and allowed > 0)
+                if len(result.records) > allowed:     # a whole first batch past a throttle's grant
+                    replicas.charge_replica_fetch(request.replica_id, fp.topic, fp.partition,
+                                                  len(result.records) - allowed)
+                return result
             partition_max_bytes = (fp.partition_max_bytes if fp.partition_max_bytes > 0
                                    else PARTITION_FETCH_MAX_BYTES_DEFAULT)
             # One snapshot bounds the read and gives the offsets answered: the log stops at

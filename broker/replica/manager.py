@@ -457,6 +457,13 @@ class ReplicaManager:
         if update.expand_isr is not None:
             self._write_isr((topic, partition), leader, update.expand_isr)
 
+    def charge_replica_fetch(self, replica_id: int, topic: str, partition: int, sent_beyond_bytes: int) -> None:
+        """A throttled follower's fetch carried `sent_beyond_bytes` more than its allowance
+        (its first whole batch): the throttle charges them (see ThrottleBucket)."""
+        leader = self._leaders.get((topic, partition))
+        if leader is not None and leader.throttle is not None and replica_id in leader.assignment.adding:
+            leader.throttle.charge(sent_beyond_bytes)
+
     def replica_fetch_allowance(self, replica_id: int, topic: str, partition: int, max_bytes: int) -> int:
         """How many bytes a follower's fetch may carry: `max_bytes`, unless the follower is
         being added by a throttled reassignment (then what the throttle allows now, maybe 0)."""
@@ -570,7 +577,10 @@ class ReplicaManager:
 
 
 class ThrottleBucket:
-    """A token bucket of bytes: `rate_bytes_per_s` refill, at most one second's worth saved."""
+    """A token bucket of bytes: `rate_bytes_per_s` refill, at most one second's worth saved.
+    What was sent beyond the grant (a fetch always carries its first whole batch) is charged
+    as a debt that later grants wait out, so the rate holds on average, as Kafka's
+    replication quota records the bytes actually sent."""
 
     def __init__(self, rate_bytes_per_s: int):
         self.rate_bytes_per_s = rate_bytes_per_s
@@ -584,9 +594,15 @@ class ThrottleBucket:
                 self._tokens = min(float(self.rate_bytes_per_s),
                                    self._tokens + (now_s - self._last_s) * self.rate_bytes_per_s)
             self._last_s = now_s
-            granted = int(min(wanted_bytes, self._tokens))
+            granted = int(min(wanted_bytes, max(0.0, self._tokens)))
             self._tokens -= granted
             return granted
+
+    def charge(self, sent_beyond_grant_bytes: int) -> None:
+        """Bytes sent beyond what `take` granted: owed before the next grant."""
+        if sent_beyond_grant_bytes > 0:
+            with self._lock:
+                self._tokens -= sent_beyond_grant_bytes
 
 
 def _check_epoch(assignment: PartitionAssignment, current_leader_epoch: int | None) -> None:

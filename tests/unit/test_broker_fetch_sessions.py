@@ -38,6 +38,9 @@ class FakeReplicas:
     def replica_fetch_allowance(self, replica_id, topic, partition, max_bytes):
         return max_bytes
 
+    def charge_replica_fetch(self, replica_id, topic, partition, sent_beyond_bytes):
+        pass                      # no throttle here
+
 
 @pytest.fixture
 def leader(tmp_path):

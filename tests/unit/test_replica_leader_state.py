@@ -80,3 +80,16 @@ def test_throttle_bucket_gives_at_most_its_rate():
     assert bucket.take(5000, now_s=0.5) == 500
     assert bucket.take(100, now_s=10.0) == 100
     assert bucket.take(5000, now_s=10.0) == 900
+
+
+def test_throttle_bucket_charges_what_was_sent_beyond_the_grant():
+    # A throttled follower's fetch carries its first whole batch even when only a few bytes
+    # were granted; before, only the grant was taken, and a 1,000 B/s throttle let a
+    # reassignment copy at about 190 KB/s (found by an exploratory run).
+    bucket = ThrottleBucket(1000)
+    granted = bucket.take(5000, now_s=0.0)
+    assert granted == 1000
+    bucket.charge(16_384 - granted)                      # a 16 KiB batch went out
+    assert bucket.take(5000, now_s=1.0) == 0             # still owing 14,384 B
+    assert bucket.take(5000, now_s=15.0) == 0
+    assert bucket.take(5000, now_s=16.0) > 0             # 16 s for 16 KiB: the rate held
