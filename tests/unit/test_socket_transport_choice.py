@@ -103,3 +103,54 @@ def test_a_bootstrap_address_that_is_not_the_brokers_own_keeps_every_call():
     finally:
         proxied.close()
         local_name.close()
+
+
+def test_a_port_that_takes_a_connection_and_closes_it_unanswered_counts_as_a_refusal():
+    # A broker at its socket connections_max accepts and closes at once. Before, the client
+    # took that for a passing failure and kept to the port: with the cap held by idle
+    # connections, nothing could be produced, though the gRPC port served (found by an
+    # exploratory run). Now it goes back to gRPC, as after a refused connection.
+    import socket
+    import threading
+
+    from eos.socket_rpc import SocketRpcError
+    from eos.v1 import broker_pb2_grpc
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    stopping = threading.Event()
+
+    def accept_and_close():
+        server.settimeout(0.2)
+        while not stopping.is_set():
+            try:
+                connection, _ = server.accept()
+            except OSError:
+                continue
+            connection.close()
+    thread = threading.Thread(target=accept_and_close, daemon=True)
+    thread.start()
+    refusals = []
+    channel = SocketChannel("127.0.0.1", port, on_unreachable=lambda: refusals.append(1))
+    try:
+        stub = broker_pb2_grpc.BrokerStub(channel)
+        try:
+            stub.Metadata(broker_pb2.MetadataRequest(), timeout=5)
+        except SocketRpcError as exc:
+            assert exc.code() is grpc.StatusCode.UNAVAILABLE
+        else:
+            raise AssertionError("a closed connection answered")
+        assert refusals == [1]
+        stream = stub.ProduceStream.open()
+        try:
+            next(stream)
+        except SocketRpcError as exc:
+            assert exc.code() is grpc.StatusCode.UNAVAILABLE
+        else:
+            raise AssertionError("a closed stream answered")
+        assert refusals == [1, 1]
+    finally:
+        stopping.set()
+        thread.join(5)
+        server.close()
+        channel.close()
