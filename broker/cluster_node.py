@@ -399,7 +399,7 @@ class ClusterNode:
         self.replicas.in_controlled_shutdown = True
         attempts = self.config.controlled_shutdown_max_retries + 1
         for attempt in range(1, attempts + 1):
-            controller_id = self.store.controller_id()
+            controller_id = self._controller_for_shutdown(attempt)
             address = None if controller_id is None else self._address_of(controller_id)
             if address is not None:
                 channel = open_channel(address, self.security)
@@ -422,6 +422,21 @@ class ClusterNode:
                 time.sleep(self.config.controlled_shutdown_retry_backoff_ms / 1000.0)
         log.warning("controlled shutdown did not finish; stopping anyway (leaders move after the session ends)")
         return False
+
+    def _controller_for_shutdown(self, attempt: int) -> int | None:
+        """The controller's id for a controlled-shutdown attempt, None when ZooKeeper cannot
+        say: with ZooKeeper gone, kazoo would queue the read until it came back (the broker
+        hung on SIGTERM) or fail it with ConnectionLoss (the stop ended in a traceback).
+        The attempt is then skipped; after the last one the broker stops without it, as
+        Kafka does after controlled.shutdown.max.retries."""
+        if not self.store.client.connected:
+            log.info("controlled shutdown attempt %d: ZooKeeper is not connected", attempt)
+            return None
+        try:
+            return self.store.controller_id()
+        except Exception as exc:     # kazoo's ConnectionLoss, SessionExpiredError, ...
+            log.info("controlled shutdown attempt %d: ZooKeeper did not answer: %r", attempt, exc)
+            return None
 
     def leave(self) -> None:
         self._stopping.set()

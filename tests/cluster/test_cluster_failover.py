@@ -506,6 +506,23 @@ def test_zookeeper_restart_brokers_reregister_and_serve(zookeeper, tmp_path):
         c.stop()
 
 
+def test_sigterm_with_zookeeper_gone_gives_up_the_controlled_shutdown_and_stops(cluster, zookeeper):
+    # Found by an exploratory run: asking ZooKeeper for the controller hung the broker for
+    # good (kazoo queues the read until ZooKeeper is back) or ended it with ConnectionLoss.
+    # As Kafka after controlled.shutdown.max.retries, it now stops without it. (The fixture
+    # starts ZooKeeper again for the next test.)
+    victim = sorted(cluster.processes)[0]
+    zookeeper.stop()
+    try:
+        assert cluster.terminate(victim, timeout_s=45) == 0
+    finally:
+        zookeeper.start()            # the others stop in the teardown, faster with it
+        zookeeper.wait_ready()
+    log_text = cluster.processes[victim].log_path.read_text(errors="replace")
+    assert "controlled shutdown did not finish" in log_text
+    assert "Traceback" not in log_text
+
+
 def test_the_brokers_metrics_show_isr_changes_elections_and_the_controller(cluster_factory):
     """Each broker's /metrics (read with prometheus_client's parser) through a follower's
     death and return, then its leader's death."""
