@@ -15,11 +15,9 @@ addresses' stubs it must build again.
   there too, but only when that address is the broker's own (`same_endpoint`): a bootstrap
   address that is a proxy or tunnel in front of the broker keeps every call, since the
   socket would go around it.
-- A port that refuses a connection -- or takes one and closes it before answering anything,
-  as a broker at its socket connections_max does (eos/socket_rpc.py, `SocketChannel.refused`)
-  -- sends that address back to gRPC for SOCKET_RETRY_MS, until the first Metadata answer
-  after that (the broker may be down, or its port not reachable from here while its gRPC
-  port is).
+- A port that refuses a connection sends that address back to gRPC for SOCKET_RETRY_MS,
+  until the first Metadata answer after that (the broker may be down, or its port not
+  reachable from here while its gRPC port is).
 - When a broker's port changes (a restart on a free port), its old channel is closed.
 """
 from __future__ import annotations

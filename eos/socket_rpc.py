@@ -90,10 +90,6 @@ class ConnectionClosed(Exception):
     """The peer closed the connection (end of file where a frame should begin or go on)."""
 
 
-# What a peer that closed (or reset) the connection makes a call fail with.
-_CLOSED_BY_PEER = (ConnectionClosed, ConnectionResetError, BrokenPipeError)
-
-
 class FrameTooLarge(Exception):
     """A frame larger than the reader's limit; its body is still unread."""
 
@@ -417,15 +413,9 @@ class SocketChannel:
         try:
             return _Connection(self.address, min(timeout_s or CONNECT_TIMEOUT_S, CONNECT_TIMEOUT_S))
         except SocketRpcError:
-            self.refused()
+            if self._on_unreachable is not None:
+                self._on_unreachable()
             raise
-
-    def refused(self) -> None:
-        """The port refused a connection -- or took one and closed it before answering
-        anything, as a broker at socket connections_max does: the client goes back to gRPC
-        for a while (eos/socket_routes.py) instead of trying this port again at once."""
-        if self._on_unreachable is not None:
-            self._on_unreachable()
 
     def _take(self, timeout_s: float | None) -> tuple[_Connection, bool]:
         """A connection for one call, and whether it was idle in the pool (used before)."""
@@ -477,8 +467,6 @@ class SocketChannel:
             cancelled = on_connection is not None and not on_connection(None)
             if reused and not cancelled and not isinstance(exc, socket.timeout):
                 self._drop_idle()
-            if not reused and not cancelled and isinstance(exc, _CLOSED_BY_PEER):
-                self.refused()      # a new connection closed unanswered: see refused()
             raise _failure(exc, f"{self._where} ({method})") from None
         finally:
             if reusable and (on_connection is None or on_connection(None)):
@@ -767,7 +755,6 @@ class SocketStreamCall:
         self._cancelled = False
         self._ended: SocketRpcError | None = None    # the outcome, once the stream is over
         self._connection: _Connection | None = None
-        self._answered = False        # a frame came back: the port took the stream
         self._inbox = bytearray()     # receive_ready(): bytes of a frame still arriving
         try:
             self._connection = channel.connect(send_timeout_s)
@@ -883,14 +870,11 @@ class SocketStreamCall:
     def _broken(self, exc: BaseException) -> SocketRpcError:
         if self._cancelled:
             return _cancelled()
-        if not self._answered and isinstance(exc, _CLOSED_BY_PEER):
-            self._channel.refused()     # closed before a single answer: see SocketChannel.refused
         return _failure(exc, self._where)
 
     def _outcome_of(self, kind: int, body: bytes):
         """A MESSAGE's message, or the SocketRpcError that a STATUS (or a stray frame) ends
         the stream with."""
-        self._answered = True
         if kind == MESSAGE:
             return self._deserialize(body)
         if kind == STATUS:
