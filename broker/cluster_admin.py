@@ -50,6 +50,10 @@ WAIT_POLL_S = 0.05
 def _describe(exc: BaseException) -> tuple[int, str]:
     if isinstance(exc, EosError):
         return int(exc.code), str(exc)
+    if type(exc).__module__.startswith("kazoo"):
+        # ZooKeeper away for a moment (ConnectionLoss, SessionExpiredError while the session
+        # is renewed): nothing was decided, and the client may ask again
+        return int(ErrorCode.REQUEST_TIMED_OUT), f"ZooKeeper did not complete the change ({type(exc).__name__}); retry"
     log.exception("topic administration failed unexpectedly", exc_info=exc)
     return int(ErrorCode.UNKNOWN_SERVER_ERROR), f"{type(exc).__name__}: {exc}"
 

@@ -114,11 +114,11 @@ HEARTBEAT_IDLE_WAIT_S = 1.0             # the heartbeat thread looks at the stat
 REBALANCE_STEPS_MAX = 8                 # state changes one poll() makes at most before returning
 
 _COORDINATOR_MOVED = {ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE}
-# A coordinator call that failed on the way (the connection broke or could not be made, or
-# the call timed out): Kafka's clients mark the coordinator unknown on such a disconnect and
-# look it up again at once, rather than asking a dead broker until session.timeout.ms.
-# (Kafka reads REQUEST_TIMED_OUT in an OffsetCommit answer the same way.)
-_COORDINATOR_UNREACHABLE = {ErrorCode.NETWORK_EXCEPTION, ErrorCode.REQUEST_TIMED_OUT}
+# A coordinator call that failed on the way (the connection broke or could not be made):
+# Kafka's clients mark the coordinator unknown on such a disconnect and look it up again at
+# once, rather than asking a dead broker until session.timeout.ms. (A call that only timed
+# out is retried at the same coordinator: a loaded broker is not a lost one.)
+_COORDINATOR_UNREACHABLE = {ErrorCode.NETWORK_EXCEPTION}
 _COORDINATOR_LOST = _COORDINATOR_MOVED | _COORDINATOR_UNREACHABLE
 _SPECIAL_ASSIGNOR_NAMES = {"rangeassignor": "range", "roundrobinassignor": "roundrobin",
                            "stickyassignor": "sticky", "cooperativestickyassignor": "cooperative-sticky"}

@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 import eos
-from eos.errors import EosError, ErrorCode
+from eos.errors import EosError, ErrorCode, TopicAlreadyExistsError
 from eos.local_cluster import LocalCluster
 from eos.net import open_channel
 from eos.records.codec import encode_batch
@@ -420,7 +420,7 @@ def test_a_topic_deleted_while_a_replica_is_down_is_deleted_there_too_before_the
     # back, it served the old records inside a new topic of the same name (acknowledged
     # records of the new topic lost, the replicas different for good). As in Kafka, the
     # deletion now waits for the broker, and the name is not free meanwhile.
-    from eos.errors import RequestTimedOutError, TopicAlreadyExistsError
+    from eos.errors import RequestTimedOutError
     admin = eos.Admin(bootstrap=cluster.bootstrap)
     admin.create_topic("ghost", partitions=1, replication_factor=3)
     wait_for(lambda: len(describe(admin, "ghost")[0]["isr"]) == 3, "the full ISR")
@@ -491,7 +491,18 @@ def test_zookeeper_restart_brokers_reregister_and_serve(zookeeper, tmp_path):
         zookeeper.start()
         zookeeper.wait_ready()
         c.wait_ready(timeout_s=60)
-        admin.create_topic("after", partitions=3, replication_factor=3)
+
+        def created():
+            try:    # a broker whose session the restart expired answers REQUEST_TIMED_OUT once
+                admin.create_topic("after", partitions=3, replication_factor=3)
+            except TopicAlreadyExistsError:
+                return True     # written before the answer was lost
+            except EosError as exc:
+                if not exc.retriable:
+                    raise
+                return False
+            return True
+        wait_for(created, "the topic created after the restart", 60)
         wait_for(lambda: all(p["leader"] >= 0 and len(p["isr"]) == 3 for p in describe(admin, "after")),
                  "the new topic online with full ISRs", timeout_s=60)
         producer = eos.Producer(bootstrap=c.bootstrap, enable_idempotence=True, acks="all")
@@ -511,14 +522,20 @@ def test_sigterm_with_zookeeper_gone_gives_up_the_controlled_shutdown_and_stops(
     # good (kazoo queues the read until ZooKeeper is back) or ended it with ConnectionLoss.
     # As Kafka after controlled.shutdown.max.retries, it now stops without it. (The fixture
     # starts ZooKeeper again for the next test.)
+    import signal
     victim = sorted(cluster.processes)[0]
+    process = cluster.processes[victim].process
+    log_path = cluster.processes[victim].log_path
     zookeeper.stop()
     try:
-        assert cluster.terminate(victim, timeout_s=45) == 0
+        process.send_signal(signal.SIGTERM)
+        wait_for(lambda: "controlled shutdown did not finish" in log_path.read_text(errors="replace"),
+                 "the controlled shutdown given up", 45)
     finally:
-        zookeeper.start()            # the others stop in the teardown, faster with it
+        zookeeper.start()            # the rest of the stop, and the others' in the teardown, need it
         zookeeper.wait_ready()
-    log_text = cluster.processes[victim].log_path.read_text(errors="replace")
+    assert process.wait(45) == 0
+    log_text = log_path.read_text(errors="replace")
     assert "controlled shutdown did not finish" in log_text
     assert "Traceback" not in log_text
 
