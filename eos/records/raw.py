@@ -116,12 +116,19 @@ def raw_records(data: bytes, start: int, end: int, header: BatchHeader) -> list[
                                           value_length < 0)))
             position = record_end
     except IndexError:
-        raise CorruptRecordError(f"batch at offset {base_offset}: the records section ends inside record "
-                                 f"{len(records)} of {count}") from None
-    if position != end:
-        raise CorruptRecordError(f"batch at offset {base_offset}: {end - position} byte(s) after its {count} "
-                                 f"record(s)")
+        raise _ends_inside(f"batch at offset {base_offset}", len(records), count) from None
+    _check_section_end(f"batch at offset {base_offset}", position, end, count)
     return records
+
+
+def _ends_inside(where: str, index: int, count: int) -> CorruptRecordError:
+    return CorruptRecordError(f"{where}: the records section ends inside record {index} of {count}")
+
+
+def _check_section_end(where: str, position: int, end: int, count: int) -> None:
+    """The walk over `count` records ended exactly at the section's end."""
+    if position != end:
+        raise CorruptRecordError(f"{where}: {end - position} byte(s) after its {count} record(s)")
 
 
 def check_record_framing(buf, header: BatchHeader) -> None:
@@ -155,11 +162,8 @@ def check_record_framing(buf, header: BatchHeader) -> None:
                 raise CorruptRecordError(f"batch at byte {header.position}: record {index} of {count} has length "
                                          f"{length}, which the records section cannot hold")
     except IndexError:
-        raise CorruptRecordError(f"batch at byte {header.position}: the records section ends inside record "
-                                 f"{index} of {count}") from None
-    if position != end:
-        raise CorruptRecordError(f"batch at byte {header.position}: {end - position} byte(s) after its {count} "
-                                 f"record(s)")
+        raise _ends_inside(f"batch at byte {header.position}", index, count) from None
+    _check_section_end(f"batch at byte {header.position}", position, end, count)
 
 
 def rebuild_batch(batch: bytes, header: BatchHeader, data, kept: list[RawRecord]) -> bytes:
