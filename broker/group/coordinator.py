@@ -73,7 +73,7 @@ from typing import Callable, Iterable, Mapping, NamedTuple, Sequence
 
 from broker.group.offsets import NO_PRODUCER_ID, FetchedOffset, OffsetStore, OffsetWrite, OFFSET_METADATA_MAX_BYTES
 from broker.group.records import (OFFSETS_TOPIC, OFFSETS_TOPIC_PARTITIONS, GroupMetadataKey, OffsetAndMetadata,
-                                  OffsetCommitKey, decode_record, partition_for_group)
+                                  OffsetCommitKey, RecordKey, decode_record, partition_for_group)
 from broker.group.state import (GROUP_INITIAL_REBALANCE_DELAY_MS, GROUP_MAX_SESSION_TIMEOUT_MS, GROUP_MAX_SIZE,
                                 GROUP_MIN_SESSION_TIMEOUT_MS, GroupCoordinatorCore, GroupDescription, GroupListing,
                                 GroupState, GroupWrite, JoinResponse, Outcome, Reply, SyncResponse)
@@ -399,6 +399,9 @@ class GroupCoordinator:
         start = offset = partition_log.log_start_offset
         end = partition_log.log_end_offset
         loaded = 0
+        # Keys recur (one per group, one per group and partition), so each is decoded once;
+        # the map holds no more keys than the state the replay builds.
+        decoded_keys: dict[bytes, RecordKey] = {}
         while offset < end:
             data = partition_log.read(offset, LOAD_READ_BYTES, max_offset_exclusive=end)
             if not data.records:
@@ -416,16 +419,17 @@ class GroupCoordinator:
                     if record.offset < start:
                         continue       # below the log start (a batch cut by DeleteRecords)
                     loaded += 1
-                    self._replay_record(partition, record.offset, record.key, record.value, producer_id, now_ms)
+                    self._replay_record(partition, record.offset, record.key, record.value, producer_id, now_ms,
+                                        decoded_keys)
             if next_offset <= offset:
                 raise InvariantError(f"{OFFSETS_TOPIC}-{partition}: loading made no progress at offset {offset}")
             offset = next_offset
         return loaded
 
     def _replay_record(self, partition: int, record_offset: int, key: bytes | None, value: bytes | None,
-                       producer_id: int, now_ms: int) -> None:
+                       producer_id: int, now_ms: int, decoded_keys: dict[bytes, RecordKey]) -> None:
         try:
-            decoded_key, decoded_value = decode_record(key, value)
+            decoded_key, decoded_value = decode_record(key, value, decoded_keys)
         except CorruptRecordError as e:
             # The batch passed its CRC, so this is a record we cannot read, not a torn write:
             # skip it rather than refuse to start every group of the broker.
@@ -522,9 +526,9 @@ class GroupCoordinator:
         return ErrorCode.NONE
 
     def _append_offset_write(self, write: OffsetWrite, now_ms: int) -> tuple[ErrorCode, str]:
-        records = write.records()
+        keys, values = write.records()
         try:
-            base_offset = self._append(write.partition, [k for k, _ in records], [v for _, v in records], now_ms,
+            base_offset = self._append(write.partition, keys, values, now_ms,
                                        producer_id=write.producer_id, producer_epoch=write.producer_epoch)
         except Exception as exc:
             self.offsets.write_failed(write)
@@ -645,8 +649,9 @@ class GroupCoordinator:
 
     def _unknown_partitions(self, offsets: Mapping[TopicPartition, OffsetAndMetadata]) -> dict[TopicPartition, str]:
         unknown = {}
+        infos = {}       # one registry lookup per topic, not per partition
         for tp in offsets:
-            info = self._registry.get(tp.topic)
+            info = infos[tp.topic] if tp.topic in infos else infos.setdefault(tp.topic, self._registry.get(tp.topic))
             if info is None:
                 unknown[tp] = f"topic {tp.topic!r} does not exist"
             elif not 0 <= tp.partition < info.partition_count:
@@ -683,7 +688,8 @@ class GroupCoordinator:
     def _commit(self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None,
                 offsets: Mapping[TopicPartition, OffsetAndMetadata],
                 producer: tuple[int, int] | None) -> list[PartitionResult]:
-        offsets = {TopicPartition(tp.topic, tp.partition): value for tp, value in offsets.items()}
+        if not all(type(tp) is TopicPartition for tp in offsets):       # (the servicer's are already)
+            offsets = {TopicPartition(tp.topic, tp.partition): value for tp, value in offsets.items()}
 
         def everyone(error: ErrorCode, message: str) -> list[PartitionResult]:
             return [PartitionResult(tp.topic, tp.partition, error, message) for tp in offsets]

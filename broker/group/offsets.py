@@ -41,7 +41,7 @@ from collections import defaultdict
 from typing import Iterable, Mapping, NamedTuple
 
 from broker.group.records import (OFFSETS_TOPIC_PARTITIONS, OffsetAndMetadata, OffsetCommitKey,
-                                  offset_commit_record, partition_for_group)
+                                  offset_commit_records, partition_for_group)
 from eos.errors import ErrorCode, InvariantError
 from eos.types import TopicPartition
 
@@ -74,8 +74,9 @@ class OffsetWrite:
     def transactional(self) -> bool:
         return self.producer_id != NO_PRODUCER_ID
 
-    def records(self) -> list[tuple[bytes, bytes | None]]:
-        return [offset_commit_record(self.group_id, tp, value) for tp, value in self.entries]
+    def records(self) -> tuple[list[bytes], list[bytes | None]]:
+        """(keys, values) of the batch, record i for entries[i]."""
+        return offset_commit_records(self.group_id, self.entries)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,14 +123,16 @@ class OffsetStore:
         errors: dict[TopicPartition, ErrorCode] = {}
         messages: dict[TopicPartition, str] = {}
         for tp, value in offsets.items():
-            size = len(value.metadata.encode())
-            if size > self.metadata_max_bytes:
-                errors[tp] = ErrorCode.OFFSET_METADATA_TOO_LARGE
-                messages[tp] = (f"offset metadata of {tp.topic}-{tp.partition} is {size} bytes, over "
-                                f"offset.metadata.max.bytes {self.metadata_max_bytes}")
-                continue
+            if value.metadata:
+                size = len(value.metadata.encode())
+                if size > self.metadata_max_bytes:
+                    errors[tp] = ErrorCode.OFFSET_METADATA_TOO_LARGE
+                    messages[tp] = (f"offset metadata of {tp.topic}-{tp.partition} is {size} bytes, over "
+                                    f"offset.metadata.max.bytes {self.metadata_max_bytes}")
+                    continue
             if value.commit_timestamp_ms < 0:
-                value = dataclasses.replace(value, commit_timestamp_ms=now_ms)
+                # (the constructor, not dataclasses.replace: this runs for every partition of a commit)
+                value = OffsetAndMetadata(value.offset, value.leader_epoch, value.metadata, now_ms)
             good.append((tp, value))
         return good, errors, messages
 
@@ -181,9 +184,9 @@ class OffsetStore:
     def write_completed(self, write: OffsetWrite, base_offset: int) -> None:
         """The batch is in the log, its first record at `base_offset`."""
         self._take(write)
-        for i, (tp, value) in enumerate(write.entries):
-            record_offset = base_offset + i
-            if write.transactional:
+        transactional = write.transactional
+        for record_offset, (tp, value) in enumerate(write.entries, base_offset):
+            if transactional:
                 staged = self._pending_txn.get(write.group_id, {}).get(write.producer_id, {})
                 entry = staged.get(tp)
                 if entry is not None and entry.value == value and entry.record_offset is None:

@@ -28,6 +28,20 @@ def test_offset_commit_key_and_value_match_kafkas_layout_byte_for_byte():
                                            R.OffsetAndMetadata(42, 3, "meta", 1_700_000_000_000))
 
 
+def test_many_offset_commits_encode_as_each_would_alone():
+    entries = [(TopicPartition("orders", 7), R.OffsetAndMetadata(42, 3, "meta", 1_700_000_000_000)),
+               (TopicPartition("orders", 8), R.OffsetAndMetadata(43)),
+               (TopicPartition("payments", 0), R.OffsetAndMetadata(5, -1, "", 9)),
+               (TopicPartition("orders", 9), None)]
+    keys, values = R.offset_commit_records("g", entries)
+    assert list(zip(keys, values)) == [R.offset_commit_record("g", tp, value) for tp, value in entries]
+    # the empty metadata string is Kafka's i16 length 0, not a missing field
+    assert values[2] == struct.pack(">hqi", 3, 5, -1) + s16("") + struct.pack(">q", 9)
+    assert values[3] is None
+    with pytest.raises(ValueError, match="longer than a Kafka string"):
+        R.offset_commit_records("g" * 40_000, entries)
+
+
 def test_group_metadata_value_matches_kafkas_v3_layout():
     member = R.MemberMetadata("m-1", None, "client", "/127.0.0.1", 300_000, 45_000, b"sub", b"asg")
     value = R.GroupMetadataValue("consumer", 5, "range", "m-1", 123, (member,))
