@@ -135,6 +135,9 @@ class BrokerConfig:
     # hand-offs cost about 0.4 ms a round trip more). 0 (the default): a free port, on a
     # broker with a PLAINTEXT listener; N: that port; -1: none, everything over gRPC.
     socket_transport_port: int = 0
+    # Kafka's: a socket-port connection on which nothing arrives this long is closed
+    # (broker/socket_server.py), so idle connections cannot hold its places for good.
+    connections_max_idle_ms: int = 600_000
     # ---- listeners and TLS (broker/security.py) ----
     # Kafka's listeners; empty: one PLAINTEXT listener on the host and port BrokerServer is given.
     listeners: tuple[Listener, ...] = ()
@@ -308,6 +311,7 @@ _INT_SETTINGS = {
     "num.io.threads": ("num_io_threads", 1, 1024),
     "metrics.port": ("metrics_port", -1, 65535),
     "socket.transport.port": ("socket_transport_port", -1, 65535),
+    "connections.max.idle.ms": ("connections_max_idle_ms", 1, None),
     "quota.window.num": ("quota_window_num", 2, 1000),
     "quota.window.size.seconds": ("quota_window_size_seconds", 1, 3600),
     "queued.max.requests": ("queued_max_requests", 1, None),

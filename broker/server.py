@@ -508,7 +508,8 @@ class BrokerServer:
             server = SocketRpcServer(
                 bind_host, self.config.socket_transport_port,
                 interceptors=self._server_interceptors(self._interceptors[group_index] if identity else None),
-                request_bytes_max=self.config.socket_request_max_bytes)
+                request_bytes_max=self.config.socket_request_max_bytes,
+                connections_max_idle_ms=self.config.connections_max_idle_ms)
         except OSError as exc:
             raise StorageError(f"cannot listen on {format_host_port(bind_host, self.config.socket_transport_port)} "
                                f"(socket.transport.port): {exc}") from None

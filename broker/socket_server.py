@@ -26,8 +26,13 @@ socket.request.max.bytes is answered RESOURCE_EXHAUSTED after its bytes are skip
 gRPC refuses a message over its receive limit; bytes that are not frames close the
 connection.
 
-At most `connections_max` connections are served at once: one more is closed at accept
-(the client sees UNAVAILABLE and retries). `stop(grace)` closes the port, ends idle
+At most `connections_max` connections are served at once: one more gets a REFUSED frame
+and is closed at accept (what it had sent is read and dropped first, so the close does not
+reset the connection before the client has read why); the client then makes that broker's
+calls over gRPC for a while. A connection on which no frame arrives for
+`connections_max_idle_ms` (Kafka's connections.max.idle.ms, 10 minutes) is closed, so idle
+connections cannot hold the port's places for good; eos's clients drop their own idle
+connections sooner (eos/socket_rpc.py), as Kafka's do. `stop(grace)` closes the port, ends idle
 connections at once, lets each busy one finish the call it is running (a frame read after
 the stop began is answered UNAVAILABLE) and, after `grace`, shuts the rest down; the event
 it returns is set when every connection's thread has ended.
@@ -44,11 +49,15 @@ import grpc
 
 from eos import socket_rpc
 from eos.socket_rpc import (CALL, HALF_CLOSE, MESSAGE, OPEN, REPLY, ConnectionClosed, FrameError, FrameTooLarge,
-                            decode_call, read_frame, skip_bytes, status_frame)
+                            decode_call, read_frame, refused_frame, skip_bytes, status_frame)
 
 log = logging.getLogger("eos.broker.socket")
 
 CONNECTIONS_MAX_DEFAULT = 1000
+CONNECTIONS_MAX_IDLE_MS_DEFAULT = 600_000     # Kafka's connections.max.idle.ms
+# What a refused connection had already sent is read and dropped, at most this much (a close
+# with unread bytes resets the connection, and the client may lose the REFUSED frame).
+REFUSED_DRAIN_BYTES_MAX = 1 << 20
 ACCEPT_RETRY_S = 0.1
 # An oversized request's bytes are read and dropped (so the connection goes on and the
 # client reads its RESOURCE_EXHAUSTED) up to this many times the limit; past it the
@@ -195,12 +204,14 @@ class SocketRpcServer:
     """The broker's handlers served on `host:port` over frames; see the module doc."""
 
     def __init__(self, host: str, port: int, *, interceptors=(), request_bytes_max: int,
-                 connections_max: int = CONNECTIONS_MAX_DEFAULT):
+                 connections_max: int = CONNECTIONS_MAX_DEFAULT,
+                 connections_max_idle_ms: int = CONNECTIONS_MAX_IDLE_MS_DEFAULT):
         self._handler = self._pipeline(tuple(interceptors))
         self._generic: list = []                  # generic handlers, asked in order
         self._registered: dict[str, object] = {}  # "/service/method" -> handler
         self.request_bytes_max = request_bytes_max
         self.connections_max = connections_max
+        self.connections_max_idle_ms = connections_max_idle_ms
         if host in ("", "::"):     # every interface, IPv4 too where the system allows
             try:
                 self._listening = socket.create_server(("::", port), family=socket.AF_INET6, backlog=128,
@@ -283,11 +294,14 @@ class SocketRpcServer:
             if not refused:
                 self._connections.add(connection)
         if refused:
-            log.warning("refused a connection from %s: %s", connection.peer,
-                        "the broker is stopping" if self._stopping
-                        else f"{self.connections_max} connections are open (the most it serves)")
-            connection.close()
+            reason = ("the broker is stopping" if self._stopping
+                      else f"{self.connections_max} connections are open (the most this port serves)")
+            log.warning("refused a connection from %s: %s", connection.peer, reason)
+            self._refuse(connection, reason)
             return
+        # A read waits at most this long (the idle limit; sends too): past it the connection
+        # is closed (socket.timeout is an OSError, which ends `_serve` quietly).
+        sock.settimeout(self.connections_max_idle_ms / 1000)
         connection.thread = threading.Thread(target=self._serve, args=(connection,),
                                              name="eos-socket-conn", daemon=True)
         try:
@@ -296,6 +310,24 @@ class SocketRpcServer:
             with self._lock:
                 self._connections.discard(connection)
             raise
+
+    @staticmethod
+    def _refuse(connection: _ServedConnection, reason: str) -> None:
+        """REFUSED, then close; on the accept thread, so nothing here waits."""
+        sock = connection.sock
+        try:
+            sock.setblocking(False)
+            sock.send(refused_frame(reason))       # a few bytes into an empty send buffer
+            sock.shutdown(socket.SHUT_WR)
+            drained = 0
+            while drained < REFUSED_DRAIN_BYTES_MAX:
+                chunk = sock.recv(64 * 1024)
+                if not chunk:
+                    break
+                drained += len(chunk)
+        except OSError:      # BlockingIOError: nothing more has come; or the client is gone
+            pass
+        connection.close()
 
     def _serve(self, connection: _ServedConnection) -> None:
         try:

@@ -24,6 +24,12 @@ by kind:
 - OPEN (client): like CALL without request bytes: the connection now carries one
   bidirectional stream (ProduceStream) until it closes. MESSAGE (both ways): one message
   of it. HALF_CLOSE (client): no more requests. The stream ends with STATUS.
+- REFUSED (server, correlation id 0, the first and only frame of a connection): the port
+  serves no more connections now (its `connections_max`); the details (UTF-8) say why, and
+  the server closes the connection. Nothing sent on it was handled. The client sends that
+  broker's calls over gRPC for a while (eos/socket_routes.py), as after a refused connect:
+  a connection the server simply closes cannot be told from one cut by the network, which
+  the client retries on the same port.
 A metadata block is `u16 count`, then per pair `u16 key length`, key, `u32 value length`,
 value (UTF-8 text, or bytes for keys ending in `-bin`, as in gRPC).
 
@@ -58,8 +64,8 @@ import grpc
 
 log = logging.getLogger("eos.socket_rpc")
 
-CALL, REPLY, STATUS, OPEN, MESSAGE, HALF_CLOSE = 1, 2, 3, 4, 5, 6
-_KINDS = frozenset((CALL, REPLY, STATUS, OPEN, MESSAGE, HALF_CLOSE))
+CALL, REPLY, STATUS, OPEN, MESSAGE, HALF_CLOSE, REFUSED = 1, 2, 3, 4, 5, 6, 7
+_KINDS = frozenset((CALL, REPLY, STATUS, OPEN, MESSAGE, HALF_CLOSE, REFUSED))
 FRAME_HEAD = struct.Struct(">IBI")         # size of the rest, kind, correlation id
 _KIND_AND_ID_BYTES = 5
 _U16 = struct.Struct(">H")
@@ -71,6 +77,10 @@ CONNECT_TIMEOUT_S = 10.0
 # reading) before the stream is given up; the producer passes its request.timeout.ms.
 STREAM_SEND_TIMEOUT_S = 30.0
 IDLE_CONNECTIONS_MAX = 8                   # kept open per channel for later calls
+# A pooled connection unused this long is closed rather than reused: Kafka's client
+# connections.max.idle.ms, below the broker's (10 minutes), so that the client, not the
+# broker, ends an idle connection and no call is sent on one the broker is closing.
+IDLE_CONNECTION_MAX_S = 540.0
 # A started call (`PendingCall`) connects on its caller's thread, which is an application's
 # poll(): a port that drops connection attempts (a firewall) must not hold it for the full
 # CONNECT_TIMEOUT_S. Past this the call fails UNAVAILABLE, and the client's routes send that
@@ -158,6 +168,11 @@ def decode_call(body) -> tuple[str, tuple, memoryview]:
 def status_frame(correlation_id: int, code: grpc.StatusCode, details: str, trailing=()) -> bytes:
     return frame(STATUS, correlation_id, _STATUS_HEAD.pack(code.value[0]), encode_metadata(trailing or ()),
                  (details or "").encode("utf-8"))
+
+
+def refused_frame(details: str) -> bytes:
+    """What a server at its connections_max sends before it closes a new connection."""
+    return frame(REFUSED, 0, details.encode("utf-8"))
 
 
 def decode_status(body) -> tuple[grpc.StatusCode, str, tuple]:
@@ -296,6 +311,7 @@ class _Connection:
         self.reader = self.sock.makefile("rb", buffering=READ_BUFFER_BYTES)
         self.next_correlation_id = 0
         self.address = address
+        self.idle_since = time.monotonic()     # when it last went back to its pool
 
     def take_correlation_id(self) -> int:
         correlation_id = self.next_correlation_id
@@ -417,11 +433,32 @@ class SocketChannel:
                 self._on_unreachable()
             raise
 
+    def refusal(self, body: bytes) -> SocketRpcError:
+        """A REFUSED frame came: this port serves no more connections now. Its broker's calls
+        go over gRPC for a while (`on_unreachable`, as after a refused connect); the call
+        fails UNAVAILABLE -- it was not handled -- and its retry takes the gRPC route."""
+        if self._on_unreachable is not None:
+            self._on_unreachable()
+        return SocketRpcError(grpc.StatusCode.UNAVAILABLE,
+                              f"the socket port {self._where} refused the connection: "
+                              f"{bytes(body).decode('utf-8', 'replace')}")
+
     def _take(self, timeout_s: float | None) -> tuple[_Connection, bool]:
         """A connection for one call, and whether it was idle in the pool (used before)."""
+        stale = []
+        taken = None
         with self._lock:
-            if self._idle:
-                return self._idle.pop(), True
+            oldest_kept = time.monotonic() - IDLE_CONNECTION_MAX_S
+            while self._idle and taken is None:
+                connection = self._idle.pop()
+                if connection.idle_since < oldest_kept:
+                    stale.append(connection)
+                else:
+                    taken = connection
+        for connection in stale:
+            connection.close()
+        if taken is not None:
+            return taken, True
         return self.connect(timeout_s), False
 
     def _drop_idle(self) -> None:
@@ -435,6 +472,7 @@ class SocketChannel:
     def _give_back(self, connection: _Connection) -> None:
         with self._lock:
             if not self._closed and len(self._idle) < IDLE_CONNECTIONS_MAX:
+                connection.idle_since = time.monotonic()
                 self._idle.append(connection)
                 return
         connection.close()
@@ -454,6 +492,8 @@ class SocketChannel:
             correlation_id = connection.take_correlation_id()
             connection.sock.sendall(call_frame(CALL, correlation_id, method, metadata, payload))
             kind, answered_id, body = read_frame(connection.reader, self.receive_bytes_max)
+            if kind == REFUSED:
+                raise self.refusal(body)
             _check_answer(kind, answered_id, correlation_id)
             reusable = True
             if kind == STATUS:
@@ -573,6 +613,9 @@ class PendingCall:
 
     def _answered(self, kind: int, answered_id: int, body: bytes, *, stray: bool, reusable: bool) -> None:
         try:
+            if kind == REFUSED:
+                self._finish(None, self._channel.refusal(body))
+                return
             if stray:     # more than one answer: the connection is out of step
                 raise FrameError(f"more than one answer to call {self._correlation_id}")
             _check_answer(kind, answered_id, self._correlation_id)
@@ -879,6 +922,8 @@ class SocketStreamCall:
             return self._deserialize(body)
         if kind == STATUS:
             return _status_error(body)
+        if kind == REFUSED:
+            return self._channel.refusal(body)
         return SocketRpcError(grpc.StatusCode.INTERNAL, f"{self._where}: an unexpected frame kind {kind}")
 
     def _end(self, outcome: SocketRpcError):

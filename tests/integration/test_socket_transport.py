@@ -351,6 +351,63 @@ def test_a_stream_idle_longer_than_the_connect_timeout_still_answers(broker, mon
     call.cancel()
 
 
+def test_idle_connections_at_the_ports_limit_send_clients_to_grpc_and_are_closed_once_idle_too_long(tmp_path):
+    from eos.socket_rpc import REFUSED, read_frame
+
+    broker = _start(tmp_path, {**SOCKET, "connections.max.idle.ms": "1500"})
+    try:
+        socket_server = broker._grpc_server.servers[-1]
+        socket_server.connections_max = 3
+        idle = [socket.create_connection(("127.0.0.1", broker.socket_port), timeout=10) for _ in range(3)]
+        wait_for(lambda: len(socket_server._connections) == 3, "the port to serve the three idle connections")
+        # one more connection is told why before it is closed, having sent nothing or a call
+        for sent in (b"", b"\x00" * 64):
+            with socket.create_connection(("127.0.0.1", broker.socket_port), timeout=10) as raw:
+                raw.sendall(sent)
+                kind, _, body = read_frame(raw.makefile("rb"), 1 << 20)
+                assert kind == REFUSED and b"3 connections are open" in body
+        # a unary call and a started call fail UNAVAILABLE, not handled, naming the refusal ...
+        stub = _socket_stub(broker)
+        with pytest.raises(SocketRpcError, match="refused the connection") as refused:
+            stub.Metadata(broker_pb2.MetadataRequest(), timeout=10)
+        assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+        started = stub.Metadata.start(broker_pb2.MetadataRequest(), timeout=10)
+        wait_for(lambda: started.poll(), "the started call's answer")
+        with pytest.raises(SocketRpcError, match="refused the connection"):
+            started.result()
+        # ... and a client's produce stream goes over gRPC instead: delivered, once
+        with eos.Admin(broker.address) as admin:
+            admin.create_topic("at-the-limit")
+        with eos.Producer(broker.address, config={"linger.ms": 0, "retry.backoff.ms": 20}) as producer:
+            assert producer.send("at-the-limit", value=b"one").result(30).offset == 0
+            assert producer._metadata.socket_routes.is_down(broker.address)
+        assert _read_committed(broker.address, "at-the-limit", 1) == [b"one"]
+        # connections.max.idle.ms: the idle connections are closed, and the port serves again
+        for raw in idle:
+            assert raw.recv(100) == b""
+            raw.close()
+        wait_for(lambda: not socket_server._connections, "the port to let go of the idle connections")
+        assert _socket_stub(broker).Metadata(broker_pb2.MetadataRequest(), timeout=10).brokers
+    finally:
+        broker.stop()
+
+
+def test_a_pooled_connection_idle_past_the_clients_limit_is_closed_not_reused(broker, monkeypatch):
+    from eos import socket_rpc
+
+    channel = SocketChannel("127.0.0.1", broker.socket_port)
+    stub = broker_pb2_grpc.BrokerStub(channel)
+    stub.Metadata(broker_pb2.MetadataRequest(), timeout=10)
+    (pooled,) = channel._idle
+    stub.Metadata(broker_pb2.MetadataRequest(), timeout=10)
+    assert channel._idle == [pooled]                       # reused while fresh
+    monkeypatch.setattr(socket_rpc, "IDLE_CONNECTION_MAX_S", 0.0)
+    stub.Metadata(broker_pb2.MetadataRequest(), timeout=10)
+    assert channel._idle and channel._idle[0] is not pooled  # too old: closed, a new one made
+    assert pooled.sock.fileno() == -1
+    channel.close()
+
+
 def test_garbage_on_the_port_closes_that_connection_and_the_broker_serves_on(broker):
     import socket as sockets
     for garbage in (b"GET / HTTP/1.1\r\n\r\n", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", b"\x00\x00\x00\x09\x01"):
