@@ -354,7 +354,7 @@ def inter_broker_security(listener: Listener, *, certificate_location: str, key_
     the other broker's principal for it is the broker's subject, which under an authorizer
     must be a super user, as in Kafka (its coordinators also describe topics and write for
     transactional ids). The PEM files are read once, here."""
-    from eos.net import PLAINTEXT_SECURITY, security_of
+    from eos.client_config import PLAINTEXT_SECURITY, security_of
 
     if listener.security_protocol == PLAINTEXT:
         return PLAINTEXT_SECURITY

@@ -39,6 +39,8 @@ import time
 from typing import Iterable
 
 from eos import net
+from eos.client_config import (CLIENT_SECURITY_CONFIG, ConfigSpec, as_bool, as_int, as_int32, as_optional_str,
+                               as_str, channel_security, resolve_config)
 from eos.client_metrics import ConsumerMetrics, metrics_setting
 from eos.errors import EosError, ErrorCode
 from eos.types import Record, TopicPartition
@@ -77,34 +79,34 @@ def _offset_reset(name: str, value) -> str:
     return text
 
 
-CONSUMER_CONFIG: dict[str, net.ConfigSpec] = {
-    "bootstrap.servers": net.ConfigSpec(None, net.as_optional_str),
-    "client.id": net.ConfigSpec("", net.as_str),
-    "group.id": net.ConfigSpec(None, net.as_optional_str),
-    "isolation.level": net.ConfigSpec(IsolationLevel.READ_UNCOMMITTED, _isolation),
-    "auto.offset.reset": net.ConfigSpec("latest", _offset_reset),
-    "fetch.min.bytes": net.ConfigSpec(1, net.as_int32(0)),
-    "fetch.max.wait.ms": net.ConfigSpec(500, net.as_int32(0)),
-    "fetch.max.bytes": net.ConfigSpec(52428800, net.as_int32(1)),
-    "max.partition.fetch.bytes": net.ConfigSpec(1048576, net.as_int32(1)),
-    "max.poll.records": net.ConfigSpec(500, net.as_int32(1)),
-    "enable.auto.commit": net.ConfigSpec(False, net.as_bool),
-    "auto.commit.interval.ms": net.ConfigSpec(5000, net.as_int32(0)),
-    "check.crcs": net.ConfigSpec(True, net.as_bool),
-    "request.timeout.ms": net.ConfigSpec(30000, net.as_int32(1)),
-    "default.api.timeout.ms": net.ConfigSpec(60000, net.as_int32(1)),
-    "retry.backoff.ms": net.ConfigSpec(100, net.as_int(0)),
-    "retry.backoff.max.ms": net.ConfigSpec(1000, net.as_int(0)),
-    "metadata.max.age.ms": net.ConfigSpec(300000, net.as_int(1)),
-    "group.instance.id": net.ConfigSpec(None, net.as_optional_str),
-    "session.timeout.ms": net.ConfigSpec(45000, net.as_int32(1)),
-    "heartbeat.interval.ms": net.ConfigSpec(3000, net.as_int32(1)),
-    "max.poll.interval.ms": net.ConfigSpec(300000, net.as_int32(1)),
-    "partition.assignment.strategy": net.ConfigSpec(("range",), assignor_names),
+CONSUMER_CONFIG: dict[str, ConfigSpec] = {
+    "bootstrap.servers": ConfigSpec(None, as_optional_str),
+    "client.id": ConfigSpec("", as_str),
+    "group.id": ConfigSpec(None, as_optional_str),
+    "isolation.level": ConfigSpec(IsolationLevel.READ_UNCOMMITTED, _isolation),
+    "auto.offset.reset": ConfigSpec("latest", _offset_reset),
+    "fetch.min.bytes": ConfigSpec(1, as_int32(0)),
+    "fetch.max.wait.ms": ConfigSpec(500, as_int32(0)),
+    "fetch.max.bytes": ConfigSpec(52428800, as_int32(1)),
+    "max.partition.fetch.bytes": ConfigSpec(1048576, as_int32(1)),
+    "max.poll.records": ConfigSpec(500, as_int32(1)),
+    "enable.auto.commit": ConfigSpec(False, as_bool),
+    "auto.commit.interval.ms": ConfigSpec(5000, as_int32(0)),
+    "check.crcs": ConfigSpec(True, as_bool),
+    "request.timeout.ms": ConfigSpec(30000, as_int32(1)),
+    "default.api.timeout.ms": ConfigSpec(60000, as_int32(1)),
+    "retry.backoff.ms": ConfigSpec(100, as_int(0)),
+    "retry.backoff.max.ms": ConfigSpec(1000, as_int(0)),
+    "metadata.max.age.ms": ConfigSpec(300000, as_int(1)),
+    "group.instance.id": ConfigSpec(None, as_optional_str),
+    "session.timeout.ms": ConfigSpec(45000, as_int32(1)),
+    "heartbeat.interval.ms": ConfigSpec(3000, as_int32(1)),
+    "max.poll.interval.ms": ConfigSpec(300000, as_int32(1)),
+    "partition.assignment.strategy": ConfigSpec(("range",), assignor_names),
     # eos's: report the client metrics (eos/client_metrics.py) through prometheus_client's
     # default REGISTRY (true) or the CollectorRegistry given; false, the default, costs nothing.
-    "metrics": net.ConfigSpec(False, metrics_setting),
-    **net.CLIENT_SECURITY_CONFIG,
+    "metrics": ConfigSpec(False, metrics_setting),
+    **CLIENT_SECURITY_CONFIG,
 }
 
 _NAMED_DEFAULTS = {
@@ -152,7 +154,7 @@ class Consumer:
         for name, value in named.items():
             if value != _NAMED_DEFAULTS[name]:
                 kwargs[name] = value
-        settings, _ = net.resolve_config("consumer", CONSUMER_CONFIG, config, kwargs)
+        settings, _ = resolve_config("consumer", CONSUMER_CONFIG, config, kwargs)
         if settings["enable.auto.commit"] and settings["group.id"] is None:
             raise ValueError("enable.auto.commit cannot be true without a group.id")
         if settings["group.instance.id"] is not None and settings["group.id"] is None:
@@ -179,7 +181,7 @@ class Consumer:
             retry_backoff_ms=settings["retry.backoff.ms"],
             retry_backoff_max_ms=settings["retry.backoff.max.ms"],
             metadata_max_age_ms=settings["metadata.max.age.ms"],
-            security=net.channel_security(settings))
+            security=channel_security(settings))
         self._metrics = ConsumerMetrics(settings["metrics"], settings["client.id"]) if settings["metrics"] else None
         self._fetcher = Fetcher(
             self._metadata, isolation_level=settings["isolation.level"],

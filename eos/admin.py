@@ -36,6 +36,8 @@ from typing import Callable
 import grpc
 
 from eos import net, scram
+from eos.client_config import (CLIENT_SECURITY_CONFIG, ConfigSpec, as_int, as_int32, as_optional_str, as_str,
+                               channel_security, resolve_config)
 from eos.admin_arguments import (config_strings, isolation_level_code, quota_entity_text, quota_entity_to_proto,
                                  topic_spec, tps)
 from eos.acl import AclBinding, AclFilter, Operation, binding_from_proto, binding_to_proto, filter_to_proto
@@ -44,14 +46,14 @@ from eos.errors import EosError, ErrorCode, Reaction, error_for, raise_if_error,
 from eos.types import TopicPartition
 from eos.v1 import broker_pb2, cluster_pb2, cluster_pb2_grpc, group_pb2, group_pb2_grpc
 
-ADMIN_CONFIG: dict[str, net.ConfigSpec] = {
-    "bootstrap.servers": net.ConfigSpec(None, net.as_optional_str),
-    "client.id": net.ConfigSpec("", net.as_str),
-    "request.timeout.ms": net.ConfigSpec(30000, net.as_int32(1)),
-    "default.api.timeout.ms": net.ConfigSpec(60000, net.as_int32(1)),
-    "retry.backoff.ms": net.ConfigSpec(100, net.as_int(0)),
-    "retry.backoff.max.ms": net.ConfigSpec(1000, net.as_int(0)),
-    **net.CLIENT_SECURITY_CONFIG,
+ADMIN_CONFIG: dict[str, ConfigSpec] = {
+    "bootstrap.servers": ConfigSpec(None, as_optional_str),
+    "client.id": ConfigSpec("", as_str),
+    "request.timeout.ms": ConfigSpec(30000, as_int32(1)),
+    "default.api.timeout.ms": ConfigSpec(60000, as_int32(1)),
+    "retry.backoff.ms": ConfigSpec(100, as_int(0)),
+    "retry.backoff.max.ms": ConfigSpec(1000, as_int(0)),
+    **CLIENT_SECURITY_CONFIG,
 }
 
 _OFFSET_SPECS = {"earliest": -2, "latest": -1, "max_timestamp": -3}
@@ -75,7 +77,7 @@ class Admin(TransactionAdmin):
 
     def __init__(self, bootstrap: str = net.DEFAULT_BOOTSTRAP, *, config: dict | None = None,
                  **kwargs):
-        settings, _ = net.resolve_config("admin", ADMIN_CONFIG, config, kwargs)
+        settings, _ = resolve_config("admin", ADMIN_CONFIG, config, kwargs)
         if settings["bootstrap.servers"]:
             bootstrap = settings["bootstrap.servers"]
         self.config = settings
@@ -86,7 +88,7 @@ class Admin(TransactionAdmin):
             bootstrap, request_timeout_ms=self._request_timeout_ms,
             retry_backoff_ms=settings["retry.backoff.ms"],
             retry_backoff_max_ms=settings["retry.backoff.max.ms"],
-            security=net.channel_security(settings))
+            security=channel_security(settings))
         self._any_broker = self._metadata.any_broker_stub()
 
     # ---- plumbing ------------------------------------------------------------------------

@@ -13,7 +13,8 @@ explicitly (or by a transactional.id) it refuses a conflict, left to its default
 """
 from __future__ import annotations
 
-from eos import net
+from eos.client_config import (CLIENT_SECURITY_CONFIG, ConfigSpec, as_bool, as_int, as_int32, as_optional_str,
+                               as_str, resolve_config)
 from eos.client_metrics import metrics_setting
 from eos.errors import EosError
 from eos.records.compression import codec_from_name
@@ -45,48 +46,48 @@ def _transaction_version(name: str, value) -> int:
     return int(value)
 
 
-PRODUCER_CONFIG: dict[str, net.ConfigSpec] = {
-    "bootstrap.servers": net.ConfigSpec(None, net.as_optional_str),
-    "client.id": net.ConfigSpec("", net.as_str),
-    "acks": net.ConfigSpec(-1, _acks),
-    "enable.idempotence": net.ConfigSpec(True, net.as_bool),
-    "linger.ms": net.ConfigSpec(5, net.as_int(0)),
-    "batch.size": net.ConfigSpec(16384, net.as_int32(0)),
-    "buffer.memory": net.ConfigSpec(33554432, net.as_int(1)),
-    "compression.type": net.ConfigSpec(0, _compression),
-    "retries": net.ConfigSpec(INT_MAX, net.as_int32(0)),
-    "retry.backoff.ms": net.ConfigSpec(100, net.as_int(0)),
-    "retry.backoff.max.ms": net.ConfigSpec(1000, net.as_int(0)),
-    "delivery.timeout.ms": net.ConfigSpec(120000, net.as_int32(1)),
-    "request.timeout.ms": net.ConfigSpec(30000, net.as_int32(1)),
-    "max.in.flight.requests.per.connection": net.ConfigSpec(5, net.as_int32(1)),
-    "max.request.size": net.ConfigSpec(1048576, net.as_int32(1)),
-    "max.block.ms": net.ConfigSpec(60000, net.as_int(0)),
-    "metadata.max.age.ms": net.ConfigSpec(300000, net.as_int(1)),
-    "partitioner.ignore.keys": net.ConfigSpec(False, net.as_bool),
+PRODUCER_CONFIG: dict[str, ConfigSpec] = {
+    "bootstrap.servers": ConfigSpec(None, as_optional_str),
+    "client.id": ConfigSpec("", as_str),
+    "acks": ConfigSpec(-1, _acks),
+    "enable.idempotence": ConfigSpec(True, as_bool),
+    "linger.ms": ConfigSpec(5, as_int(0)),
+    "batch.size": ConfigSpec(16384, as_int32(0)),
+    "buffer.memory": ConfigSpec(33554432, as_int(1)),
+    "compression.type": ConfigSpec(0, _compression),
+    "retries": ConfigSpec(INT_MAX, as_int32(0)),
+    "retry.backoff.ms": ConfigSpec(100, as_int(0)),
+    "retry.backoff.max.ms": ConfigSpec(1000, as_int(0)),
+    "delivery.timeout.ms": ConfigSpec(120000, as_int32(1)),
+    "request.timeout.ms": ConfigSpec(30000, as_int32(1)),
+    "max.in.flight.requests.per.connection": ConfigSpec(5, as_int32(1)),
+    "max.request.size": ConfigSpec(1048576, as_int32(1)),
+    "max.block.ms": ConfigSpec(60000, as_int(0)),
+    "metadata.max.age.ms": ConfigSpec(300000, as_int(1)),
+    "partitioner.ignore.keys": ConfigSpec(False, as_bool),
     # None: the built-in partitioner; else the resolved Python partitioner (see
     # producer/partitioner.py: Kafka's RoundRobinPartitioner, a callable, a class, a dotted name).
-    "partitioner.class": net.ConfigSpec(None, partitioner_class_setting),
+    "partitioner.class": ConfigSpec(None, partitioner_class_setting),
     # librdkafka's (confluent-kafka's) setting: on_delivery is called for failed records only,
     # which spares a per-record callback when an application only needs to hear of failures.
-    "delivery.report.only.error": net.ConfigSpec(False, net.as_bool),
-    "transactional.id": net.ConfigSpec(None, net.as_optional_str),
-    "transaction.timeout.ms": net.ConfigSpec(60000, net.as_int32(1)),
+    "delivery.report.only.error": ConfigSpec(False, as_bool),
+    "transactional.id": ConfigSpec(None, as_optional_str),
+    "transaction.timeout.ms": ConfigSpec(60000, as_int32(1)),
     # 2: partitions join a transaction with its produce requests (KIP-890 part 2, Kafka 4's
     # transaction.version 2); 1: an AddPartitionsToTxn round trip first (Kafka's older way).
-    "transaction.version": net.ConfigSpec(2, _transaction_version),
+    "transaction.version": ConfigSpec(2, _transaction_version),
     # eos's: report the client metrics (eos/client_metrics.py) through prometheus_client's
     # default REGISTRY (true) or the CollectorRegistry given; false, the default, costs nothing.
-    "metrics": net.ConfigSpec(False, metrics_setting),
+    "metrics": ConfigSpec(False, metrics_setting),
     # security.protocol, ssl.ca.location, ssl.certificate.location, ssl.key.location, ...
-    **net.CLIENT_SECURITY_CONFIG,
+    **CLIENT_SECURITY_CONFIG,
 }
 
 
 def resolve_producer_config(config: dict | None, kwargs: dict) -> dict:
     """Checked producer settings by Kafka name, with idempotence resolved; ValueError
     (Kafka's ConfigException) names what is wrong."""
-    values, explicit = net.resolve_config("producer", PRODUCER_CONFIG, config, kwargs)
+    values, explicit = resolve_config("producer", PRODUCER_CONFIG, config, kwargs)
     if values["delivery.timeout.ms"] < values["linger.ms"] + values["request.timeout.ms"]:
         raise ValueError(
             f"delivery.timeout.ms ({values['delivery.timeout.ms']}) should be equal to or larger "

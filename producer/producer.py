@@ -47,6 +47,7 @@ from time import time_ns as _time_ns
 from typing import Callable, Iterable, Sequence
 
 from eos import net
+from eos.client_config import channel_security
 from eos.client_metrics import ProducerMetrics
 from eos.errors import EosError, ErrorCode, MessageTooLargeError, Reaction
 from eos.v1 import common_pb2, group_pb2, txn_pb2
@@ -186,7 +187,7 @@ class Producer:
             retry_backoff_ms=settings["retry.backoff.ms"],
             retry_backoff_max_ms=settings["retry.backoff.max.ms"],
             metadata_max_age_ms=settings["metadata.max.age.ms"],
-            security=net.channel_security(settings))
+            security=channel_security(settings))
         # batch.size=0 means "no batching" in Kafka: every record is a batch of its own.
         self._accumulator = RecordAccumulator(
             batch_size=self._batch_size, buffer_memory=self._buffer_memory,

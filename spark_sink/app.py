@@ -45,6 +45,7 @@ import time
 from typing import Callable
 
 from eos import net
+from eos.client_config import security_settings
 from eos.client_metrics import metrics_setting
 from eos.types import TopicPartition
 from spark_sink.spark_home import prepare_python_workers
@@ -81,7 +82,7 @@ class App:
         net.parse_bootstrap(bootstrap)
         self.bootstrap = bootstrap
         # security.protocol, ssl.*, sasl.*: for the source (as kafka.* options), the sinks and the app's admin
-        self.client_config = net.security_settings("client_config", client_config)
+        self.client_config = security_settings("client_config", client_config)
         self.checkpoint_dir = str(checkpoint_dir)
         self.master = master
         self.trigger_interval = trigger_interval

@@ -48,7 +48,7 @@ import json
 from typing import Mapping, NamedTuple
 
 from eos.errors import OffsetOutOfRangeError
-from eos.net import security_settings
+from eos.client_config import security_settings
 from eos.types import TopicPartition
 
 EARLIEST = -2   # Kafka's sentinel in startingOffsets / endingOffsets JSON

@@ -33,6 +33,7 @@ from typing import Callable
 import grpc
 
 from eos import net
+from eos.client_config import security_of
 from eos.errors import EosError, ErrorCode, Reaction, error_for, reaction_for
 from eos.types import TopicPartition
 from eos.v1 import common_pb2, group_pb2, group_pb2_grpc, txn_pb2
@@ -101,7 +102,7 @@ def fetch_committed(groups: group_pb2_grpc.GroupCoordinatorStub, group_id: str, 
 def group_offsets(bootstrap: str, group_id: str, partitions: list[TopicPartition], *,
                   require_stable: bool = True, client_config: dict | None = None) -> dict[TopicPartition, int]:
     """The group's committed offsets of `partitions` (those it has), by a short-lived client."""
-    metadata = net.ClusterMetadata(bootstrap, security=net.security_of(client_config))
+    metadata = net.ClusterMetadata(bootstrap, security=security_of(client_config))
     try:
         stub = metadata.group_coordinator_stub(group_id)
         return {tp: offset for tp, (offset, _) in
@@ -124,7 +125,7 @@ class TransactionOwner:
         self.request_timeout_ms = request_timeout_ms
         self.producer_id = -1
         self.producer_epoch = -1
-        self._metadata = net.ClusterMetadata(bootstrap, security=net.security_of(client_config))
+        self._metadata = net.ClusterMetadata(bootstrap, security=security_of(client_config))
         self._txn = self._metadata.txn_coordinator_stub(transactional_id)
 
     def identity(self) -> OwnerIdentity:

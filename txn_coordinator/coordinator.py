@@ -193,9 +193,10 @@ class RoutingBrokerLink(BrokerLink):
                  write_own_markers: Callable[[int, tuple], dict] | None = None):
         super().__init__(own_address, stub=stub, append_own=append_own, write_own_markers=write_own_markers)
         from eos import net
+        from eos.client_config import PLAINTEXT_SECURITY
         # `security`: the inter-broker listener's (own_address is on it, so Metadata names
         # every leader on it too).
-        self._metadata = net.ClusterMetadata(own_address, security=security or net.PLAINTEXT_SECURITY)
+        self._metadata = net.ClusterMetadata(own_address, security=security or PLAINTEXT_SECURITY)
         self._own_node_id = own_node_id if stub is not None else None
 
     def close(self) -> None:

@@ -22,7 +22,9 @@ from typing import Callable
 
 import grpc
 
-from eos.net import ChannelSecurity, open_channel
+from eos.net import open_channel
+
+from eos.client_config import ChannelSecurity
 from eos.v1 import cluster_pb2_grpc
 
 log = logging.getLogger("eos.controller.channels")

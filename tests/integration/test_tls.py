@@ -90,10 +90,10 @@ def test_produce_consume_admin_over_mutual_tls(mtls_broker, pki):
 
 
 def test_metadata_names_the_listener_the_request_came_in_on(mtls_broker, pki):
-    from eos import net
-    for listener, security in (("PLAINTEXT", net.PLAINTEXT_SECURITY),
-                               ("SSL", net.channel_security({**net.resolve_config(
-                                   "test", net.CLIENT_SECURITY_CONFIG, _ssl(pki, "alice"), {})[0]}))):
+    from eos import client_config, net
+    for listener, security in (("PLAINTEXT", client_config.PLAINTEXT_SECURITY),
+                               ("SSL", client_config.channel_security({**client_config.resolve_config(
+                                   "test", client_config.CLIENT_SECURITY_CONFIG, _ssl(pki, "alice"), {})[0]}))):
         metadata = net.ClusterMetadata(mtls_broker.address_of(listener), security=security)
         try:
             response = metadata.fetch([])
@@ -256,10 +256,10 @@ def test_without_hostname_checks_an_unreachable_broker_is_retried_not_cached(pki
     # certificate; a broker that is down then must not leave a channel behind that checks
     # the address's host for good (every later handshake would fail).
     from bench.kafka import free_port
-    from eos import net
+    from eos import client_config, net
     from eos.errors import NetworkError
 
-    security = net.ChannelSecurity(net.SSL, ca_pem=pki["ca"].pem, verify_hostname=False)
+    security = client_config.ChannelSecurity(client_config.SSL, ca_pem=pki["ca"].pem, verify_hostname=False)
     metadata = net.ClusterMetadata(f"127.0.0.1:{free_port()}", security=security)
     address = metadata.bootstrap_addresses[0]
     with pytest.raises(NetworkError, match="will retry"):

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from consumer.consumer import CONSUMER_CONFIG
-from eos import net
+from eos import client_config, net
 from producer.config import resolve_producer_config
 
 
@@ -106,18 +106,18 @@ def test_kafkas_int_settings_are_32_bit_and_refused_at_construction(kwargs):
                                   "fetch_max_bytes"])
 def test_the_consumers_int_settings_are_32_bit(name):
     with pytest.raises(ValueError, match="must be at most 2147483647"):
-        net.resolve_config("consumer", CONSUMER_CONFIG, None, {name: 2**40})
+        client_config.resolve_config("consumer", CONSUMER_CONFIG, None, {name: 2**40})
 
 
 def test_consumer_config_checks():
-    values, explicit = net.resolve_config("consumer", CONSUMER_CONFIG, {"isolation.level": "read_committed"},
+    values, explicit = client_config.resolve_config("consumer", CONSUMER_CONFIG, {"isolation.level": "read_committed"},
                                           {"auto_offset_reset": "earliest"})
     assert values["isolation.level"] == 1 and values["auto.offset.reset"] == "earliest"
     assert explicit == {"isolation.level", "auto.offset.reset"}
     with pytest.raises(ValueError, match="auto.offset.reset"):
-        net.resolve_config("consumer", CONSUMER_CONFIG, None, {"auto_offset_reset": "middle"})
+        client_config.resolve_config("consumer", CONSUMER_CONFIG, None, {"auto_offset_reset": "middle"})
     with pytest.raises(ValueError, match="isolation.level"):
-        net.resolve_config("consumer", CONSUMER_CONFIG, None, {"isolation_level": "serializable"})
+        client_config.resolve_config("consumer", CONSUMER_CONFIG, None, {"isolation_level": "serializable"})
 
 
 def test_consumer_constructor_validation_needs_no_broker():

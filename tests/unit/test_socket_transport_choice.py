@@ -4,6 +4,7 @@ refused, and the socket again after that. No broker: the metadata answers are ma
 import grpc
 
 from eos import net
+from eos.client_config import ChannelSecurity
 from eos.socket_rpc import SocketChannel
 from eos.v1 import broker_pb2
 
@@ -81,7 +82,7 @@ def test_a_connection_refused_by_the_port_tells_the_client():
 
 
 def test_tls_and_sasl_clients_stay_on_grpc():
-    tls = net.ChannelSecurity(protocol="SSL")
+    tls = ChannelSecurity(protocol="SSL")
     metadata = net.ClusterMetadata(ADDRESS, security=tls)
     try:
         metadata.apply(_metadata(29092), None)

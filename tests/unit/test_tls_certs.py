@@ -14,7 +14,7 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from broker.config import BrokerConfig
-from eos.net import security_of
+from eos.client_config import security_of
 from eos.tls_certs import CertificateAuthority, Issued, make_local_tls
 
 HANDSHAKE_TIMEOUT_S = 5.0
