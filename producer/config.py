@@ -5,7 +5,7 @@ Theory of operation
 `PRODUCER_CONFIG` names every setting the producer takes (Kafka's names; a keyword
 argument spells one with underscores) with its default and a converter that refuses a bad
 value with a ValueError naming the setting. `resolve_producer_config` applies the config
-dict and the keyword arguments over the defaults (`eos.net.resolve_config`), then Kafka's
+dict and the keyword arguments over the defaults (`eos.client_config.resolve_config`), then Kafka's
 rules between settings: delivery.timeout.ms covers linger.ms + request.timeout.ms;
 partitioner.ignore.keys=true is refused beside a partitioner.class (Kafka ignores it there);
 and idempotence needs acks=all, retries and at most 5 requests in flight -- asked for
