@@ -604,6 +604,57 @@ class Admin(TransactionAdmin):
                 result[TopicPartition(p.topic, p.partition)] = p.offset
         return dict(sorted(result.items()))
 
+    def alter_group_offsets(self, group_id: str, offsets) -> None:
+        """Kafka's alterConsumerGroupOffsets: commit `offsets` ({tp: offset of the next record
+        to read}) for a group that has no active members -- what `eos groups reset-offsets
+        --execute` does. A group with members refuses it (UNKNOWN_MEMBER_ID, as Kafka's
+        coordinator answers a commit without a member): they would go on from their own
+        positions and overwrite it."""
+        entries = []
+        for tp, offset in dict(offsets).items():
+            topic, partition = tp
+            if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+                raise ValueError(f"the offset for {topic}-{partition} must be a non-negative int, got {offset!r}")
+            entries.append(group_pb2.OffsetToCommit(topic=topic, partition=partition, offset=offset, leader_epoch=-1))
+        if not entries:
+            return
+        response = self._call("OffsetCommit", lambda s: s.OffsetCommit,
+                              group_pb2.OffsetCommitRequest(group_id=group_id, generation_id=-1, offsets=entries),
+                              stub=self._group_coordinator(group_id),
+                              answer_code=lambda r: next((p.error_code for p in r.partitions if p.error_code), 0))
+        failed = next((p for p in response.partitions if p.error_code != ErrorCode.NONE), None)
+        if failed is None:
+            return
+        if failed.error_code == ErrorCode.UNKNOWN_MEMBER_ID:
+            raise error_for(failed.error_code, f"consumer group {group_id!r} has active members: its offsets can be "
+                                               f"altered only while it has none (stop its consumers first)")
+        raise error_for(failed.error_code, f"cannot alter the offset of group {group_id!r} for "
+                                           f"{failed.topic}-{failed.partition}: {failed.error_message or ErrorCode(failed.error_code).name}")
+
+    def delete_groups(self, group_ids) -> dict[str, EosError | None]:
+        """Kafka's deleteConsumerGroups: {group: None when deleted, else the error that kept
+        it}. Only a group without members is deleted (NON_EMPTY_GROUP otherwise), and its
+        committed offsets go with it; a group that does not exist answers GROUP_ID_NOT_FOUND."""
+        results: dict[str, EosError | None] = {}
+        for group_id in dict.fromkeys(group_ids):
+            response = self._call("DeleteGroups", lambda s: s.DeleteGroups,
+                                  group_pb2.DeleteGroupsRequest(group_ids=[group_id]),
+                                  stub=self._group_coordinator(group_id),
+                                  answer_code=lambda r: r.results[0].error_code if r.results else 0)
+            answer = next((r for r in response.results if r.group_id == group_id), None)
+            if answer is None:
+                raise EosError(f"DeleteGroups did not answer for group {group_id!r}", ErrorCode.UNKNOWN_SERVER_ERROR)
+            results[group_id] = None if answer.error_code == ErrorCode.NONE else error_for(
+                answer.error_code, f"consumer group {group_id!r} could not be deleted: "
+                                   f"{answer.error_message or ErrorCode(answer.error_code).name}")
+        return results
+
+    def delete_group(self, group_id: str) -> None:
+        """`delete_groups` of one group; raises its error."""
+        error = self.delete_groups([group_id])[group_id]
+        if error is not None:
+            raise error
+
     def group_lag(self, group_id: str, *, isolation_level: str = "read_committed") -> list[dict]:
         """kafka-consumer-groups.sh --describe as data: one row per partition that a member
         owns or the group has committed, sorted by (topic, partition): {"topic", "partition",

@@ -10,7 +10,7 @@
     eos produce TOPIC [--file F]            lines from stdin or a file, with a progress bar
     eos consume TOPIC [--from-beginning | --offset N] [--max-messages N]
     eos dump-log FILE...                     batches and index entries of segment files
-    eos groups list|describe|offsets ...     consumer groups, their members, offsets and lag
+    eos groups list|describe|offsets|delete|reset-offsets ...  consumer groups (eos/cli_groups.py)
     eos txn list|describe|abort|find-hanging transactions (after kafka-transactions.sh)
     eos acls --add|--list|--remove ...       ACLs, with kafka-acls.sh's flags
     eos users add|list|remove ...            SCRAM users (eos/cli_users.py)
@@ -420,50 +420,6 @@ def _print_table(headers: list[str], rows: list[list]) -> None:
         print(" ".join(text.ljust(width) for text, width in zip(row, widths)).rstrip())
 
 
-# ---- groups ---------------------------------------------------------------------------------
-
-def cmd_groups(args) -> int:
-    import eos
-    with eos.Admin(bootstrap=args.bootstrap_server, config=client_config(args)) as admin:
-        if args.action == "list":
-            groups = admin.list_groups(states=[state for state in args.state or [] if state])
-            if args.state is not None:
-                _print_table(["GROUP", "STATE"], [[g["group_id"], g["state"]] for g in groups])
-            else:
-                for g in groups:
-                    print(g["group_id"])
-            return 0
-        if not args.group:
-            print(f"error: eos groups {args.action} needs a GROUP", file=sys.stderr)
-            return 2
-        if args.action == "offsets":
-            offsets = admin.list_group_offsets(args.group)
-            _print_table(["TOPIC", "PARTITION", "OFFSET"], [[tp.topic, tp.partition, o] for tp, o in offsets.items()])
-            return 0
-        if args.members or args.state is not None:
-            description = admin.describe_group(args.group)
-            if not args.members:
-                _print_table(["GROUP", "ASSIGNMENT-STRATEGY", "STATE", "GENERATION", "#MEMBERS"],
-                             [[args.group, description["protocol"], description["state"], description["generation"],
-                               len(description["members"])]])
-            else:
-                _print_table(["CONSUMER-ID", "GROUP-INSTANCE-ID", "HOST", "CLIENT-ID", "#PARTITIONS", "ASSIGNMENT"],
-                             [[m["member_id"], m["group_instance_id"], m["host"], m["client_id"], len(m["assignment"]),
-                               ",".join(f"{tp.topic}-{tp.partition}" for tp in m["assignment"])]
-                              for m in description["members"]])
-            return 0
-        rows = admin.group_lag(args.group, isolation_level=args.isolation)
-        if not any(r["member_id"] for r in rows):
-            print(f"Consumer group '{args.group}' has no active members.")
-        against = "the last stable offset" if args.isolation == "read_committed" else "the high watermark"
-        print(f"Lag of consumer group '{args.group}' against {against} ({args.isolation}):")
-        _print_table(["TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG", "CONSUMER-ID", "HOST",
-                      "CLIENT-ID"],
-                     [[r["topic"], r["partition"], r["current_offset"], r["log_end_offset"], r["lag"], r["member_id"],
-                       r["host"], r["client_id"]] for r in rows])
-    return 0
-
-
 # ---- transactions ---------------------------------------------------------------------------
 
 def cmd_txn(args) -> int:
@@ -746,21 +702,6 @@ def _add_data_commands(commands, client_command) -> None:
     dump.set_defaults(handler=cmd_dump_log)
 
 
-def _add_groups_command(client_command) -> None:
-    """eos groups (after kafka-consumer-groups.sh)."""
-    groups = client_command("groups", help="list consumer groups, describe their members, offsets and lag")
-    groups.add_argument("action", choices=["list", "describe", "offsets"])
-    groups.add_argument("group", nargs="?")
-    groups.add_argument("--isolation", default="read_committed", choices=["read_uncommitted", "read_committed"],
-                        help="the consumers' isolation level: lag is measured against the last stable offset "
-                             "under read_committed, the high watermark under read_uncommitted (default: read_committed, the isolation of exactly-once pipelines)")
-    groups.add_argument("--state", action="append", nargs="?", const="", metavar="STATE",
-                        help="list: show states, only groups in STATE if given (repeatable); "
-                             "describe: the group's state, protocol and generation")
-    groups.add_argument("--members", action="store_true", help="describe: the members and their assignments")
-    groups.set_defaults(handler=cmd_groups)
-
-
 def _add_txn_command(client_command) -> None:
     """eos txn (after kafka-transactions.sh)."""
     txn = client_command("txn", help="list, describe, describe-producers, abort and find hanging transactions")
@@ -848,7 +789,8 @@ def build_parser() -> argparse.ArgumentParser:
     from eos.cli_cluster import add_commands as add_cluster_commands
     add_cluster_commands(commands, client_command, _parse_config_pairs)
     _add_data_commands(commands, client_command)
-    _add_groups_command(client_command)
+    from eos.cli_groups import add_commands as add_groups_commands
+    add_groups_commands(client_command)
     _add_txn_command(client_command)
     _add_acls_command(client_command)
     from eos.cli_users import add_commands as add_users_commands

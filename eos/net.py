@@ -317,12 +317,13 @@ _COORDINATOR_MOVED = frozenset({ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR
 
 
 def _coordinator_moved(response) -> bool:
-    """Does the answer say the coordinator is elsewhere (at the top, or for a partition or a
-    described transaction)?"""
+    """Does the answer say the coordinator is elsewhere (at the top, or for a partition, a
+    described transaction or group, or a deleted group)?"""
     if getattr(response, "error_code", ErrorCode.NONE) in _COORDINATOR_MOVED:
         return True
     return any(getattr(p, "error_code", ErrorCode.NONE) in _COORDINATOR_MOVED
-               for p in (*getattr(response, "partitions", ()), *getattr(response, "transactions", ())))
+               for p in (*getattr(response, "partitions", ()), *getattr(response, "transactions", ()),
+                         *getattr(response, "groups", ()), *getattr(response, "results", ())))
 
 
 class _CoordinatorStub:

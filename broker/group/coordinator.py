@@ -789,6 +789,36 @@ class GroupCoordinator:
                 answers.append(described)
         return answers
 
+    def delete_groups(self, group_ids: Iterable[str]) -> list[tuple[str, ErrorCode, str]]:
+        """DeleteGroups: [(group id, error, message)] in request order. A group is deleted
+        only when Empty -- or when it exists only as committed offsets, which Kafka treats as
+        an Empty group -- and its offsets go with it: the group's tombstone, then one of each
+        committed offset, so a broker that replays the log finds neither. A group with
+        members answers NON_EMPTY_GROUP, one that never existed GROUP_ID_NOT_FOUND."""
+        return [(group_id, *self._delete_group(group_id)) for group_id in group_ids]
+
+    def _delete_group(self, group_id: str) -> tuple[ErrorCode, str]:
+        with self._lock:
+            refusal = self._refusal(group_id)
+            if refusal is not None:
+                return refusal
+            now_ms = self._now_ms()
+            outcome = self.groups.delete_group(group_id, now_ms)
+            self._carry_out(outcome)      # the tombstone, when deleted (and any timer due)
+            reply = outcome.response
+            only_offsets = reply.error is ErrorCode.GROUP_ID_NOT_FOUND and group_id in self.offsets.groups()
+            if not reply.ok and not only_offsets:
+                self._take_replication_waits()     # a timer's writes: nobody answers from them
+                return reply.error, reply.message
+            error, message = ErrorCode.NONE, ""
+            write = self.offsets.delete_group(group_id)
+            if write is not None:
+                error, message = self._append_offset_write(write, now_ms)
+            waits = self._take_replication_waits()
+        if error is not ErrorCode.NONE:
+            return error, message
+        return self._replicated(waits)
+
     # On a cluster the broker answers FindCoordinator from the leadership of the internal
     # topics' partitions (broker.cluster_node.ClusterNode.find_coordinator).
     find_override: Callable[[int, list[str]], list[CoordinatorAddress]] | None = None

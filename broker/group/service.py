@@ -22,7 +22,7 @@ TOPIC_AUTHORIZATION_FAILED and are not committed; the others are, as in Kafka);
 TxnOffsetCommit WRITE on the transactional id first, then the same as OffsetCommit;
 OffsetFetch DESCRIBE on the group and on each topic (all offsets: the topics it may not
 describe are left out); ListGroups DESCRIBE on the cluster, or else only the groups it may
-DESCRIBE; DescribeGroups DESCRIBE on each group.
+DESCRIBE; DescribeGroups DESCRIBE on each group; DeleteGroups DELETE on each group.
 """
 from __future__ import annotations
 
@@ -289,6 +289,24 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServicer):
                 if g in refused else self._group_description(found[g]) for g in request.group_ids])
         described = self._coordinator.describe_groups(list(request.group_ids))
         return group_pb2.DescribeGroupsResponse(groups=[self._group_description(d) for d in described])
+
+    @_unexpected(lambda request, code, message: group_pb2.DeleteGroupsResponse(results=[
+        group_pb2.DeletedGroupResult(group_id=g, error_code=code, error_message=message) for g in request.group_ids]))
+    def DeleteGroups(self, request: group_pb2.DeleteGroupsRequest, context):
+        """Kafka's rule: DELETE on the group; a group refused is left alone, the others go on."""
+        refused: dict[str, str] = {}
+        if self._authorizer is not None:
+            refused = {g: why for g in request.group_ids
+                       if (why := self._refuse_group(g, Operation.DELETE)) is not None}
+        asked = list(dict.fromkeys(g for g in request.group_ids if g not in refused))
+        deleted = {g: (error, message) for g, error, message in self._coordinator.delete_groups(asked)}
+        results = []
+        for group_id in request.group_ids:
+            error, message = ((ErrorCode.GROUP_AUTHORIZATION_FAILED, refused[group_id]) if group_id in refused
+                              else deleted[group_id])
+            results.append(group_pb2.DeletedGroupResult(group_id=group_id, error_code=int(error),
+                                                        error_message=message))
+        return group_pb2.DeleteGroupsResponse(results=results)
 
     @staticmethod
     def _group_description(d) -> group_pb2.GroupDescription:

@@ -84,6 +84,11 @@ class GroupCoordinatorStub:
                 request_serializer=eos_dot_v1_dot_group__pb2.DescribeGroupsRequest.SerializeToString,
                 response_deserializer=eos_dot_v1_dot_group__pb2.DescribeGroupsResponse.FromString,
                 _registered_method=True)
+        self.DeleteGroups = channel.unary_unary(
+                '/eos.v1.GroupCoordinator/DeleteGroups',
+                request_serializer=eos_dot_v1_dot_group__pb2.DeleteGroupsRequest.SerializeToString,
+                response_deserializer=eos_dot_v1_dot_group__pb2.DeleteGroupsResponse.FromString,
+                _registered_method=True)
 
 
 class GroupCoordinatorServicer:
@@ -149,6 +154,14 @@ class GroupCoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteGroups(self, request, context):
+        """Kafka's DeleteGroups: only an Empty group (or one that only has committed offsets) is
+        deleted, its offsets with it; NON_EMPTY_GROUP otherwise. Sent to each group's coordinator.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GroupCoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -201,6 +214,11 @@ def add_GroupCoordinatorServicer_to_server(servicer, server):
                     servicer.DescribeGroups,
                     request_deserializer=eos_dot_v1_dot_group__pb2.DescribeGroupsRequest.FromString,
                     response_serializer=eos_dot_v1_dot_group__pb2.DescribeGroupsResponse.SerializeToString,
+            ),
+            'DeleteGroups': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteGroups,
+                    request_deserializer=eos_dot_v1_dot_group__pb2.DeleteGroupsRequest.FromString,
+                    response_serializer=eos_dot_v1_dot_group__pb2.DeleteGroupsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -473,6 +491,33 @@ class GroupCoordinator:
             '/eos.v1.GroupCoordinator/DescribeGroups',
             eos_dot_v1_dot_group__pb2.DescribeGroupsRequest.SerializeToString,
             eos_dot_v1_dot_group__pb2.DescribeGroupsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/eos.v1.GroupCoordinator/DeleteGroups',
+            eos_dot_v1_dot_group__pb2.DeleteGroupsRequest.SerializeToString,
+            eos_dot_v1_dot_group__pb2.DeleteGroupsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -397,6 +397,10 @@ CASES = [
          lambda ctx: grant(G, ctx["group"], O.DESCRIBE),
          lambda env, s, ctx: s.group.DescribeGroups(group_pb2.DescribeGroupsRequest(
              group_ids=[ctx["group"]])).groups[0].error_code, ErrorCode.GROUP_AUTHORIZATION_FAILED, False),
+    Case("DeleteGroups", lambda env: _setup_committed(env, "deleted-group"),
+         lambda ctx: grant(G, ctx["group"], O.DELETE),
+         lambda env, s, ctx: s.group.DeleteGroups(group_pb2.DeleteGroupsRequest(
+             group_ids=[ctx["group"]])).results[0].error_code, ErrorCode.GROUP_AUTHORIZATION_FAILED, True),
 ]
 
 

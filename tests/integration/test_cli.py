@@ -173,6 +173,81 @@ def test_groups_list_describe_and_offsets_with_lag_against_the_lso(broker):
     assert "unknown group state" in eos_cli(broker, "groups", "list", "--state", "Sleeping", expect_code=2)
 
 
+def test_groups_reset_offsets_and_delete_as_kafkas_tool_does(broker):
+    topic, group = "resets", "resetters"
+    tp0, tp1 = TopicPartition(topic, 0), TopicPartition(topic, 1)
+    with eos.Admin(broker.address) as admin:
+        admin.create_topic(topic, partitions=2)
+    with eos.Producer(broker.address) as producer:
+        for i in range(10):
+            producer.send(topic, value=b"r%d" % i, partition=0)
+            producer.send(topic, value=b"r%d" % i, partition=1)
+        producer.flush()
+
+    def committed():
+        return {(r[0], int(r[1])): int(r[2]) for r in table(eos_cli(broker, "groups", "offsets", group), "TOPIC")}
+
+    def plan(output):
+        return {(r[1], int(r[2])): int(r[3]) for r in table(output, "GROUP")}
+
+    consumer = eos.Consumer(broker.address, group_id=group, session_timeout_ms=6000, heartbeat_interval_ms=300)
+    try:
+        consumer.subscribe([topic])
+        wait_for(lambda: consumer.poll(timeout_ms=50) is not None and consumer.assignment() == {tp0, tp1},
+                 "the assignment")
+        consumer.commit({tp0: 7, tp1: 3})
+        # a group with members is neither reset nor deleted
+        error = eos_cli(broker, "groups", "reset-offsets", group, "--topic", topic, "--to-earliest", "--execute",
+                        expect_code=1)
+        assert f"can only be reset if the group '{group}' is inactive, but the current state is Stable" in error
+        assert "NON_EMPTY_GROUP" in eos_cli(broker, "groups", "delete", group, expect_code=1)
+    finally:
+        consumer.close()
+    assert committed() == {(topic, 0): 7, (topic, 1): 3}
+
+    # without --execute: the plan, and nothing changes
+    output = eos_cli(broker, "groups", "reset-offsets", group, "--topic", topic, "--to-earliest")
+    assert "No action will be performed" in output and plan(output) == {(topic, 0): 0, (topic, 1): 0}
+    output = eos_cli(broker, "groups", "reset-offsets", group, "--all-topics", "--shift-by", "-2", "--dry-run")
+    assert "No action" not in output and plan(output) == {(topic, 0): 5, (topic, 1): 1}
+    assert committed() == {(topic, 0): 7, (topic, 1): 3}
+    # --execute; offsets are kept within [log start, high watermark], as Kafka's tool keeps them
+    eos_cli(broker, "groups", "reset-offsets", group, "--topic", f"{topic}:1", "--to-offset", "99", "--execute")
+    assert committed() == {(topic, 0): 7, (topic, 1): 10}
+    eos_cli(broker, "groups", "reset-offsets", group, "--all-topics", "--shift-by", "-100", "--execute")
+    assert committed() == {(topic, 0): 0, (topic, 1): 0}
+    eos_cli(broker, "groups", "reset-offsets", group, "--topic", topic, "--to-latest", "--execute")
+    assert committed() == {(topic, 0): 10, (topic, 1): 10}
+    eos_cli(broker, "groups", "reset-offsets", group, "--topic", topic, "--to-datetime", "2000-01-01T00:00:00.000",
+            "--execute")
+    assert committed() == {(topic, 0): 0, (topic, 1): 0}
+    eos_cli(broker, "groups", "reset-offsets", group, "--topic", topic, "--to-datetime", "2999-01-01T00:00:00+01:00",
+            "--execute")
+    assert committed() == {(topic, 0): 10, (topic, 1): 10}
+    # the group's consumers start where the reset put them
+    eos_cli(broker, "groups", "reset-offsets", group, "--topic", f"{topic}:0", "--to-offset", "8", "--execute")
+    with eos.Consumer(broker.address, group_id=group, session_timeout_ms=6000, heartbeat_interval_ms=300) as resumed:
+        resumed.subscribe([topic])
+        seen: list = []
+        wait_for(lambda: seen.extend((r.partition, r.value) for r in resumed.poll(timeout_ms=100)) or len(seen) >= 2,
+                 "the records after the reset")
+        assert sorted(seen) == [(0, b"r8"), (0, b"r9")]
+    assert "needs --topic TOPIC" in eos_cli(broker, "groups", "reset-offsets", group, "--to-latest", expect_code=2)
+
+    # delete: the group and its offsets go; deleting it again finds nothing
+    output = eos_cli(broker, "groups", "delete", group)
+    assert f"Deletion of requested consumer groups ('{group}') was successful." in output
+    assert group not in eos_cli(broker, "groups", "list").split()
+    assert committed() == {}
+    assert "GROUP_ID_NOT_FOUND" in eos_cli(broker, "groups", "delete", group, expect_code=1)
+    # a group that only ever committed offsets (an admin's, a "simple" consumer's) is deleted too
+    with eos.Admin(broker.address) as admin:
+        admin.alter_group_offsets("offsets-only", {tp0: 4})
+        assert admin.list_group_offsets("offsets-only") == {tp0: 4}
+        assert admin.delete_groups(["offsets-only"]) == {"offsets-only": None}
+        assert admin.list_group_offsets("offsets-only") == {}
+
+
 # ---- transactions ---------------------------------------------------------------------------
 
 def test_txn_list_and_describe_follow_a_real_transaction(broker):

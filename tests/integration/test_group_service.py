@@ -201,6 +201,42 @@ def assert_no_partition_owned_twice_per_generation(everyone: list[Member]) -> No
                 assert other == member.name, f"{tp} owned by {other} and {member.name} in generation {generation}"
 
 
+def test_a_deleted_group_and_its_offsets_stay_deleted_after_kill_9(broker_factory, members):
+    broker = broker_factory(config=FAST_GROUPS)
+    create_topic(broker, partitions=2)
+    stub = group_stub(broker)
+    members.append(Member(broker, "m0", {TOPIC: 2}))
+    generation = wait_for(lambda: settled(stub, members), "the member in a Stable generation")
+    committed = stub.OffsetCommit(group_pb2.OffsetCommitRequest(
+        group_id=GROUP, generation_id=generation, member_id=members[0].member_id,
+        offsets=commit_request({0: 5, 1: 6})), timeout=RPC_TIMEOUT_S)
+    assert [p.error_code for p in committed.partitions] == [ErrorCode.NONE, ErrorCode.NONE]
+
+    def delete(group_id: str = GROUP) -> tuple[int, str]:
+        (result,) = stub.DeleteGroups(group_pb2.DeleteGroupsRequest(group_ids=[group_id]),
+                                      timeout=RPC_TIMEOUT_S).results
+        return result.error_code, result.error_message
+
+    code, message = delete()
+    assert code == ErrorCode.NON_EMPTY_GROUP and "Stable" in message
+    assert fetch(stub) == {0: (5, ErrorCode.NONE), 1: (6, ErrorCode.NONE)}       # refused: nothing changed
+    members[0].stop()
+    wait_for(lambda: delete()[0] == ErrorCode.NONE, "the deletion once the group is Empty")
+    assert fetch(stub) == {}
+    assert delete()[0] == ErrorCode.GROUP_ID_NOT_FOUND
+
+    # the group's tombstone and its offsets' tombstones are in __consumer_offsets: a replay
+    # after kill -9 finds neither the group nor an offset
+    broker.kill()
+    broker.start()
+    stub = group_stub(broker)
+    assert fetch(stub) == {}
+    assert stub.ListGroups(group_pb2.ListGroupsRequest(), timeout=RPC_TIMEOUT_S).groups == []
+    (described,) = stub.DescribeGroups(group_pb2.DescribeGroupsRequest(group_ids=[GROUP]),
+                                       timeout=RPC_TIMEOUT_S).groups
+    assert described.error_code == ErrorCode.GROUP_ID_NOT_FOUND
+
+
 def test_three_members_split_the_partitions_without_overlap(broker_factory, members):
     broker = broker_factory(config=FAST_GROUPS)
     create_topic(broker, partitions=10)
