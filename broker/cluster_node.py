@@ -42,9 +42,9 @@ import grpc
 
 from broker.group.records import OFFSETS_TOPIC, partition_for_group
 from broker.metadata.cache import MetadataCache
+from eos.client_config import PLAINTEXT_SECURITY, ChannelSecurity
 from eos.errors import ErrorCode, InconsistentClusterIdError
 from eos.net import open_channel
-from eos.client_config import PLAINTEXT_SECURITY, ChannelSecurity
 from eos.v1 import cluster_pb2, cluster_pb2_grpc
 
 log = logging.getLogger("eos.broker.cluster")

@@ -128,8 +128,8 @@ def cmd_broker_health(args) -> int:
     again (every 200 ms) until it is SERVING or the time is up, as a start-up probe does."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
-    from eos.net import open_channel
     from eos.client_config import security_of
+    from eos.net import open_channel
 
     channel = open_channel(args.bootstrap_server, security_of(client_config(args)))
     stub = health_pb2_grpc.HealthStub(channel)

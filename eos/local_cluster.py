@@ -191,9 +191,8 @@ class LocalCluster:
         running one) as live."""
         import grpc
 
-        from eos.net import open_channel
-
         from eos.client_config import security_of
+        from eos.net import open_channel
         from eos.v1 import broker_pb2, broker_pb2_grpc
 
         security = security_of(self.client_config)

@@ -47,8 +47,8 @@ from __future__ import annotations
 import json
 from typing import Mapping, NamedTuple
 
-from eos.errors import OffsetOutOfRangeError
 from eos.client_config import security_settings
+from eos.errors import OffsetOutOfRangeError
 from eos.types import TopicPartition
 
 EARLIEST = -2   # Kafka's sentinel in startingOffsets / endingOffsets JSON

@@ -64,9 +64,9 @@ import signal
 import time
 from pathlib import Path
 
+from eos.client_config import security_settings
 from eos.client_metrics import SinkMetrics, metrics_setting
 from eos.errors import EosError, ErrorCode
-from eos.client_config import security_settings
 from eos.types import TopicPartition
 from spark_sink.owner import TRANSACTION_TIMEOUT_MS_DEFAULT, TransactionOwner
 from spark_sink.participant import TIMEOUT_MS_DEFAULT, OwnerIdentity, producer_settings, write_arrow_batches

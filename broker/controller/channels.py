@@ -10,7 +10,7 @@ until it succeeds, the broker leaves the live set (`remove_broker`), or the cont
 resigns (`close`); a broker restarted meanwhile gets a fresh queue and the controller
 resends it everything it needs. A dead broker's queue never blocks another's.
 
-Responses are handed to `on_response(broker_id, rpc_name, response)` on the sender thread;
+Responses are handed to `on_response(broker_id, rpc_name, response, request)` on the sender thread;
 the controller turns the interesting ones (errors) into events on its own queue.
 """
 from __future__ import annotations
@@ -22,9 +22,8 @@ from typing import Callable
 
 import grpc
 
-from eos.net import open_channel
-
 from eos.client_config import ChannelSecurity
+from eos.net import open_channel
 from eos.v1 import cluster_pb2_grpc
 
 log = logging.getLogger("eos.controller.channels")
@@ -67,7 +66,7 @@ class _BrokerSender(threading.Thread):
                     self._stopping.wait(RETRY_BACKOFF_S)
                     continue
                 try:
-                    self._on_response(self.broker_id, rpc_name, response)
+                    self._on_response(self.broker_id, rpc_name, response, request)
                 except Exception:
                     log.exception("handling the %s response of broker %d", rpc_name, self.broker_id)
                 break
@@ -81,7 +80,7 @@ class _BrokerSender(threading.Thread):
 class ControllerChannels:
     """Sender threads by broker id; see the module doc."""
 
-    def __init__(self, on_response: Callable[[int, str, object], None], security: ChannelSecurity | None = None):
+    def __init__(self, on_response: Callable[[int, str, object, object], None], security: ChannelSecurity | None = None):
         self._on_response = on_response
         self._security = security      # the inter-broker listener's protocol
         self._senders: dict[int, _BrokerSender] = {}

@@ -27,7 +27,11 @@ on its version (a leader changed the ISR meanwhile) makes the core ask for the s
 Topic deletion (Kafka's TopicDeletionManager): a topic with a replica on a broker that is
 down stays marked for deletion (`deletions_waiting`, its /admin/delete_topics mark and its
 znodes kept) until every such broker is back; then every replica gets StopReplica with
-delete. Deleting it at once left the down broker's copy on its disk: back, it served the
+delete, and the topic's znodes (so its name) go only once every replica has answered that
+it deleted its copy (`deletions_unconfirmed`, `stop_replica_answered`). A broker that dies
+before it answers -- also one that is dead but not yet noticed, its ZooKeeper session still
+open, whose StopReplica the channel drops when the session ends -- is sent it again when it
+registers anew. Either shortcut left that broker's copy on its disk: back, it served the
 old records again inside a new topic of the same name (the epochs of both start at 0), so
 acknowledged records of the new one were lost and the replicas differed for good.
 
@@ -155,6 +159,8 @@ class ControllerCore:
         self.shutting_down: set[int] = set()
         # topic -> the brokers down that hold a replica of it: its deletion waits for them
         self.deletions_waiting: dict[str, tuple[int, ...]] = {}
+        # topic -> broker -> its partitions whose StopReplica(delete) it has not confirmed yet
+        self.deletions_unconfirmed: dict[str, dict[int, tuple[TP, ...]]] = {}
         self.reassignments: dict[TP, _Reassignment] = {}
         self.partition_states = PartitionStates()
         self.replica_states = ReplicaStates()
@@ -265,6 +271,10 @@ class ControllerCore:
         if joined:
             # the new brokers learn the whole cluster, everyone learns the new broker list
             effects.append(self._update_metadata(self.partitions(), to=sorted(self.live), full=True))
+        elif dead:
+            # everyone learns the new broker list, also when no partition of theirs changes
+            # (Kafka's onBrokerFailure): Metadata must stop naming a dead broker
+            effects.append(self._update_metadata((), to=sorted(self.live)))
         for tp in self.partitions():
             state = self.states.get(tp)
             replicas = self.replicas_of(tp)
@@ -287,9 +297,31 @@ class ControllerCore:
                       and any(r in joined for r in self.replicas_of(tp))]
             effects.extend(self._leader_and_isr(hosted, to=joined))
         effects.extend(self._plan(list(self._pending)))
+        for name, unconfirmed in sorted(self.deletions_unconfirmed.items()):
+            # a broker back (or restarted) that never confirmed: its copy may still be on disk
+            for broker in sorted(b for b in unconfirmed if b in joined):
+                effects.append(SendStopReplica(broker, unconfirmed[broker], delete=True))
         ready = {name for name, down in self.deletions_waiting.items() if all(b in self.live for b in down)}
         if ready:
             effects.extend(self.delete_topics(ready))
+        return effects
+
+    def stop_replica_answered(self, broker_id: int, deleted: Iterable[TP]) -> list:
+        """Broker `broker_id` answered a StopReplica(delete): `deleted` are the partitions it
+        says it deleted. A topic whose every replica has confirmed loses its znodes (and its
+        /admin/delete_topics mark): only then may its name be used again."""
+        done = set(deleted)
+        effects: list = []
+        for name in sorted(self.deletions_unconfirmed):
+            unconfirmed = self.deletions_unconfirmed[name]
+            left = tuple(tp for tp in unconfirmed.get(broker_id, ()) if tp not in done)
+            if left:
+                unconfirmed[broker_id] = left
+            else:
+                unconfirmed.pop(broker_id, None)
+            if not unconfirmed:
+                del self.deletions_unconfirmed[name]
+                effects.append(DeleteTopicZnodes(name))
         return effects
 
     def topics_changed(self, topics: Mapping[str, TopicModel]) -> list:
@@ -418,6 +450,8 @@ class ControllerCore:
         effects: list = []
         deleted = []
         for name in sorted(topics):
+            if name in self.deletions_unconfirmed:
+                continue       # deleted, waiting for its replicas to confirm (stop_replica_answered)
             model = self.topics.get(name)
             if model is None:
                 self.deletions_waiting.pop(name, None)
@@ -443,7 +477,10 @@ class ControllerCore:
                         by_broker.setdefault(replica, []).append(tp)
             for broker, tps in sorted(by_broker.items()):
                 effects.append(SendStopReplica(broker, tuple(sorted(tps)), delete=True))
-            effects.append(DeleteTopicZnodes(name))
+            if by_broker:
+                self.deletions_unconfirmed[name] = {broker: tuple(sorted(tps)) for broker, tps in by_broker.items()}
+            else:
+                effects.append(DeleteTopicZnodes(name))    # no partition, no replica to wait for
             deleted.append(name)
         if deleted:
             effects.append(SendUpdateMetadata(tuple(sorted(self.live)), (), tuple(self.live.values()), {},

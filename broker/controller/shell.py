@@ -321,6 +321,9 @@ class Controller:
         for name, down in sorted(self._core.deletions_waiting.items()):
             log.warning("the deletion of topic %s waits for broker(s) %s, down, which hold a replica of it",
                         name, ", ".join(map(str, down)))
+        for name, unconfirmed in sorted(self._core.deletions_unconfirmed.items()):
+            log.info("the deletion of topic %s waits for broker(s) %s to confirm they deleted their replicas",
+                     name, ", ".join(map(str, sorted(unconfirmed))))
 
     def _on_preferred_znode(self, _payload) -> None:
         tps = self._store.preferred_election_request(watch=lambda *_: self._put("preferred_znode"))
@@ -465,11 +468,23 @@ class Controller:
             request.partitions.append(proto)
         return request
 
-    def _on_broker_response(self, broker_id: int, rpc_name: str, response) -> None:
+    def _on_broker_response(self, broker_id: int, rpc_name: str, response, request) -> None:
+        """(a sender thread) Errors are logged; a StopReplica that deleted partitions goes to
+        the core as an event (a topic's deletion ends when every replica confirmed it)."""
         code = getattr(response, "error_code", 0)
         if code:
             log.warning("%s to broker %d answered %s: %s", rpc_name, broker_id, ErrorCode(code).name,
                         response.error_message)
+        elif rpc_name == "StopReplica" and request.delete_partitions:
+            deleted = [(p.topic, p.partition) for p in response.partitions if p.error_code == ErrorCode.NONE]
+            refused = [p for p in response.partitions if p.error_code != ErrorCode.NONE]
+            for p in refused:
+                log.warning("broker %d could not delete %s-%d: %s", broker_id, p.topic, p.partition, p.error_message)
+            self._put("stop_replica_answered", (broker_id, deleted))
+
+    def _on_stop_replica_answered(self, payload) -> None:
+        broker_id, deleted = payload
+        self._execute(self._core.stop_replica_answered(broker_id, deleted))
 
 
 def _is_true(raw: str | None, default: bool) -> bool:

@@ -50,9 +50,9 @@ from typing import Callable
 import grpc
 
 from broker.fetch_sessions import INITIAL_EPOCH, next_epoch
+from eos.client_config import ChannelSecurity
 from eos.errors import ErrorCode
 from eos.net import open_channel
-from eos.client_config import ChannelSecurity
 from eos.v1 import broker_pb2, broker_pb2_grpc, cluster_pb2, cluster_pb2_grpc, common_pb2
 
 log = logging.getLogger("eos.broker.fetcher")

@@ -442,8 +442,9 @@ def test_a_topic_deleted_while_a_replica_is_down_is_deleted_there_too_before_the
     cluster.restart(down)
     wait_for(lambda: "ghost" not in admin.list_topics() and not ghost_dir.exists(),
              f"the deletion finished, broker {down}'s copy included")
-    admin.create_topics([{"name": "ghost", "partitions": 1, "replication_factor": 3,
-                          "assignments": {0: [down, *[b for b in sorted(cluster.processes) if b != down]]}}])
+    # (the name is free once every replica's confirmation reached the controller)
+    wait_for(lambda: _created(admin, "ghost", [down, *[b for b in sorted(cluster.processes) if b != down]]),
+             "the name free again")
     wait_for(lambda: (lambda p: p if len(p["isr"]) == 3 and p["leader"] >= 0 else None)(
         describe(admin, "ghost")[0]), "the new topic's full ISR")
     for i in range(10):
@@ -453,6 +454,56 @@ def test_a_topic_deleted_while_a_replica_is_down_is_deleted_there_too_before_the
     values = [r.value for r in read_all(cluster.bootstrap, "ghost", 1, 10)]
     assert values == [f"NEW-{i}".encode() for i in range(10)]
     admin.close()
+
+
+def test_a_topic_deleted_while_a_replica_is_dead_but_not_yet_noticed_keeps_its_name_until_that_copy_is_gone(cluster):
+    # The broker is killed and the topic deleted at once, before its ZooKeeper session ends:
+    # the controller still counts it live and sends it StopReplica, which never arrives (the
+    # channel drops it when the session ends). Before, the name was freed at once, and the
+    # broker, back, served its old copy inside the new topic of that name. Now the name is
+    # held until every replica has confirmed it deleted its copy (Kafka's TopicDeletionManager).
+    admin = eos.Admin(bootstrap=cluster.bootstrap)
+    admin.create_topic("ghost2", partitions=1, replication_factor=3)
+    wait_for(lambda: len(describe(admin, "ghost2")[0]["isr"]) == 3, "the full ISR")
+    producer = eos.Producer(bootstrap=cluster.bootstrap, acks="all", enable_idempotence=True)
+    for i in range(50):
+        producer.send("ghost2", value=f"OLD-{i}".encode(), partition=0)
+    producer.flush(30)
+    down = describe(admin, "ghost2")[0]["replicas"][-1]
+    cluster.kill(down)
+    admin.delete_topic("ghost2")                 # at once: the controller still counts it live
+    with pytest.raises(TopicAlreadyExistsError, match="marked for deletion"):
+        admin.create_topic("ghost2", partitions=1, replication_factor=2)
+    ghost_dir = cluster.data_dir / f"broker-{down}" / "ghost2-0"
+    assert ghost_dir.exists()
+    # its session ends (the StopReplica is dropped with its channel); the name stays taken
+    wait_for(lambda: down not in admin.describe_cluster()["brokers"], f"the controller to see broker {down} gone")
+    with pytest.raises(TopicAlreadyExistsError, match="marked for deletion"):
+        admin.create_topic("ghost2", partitions=1, replication_factor=2)
+
+    cluster.restart(down)                        # registered anew: told again, it deletes its copy
+    wait_for(lambda: not ghost_dir.exists(), f"broker {down}'s copy deleted")
+    wait_for(lambda: _created(admin, "ghost2", [down, *[b for b in sorted(cluster.processes) if b != down]]),
+             "the name free again")
+    wait_for(lambda: (lambda p: p if len(p["isr"]) == 3 and p["leader"] >= 0 else None)(
+        describe(admin, "ghost2")[0]), "the new topic's full ISR")
+    for i in range(10):
+        producer.send("ghost2", value=f"NEW-{i}".encode(), partition=0)
+    producer.flush(30)
+    producer.close()
+    values = [r.value for r in read_all(cluster.bootstrap, "ghost2", 1, 10)]
+    assert values == [f"NEW-{i}".encode() for i in range(10)]
+    admin.close()
+
+
+def _created(admin, name: str, replicas: list[int]) -> bool:
+    """Create `name` with one partition on `replicas`; False while the name is still taken."""
+    try:
+        admin.create_topics([{"name": name, "partitions": 1, "replication_factor": len(replicas),
+                              "assignments": {0: replicas}}])
+    except TopicAlreadyExistsError:
+        return False
+    return True
 
 
 def test_sigterm_moves_leaderships_away_before_exit(cluster):

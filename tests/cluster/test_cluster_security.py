@@ -19,10 +19,10 @@ from broker.acl import AclBinding, AclFilter, Operation, PatternType, Permission
 from broker.server import BrokerServer
 from broker.zk_acls import LITERAL_ROOT, PREFIXED_ROOT
 from eos import TopicPartition
+from eos.client_config import security_of
 from eos.errors import EosError, ErrorCode, TopicAuthorizationFailedError
 from eos.local_cluster import LocalCluster, _ensure_chroot
 from eos.net import open_channel
-from eos.client_config import security_of
 from eos.tls_certs import make_local_tls
 from eos.v1 import broker_pb2, broker_pb2_grpc, cluster_pb2, cluster_pb2_grpc, common_pb2, group_pb2, group_pb2_grpc
 from tests.integration.test_acls import copy_input_to_output

@@ -12,7 +12,7 @@ import time
 import pytest
 
 import eos
-from eos.errors import ErrorCode, Reaction, reaction_for
+from eos.errors import EosError, ErrorCode, Reaction, reaction_for
 from eos.records.codec import encode_batch
 from eos.types import TopicPartition
 from eos.v1 import broker_pb2, common_pb2, txn_pb2
@@ -201,6 +201,8 @@ def test_groups_reset_offsets_and_delete_as_kafkas_tool_does(broker):
                         expect_code=1)
         assert f"can only be reset if the group '{group}' is inactive, but the current state is Stable" in error
         assert "NON_EMPTY_GROUP" in eos_cli(broker, "groups", "delete", group, expect_code=1)
+        with eos.Admin(broker.address) as admin, pytest.raises(EosError, match="has active members"):
+            admin.alter_group_offsets(group, {tp0: 0})
     finally:
         consumer.close()
     assert committed() == {(topic, 0): 7, (topic, 1): 3}

@@ -79,7 +79,10 @@ def test_dead_leader_is_replaced_from_the_isr_with_a_higher_epoch():
     state, _ = zk.states[T0]
     assert (state.leader, state.leader_epoch, state.isr) == (1, 1, (1, 2))
     assert set(leader_and_isr_to(seen)) == {1, 2}
-    update = next(e for e in seen if isinstance(e, SendUpdateMetadata))
+    # first every live broker learns the broker list (broker 0 gone), then the partition's state
+    first = next(e for e in seen if isinstance(e, SendUpdateMetadata))
+    assert (first.broker_ids, first.partitions, [b.broker_id for b in first.live_brokers]) == ((1, 2), (), [1, 2])
+    update = next(e for e in seen if isinstance(e, SendUpdateMetadata) and e.partitions)
     assert update.offline_replicas == {T0: (0,)}
 
 
@@ -202,12 +205,38 @@ def test_auto_rebalance_moves_leadership_back_to_preferred_replicas():
     assert core_off.rebalance_tick(now_ms=1) == []
 
 
-def test_topic_deletion_stops_and_deletes_replicas():
+def deleted_znodes(effects) -> list[str]:
+    return [e.topic for e in effects if isinstance(e, DeleteTopicZnodes)]
+
+
+def test_topic_deletion_stops_and_deletes_replicas_and_frees_the_name_once_each_confirmed():
     core, zk, _ = started()
     seen = zk.run(core, core.delete_topics({"t"}))
     assert sorted(e.broker_id for e in seen if isinstance(e, SendStopReplica) and e.delete) == [0, 1, 2]
-    assert any(isinstance(e, DeleteTopicZnodes) and e.topic == "t" for e in seen)
     assert core.partitions() == []
+    # the znodes (the name) stay until every replica says it deleted its copy
+    assert deleted_znodes(seen) == [] and sorted(core.deletions_unconfirmed["t"]) == [0, 1, 2]
+    assert zk.run(core, core.delete_topics({"t"})) == []         # the mark seen again: still waiting
+    assert deleted_znodes(zk.run(core, core.stop_replica_answered(0, [T0]))) == []
+    assert deleted_znodes(zk.run(core, core.stop_replica_answered(1, []))) == []    # it could not delete
+    assert deleted_znodes(zk.run(core, core.stop_replica_answered(2, [T0]))) == []
+    assert deleted_znodes(zk.run(core, core.stop_replica_answered(1, [T0]))) == ["t"]
+    assert core.deletions_unconfirmed == {}
+
+
+def test_a_replica_that_dies_before_confirming_its_deletion_is_told_again_when_it_is_back():
+    # Broker 2 was dead but still registered (its ZooKeeper session open): its StopReplica
+    # never arrived. Freeing the name then let its stale copy come back inside a new topic.
+    core, zk, _ = started()
+    zk.run(core, core.delete_topics({"t"}))
+    zk.run(core, core.stop_replica_answered(0, [T0]))
+    zk.run(core, core.stop_replica_answered(1, [T0]))
+    zk.run(core, core.brokers_changed(live(0, 1), now_ms=1))          # its session ends
+    assert core.deletions_unconfirmed == {"t": {2: (T0,)}}
+    seen = zk.run(core, core.brokers_changed(live(0, 1, 2), now_ms=2))   # it registers anew
+    assert [(e.broker_id, e.partitions, e.delete) for e in seen if isinstance(e, SendStopReplica)] == [(2, (T0,), True)]
+    assert deleted_znodes(seen) == []
+    assert deleted_znodes(zk.run(core, core.stop_replica_answered(2, [T0]))) == ["t"]
 
 
 def test_a_topic_with_a_replica_on_a_broker_that_is_down_is_deleted_only_once_it_is_back():
@@ -225,5 +254,7 @@ def test_a_topic_with_a_replica_on_a_broker_that_is_down_is_deleted_only_once_it
     # broker 2 first learns its roles in the partition it hosts, then is told to delete it
     to_two = [e for e in seen if getattr(e, "broker_id", None) == 2]
     assert isinstance(to_two[0], SendLeaderAndIsr) and isinstance(to_two[-1], SendStopReplica)
-    assert any(isinstance(e, DeleteTopicZnodes) and e.topic == "t" for e in seen)
     assert core.partitions() == [] and core.deletions_waiting == {}
+    for broker in (0, 1):
+        zk.run(core, core.stop_replica_answered(broker, [T0]))
+    assert deleted_znodes(zk.run(core, core.stop_replica_answered(2, [T0]))) == ["t"]
