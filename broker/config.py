@@ -136,7 +136,7 @@ class BrokerConfig:
     # broker with a PLAINTEXT listener; N: that port; -1: none, everything over gRPC.
     socket_transport_port: int = 0
     # Kafka's: a socket-port connection on which nothing arrives this long is closed
-    # (broker/socket_server.py), so idle connections cannot hold its places for good.
+    # (broker/socket_server.py), so idle connections cannot hold its places for good; -1: never.
     connections_max_idle_ms: int = 600_000
     # ---- listeners and TLS (broker/security.py) ----
     # Kafka's listeners; empty: one PLAINTEXT listener on the host and port BrokerServer is given.
@@ -189,6 +189,9 @@ class BrokerConfig:
         if values.get("group_min_session_timeout_ms", GROUP_MIN_SESSION_TIMEOUT_MS) > values.get(
                 "group_max_session_timeout_ms", GROUP_MAX_SESSION_TIMEOUT_MS):
             raise InvalidConfigError("group.min.session.timeout.ms must not exceed group.max.session.timeout.ms")
+        if values.get("connections_max_idle_ms") == 0:
+            raise InvalidConfigError("invalid value '0' for connections.max.idle.ms: -1 (never) or at least 1 ms "
+                                     "(0 would close every connection before its first request)")
         values.update(_security_settings(security, clustered=bool(values.get("zookeeper_connect"))))
         if values.get("socket_transport_port", -1) > 0:
             _check_socket_transport(values)
@@ -311,7 +314,8 @@ _INT_SETTINGS = {
     "num.io.threads": ("num_io_threads", 1, 1024),
     "metrics.port": ("metrics_port", -1, 65535),
     "socket.transport.port": ("socket_transport_port", -1, 65535),
-    "connections.max.idle.ms": ("connections_max_idle_ms", 1, None),
+    # -1: never (Kafka's); at most 2^31-1 ms (about 25 days), which a socket timeout can hold
+    "connections.max.idle.ms": ("connections_max_idle_ms", -1, 2**31 - 1),
     "quota.window.num": ("quota_window_num", 2, 1000),
     "quota.window.size.seconds": ("quota_window_size_seconds", 1, 3600),
     "queued.max.requests": ("queued_max_requests", 1, None),

@@ -27,12 +27,14 @@ gRPC refuses a message over its receive limit; bytes that are not frames close t
 connection.
 
 At most `connections_max` connections are served at once: one more gets a REFUSED frame
-and is closed at accept (what it had sent is read and dropped first, so the close does not
-reset the connection before the client has read why); the client then makes that broker's
-calls over gRPC for a while. A connection on which no frame arrives for
-`connections_max_idle_ms` (Kafka's connections.max.idle.ms, 10 minutes) is closed, so idle
-connections cannot hold the port's places for good; eos's clients drop their own idle
-connections sooner (eos/socket_rpc.py), as Kafka's do. `stop(grace)` closes the port, ends idle
+and is closed at accept. What it had already sent is read and dropped first, so that the
+close does not reset the connection before the client reads why (bytes still on their way
+are not: that client sees a cut connection, and retries). The client then makes that
+broker's calls over gRPC for a while. A connection on which no frame arrives for
+`connections_max_idle_ms` (Kafka's connections.max.idle.ms: 10 minutes; -1 never) is
+closed, so idle connections cannot hold the port's places for good; eos's clients close
+their pooled connections after 9 minutes unused (eos/socket_rpc.py), before the broker's
+default would. `stop(grace)` closes the port, ends idle
 connections at once, lets each busy one finish the call it is running (a frame read after
 the stop began is answered UNAVAILABLE) and, after `grace`, shuts the rest down; the event
 it returns is set when every connection's thread has ended.
@@ -288,6 +290,10 @@ class SocketRpcServer:
     def _serve_in_thread(self, sock: socket.socket, address) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)   # a vanished peer ends in time
+        # A read waits at most this long (the idle limit; sends too): past it the connection
+        # is closed (socket.timeout is an OSError, which ends `_serve` quietly). Set before
+        # the connection takes a place, so that nothing can fail between the two.
+        sock.settimeout(None if self.connections_max_idle_ms < 0 else self.connections_max_idle_ms / 1000)
         connection = _ServedConnection(sock, address)
         with self._lock:
             refused = self._stopping or len(self._connections) >= self.connections_max
@@ -299,9 +305,6 @@ class SocketRpcServer:
             log.warning("refused a connection from %s: %s", connection.peer, reason)
             self._refuse(connection, reason)
             return
-        # A read waits at most this long (the idle limit; sends too): past it the connection
-        # is closed (socket.timeout is an OSError, which ends `_serve` quietly).
-        sock.settimeout(self.connections_max_idle_ms / 1000)
         connection.thread = threading.Thread(target=self._serve, args=(connection,),
                                              name="eos-socket-conn", daemon=True)
         try:

@@ -14,7 +14,8 @@ read_committed, the default: what an exactly-once pipeline's consumers can reach
 `delete` removes the group and its committed offsets; `reset-offsets` computes the new
 offsets and, with --execute only, commits them (without it the plan is printed and nothing
 changes, as Kafka's tool does without --execute). New offsets are kept within each partition's
-[log start, high watermark], as Kafka's tool clamps them.
+[log start, high watermark], as Kafka's tool clamps them (and says so); --shift-by needs a
+committed offset, and a --to-datetime without a zone is local time, as in Kafka's tool.
 """
 from __future__ import annotations
 
@@ -51,7 +52,8 @@ def add_commands(client_command) -> None:
     target.add_argument("--shift-by", type=int, metavar="N",
                         help="reset-offsets: the committed offset plus N (negative: back)")
     target.add_argument("--to-datetime", metavar="YYYY-MM-DDTHH:mm:SS.sss",
-                        help="reset-offsets: the first offset at or after this time (UTC unless it says +HH:MM)")
+                        help="reset-offsets: the first offset at or after this time (local time unless it "
+                             "says +HH:MM)")
     mode = groups.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="reset-offsets: print the plan only")
     mode.add_argument("--execute", action="store_true", help="reset-offsets: commit the new offsets")
@@ -152,13 +154,14 @@ def _delete(admin, groups: list[str]) -> int:
 # ---- reset-offsets --------------------------------------------------------------------------
 
 def _parse_datetime_ms(text: str) -> int:
-    """Kafka's --to-datetime forms ('2026-11-29T10:00:00.000', a zone offset optional) -> ms."""
+    """Kafka's --to-datetime forms ('2026-11-29T10:00:00.000', a zone offset optional; without
+    one the machine's local time, as Kafka's tool reads it) -> ms."""
     try:
         moment = datetime.datetime.fromisoformat(text)
     except ValueError:
         raise ValueError(f"--to-datetime {text!r} is not YYYY-MM-DDTHH:mm:SS.sss (optionally +HH:MM)") from None
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=datetime.timezone.utc)
+        moment = moment.astimezone()     # a naive time is local
     return int(moment.timestamp() * 1000)
 
 
@@ -196,15 +199,29 @@ def reset_plan(admin, group: str, partitions: list, args) -> dict:
         wanted = {tp: args.to_offset for tp in partitions}
     elif args.shift_by is not None:
         committed = admin.list_group_offsets(group, partitions)
-        # a partition without a commit shifts from where a new member would start: the end
-        wanted = {tp: committed.get(tp, latest[tp]) + args.shift_by for tp in partitions}
+        missing = [tp for tp in partitions if tp not in committed]
+        if missing:
+            tp = missing[0]
+            raise ValueError(f"Cannot shift offset for partition {tp.topic}-{tp.partition} since there is no "
+                             f"current committed offset")
+        wanted = {tp: committed[tp] + args.shift_by for tp in partitions}
     elif args.to_datetime is not None:
         at = admin.list_offsets({tp: _parse_datetime_ms(args.to_datetime) for tp in partitions})
         wanted = {tp: latest[tp] if offset < 0 else offset for tp, offset in at.items()}
     else:
         raise ValueError("reset-offsets needs one of --to-earliest, --to-latest, --to-offset, --shift-by, "
                          "--to-datetime")
-    return {tp: min(max(wanted[tp], earliest[tp]), latest[tp]) for tp in partitions}
+    plan = {}
+    for tp in partitions:
+        # Kafka's tool keeps each offset within the log, and says so
+        if wanted[tp] < earliest[tp]:
+            print(f"New offset ({wanted[tp]}) is lower than earliest offset for topic partition "
+                  f"{tp.topic}-{tp.partition}. Value will be set to {earliest[tp]}")
+        elif wanted[tp] > latest[tp]:
+            print(f"New offset ({wanted[tp]}) is higher than latest offset for topic partition "
+                  f"{tp.topic}-{tp.partition}. Value will be set to {latest[tp]}")
+        plan[tp] = min(max(wanted[tp], earliest[tp]), latest[tp])
+    return plan
 
 
 def _reset_offsets(admin, group: str, args) -> int:

@@ -78,8 +78,8 @@ CONNECT_TIMEOUT_S = 10.0
 STREAM_SEND_TIMEOUT_S = 30.0
 IDLE_CONNECTIONS_MAX = 8                   # kept open per channel for later calls
 # A pooled connection unused this long is closed rather than reused: Kafka's client
-# connections.max.idle.ms, below the broker's (10 minutes), so that the client, not the
-# broker, ends an idle connection and no call is sent on one the broker is closing.
+# connections.max.idle.ms, below the broker's default (10 minutes), so that the client, not
+# the broker, ends an idle connection and no call is sent on one the broker is closing.
 IDLE_CONNECTION_MAX_S = 540.0
 # A started call (`PendingCall`) connects on its caller's thread, which is an application's
 # poll(): a port that drops connection attempts (a firewall) must not hold it for the full

@@ -292,8 +292,12 @@ class ControllerCore:
             elif any(b in dead for b in leader_isr.isr):
                 self._pending[tp] = "shrink"
         if joined:
-            # each joined broker learns its roles in the partitions it hosts
-            hosted = [tp for tp in self.partitions() if tp not in self._pending
+            # Each joined broker learns its roles in the partitions it hosts -- also those
+            # queued for an ISR shrink: a broker that restarted between two looks is both gone
+            # and back in this event, so the shrink may have nothing to remove (it is live),
+            # write nothing and tell it nothing, and it would never follow. A partition whose
+            # leadership is being decided is told when the decision is written.
+            hosted = [tp for tp in self.partitions() if self._pending.get(tp) in (None, "shrink")
                       and any(r in joined for r in self.replicas_of(tp))]
             effects.extend(self._leader_and_isr(hosted, to=joined))
         effects.extend(self._plan(list(self._pending)))
@@ -328,6 +332,8 @@ class ControllerCore:
         """New topics or partitions (and config changes); deletions go through delete_topics."""
         effects: list = []
         for name, model in topics.items():
+            if name in self.deletions_unconfirmed:
+                continue        # deleted: its znodes only wait for the replicas' confirmations
             old = self.topics.get(name)
             self.topics[name] = model
             for partition in model.assignment:

@@ -37,8 +37,11 @@ EVENT_QUEUE_MAX = 10_000
 LEADER_IMBALANCE_CHECK_INTERVAL_MS = 300_000   # leader.imbalance.check.interval.seconds = 300
 CALL_TIMEOUT_S = 30.0
 # Events a ZooKeeper watch raises; each handler reads the znode again and sets the next watch.
+# Events retried (without their payload) when they fail; stop_replica_answered's retry is a
+# delete_topics pass, which deletes the znodes of a deletion whose last confirmation came in
+# but whose znodes could not be deleted then.
 _WATCHED_EVENTS = frozenset({"brokers_changed", "topics_changed", "isr_change", "delete_topics",
-                             "preferred_znode", "reassign_znode"})
+                             "preferred_znode", "reassign_znode", "stop_replica_answered"})
 ELECT_RETRY_S = 0.5          # after an election that failed (ZooKeeper unreachable, session expired)
 STATE_WRITE_ROUNDS_MAX = 10
 
@@ -483,6 +486,12 @@ class Controller:
             self._put("stop_replica_answered", (broker_id, deleted))
 
     def _on_stop_replica_answered(self, payload) -> None:
+        if payload is None:
+            # the retry of a failed event carries no payload: the core has taken the answer in,
+            # and what failed was deleting the topic's znodes; a mark left behind for a topic
+            # the core no longer has is deleted by the delete_topics pass
+            self._on_delete_topics(None)
+            return
         broker_id, deleted = payload
         self._execute(self._core.stop_replica_answered(broker_id, deleted))
 

@@ -400,7 +400,8 @@ class GroupCoordinator:
         end = partition_log.log_end_offset
         loaded = 0
         # Keys recur (one per group, one per group and partition), so each is decoded once;
-        # the map holds no more keys than the state the replay builds.
+        # the map holds one entry per distinct key of the partition's log, and lives as long
+        # as this load.
         decoded_keys: dict[bytes, RecordKey] = {}
         while offset < end:
             data = partition_log.read(offset, LOAD_READ_BYTES, max_offset_exclusive=end)
@@ -804,16 +805,27 @@ class GroupCoordinator:
                 return refusal
             now_ms = self._now_ms()
             outcome = self.groups.delete_group(group_id, now_ms)
-            self._carry_out(outcome)      # the tombstone, when deleted (and any timer due)
             reply = outcome.response
-            only_offsets = reply.error is ErrorCode.GROUP_ID_NOT_FOUND and group_id in self.offsets.groups()
+            only_offsets = reply.error is ErrorCode.GROUP_ID_NOT_FOUND and bool(self.offsets.committed(group_id))
+            # The group's tombstone is appended here, not by _carry_out, whose failed group
+            # writes change nothing for a deletion: a DeleteGroups whose tombstone did not
+            # reach the log must say so (the group would come back with the next load).
+            error, message = ErrorCode.NONE, ""
+            self._resolve(outcome)
+            for write in outcome.writes:
+                write_error = self._append_group_write(write)
+                if write_error is not ErrorCode.NONE and error is ErrorCode.NONE:
+                    error = _APPEND_ERROR_TO_COMMIT_ERROR.get(write_error, write_error)
+                    message = f"the tombstone of group {group_id!r} was not written ({write_error.name})"
+                self._carry_out(self.groups.write_completed(write.write_id, self._now_ms(), write_error))
             if not reply.ok and not only_offsets:
                 self._take_replication_waits()     # a timer's writes: nobody answers from them
                 return reply.error, reply.message
-            error, message = ErrorCode.NONE, ""
-            write = self.offsets.delete_group(group_id)
-            if write is not None:
-                error, message = self._append_offset_write(write, now_ms)
+            offsets_write = self.offsets.delete_group(group_id)
+            if offsets_write is not None and error is ErrorCode.NONE:
+                error, message = self._append_offset_write(offsets_write, now_ms)
+            elif offsets_write is not None:
+                self.offsets.write_failed(offsets_write)    # not attempted: the group's write failed
             waits = self._take_replication_waits()
         if error is not ErrorCode.NONE:
             return error, message

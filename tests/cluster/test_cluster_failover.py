@@ -469,7 +469,11 @@ def test_a_topic_deleted_while_a_replica_is_dead_but_not_yet_noticed_keeps_its_n
     for i in range(50):
         producer.send("ghost2", value=f"OLD-{i}".encode(), partition=0)
     producer.flush(30)
-    down = describe(admin, "ghost2")[0]["replicas"][-1]
+    # a follower that is not the controller (the deletion is the controller's: killing it
+    # would wait for the next one, which learns of the death from ZooKeeper first)
+    controller = admin.describe_cluster()["controller_id"]
+    state = describe(admin, "ghost2")[0]
+    down = next(b for b in reversed(state["replicas"]) if b not in (controller, state["leader"]))
     cluster.kill(down)
     admin.delete_topic("ghost2")                 # at once: the controller still counts it live
     with pytest.raises(TopicAlreadyExistsError, match="marked for deletion"):

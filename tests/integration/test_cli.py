@@ -214,7 +214,9 @@ def test_groups_reset_offsets_and_delete_as_kafkas_tool_does(broker):
     assert "No action" not in output and plan(output) == {(topic, 0): 5, (topic, 1): 1}
     assert committed() == {(topic, 0): 7, (topic, 1): 3}
     # --execute; offsets are kept within [log start, high watermark], as Kafka's tool keeps them
-    eos_cli(broker, "groups", "reset-offsets", group, "--topic", f"{topic}:1", "--to-offset", "99", "--execute")
+    output = eos_cli(broker, "groups", "reset-offsets", group, "--topic", f"{topic}:1", "--to-offset", "99",
+                     "--execute")
+    assert f"New offset (99) is higher than latest offset for topic partition {topic}-1. Value will be set to 10" in output
     assert committed() == {(topic, 0): 7, (topic, 1): 10}
     eos_cli(broker, "groups", "reset-offsets", group, "--all-topics", "--shift-by", "-100", "--execute")
     assert committed() == {(topic, 0): 0, (topic, 1): 0}
@@ -225,6 +227,10 @@ def test_groups_reset_offsets_and_delete_as_kafkas_tool_does(broker):
     assert committed() == {(topic, 0): 0, (topic, 1): 0}
     eos_cli(broker, "groups", "reset-offsets", group, "--topic", topic, "--to-datetime", "2999-01-01T00:00:00+01:00",
             "--execute")
+    eos_cli(broker, "groups", "reset-offsets", group, "--topic", topic, "--to-datetime", "2000-01-01T00:00:00",
+            "--execute")                                                       # no zone: local time
+    assert committed() == {(topic, 0): 0, (topic, 1): 0}
+    eos_cli(broker, "groups", "reset-offsets", group, "--topic", topic, "--to-latest", "--execute")
     assert committed() == {(topic, 0): 10, (topic, 1): 10}
     # the group's consumers start where the reset put them
     eos_cli(broker, "groups", "reset-offsets", group, "--topic", f"{topic}:0", "--to-offset", "8", "--execute")
@@ -235,6 +241,11 @@ def test_groups_reset_offsets_and_delete_as_kafkas_tool_does(broker):
                  "the records after the reset")
         assert sorted(seen) == [(0, b"r8"), (0, b"r9")]
     assert "needs --topic TOPIC" in eos_cli(broker, "groups", "reset-offsets", group, "--to-latest", expect_code=2)
+    with eos.Admin(broker.address) as admin:
+        admin.create_topic("never-read")
+    error = eos_cli(broker, "groups", "reset-offsets", group, "--topic", "never-read", "--shift-by", "1",
+                    expect_code=2)
+    assert "Cannot shift offset for partition never-read-0 since there is no current committed offset" in error
 
     # delete: the group and its offsets go; deleting it again finds nothing
     output = eos_cli(broker, "groups", "delete", group)

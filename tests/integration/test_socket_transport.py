@@ -351,14 +351,13 @@ def test_a_stream_idle_longer_than_the_connect_timeout_still_answers(broker, mon
     call.cancel()
 
 
-def test_idle_connections_at_the_ports_limit_send_clients_to_grpc_and_are_closed_once_idle_too_long(tmp_path):
+def test_connections_over_the_ports_limit_are_told_so_and_their_clients_go_over_grpc(broker):
     from eos.socket_rpc import REFUSED, read_frame
 
-    broker = _start(tmp_path, {**SOCKET, "connections.max.idle.ms": "1500"})
+    socket_server = broker._grpc_server.servers[-1]
+    socket_server.connections_max = 3
+    idle = [socket.create_connection(("127.0.0.1", broker.socket_port), timeout=10) for _ in range(3)]
     try:
-        socket_server = broker._grpc_server.servers[-1]
-        socket_server.connections_max = 3
-        idle = [socket.create_connection(("127.0.0.1", broker.socket_port), timeout=10) for _ in range(3)]
         wait_for(lambda: len(socket_server._connections) == 3, "the port to serve the three idle connections")
         # one more connection is told why before it is closed, having sent nothing or a call
         for sent in (b"", b"\x00" * 64):
@@ -382,14 +381,29 @@ def test_idle_connections_at_the_ports_limit_send_clients_to_grpc_and_are_closed
             assert producer.send("at-the-limit", value=b"one").result(30).offset == 0
             assert producer._metadata.socket_routes.is_down(broker.address)
         assert _read_committed(broker.address, "at-the-limit", 1) == [b"one"]
-        # connections.max.idle.ms: the idle connections are closed, and the port serves again
+    finally:
         for raw in idle:
-            assert raw.recv(100) == b""
             raw.close()
-        wait_for(lambda: not socket_server._connections, "the port to let go of the idle connections")
+    wait_for(lambda: not socket_server._connections, "the port to let go of the closed connections")
+    assert _socket_stub(broker).Metadata(broker_pb2.MetadataRequest(), timeout=10).brokers
+
+
+def test_connections_idle_past_connections_max_idle_ms_are_closed_by_the_broker(tmp_path):
+    broker = _start(tmp_path, {**SOCKET, "connections.max.idle.ms": "1500"})
+    try:
+        socket_server = broker._grpc_server.servers[-1]
+        idle = [socket.create_connection(("127.0.0.1", broker.socket_port), timeout=30) for _ in range(2)]
+        wait_for(lambda: len(socket_server._connections) == 2, "the port to serve the idle connections")
+        for raw in idle:
+            assert raw.recv(100) == b""          # closed by the broker, within the read's bound
+            raw.close()
+        wait_for(lambda: not socket_server._connections, "the port to let go of them")
         assert _socket_stub(broker).Metadata(broker_pb2.MetadataRequest(), timeout=10).brokers
     finally:
         broker.stop()
+    with pytest.raises(InvalidConfigError, match="connections.max.idle.ms"):
+        BrokerConfig.from_dict({"connections.max.idle.ms": "0"})
+    assert BrokerConfig.from_dict({"connections.max.idle.ms": "-1"}).connections_max_idle_ms == -1
 
 
 def test_a_pooled_connection_idle_past_the_clients_limit_is_closed_not_reused(broker, monkeypatch):

@@ -65,6 +65,19 @@ def leader_and_isr_to(seen) -> dict:
     return {e.broker_id: e.partitions[0].leader_isr for e in seen if isinstance(e, SendLeaderAndIsr)}
 
 
+def test_a_follower_that_restarted_between_two_looks_is_told_its_role():
+    # Found in CI's chaos test: broker 1 (a follower in the ISR) was killed and registered again
+    # before the controller looked, so one event saw it both gone and back. Its partition was
+    # queued for an ISR shrink that had nothing to remove (broker 1 is live again), and so it
+    # was told nothing: it never fetched, the leader dropped it from the ISR, and it never came
+    # back.
+    core, zk, _ = started()
+    bounced = {**live(0, 2), **live(1, epoch=2)}
+    seen = zk.run(core, core.brokers_changed(bounced, now_ms=5))
+    assert leader_and_isr_to(seen).get(1) is not None, "the restarted follower was not told to follow"
+    assert leader_and_isr_to(seen)[1].leader == 0
+
+
 def test_initial_election_takes_the_first_replica_and_tells_everyone():
     core, zk, seen = started()
     assert zk.states[T0] == (LeaderIsr(0, 0, (0, 1, 2), 3), 0)
@@ -222,6 +235,19 @@ def test_topic_deletion_stops_and_deletes_replicas_and_frees_the_name_once_each_
     assert deleted_znodes(zk.run(core, core.stop_replica_answered(2, [T0]))) == []
     assert deleted_znodes(zk.run(core, core.stop_replica_answered(1, [T0]))) == ["t"]
     assert core.deletions_unconfirmed == {}
+
+
+def test_a_topic_change_while_a_deletion_waits_for_confirmations_does_not_bring_the_topic_back():
+    # (found by review) every topics event hands the core all topics that have znodes, the
+    # deleted one too while its replicas have not all confirmed
+    core, zk, _ = started()
+    zk.run(core, core.delete_topics({"t"}))
+    seen = zk.run(core, core.topics_changed({"t": TopicModel({0: (0, 1, 2)}), "u": TopicModel({0: (0, 1, 2)})}))
+    assert [p for p in core.partitions() if p[0] == "t"] == []
+    assert not any(isinstance(e, SendLeaderAndIsr) and any(s.tp[0] == "t" for s in e.partitions) for e in seen)
+    for broker in (0, 1, 2):
+        effects = zk.run(core, core.stop_replica_answered(broker, [T0]))
+    assert deleted_znodes(effects) == ["t"] and "t" not in core.topics
 
 
 def test_a_replica_that_dies_before_confirming_its_deletion_is_told_again_when_it_is_back():
