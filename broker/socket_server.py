@@ -1,4 +1,4 @@
-"""The broker's services on a plain TCP port: gRPC's calls as frames (eos/socket_rpc.py).
+"""The broker's services on a plain TCP port: gRPC's calls as frames (eos/socket_frames.py).
 
 Theory of operation
 -------------------
@@ -50,8 +50,8 @@ from typing import NamedTuple
 import grpc
 
 from eos import socket_rpc
-from eos.socket_rpc import (CALL, HALF_CLOSE, MESSAGE, OPEN, REPLY, ConnectionClosed, FrameError, FrameTooLarge,
-                            decode_call, read_frame, refused_frame, skip_bytes, status_frame)
+from eos.socket_frames import (CALL, HALF_CLOSE, MESSAGE, OPEN, READ_BUFFER_BYTES, REPLY, ConnectionClosed, FrameError,
+                               FrameTooLarge, decode_call, frame, read_frame, refused_frame, skip_bytes, status_frame)
 
 log = logging.getLogger("eos.broker.socket")
 
@@ -170,7 +170,7 @@ class _ServedConnection:
 
     def __init__(self, sock: socket.socket, address):
         self.sock = sock
-        self.reader = sock.makefile("rb", buffering=socket_rpc.READ_BUFFER_BYTES)
+        self.reader = sock.makefile("rb", buffering=READ_BUFFER_BYTES)
         host, port = address[0], address[1]
         self.peer = f"ipv6:[{host}]:{port}" if ":" in host else f"ipv4:{host}:{port}"
         self.busy = False
@@ -421,7 +421,7 @@ class SocketRpcServer:
             elif response is None:
                 connection.send(status_frame(correlation_id, grpc.StatusCode.INTERNAL, "the handler gave no response"))
             else:
-                connection.send(socket_rpc.frame(REPLY, correlation_id, handler.response_serializer(response)))
+                connection.send(frame(REPLY, correlation_id, handler.response_serializer(response)))
         except _Aborted:
             connection.send(status_frame(correlation_id, *context.status()))
         except _ClientGone:
@@ -446,7 +446,7 @@ class SocketRpcServer:
         try:
             responses = handler.stream_stream(requests, context)
             for response in responses:
-                connection.send(socket_rpc.frame(MESSAGE, correlation_id, serialize(response)))
+                connection.send(frame(MESSAGE, correlation_id, serialize(response)))
             status = context.failure or context.status()
             connection.send(status_frame(correlation_id, *status) if status is not None
                             else status_frame(correlation_id, grpc.StatusCode.OK, ""))

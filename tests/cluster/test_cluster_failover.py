@@ -422,12 +422,7 @@ def test_a_topic_deleted_while_a_replica_is_down_is_deleted_there_too_before_the
     # deletion now waits for the broker, and the name is not free meanwhile.
     from eos.errors import RequestTimedOutError
     admin = eos.Admin(bootstrap=cluster.bootstrap)
-    admin.create_topic("ghost", partitions=1, replication_factor=3)
-    wait_for(lambda: len(describe(admin, "ghost")[0]["isr"]) == 3, "the full ISR")
-    producer = eos.Producer(bootstrap=cluster.bootstrap, acks="all", enable_idempotence=True)
-    for i in range(50):
-        producer.send("ghost", value=f"OLD-{i}".encode(), partition=0)
-    producer.flush(30)
+    producer = _topic_of_old_records(cluster, admin, "ghost")
     down = describe(admin, "ghost")[0]["replicas"][-1]
     cluster.kill(down)
     wait_for(lambda: down not in describe(admin, "ghost")[0]["isr"], f"broker {down} out of the ISR")
@@ -443,16 +438,7 @@ def test_a_topic_deleted_while_a_replica_is_down_is_deleted_there_too_before_the
     wait_for(lambda: "ghost" not in admin.list_topics() and not ghost_dir.exists(),
              f"the deletion finished, broker {down}'s copy included")
     # (the name is free once every replica's confirmation reached the controller)
-    wait_for(lambda: _created(admin, "ghost", [down, *[b for b in sorted(cluster.processes) if b != down]]),
-             "the name free again")
-    wait_for(lambda: (lambda p: p if len(p["isr"]) == 3 and p["leader"] >= 0 else None)(
-        describe(admin, "ghost")[0]), "the new topic's full ISR")
-    for i in range(10):
-        producer.send("ghost", value=f"NEW-{i}".encode(), partition=0)
-    producer.flush(30)
-    producer.close()
-    values = [r.value for r in read_all(cluster.bootstrap, "ghost", 1, 10)]
-    assert values == [f"NEW-{i}".encode() for i in range(10)]
+    _name_reused_holds_only_new_records(cluster, admin, producer, "ghost", first_replica=down)
     admin.close()
 
 
@@ -463,12 +449,7 @@ def test_a_topic_deleted_while_a_replica_is_dead_but_not_yet_noticed_keeps_its_n
     # broker, back, served its old copy inside the new topic of that name. Now the name is
     # held until every replica has confirmed it deleted its copy (Kafka's TopicDeletionManager).
     admin = eos.Admin(bootstrap=cluster.bootstrap)
-    admin.create_topic("ghost2", partitions=1, replication_factor=3)
-    wait_for(lambda: len(describe(admin, "ghost2")[0]["isr"]) == 3, "the full ISR")
-    producer = eos.Producer(bootstrap=cluster.bootstrap, acks="all", enable_idempotence=True)
-    for i in range(50):
-        producer.send("ghost2", value=f"OLD-{i}".encode(), partition=0)
-    producer.flush(30)
+    producer = _topic_of_old_records(cluster, admin, "ghost2")
     # a follower that is not the controller (the deletion is the controller's: killing it
     # would wait for the next one, which learns of the death from ZooKeeper first)
     controller = admin.describe_cluster()["controller_id"]
@@ -487,17 +468,35 @@ def test_a_topic_deleted_while_a_replica_is_dead_but_not_yet_noticed_keeps_its_n
 
     cluster.restart(down)                        # registered anew: told again, it deletes its copy
     wait_for(lambda: not ghost_dir.exists(), f"broker {down}'s copy deleted")
-    wait_for(lambda: _created(admin, "ghost2", [down, *[b for b in sorted(cluster.processes) if b != down]]),
-             "the name free again")
+    _name_reused_holds_only_new_records(cluster, admin, producer, "ghost2", first_replica=down)
+    admin.close()
+
+
+def _topic_of_old_records(cluster, admin, name: str):
+    """A topic of one partition on all three brokers, 50 records acknowledged by all; the
+    producer that wrote them (for the topic that reuses the name)."""
+    admin.create_topic(name, partitions=1, replication_factor=3)
+    wait_for(lambda: len(describe(admin, name)[0]["isr"]) == 3, "the full ISR")
+    producer = eos.Producer(bootstrap=cluster.bootstrap, acks="all", enable_idempotence=True)
+    for i in range(50):
+        producer.send(name, value=f"OLD-{i}".encode(), partition=0)
+    producer.flush(30)
+    return producer
+
+
+def _name_reused_holds_only_new_records(cluster, admin, producer, name: str, *, first_replica: int) -> None:
+    """Once the name is free: a new topic of it, led by `first_replica` (the broker whose old
+    copy is in question), holds the 10 records written to it and nothing of the old topic."""
+    replicas = [first_replica, *[b for b in sorted(cluster.processes) if b != first_replica]]
+    wait_for(lambda: _created(admin, name, replicas), "the name free again")
     wait_for(lambda: (lambda p: p if len(p["isr"]) == 3 and p["leader"] >= 0 else None)(
-        describe(admin, "ghost2")[0]), "the new topic's full ISR")
+        describe(admin, name)[0]), "the new topic's full ISR")
     for i in range(10):
-        producer.send("ghost2", value=f"NEW-{i}".encode(), partition=0)
+        producer.send(name, value=f"NEW-{i}".encode(), partition=0)
     producer.flush(30)
     producer.close()
-    values = [r.value for r in read_all(cluster.bootstrap, "ghost2", 1, 10)]
+    values = [r.value for r in read_all(cluster.bootstrap, name, 1, 10)]
     assert values == [f"NEW-{i}".encode() for i in range(10)]
-    admin.close()
 
 
 def _created(admin, name: str, replicas: list[int]) -> bool:

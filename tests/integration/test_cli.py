@@ -173,9 +173,9 @@ def test_groups_list_describe_and_offsets_with_lag_against_the_lso(broker):
     assert "unknown group state" in eos_cli(broker, "groups", "list", "--state", "Sleeping", expect_code=2)
 
 
-def test_groups_reset_offsets_and_delete_as_kafkas_tool_does(broker):
-    topic, group = "resets", "resetters"
-    tp0, tp1 = TopicPartition(topic, 0), TopicPartition(topic, 1)
+def _group_of_stopped_members(broker, topic: str, group: str, while_active) -> None:
+    """`topic` (2 partitions of 10 records) and `group`, which committed {0: 7, 1: 3} through a
+    member; `while_active()` runs while that member is in the group, then it leaves."""
     with eos.Admin(broker.address) as admin:
         admin.create_topic(topic, partitions=2)
     with eos.Producer(broker.address) as producer:
@@ -183,35 +183,47 @@ def test_groups_reset_offsets_and_delete_as_kafkas_tool_does(broker):
             producer.send(topic, value=b"r%d" % i, partition=0)
             producer.send(topic, value=b"r%d" % i, partition=1)
         producer.flush()
-
-    def committed():
-        return {(r[0], int(r[1])): int(r[2]) for r in table(eos_cli(broker, "groups", "offsets", group), "TOPIC")}
-
-    def plan(output):
-        return {(r[1], int(r[2])): int(r[3]) for r in table(output, "GROUP")}
-
+    tp0, tp1 = TopicPartition(topic, 0), TopicPartition(topic, 1)
     consumer = eos.Consumer(broker.address, group_id=group, session_timeout_ms=6000, heartbeat_interval_ms=300)
     try:
         consumer.subscribe([topic])
         wait_for(lambda: consumer.poll(timeout_ms=50) is not None and consumer.assignment() == {tp0, tp1},
                  "the assignment")
         consumer.commit({tp0: 7, tp1: 3})
-        # a group with members is neither reset nor deleted
+        while_active()
+    finally:
+        consumer.close()
+    assert _committed(broker, group) == {(topic, 0): 7, (topic, 1): 3}
+
+
+def _committed(broker, group: str) -> dict:
+    return {(r[0], int(r[1])): int(r[2]) for r in table(eos_cli(broker, "groups", "offsets", group), "TOPIC")}
+
+
+def _plan(output: str) -> dict:
+    return {(r[1], int(r[2])): int(r[3]) for r in table(output, "GROUP")}
+
+
+def test_groups_reset_offsets_as_kafkas_tool_does(broker):
+    topic, group = "resets", "resetters"
+
+    def refused_while_active():
         error = eos_cli(broker, "groups", "reset-offsets", group, "--topic", topic, "--to-earliest", "--execute",
                         expect_code=1)
         assert f"can only be reset if the group '{group}' is inactive, but the current state is Stable" in error
-        assert "NON_EMPTY_GROUP" in eos_cli(broker, "groups", "delete", group, expect_code=1)
         with eos.Admin(broker.address) as admin, pytest.raises(EosError, match="has active members"):
-            admin.alter_group_offsets(group, {tp0: 0})
-    finally:
-        consumer.close()
-    assert committed() == {(topic, 0): 7, (topic, 1): 3}
+            admin.alter_group_offsets(group, {TopicPartition(topic, 0): 0})
+
+    _group_of_stopped_members(broker, topic, group, refused_while_active)
+
+    def committed():
+        return _committed(broker, group)
 
     # without --execute: the plan, and nothing changes
     output = eos_cli(broker, "groups", "reset-offsets", group, "--topic", topic, "--to-earliest")
-    assert "No action will be performed" in output and plan(output) == {(topic, 0): 0, (topic, 1): 0}
+    assert "No action will be performed" in output and _plan(output) == {(topic, 0): 0, (topic, 1): 0}
     output = eos_cli(broker, "groups", "reset-offsets", group, "--all-topics", "--shift-by", "-2", "--dry-run")
-    assert "No action" not in output and plan(output) == {(topic, 0): 5, (topic, 1): 1}
+    assert "No action" not in output and _plan(output) == {(topic, 0): 5, (topic, 1): 1}
     assert committed() == {(topic, 0): 7, (topic, 1): 3}
     # --execute; offsets are kept within [log start, high watermark], as Kafka's tool keeps them
     output = eos_cli(broker, "groups", "reset-offsets", group, "--topic", f"{topic}:1", "--to-offset", "99",
@@ -227,6 +239,7 @@ def test_groups_reset_offsets_and_delete_as_kafkas_tool_does(broker):
     assert committed() == {(topic, 0): 0, (topic, 1): 0}
     eos_cli(broker, "groups", "reset-offsets", group, "--topic", topic, "--to-datetime", "2999-01-01T00:00:00+01:00",
             "--execute")
+    assert committed() == {(topic, 0): 10, (topic, 1): 10}
     eos_cli(broker, "groups", "reset-offsets", group, "--topic", topic, "--to-datetime", "2000-01-01T00:00:00",
             "--execute")                                                       # no zone: local time
     assert committed() == {(topic, 0): 0, (topic, 1): 0}
@@ -247,13 +260,22 @@ def test_groups_reset_offsets_and_delete_as_kafkas_tool_does(broker):
                     expect_code=2)
     assert "Cannot shift offset for partition never-read-0 since there is no current committed offset" in error
 
+
+def test_groups_delete_as_kafkas_tool_does(broker):
+    topic, group = "deletions", "deleted-readers"
+
+    def refused_while_active():       # a group with members is not deleted
+        assert "NON_EMPTY_GROUP" in eos_cli(broker, "groups", "delete", group, expect_code=1)
+
+    _group_of_stopped_members(broker, topic, group, refused_while_active)
     # delete: the group and its offsets go; deleting it again finds nothing
     output = eos_cli(broker, "groups", "delete", group)
     assert f"Deletion of requested consumer groups ('{group}') was successful." in output
     assert group not in eos_cli(broker, "groups", "list").split()
-    assert committed() == {}
+    assert _committed(broker, group) == {}
     assert "GROUP_ID_NOT_FOUND" in eos_cli(broker, "groups", "delete", group, expect_code=1)
     # a group that only ever committed offsets (an admin's, a "simple" consumer's) is deleted too
+    tp0 = TopicPartition(topic, 0)
     with eos.Admin(broker.address) as admin:
         admin.alter_group_offsets("offsets-only", {tp0: 4})
         assert admin.list_group_offsets("offsets-only") == {tp0: 4}

@@ -352,7 +352,7 @@ def test_a_stream_idle_longer_than_the_connect_timeout_still_answers(broker, mon
 
 
 def test_connections_over_the_ports_limit_are_told_so_and_their_clients_go_over_grpc(broker):
-    from eos.socket_rpc import REFUSED, read_frame
+    from eos.socket_frames import REFUSED, read_frame
 
     socket_server = broker._grpc_server.servers[-1]
     socket_server.connections_max = 3
@@ -515,7 +515,7 @@ def test_a_direct_stream_answered_out_of_order_fails_its_requests_as_retriable()
     them) and the stream takes no more requests."""
     from producer.stream import ProduceStream
     from eos.errors import NetworkError
-    from eos.socket_rpc import MESSAGE, frame, read_frame
+    from eos.socket_frames import MESSAGE, frame, read_frame
 
     def serve(connection) -> None:       # reads OPEN and two requests, answers the second one first
         reader = connection.makefile("rb")

@@ -1,13 +1,13 @@
-"""The frames of the socket transport (eos/socket_rpc.py): what is written reads back the
+"""The frames of the socket transport (eos/socket_frames.py): what is written reads back the
 same, and bytes that are not a frame are refused with a clear error."""
 import io
 
 import grpc
 import pytest
 
-from eos.socket_rpc import (CALL, OPEN, REPLY, STATUS, ConnectionClosed, FrameError, FrameTooLarge, call_frame,
-                            decode_call, decode_metadata, decode_status, encode_metadata, frame, read_frame,
-                            skip_bytes, split_frames, status_frame)
+from eos.socket_frames import (CALL, OPEN, REPLY, STATUS, ConnectionClosed, FrameError, FrameTooLarge, call_frame,
+                               decode_call, decode_metadata, decode_status, encode_metadata, frame, read_frame,
+                               skip_bytes, split_frames, status_frame)
 
 
 def _read(data: bytes, size_max: int = 1 << 20):
