@@ -30,11 +30,14 @@ At most `connections_max` connections are served at once: one more gets a REFUSE
 and is closed at accept. What it had already sent is read and dropped first, so that the
 close does not reset the connection before the client reads why (bytes still on their way
 are not: that client sees a cut connection, and retries). The client then makes that
-broker's calls over gRPC for a while. A connection on which no frame arrives for
-`connections_max_idle_ms` (Kafka's connections.max.idle.ms: 10 minutes; -1 never) is
-closed, so idle connections cannot hold the port's places for good; eos's clients close
-their pooled connections after 9 minutes unused (eos/socket_rpc.py), before the broker's
-default would. `stop(grace)` closes the port, ends idle
+broker's calls over gRPC for a while. A connection that waits longer than
+`connections_max_idle_ms` for a frame, or for room to send one (Kafka's
+connections.max.idle.ms: 10 minutes; -1 never), is shut down by the sweeper thread, which
+looks every `sweep_interval_s`; so idle connections cannot hold the port's places for good,
+and a client that stops reading cannot hold a thread. eos's clients close their pooled
+connections after 9 minutes unused (eos/socket_rpc.py), before the broker's default would.
+The sockets themselves have no timeout: on a socket with one, Python polls before every
+recv and send, a system call more each way on every request, and each gives up the GIL. `stop(grace)` closes the port, ends idle
 connections at once, lets each busy one finish the call it is running (a frame read after
 the stop began is answered UNAVAILABLE) and, after `grace`, shuts the rest down; the event
 it returns is set when every connection's thread has ended.
@@ -65,6 +68,9 @@ ACCEPT_RETRY_S = 0.1
 # client reads its RESOURCE_EXHAUSTED) up to this many times the limit; past it the
 # connection is closed after the status, as Kafka closes one on an oversized request.
 SKIP_LIMITS_MAX = 4
+# How often the sweeper looks for connections idle past connections.max.idle.ms, at most:
+# a tenth of the limit, so one is closed within 110% of it.
+SWEEP_INTERVAL_MAX_S = 1.0
 _INSECURE_AUTH_CONTEXT = {"transport_security_type": [b"insecure"]}
 
 
@@ -175,12 +181,39 @@ class _ServedConnection:
         self.peer = f"ipv6:[{host}]:{port}" if ":" in host else f"ipv4:{host}:{port}"
         self.busy = False
         self.thread: threading.Thread | None = None
+        # Since when (time.monotonic()) it waits for a frame / for room to send one; None
+        # while it does not. The sweeper shuts down a connection that waited too long.
+        self.reading_since: float | None = None
+        self.sending_since: float | None = None
+
+    def read_frame(self, size_max: int) -> tuple[int, int, bytes]:
+        self.reading_since = time.monotonic()
+        try:
+            return read_frame(self.reader, size_max)
+        finally:
+            self.reading_since = None
+
+    def skip(self, count: int) -> None:
+        """Drop an oversized frame's body."""
+        self.reading_since = time.monotonic()
+        try:
+            skip_bytes(self.reader, count)
+        finally:
+            self.reading_since = None
 
     def send(self, data: bytes) -> None:
+        self.sending_since = time.monotonic()
         try:
             self.sock.sendall(data)
         except OSError as exc:
             raise _ClientGone(str(exc)) from None
+        finally:
+            self.sending_since = None
+
+    def idle_longer_than(self, limit_s: float, now: float) -> bool:
+        reading_since, sending_since = self.reading_since, self.sending_since
+        return ((reading_since is not None and now - reading_since > limit_s)
+                or (sending_since is not None and now - sending_since > limit_s))
 
     def shut_down(self) -> None:
         socket_rpc.shut_down(self.sock)
@@ -227,7 +260,10 @@ class SocketRpcServer:
         self._lock = threading.Lock()
         self._connections: set[_ServedConnection] = set()
         self._stopping = False
+        self._stopped = threading.Event()          # ends the sweeper
         self._accept_thread: threading.Thread | None = None
+        self.sweep_interval_s = (None if connections_max_idle_ms < 0
+                                 else min(SWEEP_INTERVAL_MAX_S, connections_max_idle_ms / 10_000))
 
     # ---- the grpc.Server face --------------------------------------------------------------
 
@@ -241,11 +277,14 @@ class SocketRpcServer:
     def start(self) -> None:
         self._accept_thread = threading.Thread(target=self._accept_loop, name="eos-socket-accept", daemon=True)
         self._accept_thread.start()
+        if self.sweep_interval_s is not None:
+            threading.Thread(target=self._sweep_loop, name="eos-socket-sweeper", daemon=True).start()
 
     def stop(self, grace: float | None) -> _AllEnded:
         with self._lock:
             self._stopping = True
             connections = list(self._connections)
+        self._stopped.set()
         try:
             self._listening.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -287,13 +326,24 @@ class SocketRpcServer:
                 log.exception("could not serve a connection from %s", address)
                 sock.close()
 
+    def _sweep_loop(self) -> None:
+        """Shut down the connections that waited longer than connections.max.idle.ms for a
+        frame or for room to send: their threads end (end of file, or a failed send) and
+        close them."""
+        limit_s = self.connections_max_idle_ms / 1000
+        while not self._stopped.wait(self.sweep_interval_s):
+            now = time.monotonic()
+            with self._lock:
+                expired = [c for c in self._connections if c.idle_longer_than(limit_s, now)]
+            for connection in expired:
+                log.debug("closing the connection from %s: idle longer than connections.max.idle.ms=%d",
+                          connection.peer, self.connections_max_idle_ms)
+                connection.shut_down()
+
     def _serve_in_thread(self, sock: socket.socket, address) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)   # a vanished peer ends in time
-        # A read waits at most this long (the idle limit; sends too): past it the connection
-        # is closed (socket.timeout is an OSError, which ends `_serve` quietly). Set before
-        # the connection takes a place, so that nothing can fail between the two.
-        sock.settimeout(None if self.connections_max_idle_ms < 0 else self.connections_max_idle_ms / 1000)
+        sock.settimeout(None)      # blocking: the sweeper bounds the waits (see the module doc)
         connection = _ServedConnection(sock, address)
         with self._lock:
             refused = self._stopping or len(self._connections) >= self.connections_max
@@ -336,14 +386,14 @@ class SocketRpcServer:
         try:
             while True:
                 try:
-                    kind, correlation_id, body = read_frame(connection.reader, self.request_bytes_max)
+                    kind, correlation_id, body = connection.read_frame(self.request_bytes_max)
                 except FrameTooLarge as exc:
                     refusal = status_frame(exc.correlation_id, grpc.StatusCode.RESOURCE_EXHAUSTED,
                                            f"Received message larger than max ({exc.size} vs. {exc.limit})")
                     if exc.size > SKIP_LIMITS_MAX * exc.limit:
                         connection.send(refusal)
                         return
-                    skip_bytes(connection.reader, exc.size)
+                    connection.skip(exc.size)
                     connection.send(refusal)
                     continue
                 with self._lock:
@@ -468,13 +518,13 @@ class SocketRpcServer:
         half-close, _StreamBroken when the connection breaks or carries anything else."""
         while True:
             try:
-                kind, _, body = read_frame(connection.reader, self.request_bytes_max)
+                kind, _, body = connection.read_frame(self.request_bytes_max)
             except FrameTooLarge as exc:
                 # the call fails as gRPC fails it; its bytes are skipped so the status can go out
                 context.failure = (grpc.StatusCode.RESOURCE_EXHAUSTED,
                                    f"Received message larger than max ({exc.size} vs. {exc.limit})")
                 try:
-                    skip_bytes(connection.reader, exc.size)
+                    connection.skip(exc.size)
                 except (ConnectionClosed, OSError, ValueError):
                     pass
                 raise _StreamBroken(context.failure[1]) from None

@@ -46,7 +46,7 @@ import grpc
 
 from eos.socket_frames import (CALL, HALF_CLOSE, MESSAGE, OPEN, REFUSED, REPLY, STATUS, ConnectionClosed,
                                READ_BUFFER_BYTES, FrameError, FrameTooLarge, call_frame, decode_status, frame,
-                               read_frame, receive_available, split_frames)
+                               read_frame, receive_available, send_within, split_frames)
 
 log = logging.getLogger("eos.socket_rpc")
 
@@ -113,6 +113,11 @@ class _Connection:
             raise SocketRpcError(grpc.StatusCode.UNAVAILABLE,
                                  f"cannot connect to {address[0]}:{address[1]}: {exc}") from None
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # Blocking, for good: sends go through `send_within`, a call's answer is read without
+        # waiting (`receive_available`) once select() says it came, and a stream's reader
+        # blocks; so no call sets a timeout (each setting, and the poll Python makes before
+        # every I/O on a socket with one, is a system call that gives up the GIL).
+        self.sock.settimeout(None)
         self.reader = self.sock.makefile("rb", buffering=READ_BUFFER_BYTES)
         self.next_correlation_id = 0
         self.address = address
@@ -288,36 +293,10 @@ class SocketChannel:
         or SocketRpcError. `on_connection` (a SocketFuture's) is told the connection when
         the call takes it and None when it lets go of it; False means the call was
         cancelled meanwhile, and the connection is closed rather than pooled."""
-        connection, reused = self._take(timeout_s)
-        if on_connection is not None:
-            on_connection(connection)
-        reusable = False
-        try:
-            connection.sock.settimeout(timeout_s)
-            correlation_id = connection.take_correlation_id()
-            connection.sock.sendall(call_frame(CALL, correlation_id, method, metadata, payload))
-            kind, answered_id, body = read_frame(connection.reader, self.receive_bytes_max)
-            if kind == REFUSED:
-                raise self.refusal(body)
-            _check_answer(kind, answered_id, correlation_id)
-            reusable = True
-            if kind == STATUS:
-                raise _status_error(body)
-            return body
-        except SocketRpcError:
-            raise
-        except FrameTooLarge as exc:
-            raise _too_large(exc) from None
-        except (OSError, ConnectionClosed, FrameError, ValueError) as exc:
-            cancelled = on_connection is not None and not on_connection(None)
-            if reused and not cancelled and not isinstance(exc, socket.timeout):
-                self._drop_idle()
-            raise _failure(exc, f"{self._where} ({method})") from None
-        finally:
-            if reusable and (on_connection is None or on_connection(None)):
-                self._give_back(connection)
-            else:
-                connection.close()
+        pending = PendingCall(self, method, payload, None, timeout_s, metadata,
+                              connect_timeout_s=timeout_s, on_connection=on_connection)
+        pending.wait()
+        return pending.result()
 
 
 def _not_carried(method: str):
@@ -358,9 +337,13 @@ class PendingCall:
     goes back to the channel's pool when the answer is read, and is closed if the call
     fails or is cancelled."""
 
-    def __init__(self, channel: SocketChannel, method: str, payload: bytes, deserialize, timeout_s, metadata):
+    def __init__(self, channel: SocketChannel, method: str, payload: bytes, deserialize, timeout_s, metadata, *,
+                 connect_timeout_s: float | None = STARTED_CALL_CONNECT_TIMEOUT_S,
+                 on_connection: Callable[[_Connection | None], bool] | None = None):
+        """`deserialize` None: the response is its bytes. `on_connection`: see SocketChannel.call."""
         self._channel = channel
         self._deserialize = deserialize
+        self._on_connection = on_connection
         self._where = f"{channel.address[0]}:{channel.address[1]} ({method})"
         # when poll() ends the call as DEADLINE_EXCEEDED (time.monotonic()); None: never
         self.deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -372,18 +355,24 @@ class PendingCall:
         self._reused = False      # the connection came from the pool (it may have gone stale)
         try:
             self._connection, self._reused = channel._take(
-                STARTED_CALL_CONNECT_TIMEOUT_S if timeout_s is None else min(timeout_s, STARTED_CALL_CONNECT_TIMEOUT_S))
-            self._connection.sock.settimeout(timeout_s)
+                connect_timeout_s if timeout_s is None or connect_timeout_s is None
+                else min(timeout_s, connect_timeout_s))
+            if on_connection is not None:
+                on_connection(self._connection)   # cancelled: it closed the connection; the send fails
             self._correlation_id = self._connection.take_correlation_id()
-            self._connection.sock.sendall(call_frame(CALL, self._correlation_id, method, metadata, payload))
-            # Blocking, so that poll()'s MSG_DONTWAIT reads return at once: on a socket with
-            # a timeout, Python's recv first waits for data up to that timeout.
-            self._connection.sock.settimeout(None)
+            send_within(self._connection.sock, call_frame(CALL, self._correlation_id, method, metadata, payload),
+                        timeout_s)
         except (SocketRpcError, OSError) as exc:
             self._fail(exc)
 
     def fileno(self) -> int:
         return -1 if self._done or self._connection is None else self._connection.sock.fileno()
+
+    def wait(self) -> None:
+        """Block until the call is over: answered, failed, or past its deadline."""
+        while not self.poll():
+            remaining_s = None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+            select.select([self.fileno()], [], [], remaining_s)
 
     def done(self) -> bool:
         return self._done
@@ -410,7 +399,8 @@ class PendingCall:
         return self._done
 
     def _fail(self, exc: BaseException) -> None:
-        if self._reused and not isinstance(exc, (socket.timeout, SocketRpcError)):
+        cancelled = self._on_connection is not None and not self._on_connection(None)
+        if self._reused and not cancelled and not isinstance(exc, (socket.timeout, SocketRpcError)):
             # as `SocketChannel.call`: a pooled connection that broke most likely broke with
             # the others (a broker restart), so none of them is tried again
             self._channel._drop_idle()
@@ -449,12 +439,13 @@ class PendingCall:
         self._error = error
         if body is not None:
             try:
-                self._response = self._deserialize(body)
+                self._response = body if self._deserialize is None else self._deserialize(body)
             except Exception as exc:   # a malformed answer: the call fails, not its reader
                 self._error = SocketRpcError(grpc.StatusCode.INTERNAL, f"{self._where}: a malformed answer: {exc}")
         connection, self._connection = self._connection, None
         if connection is not None:
-            if reusable:
+            released = self._on_connection is None or self._on_connection(None)
+            if reusable and released:
                 self._channel._give_back(connection)
             else:
                 connection.close()
@@ -605,11 +596,10 @@ class SocketStreamCall:
         self._connection: _Connection | None = None
         self._inbox = bytearray()     # receive_ready(): bytes of a frame still arriving
         try:
+            # No read timeout: a stream waits for answers as long as its owner lets it (the
+            # producer aborts it after request.timeout.ms itself). Sends are bounded by
+            # `_send_all` instead, so that the reader can keep blocking.
             self._connection = channel.connect(send_timeout_s)
-            # No read timeout past the connect: a stream waits for answers as long as its
-            # owner lets it (the producer aborts it after request.timeout.ms itself). Sends
-            # are bounded by `_send_all` instead, so that the reader can keep blocking.
-            self._connection.sock.settimeout(None)
             self._send_all(call_frame(OPEN, 0, method, metadata))
         except (SocketRpcError, OSError) as exc:
             self._ended = _failure(exc, self._where)
@@ -619,24 +609,9 @@ class SocketStreamCall:
         channel.track_stream(self)
 
     def _send_all(self, data: bytes) -> None:
-        """Send `data` within the stream's send timeout, on a blocking socket whose reader
-        must stay blocking: each send takes what fits (MSG_DONTWAIT), and select() waits
-        for room. A broker that stops reading thus cannot hold the sender's thread longer
-        than the timeout (socket.timeout, an OSError: the stream is given up)."""
-        sock = self._connection.sock
-        view = memoryview(data)
-        deadline = None
-        while view:
-            try:
-                view = view[sock.send(view, socket.MSG_DONTWAIT):]
-                continue
-            except BlockingIOError:
-                pass
-            if deadline is None:
-                deadline = time.monotonic() + self._send_timeout_s
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not select.select([], [sock], [], remaining)[1]:
-                raise socket.timeout(f"no room to send in {self._send_timeout_s:.0f} s: the broker is not reading")
+        """Send within the stream's send timeout: a broker that stops reading cannot hold the
+        sender's thread longer (socket.timeout, an OSError: the stream is given up)."""
+        send_within(self._connection.sock, data, self._send_timeout_s)
 
     def send(self, message) -> bool:
         """Send one request; False when the stream is over (the reader sees why)."""
