@@ -655,20 +655,25 @@ class Admin(TransactionAdmin):
         if error is not None:
             raise error
 
-    def group_lag(self, group_id: str, *, isolation_level: str = "read_committed") -> list[dict]:
+    def group_lag(self, group_id: str, *, isolation_level: str = "read_committed",
+                  description: dict | None = None) -> list[dict]:
         """kafka-consumer-groups.sh --describe as data: one row per partition that a member
         owns or the group has committed, sorted by (topic, partition): {"topic", "partition",
         "current_offset" (None: no commit), "log_end_offset" (the LSO under read_committed;
         None if unknown), "lag" (None without both), "member_id", "group_instance_id", "host",
-        "client_id" (None for a partition no member owns)}."""
+        "client_id" (None for a partition no member owns)}. `description`: the group's
+        `describe_group` answer when the caller has it already (the rows then show the members
+        of that moment); None: asked here."""
         isolation_level_code(isolation_level)
-        try:
-            description = self.describe_group(group_id)
-            exists = True
-        except EosError as exc:
-            if exc.code != ErrorCode.GROUP_ID_NOT_FOUND:
-                raise
-            description, exists = {"members": []}, False
+        exists = description is not None
+        if description is None:
+            try:
+                description = self.describe_group(group_id)
+                exists = True
+            except EosError as exc:
+                if exc.code != ErrorCode.GROUP_ID_NOT_FOUND:
+                    raise
+                description = {"members": []}
         committed = self.list_group_offsets(group_id)
         if not exists and not committed:
             raise error_for(ErrorCode.GROUP_ID_NOT_FOUND, f"consumer group {group_id!r} does not exist")

@@ -121,8 +121,9 @@ def _describe(admin, group: str, args) -> int:
                            ",".join(f"{tp.topic}-{tp.partition}" for tp in m["assignment"])]
                           for m in description["members"]])
         return 0
-    rows = admin.group_lag(group, isolation_level=args.isolation)
-    state, _ = _group_state(admin, group)
+    # one DescribeGroups: the state printed and the members in the rows are of one moment
+    state, description = _group_state(admin, group)
+    rows = admin.group_lag(group, isolation_level=args.isolation, description=description)
     # Kafka's tool: members mid-rebalance hold no partitions, and the group is not idle
     if state in ("PreparingRebalance", "CompletingRebalance"):
         print(f"Warning: Consumer group '{group}' is rebalancing.")
