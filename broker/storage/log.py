@@ -363,12 +363,14 @@ class Log:
         config = self.config
         if config.compression_type != "producer" and origin is not AppendOrigin.REPLICATION:
             # The topic's codec, not the producer's (Kafka's LogValidator). Done before the
-            # lock, and the new bytes are checked again (max.message.bytes applies to what is
-            # stored, as in Kafka).
-            recompressed = recompress_batches(records, prepared.headers, codec_from_name(config.compression_type))
+            # lock. prepare_batches walked every record of a client's batch (a coordinator's
+            # were built here), so they are not walked again; the new bytes meet the limits
+            # again (max.message.bytes applies to what is stored, as in Kafka).
+            recompressed = recompress_batches(records, prepared.headers, codec_from_name(config.compression_type),
+                                              lengths_checked=True)
             if recompressed is not None:
                 records = recompressed
-                prepared = prepare_batches(records, origin, self.config, self.name, self.topic)
+                prepared = prepare_batches(records, origin, self.config, self.name, self.topic, built_here=True)
         log_append_time = config.message_timestamp_type == "LogAppendTime"
         log_append_time_ms = now_ms if log_append_time else None
         buf, crcs, max_timestamp_ms = copy_and_stamp(records, prepared.headers, leader_epoch, log_append_time_ms)

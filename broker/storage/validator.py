@@ -81,9 +81,14 @@ class PreparedBatches(NamedTuple):
 
 
 def prepare_batches(records, origin: AppendOrigin, config: TopicConfig, name: str, topic: str,
-                    parsed: Sequence[BatchHeader] | None = None) -> PreparedBatches:
+                    parsed: Sequence[BatchHeader] | None = None, *, built_here: bool = False) -> PreparedBatches:
     """Check that `records` is one or more whole, valid v2 batches for the partition
-    `name` of `topic` under `config` (with `parsed`: that those headers tile it). Pure."""
+    `name` of `topic` under `config` (with `parsed`: that those headers tile it). Pure.
+    `built_here`: the bytes are this broker's recompression of batches that passed these
+    checks a moment ago (`Log.append_as_leader`): their CRCs were just computed and their
+    records walked, so only the limits, which apply to the stored bytes, are checked again
+    (verifying a fresh CRC, and decompressing the section to walk its records once more,
+    cost about what the recompression itself did)."""
     try:
         view = memoryview(records)
     except TypeError:
@@ -115,9 +120,12 @@ def prepare_batches(records, origin: AppendOrigin, config: TopicConfig, name: st
             raise InvalidRecordError(
                 f"{_where(name, len(headers), header)}: recordsCount {header.records_count} does not match "
                 f"lastOffsetDelta {header.last_offset_delta} (expected {header.last_offset_delta + 1} records)")
-        verify_crc(view, header)
+        if not built_here:
+            verify_crc(view, header)
         if header.is_control:
             marker = _check_marker_batch(view, header, origin, _where(name, len(headers), header))
+        elif built_here:
+            pass
         elif config.compact and not replicating:
             _check_keys(view, header, _where(name, len(headers), header), topic, config.cleanup_policy)
         elif origin is AppendOrigin.CLIENT:

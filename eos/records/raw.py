@@ -188,15 +188,18 @@ def rebuild_batch(batch: bytes, header: BatchHeader, data, kept: list[RawRecord]
     return bytes(out)
 
 
-def recompress_batch(buf, header: BatchHeader, codec: int) -> bytes:
+def recompress_batch(buf, header: BatchHeader, codec: int, *, lengths_checked: bool = False) -> bytes:
     """The batch at `header` in `buf` with its records section in `codec` (Kafka's
     LogValidator when a topic's compression.type differs from the producer's codec). Every
     header field but the codec bits, the length and the CRC is kept, so offsets, sequences,
     timestamps and the transactional flag are those of the original; the records are copied
     byte for byte after their lengths are checked to tile the section (a batch whose
-    records do not is refused here, as Kafka refuses it when it decompresses)."""
+    records do not is refused here, as Kafka refuses it when it decompresses).
+    `lengths_checked`: the caller has walked them already (the append path's
+    `check_record_framing`), so they are not walked twice."""
     data, start, end = _records_section(buf, header)
-    _check_record_lengths(data, start, end, header)
+    if not lengths_checked:
+        _check_record_lengths(data, start, end, header)
     section = bytes(data[start:end])
     if codec:
         section = _compression.compress(codec, section)
@@ -234,15 +237,15 @@ def _check_record_lengths(data, start: int, end: int, header: BatchHeader) -> No
                                  f"{count} record(s)")
 
 
-def recompress_batches(buf, headers, codec: int) -> bytes | None:
+def recompress_batches(buf, headers, codec: int, *, lengths_checked: bool = False) -> bytes | None:
     """`buf`'s batches (parsed as `headers`) with every data batch in `codec`, or None when
     all already are. Control batches (transaction markers) stay as written: Kafka never
-    compresses them."""
+    compresses them. `lengths_checked`: see `recompress_batch`."""
     if all(h.is_control or h.compression == codec for h in headers):
         return None
     view = memoryview(buf)
     return b"".join(bytes(view[h.position:h.position + h.size_bytes]) if h.is_control or h.compression == codec
-                    else recompress_batch(view, h, codec) for h in headers)
+                    else recompress_batch(view, h, codec, lengths_checked=lengths_checked) for h in headers)
 
 
 def first_keyless_record(buf, header: BatchHeader) -> int | None:
