@@ -3,9 +3,15 @@
 Theory of operation
 -------------------
 The consumer is driven by the application's thread: `poll()` hands out records the
-`Fetcher` has received, sends the next Fetch calls before it returns (so the broker works
-on the next response while the application processes this one), and otherwise waits for
-an answer up to its timeout. A partition without a position gets one lazily, on the first
+`Fetcher` has received, sends the next Fetch calls, and otherwise waits for an answer up to
+its timeout. When the next Fetch goes out depends on what the last response said
+(`Fetcher.has_records_waiting`): if a partition is behind its log end, at once, before the
+records in hand are decoded, so the broker reads the next chunk while the application
+works through this one (Kafka's pipelining); if every partition has caught up, at the next
+poll(). That Fetch would only wait at the broker for the next write, and sending it costs
+the records in hand a socket send before they are returned: 0.1-0.4 ms of wake-ups on a
+busy 2-core host, about a quarter of the end-to-end latency (bench e2e-latency, idempotent
+p50: 1.84 -> 1.40 ms). A partition without a position gets one lazily, on the first
 poll() or position() that needs it: a group consumer's from the group's committed offset
 (OffsetFetch with require_stable, so never from inside an open transaction), and otherwise,
 or when nothing is committed, from ListOffsets by auto.offset.reset ("latest" by default,
@@ -183,6 +189,7 @@ class Consumer:
             metadata_max_age_ms=settings["metadata.max.age.ms"],
             security=channel_security(settings))
         self._metrics = ConsumerMetrics(settings["metrics"], settings["client.id"]) if settings["metrics"] else None
+        self._fetches_due = False    # the next poll() sends the Fetches first
         self._fetcher = Fetcher(
             self._metadata, isolation_level=settings["isolation.level"],
             auto_offset_reset=settings["auto.offset.reset"],
@@ -438,6 +445,9 @@ class Consumer:
         fetcher = self._fetcher
         group = self._group
         deadline = time.monotonic() + max(0, timeout_ms) / 1000
+        if self._fetches_due:
+            self._fetches_due = False
+            fetcher.send_fetches()
         while True:
             if group is not None:
                 fetcher.wakeup.clear()
@@ -449,13 +459,16 @@ class Consumer:
                         return []
                     fetcher.wakeup.wait(min(remaining_s, GROUP_WAIT_S))
                     continue
-            if fetcher.handle_arrivals():
-                # The next Fetch goes out before these records are decoded, so that it is
-                # already waiting at the broker when the next batch is written.
+            # The next Fetch: at once if a partition is behind its log end, else at the
+            # next poll() (see the module doc).
+            if fetcher.handle_arrivals() and fetcher.has_records_waiting():
                 fetcher.send_fetches()
             records = fetcher.collect(max_records)
             if records:
-                fetcher.send_fetches()     # partitions that collect() made fetchable again
+                if fetcher.has_records_waiting():
+                    fetcher.send_fetches()     # partitions that collect() made fetchable again
+                else:
+                    self._fetches_due = True
                 return records
             fetcher.raise_pending_error()
             remaining_ms = int((deadline - time.monotonic()) * 1000)

@@ -12,7 +12,8 @@ Pipelining: a partition is fetchable when no Fetch for it is in flight and at mo
 received response of it waits to be consumed. Each broker gets at most one Fetch in flight
 (with every fetchable partition it leads); so while the application works through one
 response the next one is already on its way, and memory is bounded by two responses per
-partition plus the one in flight.
+partition plus the one in flight. (When a Fetch is sent is the consumer's choice:
+consumer/consumer.py's module doc.)
 
 The calls themselves: over a broker's socket port (eos/socket_rpc.py) each Fetch is a
 `PendingCall`, sent from the application's thread and read by it too: `handle_arrivals` polls
@@ -395,6 +396,21 @@ class Fetcher:
                                         metadata=self._call_metadata or None)
             self._in_flight[node] = _FetchInFlight(node, epochs, call, now)
             call.add_done_callback(lambda _f, node=node: self._on_done(node))
+
+    def has_records_waiting(self) -> bool:
+        """Whether a partition that may be fetched now has records at the broker past what
+        has been received: its fetch offset is below the high watermark (the LSO under
+        read_committed) its last response gave. A Fetch for it is answered at once, so it is
+        worth sending before the records in hand are decoded (`Consumer.poll`)."""
+        read_committed = self.isolation_level == IsolationLevel.READ_COMMITTED
+        now = self._clock()
+        for state in self.states.values():
+            if state.fetch_offset is None or not self._fetchable(state, now):
+                continue
+            upper = state.last_stable_offset if read_committed else state.high_watermark
+            if state.fetch_offset < upper:
+                return True
+        return False
 
     def _on_done(self, node: int) -> None:  # a gRPC thread
         self._arrived.append((node, self._clock()))

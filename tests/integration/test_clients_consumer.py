@@ -170,3 +170,30 @@ def test_poll_without_a_position_while_the_broker_is_away(filled):
         filled.start()
         records = poll_until(consumer, 100)
         assert [r.offset for r in records] == list(range(100))
+
+
+def test_the_next_fetch_goes_out_before_returning_while_behind_and_at_the_next_poll_once_caught_up(filled):
+    # Two more batches after the fixture's one; each Fetch carries one batch (the first
+    # whole batch is given whatever partition.max.bytes says), so the reader is behind its
+    # log end until the last one.
+    with eos.Producer(filled.address) as producer:
+        for value in (b"a", b"b"):
+            producer.send("c", value, partition=0).result(WAIT_S)
+    with eos.Consumer(filled.address, auto_offset_reset="earliest", max_partition_fetch_bytes=1,
+                      fetch_max_wait_ms=10_000) as consumer:
+        consumer.assign([TP0])
+        fetcher = consumer._fetcher
+        records = []
+        deadline = time.monotonic() + WAIT_S
+        while not records and time.monotonic() < deadline:
+            records = consumer.poll(timeout_ms=200)
+        assert [r.offset for r in records] == list(range(100))
+        assert fetcher.has_in_flight       # behind (the log ends at 102): prefetched
+        records = poll_until(consumer, 2)
+        assert [r.value for r in records] == [b"a", b"b"]
+        assert not fetcher.has_in_flight   # caught up: nothing sent before returning ...
+        assert consumer.poll(timeout_ms=0) == []
+        assert fetcher.has_in_flight       # ... the next poll sent it, and it waits at the broker
+        with eos.Producer(filled.address) as producer:
+            producer.send("c", b"c", partition=0).result(WAIT_S)
+        assert [r.value for r in poll_until(consumer, 1)] == [b"c"]
