@@ -37,10 +37,12 @@ looks every `sweep_interval_s`; so idle connections cannot hold the port's place
 and a client that stops reading cannot hold a thread. eos's clients close their pooled
 connections after 9 minutes unused (eos/socket_rpc.py), before the broker's default would.
 The sockets themselves have no timeout: on a socket with one, Python polls before every
-recv and send, a system call more each way on every request, and each gives up the GIL. `stop(grace)` closes the port, ends idle
-connections at once, lets each busy one finish the call it is running (a frame read after
-the stop began is answered UNAVAILABLE) and, after `grace`, shuts the rest down; the event
-it returns is set when every connection's thread has ended.
+recv and send, a system call more each way on every request, and each gives up the GIL.
+
+`stop(grace)` closes the port, ends idle connections at once, lets each busy one finish the
+call it is running (a frame read after the stop began is answered UNAVAILABLE) and, after
+`grace`, shuts the rest down; the event it returns is set when every connection's thread
+has ended.
 """
 from __future__ import annotations
 

@@ -214,13 +214,23 @@ def send_within(sock: socket.socket, data, timeout_s: float | None) -> None:
         except BlockingIOError:
             pass
         if timeout_s is None:
-            select.select([], [sock], [])
+            wait_for(sock.fileno(), select.POLLOUT, None)
             continue
         if deadline is None:
             deadline = time.monotonic() + timeout_s
         remaining = deadline - time.monotonic()
-        if remaining <= 0 or not select.select([], [sock], [], remaining)[1]:
+        if remaining <= 0 or not wait_for(sock.fileno(), select.POLLOUT, remaining):
             raise socket.timeout(f"no room to send in {timeout_s:g} s: the peer is not reading")
+
+
+def wait_for(fd: int, events: int, timeout_s: float | None) -> bool:
+    """Sleep until `fd` has one of `events` (select.POLLIN, POLLOUT), or is closed or in
+    error, or `timeout_s` passes (None: no limit); True unless the time ran out. poll(), not
+    select(): a process with more than 1,024 files open (a broker's segments) has
+    descriptors select() cannot take."""
+    poller = select.poll()
+    poller.register(fd, events)
+    return bool(poller.poll(None if timeout_s is None else max(0.0, timeout_s) * 1000))
 
 
 def receive_available(sock: socket.socket, inbox: bytearray) -> BaseException | None:

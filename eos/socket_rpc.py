@@ -46,7 +46,7 @@ import grpc
 
 from eos.socket_frames import (CALL, HALF_CLOSE, MESSAGE, OPEN, REFUSED, REPLY, STATUS, ConnectionClosed,
                                READ_BUFFER_BYTES, FrameError, FrameTooLarge, call_frame, decode_status, frame,
-                               read_frame, receive_available, send_within, split_frames)
+                               read_frame, receive_available, send_within, split_frames, wait_for)
 
 log = logging.getLogger("eos.socket_rpc")
 
@@ -369,10 +369,12 @@ class PendingCall:
         return -1 if self._done or self._connection is None else self._connection.sock.fileno()
 
     def wait(self) -> None:
-        """Block until the call is over: answered, failed, or past its deadline."""
-        while not self.poll():
+        """Block until the call is over: answered, failed, or past its deadline. (It sleeps
+        first: just after the send, a read could only find nothing.)"""
+        while not self._done:
             remaining_s = None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
-            select.select([self.fileno()], [], [], remaining_s)
+            wait_for(self.fileno(), select.POLLIN, remaining_s)
+            self.poll()
 
     def done(self) -> bool:
         return self._done
