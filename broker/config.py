@@ -314,7 +314,7 @@ _INT_SETTINGS = {
     "num.io.threads": ("num_io_threads", 1, 1024),
     "metrics.port": ("metrics_port", -1, 65535),
     "socket.transport.port": ("socket_transport_port", -1, 65535),
-    # -1: never (Kafka's); at most 2^31-1 ms (about 25 days), which a socket timeout can hold
+    # -1: never (Kafka's); at most 2^31-1 ms (about 25 days), as Kafka's int
     "connections.max.idle.ms": ("connections_max_idle_ms", -1, 2**31 - 1),
     "quota.window.num": ("quota_window_num", 2, 1000),
     "quota.window.size.seconds": ("quota_window_size_seconds", 1, 3600),

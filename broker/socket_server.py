@@ -70,9 +70,11 @@ ACCEPT_RETRY_S = 0.1
 # client reads its RESOURCE_EXHAUSTED) up to this many times the limit; past it the
 # connection is closed after the status, as Kafka closes one on an oversized request.
 SKIP_LIMITS_MAX = 4
-# How often the sweeper looks for connections idle past connections.max.idle.ms, at most:
-# a tenth of the limit, so one is closed within 110% of it.
+# How often the sweeper looks for connections idle past connections.max.idle.ms: a tenth of
+# the limit, so one is closed within 110% of it, but at most every second and at least
+# every 10 ms (a limit of a few ms must not keep a thread busy).
 SWEEP_INTERVAL_MAX_S = 1.0
+SWEEP_INTERVAL_MIN_S = 0.01
 _INSECURE_AUTH_CONTEXT = {"transport_security_type": [b"insecure"]}
 
 
@@ -264,8 +266,8 @@ class SocketRpcServer:
         self._stopping = False
         self._stopped = threading.Event()          # ends the sweeper
         self._accept_thread: threading.Thread | None = None
-        self.sweep_interval_s = (None if connections_max_idle_ms < 0
-                                 else min(SWEEP_INTERVAL_MAX_S, connections_max_idle_ms / 10_000))
+        self.sweep_interval_s = (None if connections_max_idle_ms < 0 else
+                                 max(SWEEP_INTERVAL_MIN_S, min(SWEEP_INTERVAL_MAX_S, connections_max_idle_ms / 10_000)))
 
     # ---- the grpc.Server face --------------------------------------------------------------
 

@@ -398,17 +398,18 @@ class Fetcher:
             call.add_done_callback(lambda _f, node=node: self._on_done(node))
 
     def has_records_waiting(self) -> bool:
-        """Whether a partition that may be fetched now has records at the broker past what
-        has been received: its fetch offset is below the high watermark (the LSO under
-        read_committed) its last response gave. A Fetch for it is answered at once, so it is
-        worth sending before the records in hand are decoded (`Consumer.poll`)."""
+        """Whether a partition that may be fetched now has, or may have, records at the
+        broker past what has been received: its fetch offset is below the high watermark
+        (the LSO under read_committed) its last response gave, or it has had no response yet.
+        A Fetch for it is then worth sending before the records in hand are decoded
+        (`Consumer.poll`)."""
         read_committed = self.isolation_level == IsolationLevel.READ_COMMITTED
         now = self._clock()
         for state in self.states.values():
             if state.fetch_offset is None or not self._fetchable(state, now):
                 continue
             upper = state.last_stable_offset if read_committed else state.high_watermark
-            if state.fetch_offset < upper:
+            if upper < 0 or state.fetch_offset < upper:
                 return True
         return False
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 import logging
 import select
 import socket
+import struct
 import threading
 import time
 import weakref
@@ -114,7 +115,7 @@ class _Connection:
                                  f"cannot connect to {address[0]}:{address[1]}: {exc}") from None
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         # Blocking, for good: sends go through `send_within`, a call's answer is read without
-        # waiting (`receive_available`) once select() says it came, and a stream's reader
+        # waiting (`receive_available`) once poll() says it came, and a stream's reader
         # blocks; so no call sets a timeout (each setting, and the poll Python makes before
         # every I/O on a socket with one, is a system call that gives up the GIL).
         self.sock.settimeout(None)
@@ -362,7 +363,9 @@ class PendingCall:
             self._correlation_id = self._connection.take_correlation_id()
             send_within(self._connection.sock, call_frame(CALL, self._correlation_id, method, metadata, payload),
                         timeout_s)
-        except (SocketRpcError, OSError) as exc:
+        except (SocketRpcError, OSError, ValueError, struct.error) as exc:
+            # (ValueError, struct.error: metadata the frame cannot carry; the call fails
+            # UNAVAILABLE as it did before, and the connection it took is closed)
             self._fail(exc)
 
     def fileno(self) -> int:

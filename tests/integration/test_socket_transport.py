@@ -653,3 +653,16 @@ def test_requests_a_timed_out_stream_failed_are_resent_before_anything_newer(bro
             future.result(30)
         later[0].result(30)
     assert _read_committed(broker.address, "resent", 5) == [b"warm", b"r0", b"r1", b"r2", b"r3"]
+
+
+def test_a_call_whose_metadata_no_frame_can_carry_fails_unavailable_and_keeps_no_connection(broker):
+    channel = SocketChannel("127.0.0.1", broker.socket_port)
+    stub = broker_pb2_grpc.BrokerStub(channel)
+    stub.Metadata(broker_pb2.MetadataRequest(), timeout=10)          # one connection, now pooled
+    assert len(channel._idle) == 1
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.Metadata(broker_pb2.MetadataRequest(), timeout=10, metadata=(("schlüssel", "x"),))
+    assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+    assert channel._idle == []          # the connection the call took was closed, not kept
+    assert stub.Metadata(broker_pb2.MetadataRequest(), timeout=10).brokers   # a new one serves
+    channel.close()
