@@ -11,7 +11,9 @@ works through this one (Kafka's pipelining); if every partition has caught up, a
 poll(). That Fetch would only wait at the broker for the next write, and sending it costs
 the records in hand a socket send before they are returned: 0.1-0.4 ms of wake-ups on a
 busy 2-core host, about a fifth of the end-to-end latency (bench e2e-latency, idempotent
-p50: 1.84 -> 1.45 ms). A partition not fetched yet (its log end unknown) is fetched at once. A partition without a position gets one lazily, on the first
+p50: 1.84 -> 1.45 ms). A partition not fetched yet (its log end unknown) is fetched at once.
+
+A partition without a position gets one lazily, on the first
 poll() or position() that needs it: a group consumer's from the group's committed offset
 (OffsetFetch with require_stable, so never from inside an open transaction), and otherwise,
 or when nothing is committed, from ListOffsets by auto.offset.reset ("latest" by default,
