@@ -366,8 +366,7 @@ class Log:
             # lock. prepare_batches walked every record of a client's batch (a coordinator's
             # were built here), so they are not walked again; the new bytes meet the limits
             # again (max.message.bytes applies to what is stored, as in Kafka).
-            recompressed = recompress_batches(records, prepared.headers, codec_from_name(config.compression_type),
-                                              lengths_checked=True)
+            recompressed = recompress_batches(records, prepared.headers, codec_from_name(config.compression_type))
             if recompressed is not None:
                 records = recompressed
                 prepared = prepare_batches(records, origin, self.config, self.name, self.topic, built_here=True)

@@ -125,7 +125,7 @@ def prepare_batches(records, origin: AppendOrigin, config: TopicConfig, name: st
         if header.is_control:
             marker = _check_marker_batch(view, header, origin, _where(name, len(headers), header))
         elif built_here:
-            pass
+            pass               # its records were walked before it was rebuilt
         elif config.compact and not replicating:
             _check_keys(view, header, _where(name, len(headers), header), topic, config.cleanup_policy)
         elif origin is AppendOrigin.CLIENT:

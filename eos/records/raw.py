@@ -188,18 +188,14 @@ def rebuild_batch(batch: bytes, header: BatchHeader, data, kept: list[RawRecord]
     return bytes(out)
 
 
-def recompress_batch(buf, header: BatchHeader, codec: int, *, lengths_checked: bool = False) -> bytes:
+def recompress_batch(buf, header: BatchHeader, codec: int) -> bytes:
     """The batch at `header` in `buf` with its records section in `codec` (Kafka's
     LogValidator when a topic's compression.type differs from the producer's codec). Every
     header field but the codec bits, the length and the CRC is kept, so offsets, sequences,
     timestamps and the transactional flag are those of the original; the records are copied
-    byte for byte after their lengths are checked to tile the section (a batch whose
-    records do not is refused here, as Kafka refuses it when it decompresses).
-    `lengths_checked`: the caller has walked them already (the append path's
-    `check_record_framing`), so they are not walked twice."""
+    byte for byte. The caller has checked that they tile the section (`check_record_framing`,
+    which the append path runs on every client batch first), so they are not walked here."""
     data, start, end = _records_section(buf, header)
-    if not lengths_checked:
-        _check_record_lengths(data, start, end, header)
     section = bytes(data[start:end])
     if codec:
         section = _compression.compress(codec, section)
@@ -211,41 +207,15 @@ def recompress_batch(buf, header: BatchHeader, codec: int, *, lengths_checked: b
     return bytes(out)
 
 
-def _check_record_lengths(data, start: int, end: int, header: BatchHeader) -> None:
-    """The section holds exactly recordsCount records by their length prefixes, or
-    CorruptRecordError. (The full walk of `raw_records` costs about as much as compressing
-    the batch; the lengths are what decide where each record, and the section, ends.)"""
-    count = header.records_count
-    zigzag1 = ZIGZAG_DECODE_1
-    position = start
-    for index in range(count):
-        if position >= end:
-            raise CorruptRecordError(f"batch at offset {header.base_offset}: the records section ends after "
-                                     f"{index} of its {count} record(s)")
-        byte = data[position]
-        if byte < 0x80:
-            length = zigzag1[byte]
-            position += 1
-        else:
-            length, position = decode_varint(data, position)
-        if length <= 0 or position + length > end:
-            raise CorruptRecordError(f"batch at offset {header.base_offset}: record {index} of {count} has "
-                                     f"length {length}, past the end of the records section")
-        position += length
-    if position != end:
-        raise CorruptRecordError(f"batch at offset {header.base_offset}: {end - position} byte(s) after its "
-                                 f"{count} record(s)")
-
-
-def recompress_batches(buf, headers, codec: int, *, lengths_checked: bool = False) -> bytes | None:
-    """`buf`'s batches (parsed as `headers`) with every data batch in `codec`, or None when
-    all already are. Control batches (transaction markers) stay as written: Kafka never
-    compresses them. `lengths_checked`: see `recompress_batch`."""
+def recompress_batches(buf, headers, codec: int) -> bytes | None:
+    """`buf`'s batches (parsed as `headers`, their records checked: see `recompress_batch`)
+    with every data batch in `codec`, or None when all already are. Control batches
+    (transaction markers) stay as written: Kafka never compresses them."""
     if all(h.is_control or h.compression == codec for h in headers):
         return None
     view = memoryview(buf)
     return b"".join(bytes(view[h.position:h.position + h.size_bytes]) if h.is_control or h.compression == codec
-                    else recompress_batch(view, h, codec, lengths_checked=lengths_checked) for h in headers)
+                    else recompress_batch(view, h, codec) for h in headers)
 
 
 def first_keyless_record(buf, header: BatchHeader) -> int | None:
