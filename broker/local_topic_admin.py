@@ -1,17 +1,21 @@
-"""Topic administration on a cluster of one: CreateTopics, DeleteTopics, CreatePartitions and
-auto-creation, against the topic registry and the partition logs.
+"""Topic administration on a cluster of one: CreateTopics, DeleteTopics, CreatePartitions,
+topic configs (DescribeConfigs, IncrementalAlterConfigs) and auto-creation, against the topic
+registry and the partition logs.
 
 Theory of operation
 -------------------
 On a ZooKeeper cluster the controller owns topics and `broker/cluster_admin.py`'s
 ClusterTopicAdmin answers these calls; on a single broker `LocalTopicAdmin` does, with the
-same three methods, so the Broker servicer hands either the request. One lock orders topic
+same methods, so the Broker servicer hands either the request. One lock orders topic
 changes (registry and logs change together). The order of the two is what keeps a crash
 harmless: a topic is created logs first, registry second (it is visible only once its logs
 exist; logs no topic names are removed by the broker's start-up sweep), and deleted registry
 first, logs second. A request is answered per topic: one refused or failed topic does not
-stop the others. The ACL checks are the Broker service's: a topic the caller may not
-change never reaches this class.
+stop the others. A config change is written to the registry first and then given to the
+topic's open logs (`Log.update_config`): it applies at once, as Kafka's does (a new
+segment.bytes at the next roll, a new retention.ms at the next retention pass), and a crash
+in between leaves the registry's value, which the logs are opened with. The ACL checks are
+the Broker service's: a topic the caller may not change never reaches this class.
 """
 from __future__ import annotations
 
@@ -20,8 +24,11 @@ import logging
 import threading
 from typing import Callable
 
+from broker import topic_configs
 from broker.topics import PROTECTED_INTERNAL_TOPICS, TopicInfo, TopicRegistry, validate_topic_name
-from eos.errors import EosError, ErrorCode, InvalidRequestError, StorageError, error_code_and_message
+from eos.config import TopicConfig
+from eos.errors import (EosError, ErrorCode, InvalidRequestError, StorageError, UnknownTopicOrPartitionError,
+                        error_code_and_message)
 from eos.types import TopicPartition
 from eos.v1 import broker_pb2
 
@@ -183,3 +190,40 @@ class LocalTopicAdmin:
                 continue
             results.append(broker_pb2.TopicResult(name=grow.name, error_code=ErrorCode.NONE))
         return broker_pb2.CreatePartitionsResponse(topics=results)
+
+    # ---- topic configs (broker/topic_configs.py's TopicConfigStore) ------------------------------
+
+    def describe_configs(self, request: broker_pb2.DescribeConfigsRequest,
+                         refused=None) -> broker_pb2.DescribeConfigsResponse:
+        return topic_configs.describe_configs(request, self, refused)
+
+    def alter_configs(self, request: broker_pb2.IncrementalAlterConfigsRequest,
+                      refused=None) -> broker_pb2.IncrementalAlterConfigsResponse:
+        return topic_configs.alter_configs(request, self, refused)
+
+    @property
+    def default_config(self) -> TopicConfig:
+        return self._registry.default_config
+
+    def _existing(self, name: str) -> TopicInfo:
+        info = self._registry.get(name)
+        if info is None:
+            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+        return info
+
+    def topic_overrides(self, name: str):
+        return self._existing(name).config_overrides
+
+    def topic_config(self, name: str) -> TopicConfig:
+        return self._existing(name).config
+
+    def update_overrides(self, name: str, change, validate_only: bool) -> None:
+        with self._admin_lock:
+            current = self._existing(name)
+            info = self._registry.prepare_reconfigure(name, change(dict(current.config_overrides)))
+            if validate_only or dict(info.config_overrides) == dict(current.config_overrides):
+                return
+            # Registry first (the truth a restart opens the logs with), then the open logs.
+            self._registry.commit(info)
+            self._log_manager.update_config(name, info.config)
+        log.info("topic %s: config overrides now %s", name, dict(info.config_overrides))

@@ -55,6 +55,7 @@ from eos.errors import (
     UnknownTopicOrPartitionError,
     error_code_and_message,
 )
+from eos.config_resources import RESOURCE_TOPIC
 from eos.acl import binding_from_proto, binding_to_proto, filter_from_proto
 from eos.types import TopicPartition
 from eos.v1 import broker_pb2, broker_pb2_grpc
@@ -440,6 +441,27 @@ class BrokerServicer(WriteHandlers, ReadHandlers, broker_pb2_grpc.BrokerServicer
             else:
                 results.append(next(answered))
         return response_type(topics=results)
+
+    # ---- topic configs (Kafka's DescribeConfigs, IncrementalAlterConfigs; broker/topic_configs.py) ----
+
+    @gated
+    def DescribeConfigs(self, request: broker_pb2.DescribeConfigsRequest,
+                        context) -> broker_pb2.DescribeConfigsResponse:
+        return self._topic_admin.describe_configs(request, self._config_refusals(
+            Operation.DESCRIBE_CONFIGS, request.resources))
+
+    @gated
+    def IncrementalAlterConfigs(self, request: broker_pb2.IncrementalAlterConfigsRequest,
+                                context) -> broker_pb2.IncrementalAlterConfigsResponse:
+        return self._topic_admin.alter_configs(request, self._config_refusals(
+            Operation.ALTER_CONFIGS, request.resources))
+
+    def _config_refusals(self, operation: Operation, resources) -> dict[tuple[int, str], tuple[int, str]]:
+        """(resource type, name) -> (code, why) for the topics the caller may not `operation`:
+        answered TOPIC_AUTHORIZATION_FAILED, the others go on (Kafka)."""
+        topics = [r.resource_name for r in resources if r.resource_type == RESOURCE_TOPIC]
+        return {(RESOURCE_TOPIC, name): (ErrorCode.TOPIC_AUTHORIZATION_FAILED, why)
+                for name, why in self._topic_refusals(operation, topics).items()}
 
     # ---- transactions ------------------------------------------------------------------------
 

@@ -252,6 +252,15 @@ class TopicRegistry:
                 f"{PARTITIONS_PER_TOPIC_MAX}")
         return dataclasses.replace(current, partition_count=new_partition_count)
 
+    def prepare_reconfigure(self, name: str, config_overrides: Mapping[str, str]) -> TopicInfo:
+        """Validate new overrides for an existing topic (they replace the old ones whole);
+        nothing changes."""
+        current = self._topics.get(name)
+        if current is None:
+            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+        overrides = {str(k): str(v) for k, v in config_overrides.items()}
+        return dataclasses.replace(current, config_overrides=overrides, config=self._config_of(name, overrides))
+
     def learn(self, name: str, partition_count: int, config_overrides: Mapping[str, str]) -> TopicInfo:
         """Cluster mode: the registry is this broker's copy of what ZooKeeper holds, and
         the controller tells it about topics. Record `name` with at least `partition_count`

@@ -42,6 +42,7 @@ from eos.admin_arguments import (config_strings, isolation_level_code, quota_ent
                                  topic_spec, tps)
 from eos.acl import AclBinding, AclFilter, Operation, binding_from_proto, binding_to_proto, filter_to_proto
 from eos.admin_transactions import TransactionAdmin
+from eos.config_resources import OP_APPEND, OP_DELETE, OP_SET, OP_SUBTRACT, RESOURCE_TOPIC, SOURCE_NAMES
 from eos.errors import EosError, ErrorCode, Reaction, error_for, raise_if_error, reaction_for
 from eos.types import TopicPartition
 from eos.v1 import broker_pb2, cluster_pb2, cluster_pb2_grpc, group_pb2, group_pb2_grpc
@@ -195,6 +196,44 @@ class Admin(TransactionAdmin):
                                   validate_only=validate_only))
         self._raise_topic_errors(response.topics, "cannot create partitions for topic")
         self._metadata.mark_stale(name)
+
+    def describe_configs(self, topic: str, names=None) -> dict[str, dict]:
+        """Kafka's describeConfigs of one topic: {config name: {"value", "source"
+        (DYNAMIC_TOPIC_CONFIG: the topic's override, STATIC_BROKER_CONFIG: the broker's log.*
+        setting, DEFAULT_CONFIG), "read_only", "sensitive"}} for every config, or only
+        `names` (names the broker does not know are left out, as Kafka leaves them). Raises
+        UnknownTopicOrPartitionError, TopicAuthorizationFailedError (DESCRIBE_CONFIGS)."""
+        response = self._call("DescribeConfigs", lambda s: s.DescribeConfigs, broker_pb2.DescribeConfigsRequest(
+            resources=[broker_pb2.ConfigResource(resource_type=RESOURCE_TOPIC, resource_name=topic,
+                                                 config_names=list(names or ()))]))
+        [result] = response.results
+        raise_if_error(result, f"cannot describe the configs of topic {topic!r}")
+        return {entry.name: {"value": entry.value, "source": SOURCE_NAMES.get(entry.config_source, "UNKNOWN"),
+                             "read_only": entry.read_only, "sensitive": entry.is_sensitive}
+                for entry in result.configs}
+
+    def incremental_alter_configs(self, topic: str, set=None, delete=(), append=None, subtract=None, *,
+                                  validate_only: bool = False) -> None:
+        """Kafka's incrementalAlterConfigs of one topic: `set` ({name: value}) overrides,
+        `delete` (names) goes back to the broker's default, `append` / `subtract` ({name:
+        "a,b"}) add items to or remove them from a list config (cleanup.policy). All or
+        nothing: an unknown name, a bad value or a name given twice raises (INVALID_CONFIG,
+        INVALID_REQUEST) and changes nothing. The change applies at once on every broker."""
+        alterations = [broker_pb2.AlterableConfig(name=name, config_operation=OP_SET, value=value)
+                       for name, value in config_strings(set).items()]
+        alterations += [broker_pb2.AlterableConfig(name=name, config_operation=OP_DELETE)
+                        for name in ([delete] if isinstance(delete, str) else delete)]
+        for op, given in ((OP_APPEND, append), (OP_SUBTRACT, subtract)):
+            alterations += [broker_pb2.AlterableConfig(name=name, config_operation=op, value=value)
+                            for name, value in config_strings(given).items()]
+        response = self._call("IncrementalAlterConfigs", lambda s: s.IncrementalAlterConfigs,
+                              broker_pb2.IncrementalAlterConfigsRequest(
+                                  resources=[broker_pb2.AlterConfigsResource(
+                                      resource_type=RESOURCE_TOPIC, resource_name=topic, configs=alterations)],
+                                  validate_only=validate_only))
+        [result] = response.results
+        raise_if_error(result, f"cannot alter the configs of topic {topic!r}")
+        self._metadata.mark_stale(topic)
 
     def list_topics(self, include_internal: bool = False) -> list[str]:
         """Topic names, sorted; internal ones (__consumer_offsets, ...) only when asked."""

@@ -1,5 +1,9 @@
-"""`eos configs`: client quotas, after kafka-configs.sh --entity-type users|clients.
+"""`eos configs`: topic configs and client quotas, after kafka-configs.sh --entity-type
+topics|users|clients.
 
+    eos configs --describe --entity-type topics [--entity-name orders] [--all]
+    eos configs --alter --entity-type topics --entity-name orders \\
+        --add-config retention.ms=86400000,cleanup.policy=[compact,delete] --delete-config segment.bytes
     eos configs --alter --entity-type users --entity-name alice --add-config producer_byte_rate=1048576
     eos configs --alter --entity-type users --entity-default --add-config consumer_byte_rate=2097152
     eos configs --alter --entity-type users --entity-name alice --entity-type clients --entity-name app \\
@@ -8,14 +12,17 @@
     eos configs --describe [--entity-type users|clients]
 
 Each --entity-type is paired, in order, with the --entity-name or --entity-default after it,
-as kafka-configs pairs them. With an authorizer, --alter needs ALTER_CONFIGS on the cluster
-and --describe DESCRIBE_CONFIGS.
+as kafka-configs pairs them. A topic's --describe lists its overrides (kafka-configs'
+"Dynamic configs"), or with --all every config and where its value comes from; a value with
+commas is written in brackets, as kafka-configs takes it. With an authorizer, topics need
+ALTER_CONFIGS / DESCRIBE_CONFIGS on the topic, quotas the same on the cluster.
 """
 from __future__ import annotations
 
 import sys
 
 ENTITY_TYPES = {"users": "user", "clients": "client-id"}
+TOPICS = "topics"
 DESCRIBED_AS = {"user": "user-principal", "client-id": "client-id"}
 
 
@@ -38,6 +45,56 @@ def _parse_pairs(text: str | None, option: str) -> dict[str, float | None]:
     return changes
 
 
+def _parse_topic_configs(text: str | None) -> dict[str, str]:
+    """kafka-configs' K=V[,K=V] for topics: a value holding commas is in brackets
+    (cleanup.policy=[compact,delete])."""
+    configs: dict[str, str] = {}
+    depth, start, items = 0, 0, []
+    text = text or ""
+    for index, char in enumerate(text):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            items.append(text[start:index])
+            start = index + 1
+    items.append(text[start:])
+    for item in (i.strip() for i in items):
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"error: --add-config takes K=V[,K=V] (a list value in brackets), got {item!r}")
+        value = value.strip()
+        if value.startswith("[") and value.endswith("]"):
+            value = value[1:-1]
+        configs[key.strip()] = value
+    return configs
+
+
+def _topic_configs(admin, args) -> int:
+    names = [n for n in (args.entity_names or []) if n is not None]
+    if len(args.entity_type) > 1 or len(args.entity_names or []) > 1 or (args.entity_names and not names):
+        raise SystemExit("error: --entity-type topics takes one --entity-name (and no other entity type)")
+    if args.alter:
+        if not names:
+            raise SystemExit("error: --alter --entity-type topics needs --entity-name")
+        added = _parse_topic_configs(args.add_config)
+        deleted = [k.strip() for k in (args.delete_config or "").split(",") if k.strip()]
+        if not added and not deleted:
+            print("error: --alter needs --add-config or --delete-config", file=sys.stderr)
+            return 2
+        admin.incremental_alter_configs(names[0], set=added, delete=deleted)
+        print(f"Completed updating config for topic {names[0]}.")
+        return 0
+    for topic in names or admin.list_topics():
+        configs = admin.describe_configs(topic)
+        shown = {k: v for k, v in configs.items() if args.all or v["source"] == "DYNAMIC_TOPIC_CONFIG"}
+        print(f"{'All' if args.all else 'Dynamic'} configs for topic {topic} are:")
+        for name, entry in sorted(shown.items()):
+            print(f"  {name}={entry['value']} sensitive={str(entry['sensitive']).lower()} "
+                  f"synonyms={{{entry['source']}:{name}={entry['value']}}}")
+    return 0
+
+
 def _entity(args) -> dict:
     types = args.entity_type or []
     names = args.entity_names or []
@@ -56,6 +113,10 @@ def cmd_configs(args) -> int:
     from eos.cli import client_config
 
     with eos.Admin(bootstrap=args.bootstrap_server, config=client_config(args)) as admin:
+        if TOPICS in (args.entity_type or []):
+            return _topic_configs(admin, args)
+        if args.all:
+            raise SystemExit("error: --all describes topics (--entity-type topics)")
         if args.alter:
             entity = _entity(args)
             changes = {**_parse_pairs(args.add_config, "--add-config"), **_parse_pairs(args.delete_config,
@@ -84,16 +145,20 @@ def _describe(entity: dict) -> str:
 
 def add_commands(client_command) -> None:
     """Register `eos configs` on the `eos` parser."""
-    configs = client_command("configs", help="client quotas of users and client ids (after kafka-configs.sh)")
+    configs = client_command("configs", help="topic configs and the client quotas of users and client ids "
+                                             "(after kafka-configs.sh)")
     action = configs.add_mutually_exclusive_group(required=True)
     action.add_argument("--alter", action="store_true")
     action.add_argument("--describe", action="store_true")
-    configs.add_argument("--entity-type", action="append", choices=sorted(ENTITY_TYPES),
-                         help="users or clients; repeat with a name each for a user and client id together")
+    configs.add_argument("--entity-type", action="append", choices=sorted([*ENTITY_TYPES, TOPICS]),
+                         help="topics, users or clients; repeat with a name each for a user and client id together")
     configs.add_argument("--entity-name", action="append", dest="entity_names", metavar="NAME")
     configs.add_argument("--entity-default", action="append_const", const=None, dest="entity_names",
                          help="the default of the --entity-type before it")
     configs.add_argument("--add-config", metavar="K=V[,K=V]",
-                         help="producer_byte_rate, consumer_byte_rate (bytes/s), request_percentage (%% of one thread)")
+                         help="a topic's configs (retention.ms=86400000,cleanup.policy=[compact,delete]), or "
+                              "producer_byte_rate, consumer_byte_rate (bytes/s), request_percentage (%% of one thread)")
     configs.add_argument("--delete-config", metavar="K[,K]")
+    configs.add_argument("--all", action="store_true",
+                         help="with --describe of topics: every config and its source, not only the overrides")
     configs.set_defaults(handler=cmd_configs)

@@ -104,6 +104,16 @@ class BrokerStub:
                 request_serializer=eos_dot_v1_dot_broker__pb2.DeleteAclsRequest.SerializeToString,
                 response_deserializer=eos_dot_v1_dot_broker__pb2.DeleteAclsResponse.FromString,
                 _registered_method=True)
+        self.DescribeConfigs = channel.unary_unary(
+                '/eos.v1.Broker/DescribeConfigs',
+                request_serializer=eos_dot_v1_dot_broker__pb2.DescribeConfigsRequest.SerializeToString,
+                response_deserializer=eos_dot_v1_dot_broker__pb2.DescribeConfigsResponse.FromString,
+                _registered_method=True)
+        self.IncrementalAlterConfigs = channel.unary_unary(
+                '/eos.v1.Broker/IncrementalAlterConfigs',
+                request_serializer=eos_dot_v1_dot_broker__pb2.IncrementalAlterConfigsRequest.SerializeToString,
+                response_deserializer=eos_dot_v1_dot_broker__pb2.IncrementalAlterConfigsResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -200,6 +210,22 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DescribeConfigs(self, request, context):
+        """Kafka's DescribeConfigs and IncrementalAlterConfigs (kafka-configs.sh --entity-type
+        topics) for topic resources: describe needs DESCRIBE_CONFIGS on the topic, alter needs
+        ALTER_CONFIGS on it. A change applies to the topic's logs on every broker at once (no
+        restart); on a ZooKeeper cluster it is written to /config/topics/<name>.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def IncrementalAlterConfigs(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -272,6 +298,16 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.DeleteAcls,
                     request_deserializer=eos_dot_v1_dot_broker__pb2.DeleteAclsRequest.FromString,
                     response_serializer=eos_dot_v1_dot_broker__pb2.DeleteAclsResponse.SerializeToString,
+            ),
+            'DescribeConfigs': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeConfigs,
+                    request_deserializer=eos_dot_v1_dot_broker__pb2.DescribeConfigsRequest.FromString,
+                    response_serializer=eos_dot_v1_dot_broker__pb2.DescribeConfigsResponse.SerializeToString,
+            ),
+            'IncrementalAlterConfigs': grpc.unary_unary_rpc_method_handler(
+                    servicer.IncrementalAlterConfigs,
+                    request_deserializer=eos_dot_v1_dot_broker__pb2.IncrementalAlterConfigsRequest.FromString,
+                    response_serializer=eos_dot_v1_dot_broker__pb2.IncrementalAlterConfigsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -652,6 +688,60 @@ class Broker:
             '/eos.v1.Broker/DeleteAcls',
             eos_dot_v1_dot_broker__pb2.DeleteAclsRequest.SerializeToString,
             eos_dot_v1_dot_broker__pb2.DeleteAclsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeConfigs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/eos.v1.Broker/DescribeConfigs',
+            eos_dot_v1_dot_broker__pb2.DescribeConfigsRequest.SerializeToString,
+            eos_dot_v1_dot_broker__pb2.DescribeConfigsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def IncrementalAlterConfigs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/eos.v1.Broker/IncrementalAlterConfigs',
+            eos_dot_v1_dot_broker__pb2.IncrementalAlterConfigsRequest.SerializeToString,
+            eos_dot_v1_dot_broker__pb2.IncrementalAlterConfigsResponse.FromString,
             options,
             channel_credentials,
             insecure,

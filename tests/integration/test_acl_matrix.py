@@ -141,7 +141,8 @@ class Env:
         broker = self.broker
         groups = sorted(g.group_id for g in broker.group_coordinator.list_groups()[1])
         return {
-            "topics": sorted((i.name, i.partition_count) for i in broker.registry.topics()),
+            "topics": sorted((i.name, i.partition_count, tuple(sorted(i.config_overrides.items())))
+                             for i in broker.registry.topics()),
             "log ends": sorted((log.topic, log.partition, log.log_end_offset)
                                for log in broker.log_manager.all_logs()),
             "acls": broker.authorizer.acls,
@@ -285,6 +286,16 @@ CASES = [
     Case("CreatePartitions", lambda env: _setup_topic(env, "grown"), lambda ctx: grant(T, ctx["topic"], O.ALTER),
          lambda env, s, ctx: s.broker.CreatePartitions(broker_pb2.CreatePartitionsRequest(topics=[
              broker_pb2.NewPartitions(name=ctx["topic"], count=3)])).topics[0].error_code,
+         ErrorCode.TOPIC_AUTHORIZATION_FAILED, True),
+    Case("DescribeConfigs", lambda env: _setup_topic(env, "configs-read"), lambda ctx: grant(T, ctx["topic"], O.DESCRIBE_CONFIGS),
+         lambda env, s, ctx: s.broker.DescribeConfigs(broker_pb2.DescribeConfigsRequest(resources=[
+             broker_pb2.ConfigResource(resource_type=2, resource_name=ctx["topic"])])).results[0].error_code,
+         ErrorCode.TOPIC_AUTHORIZATION_FAILED, False),
+    Case("IncrementalAlterConfigs", lambda env: _setup_topic(env, "configs-altered"),
+         lambda ctx: grant(T, ctx["topic"], O.ALTER_CONFIGS),
+         lambda env, s, ctx: s.broker.IncrementalAlterConfigs(broker_pb2.IncrementalAlterConfigsRequest(resources=[
+             broker_pb2.AlterConfigsResource(resource_type=2, resource_name=ctx["topic"], configs=[
+                 broker_pb2.AlterableConfig(name="retention.ms", config_operation=0, value="60000")])])).results[0].error_code,
          ErrorCode.TOPIC_AUTHORIZATION_FAILED, True),
     Case("WriteTxnMarkers", lambda env: _setup_topic(env, "markers"), lambda ctx: grant(C, CLUSTER_NAME, O.CLUSTER_ACTION),
          lambda env, s, ctx: s.broker.WriteTxnMarkers(broker_pb2.WriteTxnMarkersRequest(markers=[
