@@ -1,4 +1,5 @@
-"""Topic administration on a cluster: CreateTopics, DeleteTopics and CreatePartitions go to ZooKeeper.
+"""Topic administration on a cluster: CreateTopics, DeleteTopics, CreatePartitions and topic
+configs go to ZooKeeper.
 
 Theory of operation
 -------------------
@@ -12,6 +13,13 @@ is answered once this broker's metadata cache shows every partition with a leade
 after the request's timeout (then REQUEST_TIMED_OUT: the topic exists and will come online;
 Kafka answers the same way).
 
+A topic's configs are read from /config/topics/<name> (DescribeConfigs, as Kafka's ZooKeeper
+mode reads them), and altered there by compare-and-set with a /config/changes notification
+(`broker/topic_configs.py` checks the change first). The controller follows the
+notifications: it reads the changed topics again (an unclean.leader.election.enable turned on
+elects their offline partitions) and sends every broker an UpdateMetadata of their
+partitions, which carries the new configs to each broker's registry and open logs.
+
 Deletion marks the topic under /admin/delete_topics; the controller stops and deletes the
 replicas and removes the znodes. Refusals change nothing in ZooKeeper.
 
@@ -21,6 +29,7 @@ compare-and-set (Kafka's ZooKeeper mode), so no two brokers ever hand out the sa
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import logging
 import random
@@ -28,7 +37,8 @@ import threading
 import time
 from typing import Callable
 
-from broker.topics import PARTITIONS_PER_TOPIC_MAX, PROTECTED_INTERNAL_TOPICS, validate_topic_name
+from broker import topic_configs
+from broker.topics import PARTITIONS_PER_TOPIC_MAX, PROTECTED_INTERNAL_TOPICS, topic_config_of, validate_topic_name
 from eos.config import TopicConfig
 from eos.errors import (
     EosError,
@@ -189,6 +199,51 @@ class ClusterTopicAdmin:
             broker_pb2.TopicResult(name=grow.name, error_code=ErrorCode.INVALID_REQUEST,
                                    error_message="CreatePartitions is not supported on a ZooKeeper cluster yet")
             for grow in request.topics])
+
+
+    # ---- topic configs (broker/topic_configs.py's TopicConfigStore, on ZooKeeper) ----------------
+
+    def describe_configs(self, request: broker_pb2.DescribeConfigsRequest,
+                         refused=None) -> broker_pb2.DescribeConfigsResponse:
+        return topic_configs.describe_configs(request, self, refused)
+
+    def alter_configs(self, request: broker_pb2.IncrementalAlterConfigsRequest,
+                      refused=None) -> broker_pb2.IncrementalAlterConfigsResponse:
+        return topic_configs.alter_configs(request, self, refused)
+
+    @property
+    def default_config(self) -> TopicConfig:
+        return self._default_config
+
+    def topic_overrides(self, name: str) -> dict[str, str]:
+        with _zookeeper_errors():
+            if name not in self._store.topics():
+                raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+            return self._store.topic_config(name)
+
+    def topic_config(self, name: str) -> TopicConfig:
+        return topic_config_of(name, self.topic_overrides(name), self._default_config)
+
+    def update_overrides(self, name: str, change, validate_only: bool) -> None:
+        with _zookeeper_errors():
+            if name not in self._store.topics():
+                raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+            if validate_only:
+                change(self._store.topic_config(name))
+            elif self._store.alter_topic_config(name, change):
+                log.info("topic %s: config overrides changed in ZooKeeper", name)
+
+
+@contextlib.contextmanager
+def _zookeeper_errors():
+    """ZooKeeper's failures as the EosError `_describe` names (an EosError passes as it is)."""
+    try:
+        yield
+    except EosError:
+        raise
+    except Exception as exc:
+        code, message = _describe(exc)
+        raise EosError(message, code) from exc
 
 
 # ---- producer ids -----------------------------------------------------------------------------------

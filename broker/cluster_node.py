@@ -185,13 +185,24 @@ class ClusterNode:
         current = self._registry.get(topic)
         count = max(known, partition + 1, 0 if current is None else current.partition_count)
         overrides = configs if configs else ({} if current is None else dict(current.config_overrides))
-        return self._registry.learn(topic, count, overrides).config
+        return self._learn(topic, count, overrides).config
 
     def sync_registry(self) -> None:
-        """After UpdateMetadata: the local registry learns every topic's partition count."""
+        """After UpdateMetadata: the local registry learns every topic's partition count and
+        config overrides."""
         snapshot = self.metadata.snapshot
         for topic, partitions in snapshot.topics().items():
-            self._registry.learn(topic, len(partitions), snapshot.topic_configs.get(topic, {}))
+            self._learn(topic, len(partitions), snapshot.topic_configs.get(topic, {}))
+
+    def _learn(self, topic: str, partition_count: int, overrides):
+        """The registry learns the topic; a config that changed (an alteration the controller
+        passed on, or one made while this broker was down) reaches its open logs at once."""
+        before = self._registry.get(topic)
+        info = self._registry.learn(topic, partition_count, overrides)
+        if before is not None and before.config != info.config:
+            self._log_manager.update_config(topic, info.config)
+            log.info("topic %s: config overrides now %s", topic, dict(info.config_overrides))
+        return info
 
     def _address_of(self, broker_id: int) -> str | None:
         endpoint = self.metadata.broker(broker_id)

@@ -85,6 +85,15 @@ def is_internal_topic(name: str) -> bool:
     return name.startswith(INTERNAL_TOPIC_PREFIX)
 
 
+def topic_config_of(name: str, overrides: Mapping[str, str], defaults: TopicConfig) -> TopicConfig:
+    """The broker defaults with `overrides` (InvalidConfigError for a bad one); the internal
+    topics are always compacted (as Kafka's are): their state is the last record of each key,
+    and a broker start replays what compaction leaves, not every change ever made."""
+    if is_internal_topic(name):
+        overrides = {**overrides, **INTERNAL_TOPIC_CONFIG}
+    return TopicConfig.from_overrides(overrides, base=defaults)
+
+
 def _collision_key(name: str) -> str:
     return name.replace(".", "_")
 
@@ -150,12 +159,7 @@ class TopicRegistry:
         return len(self._topics)
 
     def _config_of(self, name: str, overrides: Mapping[str, str]) -> TopicConfig:
-        """The broker defaults with `overrides`; the internal topics are always compacted
-        (as Kafka's are): their state is the last record of each key, and a broker start
-        replays what compaction leaves, not every change ever made."""
-        if is_internal_topic(name):
-            overrides = {**overrides, **INTERNAL_TOPIC_CONFIG}
-        return TopicConfig.from_overrides(overrides, base=self._default_config)
+        return topic_config_of(name, overrides, self._default_config)
 
     # ---- start -----------------------------------------------------------------------------
 

@@ -349,6 +349,19 @@ class ControllerCore:
         effects.extend(self._plan(list(self._pending)))
         return effects
 
+    def configs_changed(self, topics: Mapping[str, TopicModel]) -> list:
+        """Topics whose configs changed (/config/changes): their models are taken in as by
+        `topics_changed` (unclean.leader.election.enable turned on elects their offline
+        partitions), and every broker is sent their partitions again: the UpdateMetadata
+        carries the new configs to the brokers' registries and logs."""
+        effects = self.topics_changed(topics)
+        # (not the partitions it elects: their UpdateMetadata follows the state write, and
+        # one sent now would carry the states from before it)
+        tps = [tp for tp in self.partitions() if tp[0] in topics and tp in self.states and tp not in self._pending]
+        if tps:
+            effects.append(self._update_metadata(tps, to=sorted(self.live)))
+        return effects
+
     def isr_changed(self, states: Mapping[TP, tuple[LeaderIsr, int]]) -> list:
         """Leaders wrote ISR changes: take them in, tell every broker, drive reassignments."""
         changed = []

@@ -76,6 +76,7 @@ class Controller:
         self._epoch_zk_version = -1
         self._topic_configs: dict[str, dict[str, str]] = {}
         self._topic_versions: dict[str, int] = {}
+        self._config_changes_seen = -1    # the highest /config/changes notification handled
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._next_rebalance_ms = 0
@@ -246,6 +247,9 @@ class Controller:
 
         store = self._store
         live = self._read_live_brokers()
+        # The config changes announced so far are in the configs read below; later ones are
+        # `_on_config_changes`'.
+        self._config_changes_seen, _ = store.topic_config_changes(-1, watch=lambda *_: self._put("config_changes"))
         topics = self._read_topics(store.topics(watch=lambda *_: self._put("topics_changed")))
         tps = [(t, p) for t, model in topics.items() for p in model.assignment]
         states = store.partition_states(tps)
@@ -304,6 +308,14 @@ class Controller:
         names = self._store.topics(watch=lambda *_: self._put("topics_changed"))
         topics = self._read_topics(names)
         self._execute(self._core.topics_changed(topics))
+
+    def _on_config_changes(self, _payload) -> None:
+        """Topic configs altered (broker/cluster_admin.py): read those topics again and tell
+        the brokers (`ControllerCore.configs_changed`)."""
+        self._config_changes_seen, names = self._store.topic_config_changes(
+            self._config_changes_seen, watch=lambda *_: self._put("config_changes"))
+        if names:
+            self._execute(self._core.configs_changed(self._read_topics(sorted(names))))
 
     def _on_isr_change(self, _payload) -> None:
         names = self._store.isr_change_notifications(watch=lambda *_: self._put("isr_change"))

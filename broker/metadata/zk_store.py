@@ -42,6 +42,7 @@ from typing import Callable, Iterable
 from broker.metadata.types import BrokerInfo as BrokerRegistration
 from broker.metadata.types import ListenerEndpoint, format_host_port
 from broker.metadata.types import LeaderIsr
+from broker.zk_changes import read_modify_write
 from eos.errors import EosError, ErrorCode, TopicAlreadyExistsError
 
 log = logging.getLogger("eos.zookeeper")
@@ -447,11 +448,48 @@ class ZkStore:
             return {}
         return decode_config(data)
 
-    def set_topic_config(self, topic: str, config: dict[str, str]) -> None:
-        self.client.ensure_path(f"{CONFIG_TOPICS_PATH}/{topic}")
-        self.client.set(f"{CONFIG_TOPICS_PATH}/{topic}", encode_config(config))
+    def alter_topic_config(self, topic: str, change: Callable[[dict[str, str]], dict[str, str]]) -> bool:
+        """Kafka's AdminZkClient.changeTopicConfig: /config/topics/<topic> becomes
+        `change(current overrides)`, read-modify-written under the znode's version (another
+        broker's change in between makes it read again), then a /config/changes notification
+        names the topic. True when the overrides changed."""
+        def update(data: bytes | None) -> bytes | None:
+            current = decode_config(data or b"")
+            wanted = change(current)
+            return data if wanted == current else encode_config(wanted)
+
+        if not read_modify_write(self.client, f"{CONFIG_TOPICS_PATH}/{topic}", update):
+            return False
         self.client.create(f"{CONFIG_CHANGES_PATH}/{CONFIG_CHANGE_PREFIX}", config_change(f"topics/{topic}"),
                            sequence=True, makepath=True)
+        return True
+
+    def topic_config_changes(self, after: int, watch: Callable | None = None) -> tuple[int, set[str]]:
+        """The topics named by /config/changes notifications numbered above `after`, and the
+        highest number seen (`after` when there is none): what the controller has not yet
+        told the brokers."""
+        from kazoo.exceptions import NoNodeError
+
+        highest, topics = after, set()
+        for child in self.client.get_children(CONFIG_CHANGES_PATH, watch=watch):
+            if not child.startswith(CONFIG_CHANGE_PREFIX):
+                continue
+            number = int(child[len(CONFIG_CHANGE_PREFIX):])
+            if number <= after:
+                continue
+            highest = max(highest, number)
+            try:
+                data, _ = self.client.get(f"{CONFIG_CHANGES_PATH}/{child}")
+                entity = str(_loads(data).get("entity_path", ""))
+            except NoNodeError:     # expired meanwhile: its change is older than any reader
+                continue
+            except (ValueError, AttributeError) as exc:
+                log.error("%s/%s is not a config change notification (%s); ignored", CONFIG_CHANGES_PATH, child, exc)
+                continue
+            kind, _, name = entity.partition("/")
+            if kind == "topics" and name:
+                topics.add(name)
+        return highest, topics
 
     def topics_to_delete(self, watch: Callable | None = None) -> list[str]:
         return sorted(self.client.get_children(DELETE_TOPICS_PATH, watch=watch))

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 import eos
-from eos.errors import ErrorCode, InvalidReplicaAssignmentError, InvalidReplicationFactorError
+from eos.errors import ErrorCode, InvalidConfigError, InvalidReplicaAssignmentError, InvalidReplicationFactorError
 from tests.cluster.test_cluster_failover import (CLUSTER_CONFIG, SteadyProducer, assert_exactly_once_in_order,
                                                  describe, read_all, wait_for_leader)
 from tests.waits import wait_for
@@ -118,6 +118,40 @@ def test_unclean_election_is_refused_unless_the_topic_allows_it(cluster):
         assert results[eos.TopicPartition("strict", 0)].code == ErrorCode.POLICY_VIOLATION
         assert "unclean.leader.election.enable" in str(results[eos.TopicPartition("strict", 0)])
         assert describe(admin, "strict")[0]["leader"] == -1
+        # turning the flag on for the topic elects at once, as Kafka's controller does
+        admin.incremental_alter_configs("strict", set={"unclean.leader.election.enable": True})
+        wait_for(lambda: describe(admin, "strict")[0]["leader"] == 2, "strict-0 to elect broker 2 once allowed")
+
+
+def test_topic_configs_altered_through_one_broker_reach_every_replica(cluster):
+    """Broker 0 is down while the change is made: it learns it when it is back."""
+    with eos.Admin(bootstrap=cluster.bootstrap) as admin:
+        admin.create_topic("tuned", partitions=1, replication_factor=3, config={"retention.ms": "3600000"})
+        full_isr(admin, "tuned")
+    cluster.kill(0)
+    with eos.Admin(bootstrap=cluster.processes[2].address) as admin:
+        assert admin.describe_configs("tuned", ["retention.ms"])["retention.ms"]["source"] == "DYNAMIC_TOPIC_CONFIG"
+        with pytest.raises(InvalidConfigError, match="segment.bytes"):     # one bad value: nothing applied
+            admin.incremental_alter_configs("tuned", set={"segment.bytes": 3, "retention.ms": "1"})
+        assert admin.describe_configs("tuned", ["retention.ms"])["retention.ms"]["value"] == "3600000"
+        admin.incremental_alter_configs("tuned", set={"segment.bytes": 1024}, delete=["retention.ms"])
+        configs = admin.describe_configs("tuned", ["segment.bytes", "retention.ms"])
+        assert {k: (v["value"], v["source"]) for k, v in configs.items()} == {
+            "segment.bytes": ("1024", "DYNAMIC_TOPIC_CONFIG"), "retention.ms": ("604800000", "DEFAULT_CONFIG")}
+    cluster.restart(0)
+    with eos.Admin(bootstrap=cluster.processes[2].address) as admin:
+        full_isr(admin, "tuned")
+    for broker_id, process in cluster.processes.items():     # every broker's metadata has it
+        with eos.Admin(bootstrap=process.address) as admin:
+            wait_for(lambda: admin.describe_topic("tuned")["configs"] == {"segment.bytes": "1024"},
+                     f"broker {broker_id}'s metadata of tuned to hold the new overrides")
+    with eos.Producer(cluster.bootstrap, config={"acks": "all"}) as producer:
+        for _ in range(4):
+            producer.send("tuned", value=b"x" * 600).result(30)
+    # each replica, leader and followers, rolls its segments at the new size
+    for broker_id, process in cluster.processes.items():
+        wait_for(lambda: len(list((process.data_dir / "tuned-0").glob("*.log"))) >= 4,
+                 f"broker {broker_id}'s tuned-0 to roll a segment per 600-byte batch")
 
 
 def test_reassignment_under_load_loses_nothing(cluster, tmp_path):

@@ -205,6 +205,20 @@ def test_unclean_election_on_request_only_where_allowed():
     assert results[T0][0] == ErrorCode.POLICY_VIOLATION and effects == []
 
 
+def test_a_config_change_tells_every_broker_and_turning_unclean_on_elects_after_the_write():
+    core, zk, _ = started(replicas=(0, 1))
+    seen = zk.run(core, core.configs_changed({"t": TopicModel({0: (0, 1)})}))    # e.g. retention.ms
+    assert [(e.broker_ids, [s.tp for s in e.partitions]) for e in seen] == [((0, 1, 2), [T0])]
+    zk.run(core, core.brokers_changed(live(0, 2), now_ms=1))
+    zk.run(core, core.brokers_changed(live(1, 2), now_ms=2))     # offline: its only ISR member died
+    assert zk.states[T0][0].leader == -1
+    seen = zk.run(core, core.configs_changed({"t": TopicModel({0: (0, 1)}, unclean_leader_election_enable=True)}))
+    assert zk.states[T0][0].leader == 1
+    # every UpdateMetadata sent names the new leader: none carries the state from before the write
+    told = [s.leader_isr.leader for e in seen if isinstance(e, SendUpdateMetadata) for s in e.partitions]
+    assert told and set(told) == {1}
+
+
 def test_auto_rebalance_moves_leadership_back_to_preferred_replicas():
     core, zk, _ = started()
     zk.run(core, core.brokers_changed(live(1, 2), now_ms=1))
