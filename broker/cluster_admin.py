@@ -13,6 +13,12 @@ is answered once this broker's metadata cache shows every partition with a leade
 after the request's timeout (then REQUEST_TIMED_OUT: the topic exists and will come online;
 Kafka answers the same way).
 
+CreatePartitions grows a topic's assignment znode (compare-and-set on its version; Kafka's
+placement of the new partitions, `plan_growth`); the controller's watch on that znode sees the
+new partitions and brings them online as it does a new topic's, and the request is answered
+once this broker's metadata shows them with leaders. A topic in the middle of a reassignment
+and the coordinators' internal topics are refused.
+
 A topic's configs are read from /config/topics/<name> (DescribeConfigs, as Kafka's ZooKeeper
 mode reads them), and altered there by compare-and-set with a /config/changes notification
 (`broker/topic_configs.py` checks the change first). The controller follows the
@@ -38,7 +44,8 @@ import time
 from typing import Callable
 
 from broker import topic_configs
-from broker.topics import PARTITIONS_PER_TOPIC_MAX, PROTECTED_INTERNAL_TOPICS, topic_config_of, validate_topic_name
+from broker.topics import (PARTITIONS_PER_TOPIC_MAX, PROTECTED_INTERNAL_TOPICS, check_growth, topic_config_of,
+                           validate_topic_name)
 from eos.config import TopicConfig
 from eos.errors import (
     EosError,
@@ -46,6 +53,7 @@ from eos.errors import (
     InvalidPartitionsError,
     InvalidReplicaAssignmentError,
     InvalidRequestError,
+    ReassignmentInProgressError,
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
 )
@@ -54,6 +62,7 @@ from eos.v1 import broker_pb2
 log = logging.getLogger("eos.broker.admin")
 
 CREATE_WAIT_DEFAULT_MS = 30_000
+GROW_ATTEMPTS = 5            # a grow that keeps losing its compare-and-set to other writers gives up
 WAIT_POLL_S = 0.05
 
 
@@ -193,12 +202,75 @@ class ClusterTopicAdmin:
     # ---- CreatePartitions ----------------------------------------------------------------------
 
     def create_partitions(self, request: broker_pb2.CreatePartitionsRequest) -> broker_pb2.CreatePartitionsResponse:
-        # Growing a topic on a cluster needs a fenced rewrite of its assignment by the
-        # controller; refused by name until that is built rather than half done.
-        return broker_pb2.CreatePartitionsResponse(topics=[
-            broker_pb2.TopicResult(name=grow.name, error_code=ErrorCode.INVALID_REQUEST,
-                                   error_message="CreatePartitions is not supported on a ZooKeeper cluster yet")
-            for grow in request.topics])
+        from kazoo.exceptions import BadVersionError
+
+        counts = collections.Counter(t.name for t in request.topics)
+        results = []
+        grown: dict[str, int] = {}
+        for grow in request.topics:
+            try:
+                if counts[grow.name] > 1:
+                    raise InvalidRequestError(f"topic {grow.name!r} appears {counts[grow.name]} times in one request")
+                with self._lock:
+                    for attempt in range(GROW_ATTEMPTS):
+                        assignment, version = self.plan_growth(grow.name, grow.count)
+                        if request.validate_only:
+                            break
+                        try:
+                            self._store.add_partitions(grow.name, assignment, expected_version=version)
+                            break
+                        except BadVersionError:     # another writer came first: read again
+                            if attempt == GROW_ATTEMPTS - 1:
+                                raise
+                    if not request.validate_only:
+                        grown[grow.name] = grow.count
+                        log.info("topic %s grows to %d partitions: %s", grow.name, grow.count,
+                                 {p: list(r) for p, r in sorted(assignment.partitions.items())})
+            except Exception as exc:
+                code, message = _describe(exc)
+                results.append(broker_pb2.TopicResult(name=grow.name, error_code=code, error_message=message))
+                continue
+            results.append(broker_pb2.TopicResult(name=grow.name, error_code=ErrorCode.NONE))
+        if grown:
+            # answered once this broker's metadata shows every new partition with a leader
+            def online(name: str) -> bool:
+                partitions = self._metadata.snapshot.topics().get(name) or ()
+                return len(partitions) >= grown[name] and all(p.leader >= 0 for p in partitions)
+
+            if not self._wait_until(lambda: all(online(name) for name in grown), CREATE_WAIT_DEFAULT_MS):
+                for result in results:
+                    if result.name in grown and not online(result.name):
+                        result.error_code = ErrorCode.REQUEST_TIMED_OUT
+                        result.error_message = (f"topic {result.name!r} has {grown[result.name]} partitions, but not "
+                                                f"every new one had a leader within {CREATE_WAIT_DEFAULT_MS} ms")
+        return broker_pb2.CreatePartitionsResponse(topics=results)
+
+    def plan_growth(self, name: str, count: int):
+        """The assignment of `name` grown to `count` partitions, and the version of the
+        assignment znode it was read at; nothing is written. The new partitions are placed
+        as Kafka's AdminZkClient places them: its replica assignment algorithm, continued
+        from the topic's partition count, starting at the broker that leads partition 0's
+        replica list, with partition 0's replication factor."""
+        from broker.controller.assignment import BrokerMeta, assign_replicas
+        from broker.metadata.zk_store import TopicAssignment
+
+        found = self._store.topic_assignment(name)
+        if found is None or name in self._store.topics_to_delete():
+            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist"
+                                               + (" (it is marked for deletion)" if found is not None else ""))
+        current, version = found
+        if current.adding or current.removing:
+            raise ReassignmentInProgressError(
+                f"topic {name!r} has a partition reassignment in progress; add partitions once it is done")
+        check_growth(name, len(current.partitions), count)
+        live = self._store.live_brokers()
+        ids = sorted(live)
+        first_replicas = current.partitions[0]
+        start_index = next((i for i, broker_id in enumerate(ids) if broker_id >= first_replicas[0]), 0)
+        added = assign_replicas([BrokerMeta(b, live[b].rack) for b in ids], count - len(current.partitions),
+                                len(first_replicas), rng=self._rng, start_partition_id=len(current.partitions),
+                                fixed_start_index=start_index)
+        return TopicAssignment({**current.partitions, **added}), version
 
 
     # ---- topic configs (broker/topic_configs.py's TopicConfigStore, on ZooKeeper) ----------------

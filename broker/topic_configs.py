@@ -101,7 +101,8 @@ def altered_overrides(topic: str, current: Mapping[str, str], alterations: Itera
     for alteration in alterations:
         name, op, value = alteration.name, alteration.config_operation, alteration.value
         if op not in OP_NAMES:
-            raise InvalidRequestError(f"unknown config operation {op} for {name!r} (0 SET, 1 DELETE, 2 APPEND, 3 SUBTRACT)")
+            raise InvalidRequestError(
+                f"unknown config operation {op} for {name!r} (0 SET, 1 DELETE, 2 APPEND, 3 SUBTRACT)")
         if name not in known:
             raise InvalidConfigError(f"unknown topic config {name!r}")
         if is_internal_topic(topic) and name in INTERNAL_TOPIC_CONFIG:
@@ -130,8 +131,11 @@ def _list_items(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
 
 
+Refusals = Mapping[tuple[int, str], tuple[int, str]]     # (resource type, name) -> (code, message)
+
+
 def describe_configs(request: broker_pb2.DescribeConfigsRequest, store: TopicConfigStore,
-                     refused: Mapping[tuple[int, str], tuple[int, str]] | None = None) -> broker_pb2.DescribeConfigsResponse:
+                     refused: Refusals | None = None) -> broker_pb2.DescribeConfigsResponse:
     """The answer to a DescribeConfigs, one result per resource in request order; `refused`
     ((type, name) -> (code, message)) are answered with their refusal."""
     results = []
@@ -151,7 +155,7 @@ def describe_configs(request: broker_pb2.DescribeConfigsRequest, store: TopicCon
 
 
 def alter_configs(request: broker_pb2.IncrementalAlterConfigsRequest, store: TopicConfigStore,
-                  refused: Mapping[tuple[int, str], tuple[int, str]] | None = None) -> broker_pb2.IncrementalAlterConfigsResponse:
+                  refused: Refusals | None = None) -> broker_pb2.IncrementalAlterConfigsResponse:
     """The answer to an IncrementalAlterConfigs (see `describe_configs` for `refused`)."""
     counts: dict[tuple[int, str], int] = {}
     for resource in request.resources:
@@ -165,10 +169,8 @@ def alter_configs(request: broker_pb2.IncrementalAlterConfigsRequest, store: Top
             _check_resource(resource.resource_type, resource.resource_name, refused)
             if counts[(resource.resource_type, resource.resource_name)] > 1:
                 raise InvalidRequestError(f"topic {resource.resource_name!r} appears more than once in one request")
-            store.update_overrides(
-                resource.resource_name,
-                lambda current, r=resource: altered_overrides(r.resource_name, current, r.configs, store.default_config),
-                request.validate_only)
+            store.update_overrides(resource.resource_name, lambda current, r=resource: altered_overrides(
+                r.resource_name, current, r.configs, store.default_config), request.validate_only)
         except Exception as exc:
             result.error_code, result.error_message = _code_and_message(exc)
         results.append(result)

@@ -94,6 +94,26 @@ def topic_config_of(name: str, overrides: Mapping[str, str], defaults: TopicConf
     return TopicConfig.from_overrides(overrides, base=defaults)
 
 
+def check_growth(name: str, partition_count: int, new_partition_count: int) -> None:
+    """CreatePartitions' rules, for one broker and a cluster alike: a topic grows, never
+    shrinks, up to PARTITIONS_PER_TOPIC_MAX; the coordinators' internal topics never grow
+    (a group's or transactional id's partition is its hash modulo their partition count, so
+    new partitions would move every coordinator's state out from under it)."""
+    if name in PROTECTED_INTERNAL_TOPICS:
+        raise InvalidPartitionsError(
+            f"topic {name!r} is internal: its partition count decides where the coordinators "
+            f"keep each group's or transaction's state, and cannot change")
+    if new_partition_count < partition_count:
+        raise InvalidPartitionsError(
+            f"topic {name!r} has {partition_count} partitions; a topic can grow "
+            f"but never shrink, {new_partition_count} asked for")
+    if new_partition_count == partition_count:
+        raise InvalidPartitionsError(f"topic {name!r} already has {partition_count} partitions")
+    if new_partition_count > PARTITIONS_PER_TOPIC_MAX:
+        raise InvalidPartitionsError(
+            f"{new_partition_count} partitions asked for, the limit per topic is {PARTITIONS_PER_TOPIC_MAX}")
+
+
 def _collision_key(name: str) -> str:
     return name.replace(".", "_")
 
@@ -243,17 +263,7 @@ class TopicRegistry:
         current = self._topics.get(name)
         if current is None:
             raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
-        if new_partition_count < current.partition_count:
-            raise InvalidPartitionsError(
-                f"topic {name!r} has {current.partition_count} partitions; a topic can grow "
-                f"but never shrink, {new_partition_count} asked for")
-        if new_partition_count == current.partition_count:
-            raise InvalidPartitionsError(
-                f"topic {name!r} already has {current.partition_count} partitions")
-        if new_partition_count > PARTITIONS_PER_TOPIC_MAX:
-            raise InvalidPartitionsError(
-                f"{new_partition_count} partitions asked for, the limit per topic is "
-                f"{PARTITIONS_PER_TOPIC_MAX}")
+        check_growth(name, current.partition_count, new_partition_count)
         return dataclasses.replace(current, partition_count=new_partition_count)
 
     def prepare_reconfigure(self, name: str, config_overrides: Mapping[str, str]) -> TopicInfo:

@@ -158,13 +158,21 @@ def cmd_topics(args) -> int:
     import eos
     with eos.Admin(bootstrap=args.bootstrap_server, config=client_config(args)) as admin:
         if args.action == "create":
-            admin.create_topic(args.topic, partitions=args.partitions,
+            admin.create_topic(args.topic, partitions=args.partitions if args.partitions is not None else 1,
                                replication_factor=args.replication_factor,
                                config=_parse_config_pairs(args.config))
             print(f"Created topic {args.topic}.")
         elif args.action == "list":
             for name in sorted(admin.list_topics()):
                 print(name)
+        elif args.action == "alter":
+            if args.partitions is None:
+                print("error: topics alter needs --partitions (the new total; configs: eos configs --alter)",
+                      file=sys.stderr)
+                return 2
+            admin.create_partitions(args.topic, args.partitions)
+            print("WARNING: If partitions are increased for a topic that has a key, the partition logic or "
+                  "ordering of the messages will be affected\nAdding partitions succeeded!")
         elif args.action == "delete":
             admin.delete_topic(args.topic)
             print(f"Deleted topic {args.topic}.")
@@ -644,11 +652,12 @@ def _add_broker_command(commands) -> None:
 
 
 def _add_topics_command(client_command) -> None:
-    """eos topics create|list|describe|delete|adopt (after kafka-topics.sh)."""
-    topics = client_command("topics", help="create, list, describe, delete topics; adopt Kafka's partitions")
-    topics.add_argument("action", choices=["create", "list", "describe", "delete", "adopt"])
+    """eos topics create|list|describe|alter|delete|adopt (after kafka-topics.sh)."""
+    topics = client_command("topics", help="create, list, describe, alter (add partitions), delete topics; "
+                                           "adopt Kafka's partitions")
+    topics.add_argument("action", choices=["create", "list", "describe", "alter", "delete", "adopt"])
     topics.add_argument("topic", nargs="?")
-    topics.add_argument("--partitions", type=int, default=1)
+    topics.add_argument("--partitions", type=int, help="create: the count (default 1); alter: the new total")
     topics.add_argument("--replication-factor", type=int, default=1)
     topics.add_argument("--config", action="append", metavar="NAME=VALUE", help="topic config")
     topics.add_argument("--under-replicated-partitions", action="store_true",
@@ -807,7 +816,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "topics" and not args.topic:
         args.topic = args.topic_flag
-    if getattr(args, "action", None) in ("create", "delete", "adopt") and args.command == "topics" and not args.topic:
+    named = ("create", "alter", "delete", "adopt")
+    if args.command == "topics" and getattr(args, "action", None) in named and not args.topic:
         print("error: a topic name is required", file=sys.stderr)
         return 2
     from eos.errors import EosError

@@ -278,7 +278,9 @@ class Controller:
 
         models = {}
         for name in names:
-            found = self._store.topic_assignment(name)
+            # the watch sees partitions added to the topic (CreatePartitions); kazoo keeps a
+            # watcher once per znode however often it is set (a set of callables)
+            found = self._store.topic_assignment(name, watch=self._assignment_changed)
             if found is None:
                 continue
             assignment, version = found
@@ -290,6 +292,10 @@ class Controller:
                 removing=dict(assignment.removing), unclean_leader_election_enable=_is_true(
                     config.get("unclean.leader.election.enable"), self._config.unclean_leader_election_enable))
         return models
+
+    def _assignment_changed(self, event) -> None:
+        """(kazoo's thread) A topic's assignment znode changed: read that topic again."""
+        self._put("assignment_changed", event.path.rsplit("/", 1)[-1])
 
     # ---- events -------------------------------------------------------------------------------------
 
@@ -308,6 +314,15 @@ class Controller:
         names = self._store.topics(watch=lambda *_: self._put("topics_changed"))
         topics = self._read_topics(names)
         self._execute(self._core.topics_changed(topics))
+
+    def _on_assignment_changed(self, topic: str | None) -> None:
+        """New partitions of a topic (or the controller's own reassignment write, read back):
+        the core brings new partitions online as it does a new topic's. (A retried event
+        carries no topic: every topic is read again.)"""
+        if topic is None:
+            self._on_topics_changed(None)
+        else:
+            self._execute(self._core.topics_changed(self._read_topics([topic])))
 
     def _on_config_changes(self, _payload) -> None:
         """Topic configs altered (broker/cluster_admin.py): read those topics again and tell

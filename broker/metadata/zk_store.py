@@ -434,6 +434,12 @@ class ZkStore:
             return None
         return decode_assignment(data), stat.version
 
+    def add_partitions(self, topic: str, assignment: TopicAssignment, *, expected_version: int) -> None:
+        """Kafka's AdminZkClient.addPartitions: the topic's assignment with its new partitions,
+        written under the version it was read at (kazoo's BadVersionError when another writer
+        came first); the controller's watch on the znode sees them."""
+        self.client.set(f"{TOPICS_PATH}/{topic}", encode_assignment(assignment), version=expected_version)
+
     def set_topic_assignment(self, topic: str, assignment: TopicAssignment, *, expected_version: int,
                              epoch_zk_version: int) -> int:
         results = self._fenced(epoch_zk_version, lambda t: t.set_data(

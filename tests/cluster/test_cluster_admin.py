@@ -11,7 +11,8 @@ import sys
 import pytest
 
 import eos
-from eos.errors import ErrorCode, InvalidConfigError, InvalidReplicaAssignmentError, InvalidReplicationFactorError
+from eos.errors import (ErrorCode, InvalidConfigError, InvalidPartitionsError, InvalidReplicaAssignmentError,
+                        InvalidReplicationFactorError, UnknownTopicOrPartitionError)
 from tests.cluster.test_cluster_failover import (CLUSTER_CONFIG, SteadyProducer, assert_exactly_once_in_order,
                                                  describe, read_all, wait_for_leader)
 from tests.waits import wait_for
@@ -121,6 +122,29 @@ def test_unclean_election_is_refused_unless_the_topic_allows_it(cluster):
         # turning the flag on for the topic elects at once, as Kafka's controller does
         admin.incremental_alter_configs("strict", set={"unclean.leader.election.enable": True})
         wait_for(lambda: describe(admin, "strict")[0]["leader"] == 2, "strict-0 to elect broker 2 once allowed")
+
+
+def test_partitions_added_on_a_cluster_come_online_and_take_records(cluster):
+    with eos.Admin(bootstrap=cluster.bootstrap) as admin:
+        admin.create_topic("growing", partitions=2, replication_factor=2)
+        before = full_isr(admin, "growing")
+        admin.create_partitions("growing", 3, validate_only=True)
+        with pytest.raises(InvalidPartitionsError, match="never shrink"):
+            admin.create_partitions("growing", 1)
+        with pytest.raises(UnknownTopicOrPartitionError):
+            admin.create_partitions("nowhere", 3)
+        assert len(describe(admin, "growing")) == 2
+        admin.create_partitions("growing", 5)      # answered once the new partitions have leaders
+        after = wait_for(lambda: (lambda ps: ps if len(ps) == 5 and all(len(p["isr"]) == 2 for p in ps)
+                                  else None)(describe(admin, "growing")), "5 partitions of growing, each in sync")
+        assert [p["replicas"] for p in after[:2]] == [p["replicas"] for p in before]
+        assert all(len(set(p["replicas"])) == 2 and p["leader"] in p["replicas"] for p in after)
+        assert len({p["leader"] for p in after}) > 1       # Kafka's placement spreads them
+    with eos.Producer(cluster.bootstrap, config={"acks": "all", "enable.idempotence": True}) as producer:
+        for partition in range(5):
+            producer.send("growing", value=b"p%d" % partition, partition=partition).result(30)
+    records = read_all(cluster.bootstrap, "growing", 5, 5)
+    assert sorted((r.partition, r.value) for r in records) == [(p, b"p%d" % p) for p in range(5)]
 
 
 def test_topic_configs_altered_through_one_broker_reach_every_replica(cluster):

@@ -110,6 +110,13 @@ def test_create_partitions_grows_and_never_shrinks(inprocess_broker):
     assert unknown.topics[0].error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     [topic] = stub.Metadata(broker_pb2.MetadataRequest(topics=["t"]), timeout=30).topics
     assert len(topic.partitions) == 4
+    # the coordinators' topics never grow: each group's place is its hash modulo their count
+    offsets = inprocess_broker.server.registry.get("__consumer_offsets").partition_count
+    internal = stub.CreatePartitions(broker_pb2.CreatePartitionsRequest(topics=[
+        broker_pb2.NewPartitions(name="__consumer_offsets", count=offsets + 1)]), timeout=30)
+    assert internal.topics[0].error_code == ErrorCode.INVALID_PARTITIONS
+    assert "internal" in internal.topics[0].error_message
+    assert inprocess_broker.server.registry.get("__consumer_offsets").partition_count == offsets
 
 
 def test_metadata_for_unknown_and_invalid_topics(inprocess_broker):

@@ -42,6 +42,11 @@ def test_topics_lifecycle_and_refusals(broker):
     assert "INVALID_CONFIG" in run_cli("topics", "create", "cfg", "--config", "retention.ms=soon", broker=broker,
                                        expect_code=1).stderr
     assert "zero" not in run_cli("topics", "list", broker=broker).stdout.split()
+    assert "Adding partitions succeeded!" in run_cli("topics", "alter", "--topic", "cli-orders", "--partitions", "5",
+                                                     broker=broker).stdout
+    assert run_cli("topics", "describe", "cli-orders", broker=broker).stdout.count("Partition: ") == 5
+    assert "INVALID_PARTITIONS" in run_cli("topics", "alter", "cli-orders", "--partitions", "2", broker=broker,
+                                           expect_code=1).stderr
     run_cli("topics", "delete", "cli-orders", broker=broker)
     assert "cli-orders" not in run_cli("topics", "list", broker=broker).stdout.split()
 

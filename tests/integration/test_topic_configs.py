@@ -91,7 +91,8 @@ def test_refused_alterations_change_nothing(inprocess_broker):
         before = admin.describe_configs("kept")
         log = inprocess_broker.server.log_manager.get_log("kept", 0)
         refusals = [
-            (dict(set={"retention.ms": "10", "segment.bytes": "3"}), ErrorCode.INVALID_CONFIG),   # one bad: none applied
+            # one bad value: none applied
+            (dict(set={"retention.ms": "10", "segment.bytes": "3"}), ErrorCode.INVALID_CONFIG),
             (dict(set={"no.such.config": "1"}), ErrorCode.INVALID_CONFIG),
             (dict(set={"retention.ms": "10"}, delete=["retention.ms"]), ErrorCode.INVALID_REQUEST),
             (dict(append={"retention.ms": "10"}), ErrorCode.INVALID_CONFIG),
