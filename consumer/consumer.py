@@ -136,6 +136,13 @@ def _as_tp(tp) -> TopicPartition:
     return TopicPartition(topic, partition)
 
 
+def _tps_of(partitions: tuple) -> list[TopicPartition]:
+    """Partitions given as arguments, or as one list argument."""
+    if len(partitions) == 1 and not isinstance(partitions[0], (TopicPartition, tuple)):
+        partitions = tuple(partitions[0])
+    return [_as_tp(tp) for tp in partitions]
+
+
 class Consumer:
     """``Consumer(bootstrap, *, group_id=None, isolation_level="read_uncommitted",
     auto_offset_reset="latest", fetch_min_bytes=1, fetch_max_wait_ms=500,
@@ -394,11 +401,30 @@ class Consumer:
 
     def _seek_to(self, partitions, strategy: str) -> None:
         self._check_open()
-        if len(partitions) == 1 and not isinstance(partitions[0], (TopicPartition, tuple)):
-            partitions = tuple(partitions[0])   # a list passed as one argument
-        tps = [_as_tp(tp) for tp in partitions] or list(self._fetcher.states)
+        tps = _tps_of(partitions) or list(self._fetcher.states)
         for tp in tps:
             self._fetcher.state(tp).request_reset(strategy)
+
+    def pause(self, *partitions) -> None:
+        """Kafka's pause(): poll() hands out no records of these (assigned) partitions and no
+        Fetch asks for them until resume(); their positions and the records already received
+        are kept, and the group is not rebalanced. A partition not assigned raises ValueError,
+        and then none is paused. A partition revoked by a rebalance forgets its pause."""
+        self._set_paused(partitions, True)
+
+    def resume(self, *partitions) -> None:
+        """Undo pause() for these partitions: their records come again from their positions."""
+        self._set_paused(partitions, False)
+
+    def paused(self) -> set[TopicPartition]:
+        """The assigned partitions paused now."""
+        return {tp for tp, state in self._fetcher.states.items() if state.paused}
+
+    def _set_paused(self, partitions, paused: bool) -> None:
+        self._check_open()
+        states = [self._fetcher.state(tp) for tp in _tps_of(partitions)]    # all checked first
+        for state in states:
+            state.paused = paused
 
     def position(self, tp, timeout_ms: int | None = None) -> int:
         """The offset of the next record poll() returns for `tp` (resolving a pending

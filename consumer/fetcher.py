@@ -24,6 +24,9 @@ broker that makes each Fetch as a blocking gRPC call and completes a
 `concurrent.futures.Future` -- not `stub.Fetch.future`, which on an idle channel starts a
 thread per call (see eos/calls.py).
 
+A paused partition (`Consumer.pause`) is not fetchable, and what it had received waits in
+the ready queue, in its place, until it is resumed: nothing is fetched twice or lost.
+
 Seeks and resets bump the partition's `fetch_epoch`; data that was fetched under an older
 epoch is dropped when it arrives, so a seek is never followed by records from before it.
 
@@ -102,7 +105,7 @@ class NoOffsetForPartitionError(OffsetOutOfRangeError):
 class PartitionState:
     __slots__ = ("tp", "position", "reset_strategy", "fetch_offset", "fetch_epoch", "buffered",
                  "in_flight", "retry_at_ms", "high_watermark", "last_stable_offset",
-                 "log_start_offset")
+                 "log_start_offset", "paused")
 
     def __init__(self, tp: TopicPartition):
         self.tp = tp
@@ -116,6 +119,7 @@ class PartitionState:
         self.high_watermark = -1
         self.last_stable_offset = -1
         self.log_start_offset = -1
+        self.paused = False                     # Consumer.pause(): not fetched, nothing handed out
 
     def seek(self, offset: int) -> None:
         self.position = offset
@@ -339,7 +343,7 @@ class Fetcher:
     # ---- fetching ------------------------------------------------------------------------
 
     def _fetchable(self, state: PartitionState, now: int) -> bool:
-        return (state.position is not None and not state.in_flight
+        return (state.position is not None and not state.in_flight and not state.paused
                 and state.buffered < BUFFERED_RESPONSES_MAX and now >= state.retry_at_ms)
 
     def send_fetches(self) -> None:
@@ -563,16 +567,22 @@ class Fetcher:
     def collect(self, max_records: int) -> list[Record]:
         out: list[Record] = []
         ready = self._ready
+        held = []       # of paused partitions: kept, in order, for after resume()
         while ready and len(out) < max_records:
             received = ready[0]
             state = self.states.get(received.tp)
             if state is None or received.epoch != state.fetch_epoch:
                 ready.popleft()   # unassigned, or sought since it was fetched
                 continue
+            if state.paused:
+                held.append(ready.popleft())
+                continue
             self._take(received, state, max_records - len(out), out)
             if received.exhausted:
                 ready.popleft()
                 state.buffered -= 1
+        if held:
+            ready.extendleft(reversed(held))
         if out and self._metrics is not None:
             self._metrics.records_consumed.inc(len(out))
         return out

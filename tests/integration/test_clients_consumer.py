@@ -197,3 +197,33 @@ def test_the_next_fetch_goes_out_before_returning_while_behind_and_at_the_next_p
         with eos.Producer(filled.address) as producer:
             producer.send("c", b"c", partition=0).result(WAIT_S)
         assert [r.value for r in poll_until(consumer, 1)] == [b"c"]
+
+
+def test_pause_holds_a_partitions_records_and_resume_gives_them_once_in_order(filled):
+    with eos.Consumer(filled.address, auto_offset_reset="earliest", fetch_max_wait_ms=50) as consumer:
+        consumer.assign([TP0, TP1])
+        with pytest.raises(ValueError, match="not assigned"):
+            consumer.pause(TP0, TopicPartition("c", 7))
+        assert consumer.paused() == set()            # the refused call paused nothing
+        first = consumer.poll(timeout_ms=WAIT_S * 1000, max_records=5)     # a response of each is in hand
+        assert len(first) == 5
+        consumer.pause([TP0])
+        assert consumer.paused() == {TP0}
+        held_at = consumer.position(TP0)
+        records = []
+        deadline = time.monotonic() + WAIT_S
+        while sum(r.partition == 1 for r in records + first) < 100 and time.monotonic() < deadline:
+            records.extend(consumer.poll(timeout_ms=100))
+        with eos.Producer(filled.address) as producer:
+            producer.send("c", b"p0-late", partition=0).result(WAIT_S)
+        for _ in range(5):
+            records.extend(consumer.poll(timeout_ms=50))
+        assert [r for r in records if r.partition == 0] == []
+        assert sorted(r.offset for r in first + records if r.partition == 1) == list(range(100))
+        assert consumer.position(TP0) == held_at
+        consumer.resume(TP0)
+        assert consumer.paused() == set()
+        rest = poll_until(consumer, 101 - held_at)
+        zero = [r for r in first + rest if r.partition == 0]
+        assert [r.offset for r in zero] == list(range(101))
+        assert zero[-1].value == b"p0-late"
