@@ -77,7 +77,7 @@ def _describe(exc: BaseException) -> tuple[int, str]:
     return int(ErrorCode.UNKNOWN_SERVER_ERROR), f"{type(exc).__name__}: {exc}"
 
 
-class ClusterTopicAdmin:
+class ClusterTopicAdmin(topic_configs.TopicConfigRequests):
     """Topic changes through ZooKeeper; see the module doc."""
 
     def __init__(self, store, metadata, *, default_num_partitions: int, default_replication_factor: int,
@@ -206,14 +206,14 @@ class ClusterTopicAdmin:
 
         counts = collections.Counter(t.name for t in request.topics)
         results = []
-        grown: dict[str, int] = {}
+        grown: dict[str, tuple[int, int]] = {}     # topic -> (partitions before, after)
         for grow in request.topics:
             try:
                 if counts[grow.name] > 1:
                     raise InvalidRequestError(f"topic {grow.name!r} appears {counts[grow.name]} times in one request")
                 with self._lock:
                     for attempt in range(GROW_ATTEMPTS):
-                        assignment, version = self.plan_growth(grow.name, grow.count)
+                        assignment, version, before = self.plan_growth(grow.name, grow.count)
                         if request.validate_only:
                             break
                         try:
@@ -223,7 +223,7 @@ class ClusterTopicAdmin:
                             if attempt == GROW_ATTEMPTS - 1:
                                 raise
                     if not request.validate_only:
-                        grown[grow.name] = grow.count
+                        grown[grow.name] = (before, grow.count)
                         log.info("topic %s grows to %d partitions: %s", grow.name, grow.count,
                                  {p: list(r) for p, r in sorted(assignment.partitions.items())})
             except Exception as exc:
@@ -233,21 +233,23 @@ class ClusterTopicAdmin:
             results.append(broker_pb2.TopicResult(name=grow.name, error_code=ErrorCode.NONE))
         if grown:
             # answered once this broker's metadata shows every new partition with a leader
+            # (the old ones may be offline: Kafka waits for the new ones only)
             def online(name: str) -> bool:
-                partitions = self._metadata.snapshot.topics().get(name) or ()
-                return len(partitions) >= grown[name] and all(p.leader >= 0 for p in partitions)
+                before, after = grown[name]
+                new = [p for p in self._metadata.snapshot.topics().get(name) or () if p.partition >= before]
+                return len(new) == after - before and all(p.leader >= 0 for p in new)
 
             if not self._wait_until(lambda: all(online(name) for name in grown), CREATE_WAIT_DEFAULT_MS):
                 for result in results:
                     if result.name in grown and not online(result.name):
                         result.error_code = ErrorCode.REQUEST_TIMED_OUT
-                        result.error_message = (f"topic {result.name!r} has {grown[result.name]} partitions, but not "
-                                                f"every new one had a leader within {CREATE_WAIT_DEFAULT_MS} ms")
+                        result.error_message = (f"topic {result.name!r} has {grown[result.name][1]} partitions, but "
+                                                f"not every new one had a leader within {CREATE_WAIT_DEFAULT_MS} ms")
         return broker_pb2.CreatePartitionsResponse(topics=results)
 
     def plan_growth(self, name: str, count: int):
-        """The assignment of `name` grown to `count` partitions, and the version of the
-        assignment znode it was read at; nothing is written. The new partitions are placed
+        """The assignment of `name` grown to `count` partitions, the version of the
+        assignment znode it was read at, and the partition count before; nothing is written. The new partitions are placed
         as Kafka's AdminZkClient places them: its replica assignment algorithm, continued
         from the topic's partition count, starting at the broker that leads partition 0's
         replica list, with partition 0's replication factor."""
@@ -270,18 +272,9 @@ class ClusterTopicAdmin:
         added = assign_replicas([BrokerMeta(b, live[b].rack) for b in ids], count - len(current.partitions),
                                 len(first_replicas), rng=self._rng, start_partition_id=len(current.partitions),
                                 fixed_start_index=start_index)
-        return TopicAssignment({**current.partitions, **added}), version
-
+        return TopicAssignment({**current.partitions, **added}), version, len(current.partitions)
 
     # ---- topic configs (broker/topic_configs.py's TopicConfigStore, on ZooKeeper) ----------------
-
-    def describe_configs(self, request: broker_pb2.DescribeConfigsRequest,
-                         refused=None) -> broker_pb2.DescribeConfigsResponse:
-        return topic_configs.describe_configs(request, self, refused)
-
-    def alter_configs(self, request: broker_pb2.IncrementalAlterConfigsRequest,
-                      refused=None) -> broker_pb2.IncrementalAlterConfigsResponse:
-        return topic_configs.alter_configs(request, self, refused)
 
     @property
     def default_config(self) -> TopicConfig:

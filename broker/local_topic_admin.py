@@ -42,7 +42,7 @@ def _log_error(rpc: str, topic: str, partition: int, exc: BaseException) -> None
         log.exception("%s %s-%d failed unexpectedly", rpc, topic, partition, exc_info=exc)
 
 
-class LocalTopicAdmin:
+class LocalTopicAdmin(topic_configs.TopicConfigRequests):
     """Topic changes on a single broker (see the module doc)."""
 
     def __init__(self, registry: TopicRegistry, log_manager, *, node_id: int,
@@ -192,14 +192,6 @@ class LocalTopicAdmin:
         return broker_pb2.CreatePartitionsResponse(topics=results)
 
     # ---- topic configs (broker/topic_configs.py's TopicConfigStore) ------------------------------
-
-    def describe_configs(self, request: broker_pb2.DescribeConfigsRequest,
-                         refused=None) -> broker_pb2.DescribeConfigsResponse:
-        return topic_configs.describe_configs(request, self, refused)
-
-    def alter_configs(self, request: broker_pb2.IncrementalAlterConfigsRequest,
-                      refused=None) -> broker_pb2.IncrementalAlterConfigsResponse:
-        return topic_configs.alter_configs(request, self, refused)
 
     @property
     def default_config(self) -> TopicConfig:

@@ -1,4 +1,5 @@
-"""Kafka's DescribeConfigs and IncrementalAlterConfigs for topics: the rules, without I/O.
+"""Kafka's DescribeConfigs and IncrementalAlterConfigs for topics: the rules (the I/O is the
+broker's `TopicConfigStore`).
 
 Theory of operation
 -------------------
@@ -10,7 +11,7 @@ module holds what both kinds of broker share, so the two answer alike:
 - `describe_topic(...)`: every config eos implements (or the names asked for, unknown names
   left out as Kafka leaves them), each with its value and where it comes from (Kafka's
   ConfigSource: an override of the topic, the broker's static setting, or the default).
-- `altered_overrides(current, alterations, ...)`: the overrides after one resource's
+- `altered_overrides(topic, current, alterations, defaults)`: the overrides after one resource's
   operations (Kafka's AlterConfigOp: SET, DELETE -- back to the default --, APPEND and
   SUBTRACT on list configs), checked whole before anything is written: a name given twice,
   an unknown name or operation, a value out of range, APPEND to a config that is not a list.
@@ -103,7 +104,8 @@ def altered_overrides(topic: str, current: Mapping[str, str], alterations: Itera
         if op not in OP_NAMES:
             raise InvalidRequestError(
                 f"unknown config operation {op} for {name!r} (0 SET, 1 DELETE, 2 APPEND, 3 SUBTRACT)")
-        if name not in known:
+        if name not in known and not (op == OP_DELETE and name in wanted):
+            # (an override eos does not know, written by another tool, may still be deleted)
             raise InvalidConfigError(f"unknown topic config {name!r}")
         if is_internal_topic(topic) and name in INTERNAL_TOPIC_CONFIG:
             raise InvalidConfigError(f"{name} of internal topic {topic!r} cannot change: "
@@ -193,3 +195,16 @@ def _code_and_message(exc: BaseException) -> tuple[int, str]:
         log.exception("a topic config request failed unexpectedly", exc_info=exc)
     code, message = error_code_and_message(exc)
     return int(code), message
+
+
+class TopicConfigRequests:
+    """The two requests, for a topic admin that is its own `TopicConfigStore` (both the
+    single broker's and the cluster's)."""
+
+    def describe_configs(self, request: broker_pb2.DescribeConfigsRequest,
+                         refused: Refusals | None = None) -> broker_pb2.DescribeConfigsResponse:
+        return describe_configs(request, self, refused)
+
+    def alter_configs(self, request: broker_pb2.IncrementalAlterConfigsRequest,
+                      refused: Refusals | None = None) -> broker_pb2.IncrementalAlterConfigsResponse:
+        return alter_configs(request, self, refused)

@@ -41,7 +41,9 @@ CALL_TIMEOUT_S = 30.0
 # delete_topics pass, which deletes the znodes of a deletion whose last confirmation came in
 # but whose znodes could not be deleted then.
 _WATCHED_EVENTS = frozenset({"brokers_changed", "topics_changed", "isr_change", "delete_topics",
-                             "preferred_znode", "reassign_znode", "stop_replica_answered"})
+                             "preferred_znode", "reassign_znode", "stop_replica_answered",
+                             "assignment_changed", "config_changes"})
+ASSIGNMENT_WRITE_ATTEMPTS = 5   # a reassignment's write that keeps meeting partitions being added
 ELECT_RETRY_S = 0.5          # after an election that failed (ZooKeeper unreachable, session expired)
 STATE_WRITE_ROUNDS_MAX = 10
 
@@ -249,7 +251,7 @@ class Controller:
         live = self._read_live_brokers()
         # The config changes announced so far are in the configs read below; later ones are
         # `_on_config_changes`'.
-        self._config_changes_seen, _ = store.topic_config_changes(-1, watch=lambda *_: self._put("config_changes"))
+        self._config_changes_seen = store.last_config_change(watch=self._config_changes_watch)
         topics = self._read_topics(store.topics(watch=lambda *_: self._put("topics_changed")))
         tps = [(t, p) for t, model in topics.items() for p in model.assignment]
         states = store.partition_states(tps)
@@ -294,8 +296,16 @@ class Controller:
         return models
 
     def _assignment_changed(self, event) -> None:
-        """(kazoo's thread) A topic's assignment znode changed: read that topic again."""
-        self._put("assignment_changed", event.path.rsplit("/", 1)[-1])
+        """(kazoo's thread) A topic's assignment znode changed: read that topic again. (An
+        event without a path is the connection's state changing: every watcher gets one,
+        among them the watch on /brokers/topics' children, whose event reads every topic
+        again and sets these watches anew.)"""
+        if event.path is not None:
+            self._put("assignment_changed", event.path.rsplit("/", 1)[-1])
+
+    def _config_changes_watch(self, _event) -> None:
+        """(kazoo's thread) One watcher object, so a re-election does not add another."""
+        self._put("config_changes")
 
     # ---- events -------------------------------------------------------------------------------------
 
@@ -327,10 +337,10 @@ class Controller:
     def _on_config_changes(self, _payload) -> None:
         """Topic configs altered (broker/cluster_admin.py): read those topics again and tell
         the brokers (`ControllerCore.configs_changed`)."""
-        self._config_changes_seen, names = self._store.topic_config_changes(
-            self._config_changes_seen, watch=lambda *_: self._put("config_changes"))
+        seen, names = self._store.topic_config_changes(self._config_changes_seen, watch=self._config_changes_watch)
         if names:
             self._execute(self._core.configs_changed(self._read_topics(sorted(names))))
+        self._config_changes_seen = seen     # only now: a failed event is retried from the same place
 
     def _on_isr_change(self, _payload) -> None:
         names = self._store.isr_change_notifications(watch=lambda *_: self._put("isr_change"))
@@ -450,11 +460,7 @@ class Controller:
                     request.partitions.add(topic=topic, partition=partition)
                 self._channels.send(effect.broker_id, "StopReplica", request)
             elif isinstance(effect, c.WriteAssignment):
-                from broker.metadata.zk_store import TopicAssignment
-                version = self._topic_versions.get(effect.topic, -1)
-                self._topic_versions[effect.topic] = self._store.set_topic_assignment(
-                    effect.topic, TopicAssignment(dict(effect.assignment), dict(effect.adding), dict(effect.removing)),
-                    expected_version=version, epoch_zk_version=self._epoch_zk_version)
+                self._write_assignment(effect)
             elif isinstance(effect, c.RemoveReassignmentRequest):
                 current = self._store.reassignment_request() or {}
                 left = {tp: r for tp, r in current.items() if tp not in set(effect.partitions)}
@@ -465,6 +471,31 @@ class Controller:
                 self._topic_versions.pop(effect.topic, None)
             else:
                 raise EosError(f"the controller shell does not know the effect {type(effect).__name__}")
+
+    def _write_assignment(self, effect) -> None:
+        """A reassignment step's assignment, written under the version last read. A broker
+        may have added partitions since (CreatePartitions writes the znode too; its watch
+        event is still queued): then the znode is read again and written with those partitions
+        kept -- they are new ids, never ones the reassignment moves -- and the watch event
+        that follows brings them online."""
+        from kazoo.exceptions import BadVersionError
+
+        from broker.metadata.zk_store import TopicAssignment
+
+        wanted = TopicAssignment(dict(effect.assignment), dict(effect.adding), dict(effect.removing))
+        for attempt in range(ASSIGNMENT_WRITE_ATTEMPTS):
+            try:
+                self._topic_versions[effect.topic] = self._store.set_topic_assignment(
+                    effect.topic, wanted, expected_version=self._topic_versions.get(effect.topic, -1),
+                    epoch_zk_version=self._epoch_zk_version)
+                return
+            except BadVersionError:
+                found = self._store.topic_assignment(effect.topic, watch=self._assignment_changed)
+                if found is None or attempt == ASSIGNMENT_WRITE_ATTEMPTS - 1:
+                    raise
+                current, self._topic_versions[effect.topic] = found
+                added = {p: r for p, r in current.partitions.items() if p not in wanted.partitions}
+                wanted = TopicAssignment({**wanted.partitions, **added}, wanted.adding, wanted.removing)
 
     def _partition_state_proto(self, state) -> cluster_pb2.PartitionLeaderState:
         topic, partition = state.tp

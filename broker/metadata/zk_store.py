@@ -42,10 +42,11 @@ from typing import Callable, Iterable
 from broker.metadata.types import BrokerInfo as BrokerRegistration
 from broker.metadata.types import ListenerEndpoint, format_host_port
 from broker.metadata.types import LeaderIsr
-from broker.zk_changes import read_modify_write
-from eos.errors import EosError, ErrorCode, TopicAlreadyExistsError
+from eos.errors import EosError, ErrorCode, TopicAlreadyExistsError, UnknownTopicOrPartitionError
 
 log = logging.getLogger("eos.zookeeper")
+
+CONFIG_CAS_ATTEMPTS = 20     # a config change that keeps losing to other writers gives up
 
 TP = tuple[str, int]
 CLUSTER_ID_PATH = "/cluster/id"
@@ -456,19 +457,42 @@ class ZkStore:
 
     def alter_topic_config(self, topic: str, change: Callable[[dict[str, str]], dict[str, str]]) -> bool:
         """Kafka's AdminZkClient.changeTopicConfig: /config/topics/<topic> becomes
-        `change(current overrides)`, read-modify-written under the znode's version (another
-        broker's change in between makes it read again), then a /config/changes notification
-        names the topic. True when the overrides changed."""
-        def update(data: bytes | None) -> bytes | None:
-            current = decode_config(data or b"")
-            wanted = change(current)
-            return data if wanted == current else encode_config(wanted)
+        `change(current overrides)`, written under the version it was read at together with
+        a /config/changes notification naming the topic, in one transaction (the controller
+        cannot miss a change that was made); another writer in between makes it read again.
+        True when the overrides changed; UnknownTopicOrPartitionError when the topic's config
+        znode is gone (a topic deleted meanwhile: it is not made again)."""
+        from kazoo.exceptions import BadVersionError, NoNodeError, RolledBackError
 
-        if not read_modify_write(self.client, f"{CONFIG_TOPICS_PATH}/{topic}", update):
-            return False
-        self.client.create(f"{CONFIG_CHANGES_PATH}/{CONFIG_CHANGE_PREFIX}", config_change(f"topics/{topic}"),
-                           sequence=True, makepath=True)
-        return True
+        path = f"{CONFIG_TOPICS_PATH}/{topic}"
+        for _ in range(CONFIG_CAS_ATTEMPTS):
+            try:
+                data, stat = self.client.get(path)
+            except NoNodeError:
+                raise UnknownTopicOrPartitionError(f"topic {topic!r} does not exist") from None
+            current = decode_config(data)
+            wanted = change(current)
+            if wanted == current:
+                return False
+            transaction = self.client.transaction()
+            transaction.set_data(path, encode_config(wanted), version=stat.version)
+            transaction.create(f"{CONFIG_CHANGES_PATH}/{CONFIG_CHANGE_PREFIX}", config_change(f"topics/{topic}"),
+                               sequence=True)
+            results = transaction.commit()
+            failed = [r for r in results if isinstance(r, Exception) and not isinstance(r, RolledBackError)]
+            if not failed:
+                return True
+            if not isinstance(failed[0], (BadVersionError, NoNodeError)):
+                raise failed[0]
+        raise EosError(f"the config of topic {topic!r} kept changing under this write; retry",
+                       ErrorCode.REQUEST_TIMED_OUT)
+
+    def last_config_change(self, watch: Callable | None = None) -> int:
+        """The highest /config/changes notification number (-1: none), read from the names."""
+        numbers = [int(child[len(CONFIG_CHANGE_PREFIX):])
+                   for child in self.client.get_children(CONFIG_CHANGES_PATH, watch=watch)
+                   if child.startswith(CONFIG_CHANGE_PREFIX)]
+        return max(numbers, default=-1)
 
     def topic_config_changes(self, after: int, watch: Callable | None = None) -> tuple[int, set[str]]:
         """The topics named by /config/changes notifications numbered above `after`, and the

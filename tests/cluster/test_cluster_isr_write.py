@@ -141,3 +141,23 @@ def test_an_isr_change_read_cut_short_reaches_the_controller_when_it_reads_again
         assert wait_for(lambda: not store.isr_change_notifications()), "the notification was not deleted once applied"
     finally:
         controller.stop()
+
+
+def test_a_reassignment_write_that_meets_added_partitions_keeps_them(rooted_store):
+    """A broker's CreatePartitions wrote the topic's assignment after the controller last read
+    it (its watch event not handled yet): the controller's reassignment write must not undo
+    the new partitions."""
+    from broker.controller.core import WriteAssignment
+    from broker.metadata.zk_store import TopicAssignment
+
+    store = rooted_store
+    _, epoch_zk_version = store.try_become_controller(0)
+    controller = Controller(0, store, config=ControllerConfig(), now_ms_fn=lambda: 0)
+    controller._epoch_zk_version = epoch_zk_version
+    store.create_topic("t", {0: (0,)}, {})
+    controller._read_topics(["t"])                                 # version 0 cached
+    store.add_partitions("t", TopicAssignment({0: (0,), 1: (0,)}), expected_version=0)
+    controller._write_assignment(WriteAssignment("t", {0: (0, 1)}, {0: (1,)}, {}))
+    assignment, version = store.topic_assignment("t")
+    assert assignment == TopicAssignment({0: (0, 1), 1: (0,)}, {0: (1,)}, {})
+    assert controller._topic_versions["t"] == version == 2

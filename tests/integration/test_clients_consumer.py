@@ -216,9 +216,11 @@ def test_pause_holds_a_partitions_records_and_resume_gives_them_once_in_order(fi
             records.extend(consumer.poll(timeout_ms=100))
         with eos.Producer(filled.address) as producer:
             producer.send("c", b"p0-late", partition=0).result(WAIT_S)
+        fetched_to = consumer._fetcher.state(TP0).fetch_offset
         for _ in range(5):
             records.extend(consumer.poll(timeout_ms=50))
         assert [r for r in records if r.partition == 0] == []
+        assert consumer._fetcher.state(TP0).fetch_offset == fetched_to == 100   # no Fetch asked for the new one
         assert sorted(r.offset for r in first + records if r.partition == 1) == list(range(100))
         assert consumer.position(TP0) == held_at
         consumer.resume(TP0)

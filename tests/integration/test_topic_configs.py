@@ -34,6 +34,11 @@ def test_altered_overrides_applies_each_operation_and_validates_the_result():
         altered_overrides("t", {}, [_alteration("retention.ms", OP_APPEND, "1")], defaults)
     with pytest.raises(InvalidConfigError, match="unknown topic config 'retention.mss'"):
         altered_overrides("t", {}, [_alteration("retention.mss", OP_SET, "1")], defaults)
+    with pytest.raises(InvalidConfigError, match="unknown topic config 'retention.mss'"):
+        altered_overrides("t", {}, [_alteration("retention.mss", OP_DELETE)], defaults)
+    # an override eos does not know (another tool's) may be deleted, and only that way
+    assert altered_overrides("t", {"foreign.key": "x", "retention.ms": "5"}, [_alteration("foreign.key", OP_DELETE)],
+                             defaults) == {"retention.ms": "5"}
     with pytest.raises(InvalidConfigError, match="segment.bytes"):
         altered_overrides("t", {}, [_alteration("segment.bytes", OP_SET, "1")], defaults)
     with pytest.raises(InvalidRequestError, match="operation 7"):
