@@ -12,7 +12,7 @@ import pytest
 
 import eos
 from eos.errors import (ErrorCode, InvalidConfigError, InvalidPartitionsError, InvalidReplicaAssignmentError,
-                        InvalidReplicationFactorError, UnknownTopicOrPartitionError)
+                        InvalidReplicationFactorError, NotEnoughReplicasError, UnknownTopicOrPartitionError)
 from tests.cluster.test_cluster_failover import (CLUSTER_CONFIG, SteadyProducer, assert_exactly_once_in_order,
                                                  describe, read_all, wait_for_leader)
 from tests.waits import wait_for
@@ -176,6 +176,18 @@ def test_topic_configs_altered_through_one_broker_reach_every_replica(cluster):
     for broker_id, process in cluster.processes.items():
         wait_for(lambda: len(list((process.data_dir / "tuned-0").glob("*.log"))) >= 4,
                  f"broker {broker_id}'s tuned-0 to roll a segment per 600-byte batch")
+    # the leader's acks=all check reads the new min.insync.replicas (more than the 3 replicas)
+    with eos.Admin(bootstrap=cluster.bootstrap) as admin:
+        admin.incremental_alter_configs("tuned", set={"min.insync.replicas": 4})
+    config = {"acks": "all", "enable.idempotence": False, "retries": 0}
+    with eos.Producer(cluster.bootstrap, config=config) as producer:
+        def refused() -> bool:
+            try:
+                producer.send("tuned", value=b"y").result(30)
+            except NotEnoughReplicasError:
+                return True
+            return False
+        wait_for(refused, "acks=all refused as NOT_ENOUGH_REPLICAS once min.insync.replicas is 4")
 
 
 def test_reassignment_under_load_loses_nothing(cluster, tmp_path):
