@@ -304,6 +304,27 @@ class Consumer:
                            ErrorCode.INVALID_GROUP_ID)
         return self._group
 
+    def partitions_for(self, topic: str, timeout_ms: int | None = None) -> list[TopicPartition]:
+        """Kafka's partitionsFor: the topic's partitions, from fresh metadata (waiting up to
+        `timeout_ms`, default.api.timeout.ms, for the topic; UnknownTopicOrPartitionError
+        after it)."""
+        self._check_open()
+        if not isinstance(topic, str) or not topic:
+            raise TypeError(f"topic must be a non-empty str, got {topic!r}")
+        self._metadata.mark_stale(topic)
+        info = self._metadata.wait_for_topic(
+            topic, timeout_ms if timeout_ms is not None else self._default_api_timeout_ms)
+        return [TopicPartition(topic, p) for p in range(info.partition_count)]
+
+    def list_topics(self, timeout_ms: int | None = None) -> dict[str, list[TopicPartition]]:
+        """Kafka's listTopics: every topic the cluster lets this client see (internal ones
+        left out), each with its partitions."""
+        self._check_open()
+        response = self._metadata.fetch(None, timeout_ms=timeout_ms if timeout_ms is not None
+                                        else self._default_api_timeout_ms)
+        return {t.name: [TopicPartition(t.name, p.partition) for p in sorted(t.partitions, key=lambda p: p.partition)]
+                for t in response.topics if t.error_code == ErrorCode.NONE and not t.is_internal}
+
     def group_metadata(self) -> ConsumerGroupMetadata:
         """group_id, generation_id, member_id and group_instance_id of this member now, for
         Producer.send_offsets_to_transaction (KIP-447: a stale generation is fenced)."""

@@ -229,3 +229,17 @@ def test_pause_holds_a_partitions_records_and_resume_gives_them_once_in_order(fi
         zero = [r for r in first + rest if r.partition == 0]
         assert [r.offset for r in zero] == list(range(101))
         assert zero[-1].value == b"p0-late"
+
+
+def test_partitions_for_and_list_topics_see_partitions_added_since(filled):
+    with eos.Consumer(filled.address) as consumer:
+        assert consumer.partitions_for("c") == [TP0, TP1]
+        assert consumer.list_topics() == {"c": [TP0, TP1]}       # the internal topics left out
+        with eos.Admin(filled.address) as admin:
+            admin.create_partitions("c", 3)
+            admin.create_topic("d", partitions=1)
+        assert consumer.partitions_for("c") == [TP0, TP1, TopicPartition("c", 2)]
+        assert consumer.list_topics() == {"c": [TP0, TP1, TopicPartition("c", 2)], "d": [TopicPartition("d", 0)]}
+        with pytest.raises(EosError) as unknown:
+            consumer.partitions_for("nowhere", timeout_ms=300)
+        assert unknown.value.code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
