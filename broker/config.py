@@ -397,6 +397,44 @@ _SPECIAL_SETTINGS = {
 }
 
 
+def describe_settings(config: BrokerConfig, given: Mapping[str, str]) -> dict[str, tuple[str | None, bool]]:
+    """Every broker setting eos has, as Kafka's DescribeConfigs of a broker lists them: name
+    -> (value as text, None when unset and without a default; whether `given` -- the
+    settings the broker was started with -- set it). The topic-config defaults are listed
+    under their broker names, the time ones in milliseconds (`log.retention.ms`, set by any
+    of its forms); eos's broker settings are all static (read-only)."""
+    def text(value) -> str:
+        if isinstance(value, bool):
+            return str(value).lower()
+        if isinstance(value, (tuple, frozenset)):
+            return ",".join(sorted(value) if isinstance(value, frozenset) else value)
+        return str(value)
+
+    topic_defaults = config.topic_defaults.to_kafka_names()
+    described: dict[str, tuple[str | None, bool]] = {}
+    for name, (attribute, _, _) in _INT_SETTINGS.items():
+        described[name] = (text(getattr(config, attribute)), name in given)
+    for name, attribute in {**_BOOL_SETTINGS, **_TEXT_SETTINGS}.items():
+        described[name] = (text(getattr(config, attribute)), name in given)
+    for name, topic_name in _TOPIC_DEFAULT_NAMES.items():
+        described[name] = (topic_defaults[topic_name], name in given)
+    for topic_name, forms in _TIME_DEFAULT_FORMS.items():
+        described[forms[0][0]] = (topic_defaults[topic_name], any(form in given for form, _ in forms))
+    described["log.dirs"] = (text(config.log_dirs) or None, "log.dirs" in given or "log.dir" in given)
+    described["log.cleaner.io.buffer.load.factor"] = (text(config.log_cleaner_io_buffer_load_factor),
+                                                      "log.cleaner.io.buffer.load.factor" in given)
+    described["authorizer.class.name"] = (config.authorizer_class_name or None, "authorizer.class.name" in given)
+    described["super.users"] = (";".join(sorted(config.super_users)) or None, "super.users" in given)
+    # as given (the parsed listeners and rules are not Kafka's text), else their defaults
+    defaults = {"ssl.client.auth": config.ssl_client_auth, "ssl.principal.mapping.rules": "DEFAULT",
+                "allow.plaintext.remote": text(config.allow_plaintext_remote),
+                "sasl.enabled.mechanisms": text(config.sasl_enabled_mechanisms),
+                "connections.max.reauth.ms": text(config.connections_max_reauth_ms)}
+    for name in _SECURITY_NAMES:
+        described[name] = (given[name] if name in given else defaults.get(name), name in given)
+    return dict(sorted(described.items()))
+
+
 def _parse_bool(name: str, raw: str) -> bool:
     if raw.lower() not in ("true", "false"):
         raise InvalidConfigError(f"invalid value {raw!r} for {name}: must be true or false")

@@ -52,7 +52,7 @@ from grpc_reflection.v1alpha import reflection
 
 from broker.group.coordinator import GroupCoordinator
 from broker.group.service import GroupCoordinatorServicer
-from broker.config import GRPC_MESSAGE_BYTES_MAX, BrokerConfig
+from broker.config import GRPC_MESSAGE_BYTES_MAX, BrokerConfig, describe_settings
 from broker.data_dir import (META_PROPERTIES, DataDirLock, load_or_create_meta_properties, new_cluster_id,
                              read_data_dir_cluster_id, read_known_log_dirs, write_known_log_dirs)
 from broker.in_process import InProcessBrokerStub
@@ -134,6 +134,8 @@ class BrokerServer:
         if node_id < 0:
             raise InvalidConfigError(f"node.id must be >= 0, got {node_id}")
         self.config = BrokerConfig.from_dict(config)
+        # what DescribeConfigs of this broker answers (static: computed once)
+        self._settings = describe_settings(self.config, {str(k): str(v) for k, v in (config or {}).items()})
         self.data_dir = Path(data_dir).resolve()
         # The data dir first, then every other directory of log.dirs (see BrokerConfig).
         self.log_dirs = [self.data_dir] + [d for d in dict.fromkeys(Path(p).resolve() for p in self.config.log_dirs)
@@ -558,7 +560,7 @@ class BrokerServer:
             topic_admin=None if cluster is None else cluster.topic_admin,
             listener_nodes=self.listener_nodes, authorizer=self._authorizer, quotas=self._quotas,
             traffic=TopicTraffic() if self._metrics is not None else None, socket_port=self.socket_port or 0,
-            socket_listener=self.socket_listener)
+            socket_listener=self.socket_listener, broker_settings=self._settings)
         broker_pb2_grpc.add_BrokerServicer_to_server(self._servicer, server)
         if cluster is not None:
             from broker.cluster_service import ClusterServicer

@@ -55,7 +55,7 @@ from eos.errors import (
     UnknownTopicOrPartitionError,
     error_code_and_message,
 )
-from eos.config_resources import RESOURCE_TOPIC
+from eos.config_resources import RESOURCE_BROKER, RESOURCE_TOPIC, SOURCE_DEFAULT_CONFIG, SOURCE_STATIC_BROKER_CONFIG
 from eos.acl import binding_from_proto, binding_to_proto, filter_from_proto
 from eos.types import TopicPartition
 from eos.v1 import broker_pb2, broker_pb2_grpc
@@ -120,7 +120,8 @@ class BrokerServicer(WriteHandlers, ReadHandlers, broker_pb2_grpc.BrokerServicer
                  max_produce_streams: int = PRODUCE_STREAMS_MAX,
                  metadata=None, replicas=None, topic_admin=None,
                  listener_nodes: dict[str, NodeAddress] | None = None, authorizer=None, quotas=None,
-                 traffic: TopicTraffic | None = None, socket_port: int = 0, socket_listener: str | None = None):
+                 traffic: TopicTraffic | None = None, socket_port: int = 0, socket_listener: str | None = None,
+                 broker_settings: dict[str, tuple[str | None, bool]] | None = None):
         """`verify_txn` asks the transaction coordinator whether partitions are registered in
         a producer's open transaction (None: no coordinator, transactional writes are not
         verified); `add_txn_partitions` adds them for a request that asks it (KIP-890 part 2;
@@ -134,7 +135,9 @@ class BrokerServicer(WriteHandlers, ReadHandlers, broker_pb2_grpc.BrokerServicer
         `traffic` counts bytes and records per topic for the broker's metrics; None: not counted.
         `socket_port` is where this broker serves its calls over plain TCP (socket.transport.port,
         broker/socket_server.py), for the PLAINTEXT listener `socket_listener` (the brokers'
-        ports are told to clients that came in on that listener only); 0: none."""
+        ports are told to clients that came in on that listener only); 0: none.
+        `broker_settings` is what DescribeConfigs of this broker answers (broker.config's
+        `describe_settings`: name -> (value, set by the operator)); None: nothing."""
         self._registry = registry
         self._log_manager = log_manager
         self._purgatory = purgatory
@@ -165,6 +168,7 @@ class BrokerServicer(WriteHandlers, ReadHandlers, broker_pb2_grpc.BrokerServicer
         self.storage_errors = StorageErrors()
         self._socket_port = socket_port
         self._socket_listener = socket_listener
+        self._broker_settings = dict(broker_settings or {})
 
     # ---- authorization (see "Authorization" in the module doc) ---------------------------------
 
@@ -447,8 +451,37 @@ class BrokerServicer(WriteHandlers, ReadHandlers, broker_pb2_grpc.BrokerServicer
     @gated
     def DescribeConfigs(self, request: broker_pb2.DescribeConfigsRequest,
                         context) -> broker_pb2.DescribeConfigsResponse:
-        return self._topic_admin.describe_configs(request, self._config_refusals(
-            Operation.DESCRIBE_CONFIGS, request.resources))
+        """Topics by the topic admin; this broker's own settings here (Kafka sends a
+        broker's DescribeConfigs to that broker). Answers in request order."""
+        brokers = [r for r in request.resources if r.resource_type == RESOURCE_BROKER]
+        if not brokers:
+            return self._topic_admin.describe_configs(request, self._config_refusals(
+                Operation.DESCRIBE_CONFIGS, request.resources))
+        others = broker_pb2.DescribeConfigsRequest(
+            resources=[r for r in request.resources if r.resource_type != RESOURCE_BROKER])
+        answered = iter(self._topic_admin.describe_configs(others, self._config_refusals(
+            Operation.DESCRIBE_CONFIGS, others.resources)).results if others.resources else ())
+        return broker_pb2.DescribeConfigsResponse(results=[
+            self._describe_broker(r) if r.resource_type == RESOURCE_BROKER else next(answered)
+            for r in request.resources])
+
+    def _describe_broker(self, resource: broker_pb2.ConfigResource) -> broker_pb2.DescribeConfigsResult:
+        result = broker_pb2.DescribeConfigsResult(resource_type=resource.resource_type,
+                                                  resource_name=resource.resource_name)
+        if self._authorizer is not None and not self._cluster_allows(Operation.DESCRIBE_CONFIGS):
+            result.error_code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+            result.error_message = self._denial(Operation.DESCRIBE_CONFIGS, "the cluster")
+        elif resource.resource_name != str(self._node.node_id):
+            result.error_code = ErrorCode.INVALID_REQUEST
+            result.error_message = (f"this is broker {self._node.node_id}, asked for the configs of broker "
+                                    f"{resource.resource_name!r}: ask that broker")
+        else:
+            wanted = set(resource.config_names)
+            result.configs.extend(
+                broker_pb2.ConfigEntry(name=name, value=value or "", read_only=True, is_sensitive=False,
+                                       config_source=SOURCE_STATIC_BROKER_CONFIG if given else SOURCE_DEFAULT_CONFIG)
+                for name, (value, given) in self._broker_settings.items() if not wanted or name in wanted)
+        return result
 
     @gated
     def IncrementalAlterConfigs(self, request: broker_pb2.IncrementalAlterConfigsRequest,

@@ -42,7 +42,8 @@ from eos.admin_arguments import (config_strings, isolation_level_code, quota_ent
                                  topic_spec, tps)
 from eos.acl import AclBinding, AclFilter, Operation, binding_from_proto, binding_to_proto, filter_to_proto
 from eos.admin_transactions import TransactionAdmin
-from eos.config_resources import OP_APPEND, OP_DELETE, OP_SET, OP_SUBTRACT, RESOURCE_TOPIC, SOURCE_NAMES
+from eos.config_resources import (OP_APPEND, OP_DELETE, OP_SET, OP_SUBTRACT, RESOURCE_BROKER, RESOURCE_TOPIC,
+                                  SOURCE_NAMES)
 from eos.errors import EosError, ErrorCode, Reaction, error_for, raise_if_error, reaction_for
 from eos.types import TopicPartition
 from eos.v1 import broker_pb2, cluster_pb2, cluster_pb2_grpc, group_pb2, group_pb2_grpc
@@ -72,6 +73,13 @@ TOPIC_WAIT_MARGIN_MS = 5_000
 # too old to know the field, in which case it answers 0: nothing allowed, the safe reading).
 _AUTHORIZED_OPERATIONS_OMITTED = -2**31
 
+
+
+def _config_entries(result) -> dict[str, dict]:
+    """A DescribeConfigs result's entries: {name: {"value", "source", "read_only", "sensitive"}}."""
+    return {entry.name: {"value": entry.value, "source": SOURCE_NAMES.get(entry.config_source, "UNKNOWN"),
+                         "read_only": entry.read_only, "sensitive": entry.is_sensitive}
+            for entry in result.configs}
 
 class Admin(TransactionAdmin):
     """``Admin(bootstrap="127.0.0.1:9092", *, config=None, **kwargs)``"""
@@ -208,9 +216,22 @@ class Admin(TransactionAdmin):
                                                  config_names=list(names or ()))]))
         [result] = response.results
         raise_if_error(result, f"cannot describe the configs of topic {topic!r}")
-        return {entry.name: {"value": entry.value, "source": SOURCE_NAMES.get(entry.config_source, "UNKNOWN"),
-                             "read_only": entry.read_only, "sensitive": entry.is_sensitive}
-                for entry in result.configs}
+        return _config_entries(result)
+
+    def describe_broker_configs(self, broker_id: int, names=None) -> dict[str, dict]:
+        """Kafka's describeConfigs of a broker (asked of that broker): its settings as
+        `describe_configs` gives a topic's, source STATIC_BROKER_CONFIG (set when it was
+        started) or DEFAULT_CONFIG, all read-only ("value" "" for a setting without one).
+        Needs DESCRIBE_CONFIGS on the cluster."""
+        if not self._metadata.brokers():
+            self._metadata.fetch([])
+        response = self._call("DescribeConfigs", lambda s: s.DescribeConfigs, broker_pb2.DescribeConfigsRequest(
+            resources=[broker_pb2.ConfigResource(resource_type=RESOURCE_BROKER, resource_name=str(broker_id),
+                                                 config_names=list(names or ()))]),
+            stub=lambda: self._stub_of_broker(broker_id))
+        [result] = response.results
+        raise_if_error(result, f"cannot describe the configs of broker {broker_id}")
+        return _config_entries(result)
 
     def incremental_alter_configs(self, topic: str, set=None, delete=(), append=None, subtract=None, *,
                                   validate_only: bool = False) -> None:

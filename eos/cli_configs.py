@@ -2,6 +2,7 @@
 topics|users|clients.
 
     eos configs --describe --entity-type topics [--entity-name orders] [--all]
+    eos configs --describe --entity-type brokers --entity-name 0 --all
     eos configs --alter --entity-type topics --entity-name orders \\
         --add-config retention.ms=86400000,cleanup.policy=[compact,delete] --delete-config segment.bytes
     eos configs --alter --entity-type users --entity-name alice --add-config producer_byte_rate=1048576
@@ -23,6 +24,7 @@ import sys
 
 ENTITY_TYPES = {"users": "user", "clients": "client-id"}
 TOPICS = "topics"
+BROKERS = "brokers"
 DESCRIBED_AS = {"user": "user-principal", "client-id": "client-id"}
 
 
@@ -70,10 +72,36 @@ def _parse_topic_configs(text: str | None) -> dict[str, str]:
     return configs
 
 
-def _topic_configs(admin, args) -> int:
+def _one_name(args, kind: str) -> list[str]:
     names = [n for n in (args.entity_names or []) if n is not None]
     if len(args.entity_type) > 1 or len(args.entity_names or []) > 1 or (args.entity_names and not names):
-        raise SystemExit("error: --entity-type topics takes one --entity-name (and no other entity type)")
+        raise SystemExit(f"error: --entity-type {kind} takes one --entity-name (and no other entity type)")
+    return names
+
+
+def _broker_configs(admin, args) -> int:
+    names = _one_name(args, BROKERS)
+    if args.alter:
+        print("error: eos's broker settings are static: set them where the broker starts (--config, "
+              "server.properties) and restart it", file=sys.stderr)
+        return 2
+    for name in names or [str(b) for b in sorted(admin.describe_cluster()["brokers"])]:
+        configs = admin.describe_broker_configs(int(name))
+        # none of eos's broker settings is dynamic: only --all lists anything (as kafka-configs)
+        _print_configs(f"{'All' if args.all else 'Dynamic'} configs for broker {name} are:",
+                       configs if args.all else {})
+    return 0
+
+
+def _print_configs(title: str, configs: dict) -> None:
+    print(title)
+    for name, entry in sorted(configs.items()):
+        print(f"  {name}={entry['value']} sensitive={str(entry['sensitive']).lower()} "
+              f"synonyms={{{entry['source']}:{name}={entry['value']}}}")
+
+
+def _topic_configs(admin, args) -> int:
+    names = _one_name(args, TOPICS)
     if args.alter:
         if not names:
             raise SystemExit("error: --alter --entity-type topics needs --entity-name")
@@ -87,11 +115,8 @@ def _topic_configs(admin, args) -> int:
         return 0
     for topic in names or admin.list_topics():
         configs = admin.describe_configs(topic)
-        shown = {k: v for k, v in configs.items() if args.all or v["source"] == "DYNAMIC_TOPIC_CONFIG"}
-        print(f"{'All' if args.all else 'Dynamic'} configs for topic {topic} are:")
-        for name, entry in sorted(shown.items()):
-            print(f"  {name}={entry['value']} sensitive={str(entry['sensitive']).lower()} "
-                  f"synonyms={{{entry['source']}:{name}={entry['value']}}}")
+        _print_configs(f"{'All' if args.all else 'Dynamic'} configs for topic {topic} are:",
+                       {k: v for k, v in configs.items() if args.all or v["source"] == "DYNAMIC_TOPIC_CONFIG"})
     return 0
 
 
@@ -115,8 +140,10 @@ def cmd_configs(args) -> int:
     with eos.Admin(bootstrap=args.bootstrap_server, config=client_config(args)) as admin:
         if TOPICS in (args.entity_type or []):
             return _topic_configs(admin, args)
+        if BROKERS in (args.entity_type or []):
+            return _broker_configs(admin, args)
         if args.all:
-            raise SystemExit("error: --all describes topics (--entity-type topics)")
+            raise SystemExit("error: --all describes topics or brokers (--entity-type topics|brokers)")
         if args.alter:
             entity = _entity(args)
             changes = {**_parse_pairs(args.add_config, "--add-config"), **_parse_pairs(args.delete_config,
@@ -150,8 +177,9 @@ def add_commands(client_command) -> None:
     action = configs.add_mutually_exclusive_group(required=True)
     action.add_argument("--alter", action="store_true")
     action.add_argument("--describe", action="store_true")
-    configs.add_argument("--entity-type", action="append", choices=sorted([*ENTITY_TYPES, TOPICS]),
-                         help="topics, users or clients; repeat with a name each for a user and client id together")
+    configs.add_argument("--entity-type", action="append", choices=sorted([*ENTITY_TYPES, TOPICS, BROKERS]),
+                         help="topics, brokers (describe only), users or clients; repeat with a name each for a "
+                              "user and client id together")
     configs.add_argument("--entity-name", action="append", dest="entity_names", metavar="NAME")
     configs.add_argument("--entity-default", action="append_const", const=None, dest="entity_names",
                          help="the default of the --entity-type before it")
@@ -160,5 +188,6 @@ def add_commands(client_command) -> None:
                               "producer_byte_rate, consumer_byte_rate (bytes/s), request_percentage (%% of one thread)")
     configs.add_argument("--delete-config", metavar="K[,K]")
     configs.add_argument("--all", action="store_true",
-                         help="with --describe of topics: every config and its source, not only the overrides")
+                         help="with --describe of topics or brokers: every config and its source, not only the "
+                              "dynamic ones")
     configs.set_defaults(handler=cmd_configs)

@@ -291,6 +291,10 @@ CASES = [
          lambda env, s, ctx: s.broker.DescribeConfigs(broker_pb2.DescribeConfigsRequest(resources=[
              broker_pb2.ConfigResource(resource_type=2, resource_name=ctx["topic"])])).results[0].error_code,
          ErrorCode.TOPIC_AUTHORIZATION_FAILED, False),
+    Case("DescribeConfigs of a broker", lambda env: {}, lambda ctx: grant(C, CLUSTER_NAME, O.DESCRIBE_CONFIGS),
+         lambda env, s, ctx: s.broker.DescribeConfigs(broker_pb2.DescribeConfigsRequest(resources=[
+             broker_pb2.ConfigResource(resource_type=4, resource_name=str(env.broker.node_id))])).results[0].error_code,
+         ErrorCode.CLUSTER_AUTHORIZATION_FAILED, False),
     Case("IncrementalAlterConfigs", lambda env: _setup_topic(env, "configs-altered"),
          lambda ctx: grant(T, ctx["topic"], O.ALTER_CONFIGS),
          lambda env, s, ctx: s.broker.IncrementalAlterConfigs(broker_pb2.IncrementalAlterConfigsRequest(resources=[

@@ -174,3 +174,39 @@ def test_the_cli_alters_and_describes_like_kafka_configs(inprocess_broker, capsy
                      "--add-config", "retention.mss=1"]) != 0
     assert "INVALID_CONFIG: cannot alter the configs of topic 'cli-topic': unknown topic config 'retention.mss'" in (
         capsys.readouterr().err)
+
+
+def test_a_brokers_settings_are_described_by_that_broker(inprocess_broker_factory, capsys):
+    from eos.cli import main as eos_main
+
+    broker = inprocess_broker_factory({"log.retention.hours": "2", "num.partitions": "3"})
+    with eos.Admin(broker.address) as admin:
+        configs = admin.describe_broker_configs(0)
+        assert configs["num.partitions"] == {"value": "3", "source": "STATIC_BROKER_CONFIG",
+                                             "read_only": True, "sensitive": False}
+        assert configs["log.retention.ms"]["value"] == "7200000"          # set by its hours form
+        assert configs["log.retention.ms"]["source"] == "STATIC_BROKER_CONFIG"
+        assert configs["log.segment.bytes"] == {"value": str(TopicConfig().segment_bytes), "source": "DEFAULT_CONFIG",
+                                                "read_only": True, "sensitive": False}
+        assert configs["auto.create.topics.enable"]["value"] == "false"
+        assert set(admin.describe_broker_configs(0, ["num.partitions", "nope"])) == {"num.partitions"}
+        # a topic's default follows the broker's setting it came from
+        admin.create_topic("from-broker", partitions=1)
+        assert admin.describe_configs("from-broker", ["retention.ms"])["retention.ms"] == {
+            "value": "7200000", "source": "STATIC_BROKER_CONFIG", "read_only": False, "sensitive": False}
+    import grpc
+    with grpc.insecure_channel(broker.address) as channel:    # another broker's configs: ask that broker
+        stub = broker_pb2_grpc.BrokerStub(channel)
+        answer = stub.DescribeConfigs(broker_pb2.DescribeConfigsRequest(resources=[
+            broker_pb2.ConfigResource(resource_type=RESOURCE_BROKER, resource_name="7"),
+            broker_pb2.ConfigResource(resource_type=RESOURCE_TOPIC, resource_name="from-broker",
+                                      config_names=["segment.bytes"])]))
+        assert [r.error_code for r in answer.results] == [ErrorCode.INVALID_REQUEST, ErrorCode.NONE]
+        assert [c.name for c in answer.results[1].configs] == ["segment.bytes"]
+    base = ["configs", "--bootstrap-server", broker.address, "--describe", "--entity-type", "brokers"]
+    assert eos_main([*base, "--entity-name", "0"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["Dynamic configs for broker 0 are:"]
+    assert eos_main([*base, "--all"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "All configs for broker 0 are:"
+    assert "  num.partitions=3 sensitive=false synonyms={STATIC_BROKER_CONFIG:num.partitions=3}" in lines
