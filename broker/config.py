@@ -14,7 +14,7 @@ named here (certificates, ACLs) are read when the broker starts.
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from broker.acl import InvalidAclError, parse_super_users
 from broker.authorizer import AUTHORIZER_CLASS_NAMES
@@ -183,6 +183,8 @@ class BrokerConfig:
             elif name in _SECURITY_NAMES:
                 security[name] = raw
             elif name in _SPECIAL_SETTINGS:
+                if name == "log.dir" and "log.dirs" in config:
+                    continue          # Kafka's precedence: log.dirs, when both are given
                 values.update(_SPECIAL_SETTINGS[name](name, raw))
             else:
                 raise InvalidConfigError(f"unknown broker config {name!r}")
@@ -397,12 +399,15 @@ _SPECIAL_SETTINGS = {
 }
 
 
-def describe_settings(config: BrokerConfig, given: Mapping[str, str]) -> dict[str, tuple[str | None, bool]]:
+def describe_settings(config: BrokerConfig, given: Mapping[str, str],
+                      log_dirs: Iterable[str] = ()) -> dict[str, tuple[str | None, bool]]:
     """Every broker setting eos has, as Kafka's DescribeConfigs of a broker lists them: name
     -> (value as text, None when unset and without a default; whether `given` -- the
     settings the broker was started with -- set it). The topic-config defaults are listed
-    under their broker names, the time ones in milliseconds (`log.retention.ms`, set by any
-    of its forms); eos's broker settings are all static (read-only)."""
+    under their broker names; a time default's milliseconds form (`log.retention.ms`) holds
+    the value in force, set by whichever of its forms won, and its coarser forms are listed
+    as given. `log_dirs`: the directories the broker uses (its data dir first). eos's
+    broker settings are all static (read-only)."""
     def text(value) -> str:
         if isinstance(value, bool):
             return str(value).lower()
@@ -420,18 +425,27 @@ def describe_settings(config: BrokerConfig, given: Mapping[str, str]) -> dict[st
         described[name] = (topic_defaults[topic_name], name in given)
     for topic_name, forms in _TIME_DEFAULT_FORMS.items():
         described[forms[0][0]] = (topic_defaults[topic_name], any(form in given for form, _ in forms))
-    described["log.dirs"] = (text(config.log_dirs) or None, "log.dirs" in given or "log.dir" in given)
+        for form, _ in forms[1:]:
+            described[form] = (given.get(form, "").strip() or None, form in given)
+    described["log.dirs"] = (",".join(log_dirs or config.log_dirs) or None, "log.dirs" in given or "log.dir" in given)
+    described["log.dir"] = (given.get("log.dir", "").strip() or None, "log.dir" in given)
     described["log.cleaner.io.buffer.load.factor"] = (text(config.log_cleaner_io_buffer_load_factor),
                                                       "log.cleaner.io.buffer.load.factor" in given)
     described["authorizer.class.name"] = (config.authorizer_class_name or None, "authorizer.class.name" in given)
     described["super.users"] = (";".join(sorted(config.super_users)) or None, "super.users" in given)
-    # as given (the parsed listeners and rules are not Kafka's text), else their defaults
-    defaults = {"ssl.client.auth": config.ssl_client_auth, "ssl.principal.mapping.rules": "DEFAULT",
-                "allow.plaintext.remote": text(config.allow_plaintext_remote),
-                "sasl.enabled.mechanisms": text(config.sasl_enabled_mechanisms),
-                "connections.max.reauth.ms": text(config.connections_max_reauth_ms)}
+    # the parsed value where it has a text form; the listeners, their protocol map and the
+    # principal rules as given (their parsed forms are not Kafka's text)
+    parsed = {"ssl.client.auth": config.ssl_client_auth, "allow.plaintext.remote": text(config.allow_plaintext_remote),
+              "sasl.enabled.mechanisms": text(config.sasl_enabled_mechanisms),
+              "connections.max.reauth.ms": text(config.connections_max_reauth_ms),
+              "inter.broker.listener.name": config.inter_broker_listener_name or None,
+              "ssl.certificate.location": config.ssl_certificate_location or None,
+              "ssl.key.location": config.ssl_key_location or None,
+              "ssl.ca.location": config.ssl_ca_location or None}
+    as_given = {"ssl.principal.mapping.rules": "DEFAULT"}
     for name in _SECURITY_NAMES:
-        described[name] = (given[name] if name in given else defaults.get(name), name in given)
+        value = parsed[name] if name in parsed else given.get(name, as_given.get(name, "")).strip() or None
+        described[name] = (value, name in given)
     return dict(sorted(described.items()))
 
 

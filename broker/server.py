@@ -134,12 +134,13 @@ class BrokerServer:
         if node_id < 0:
             raise InvalidConfigError(f"node.id must be >= 0, got {node_id}")
         self.config = BrokerConfig.from_dict(config)
-        # what DescribeConfigs of this broker answers (static: computed once)
-        self._settings = describe_settings(self.config, {str(k): str(v) for k, v in (config or {}).items()})
         self.data_dir = Path(data_dir).resolve()
         # The data dir first, then every other directory of log.dirs (see BrokerConfig).
         self.log_dirs = [self.data_dir] + [d for d in dict.fromkeys(Path(p).resolve() for p in self.config.log_dirs)
                                            if d != self.data_dir]
+        # what DescribeConfigs of this broker answers (static: computed once)
+        self._settings = describe_settings(self.config, {str(k): str(v) for k, v in (config or {}).items()},
+                                           [str(d) for d in self.log_dirs])
         if self.config.zookeeper_connect and len(self.log_dirs) > 1:
             raise InvalidConfigError(
                 "log.dirs with several directories is not supported on a ZooKeeper cluster yet: a failed "

@@ -471,7 +471,9 @@ class BrokerServicer(WriteHandlers, ReadHandlers, broker_pb2_grpc.BrokerServicer
         if self._authorizer is not None and not self._cluster_allows(Operation.DESCRIBE_CONFIGS):
             result.error_code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
             result.error_message = self._denial(Operation.DESCRIBE_CONFIGS, "the cluster")
-        elif resource.resource_name != str(self._node.node_id):
+        elif resource.resource_name == "":
+            pass     # the cluster-wide dynamic defaults (Kafka's empty name): eos has none
+        elif not resource.resource_name.isdigit() or int(resource.resource_name) != self._node.node_id:
             result.error_code = ErrorCode.INVALID_REQUEST
             result.error_message = (f"this is broker {self._node.node_id}, asked for the configs of broker "
                                     f"{resource.resource_name!r}: ask that broker")
@@ -490,11 +492,17 @@ class BrokerServicer(WriteHandlers, ReadHandlers, broker_pb2_grpc.BrokerServicer
             Operation.ALTER_CONFIGS, request.resources))
 
     def _config_refusals(self, operation: Operation, resources) -> dict[tuple[int, str], tuple[int, str]]:
-        """(resource type, name) -> (code, why) for the topics the caller may not `operation`:
-        answered TOPIC_AUTHORIZATION_FAILED, the others go on (Kafka)."""
+        """(resource type, name) -> (code, why) for the topics the caller may not `operation`
+        (TOPIC_AUTHORIZATION_FAILED) and, without `operation` on the cluster, the brokers
+        (CLUSTER_AUTHORIZATION_FAILED); the others go on (Kafka)."""
         topics = [r.resource_name for r in resources if r.resource_type == RESOURCE_TOPIC]
-        return {(RESOURCE_TOPIC, name): (ErrorCode.TOPIC_AUTHORIZATION_FAILED, why)
-                for name, why in self._topic_refusals(operation, topics).items()}
+        refusals = {(RESOURCE_TOPIC, name): (ErrorCode.TOPIC_AUTHORIZATION_FAILED, why)
+                    for name, why in self._topic_refusals(operation, topics).items()}
+        if self._authorizer is not None and not self._cluster_allows(operation):
+            refusals.update({(RESOURCE_BROKER, r.resource_name): (
+                ErrorCode.CLUSTER_AUTHORIZATION_FAILED, self._denial(operation, "the cluster"))
+                for r in resources if r.resource_type == RESOURCE_BROKER})
+        return refusals
 
     # ---- transactions ------------------------------------------------------------------------
 

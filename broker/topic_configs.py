@@ -184,8 +184,9 @@ def _check_resource(resource_type: int, name: str, refused) -> None:
         code, message = refused[(resource_type, name)]
         raise EosError(message, code)
     if resource_type != RESOURCE_TOPIC:
-        raise InvalidRequestError(f"resource type {resource_type} is not supported: eos describes and alters "
-                                  f"topic configs (type {RESOURCE_TOPIC}); broker configs are static")
+        raise InvalidRequestError(f"resource type {resource_type} has no configs to change here: eos describes and "
+                                  f"alters topics' (type {RESOURCE_TOPIC}); a broker's settings are static, set "
+                                  f"where it starts, and described by that broker")
     if not name:
         raise UnknownTopicOrPartitionError("no topic name given")
 

@@ -50,7 +50,7 @@ from eos import net
 from eos.client_config import (CLIENT_SECURITY_CONFIG, ConfigSpec, as_bool, as_int, as_int32, as_optional_str,
                                as_str, channel_security, resolve_config)
 from eos.client_metrics import ConsumerMetrics, metrics_setting
-from eos.errors import EosError, ErrorCode
+from eos.errors import EosError, ErrorCode, error_for
 from eos.types import Record, TopicPartition
 from eos.v1.common_pb2 import IsolationLevel
 from consumer.fetcher import (
@@ -305,25 +305,31 @@ class Consumer:
         return self._group
 
     def partitions_for(self, topic: str, timeout_ms: int | None = None) -> list[TopicPartition]:
-        """Kafka's partitionsFor: the topic's partitions, from fresh metadata (waiting up to
-        `timeout_ms`, default.api.timeout.ms, for the topic; UnknownTopicOrPartitionError
-        after it)."""
+        """Kafka's partitionsFor: the topic's partitions, from one fresh Metadata answer
+        (within `timeout_ms`, default.api.timeout.ms): [] for a topic that does not exist,
+        and a partition without a leader is listed all the same."""
         self._check_open()
         if not isinstance(topic, str) or not topic:
             raise TypeError(f"topic must be a non-empty str, got {topic!r}")
-        self._metadata.mark_stale(topic)
-        info = self._metadata.wait_for_topic(
-            topic, timeout_ms if timeout_ms is not None else self._default_api_timeout_ms)
-        return [TopicPartition(topic, p) for p in range(info.partition_count)]
+        return self._topics_answer([topic], timeout_ms).get(topic, [])
 
     def list_topics(self, timeout_ms: int | None = None) -> dict[str, list[TopicPartition]]:
-        """Kafka's listTopics: every topic the cluster lets this client see (internal ones
-        left out), each with its partitions."""
+        """Kafka's listTopics: every topic the cluster lets this client see, the internal
+        ones included, each with its partitions."""
         self._check_open()
-        response = self._metadata.fetch(None, timeout_ms=timeout_ms if timeout_ms is not None
-                                        else self._default_api_timeout_ms)
-        return {t.name: [TopicPartition(t.name, p.partition) for p in sorted(t.partitions, key=lambda p: p.partition)]
-                for t in response.topics if t.error_code == ErrorCode.NONE and not t.is_internal}
+        return self._topics_answer(None, timeout_ms)
+
+    def _topics_answer(self, topics: list[str] | None, timeout_ms: int | None) -> dict[str, list[TopicPartition]]:
+        response = self._metadata.fetch(topics, include_internal=True, timeout_ms=(
+            timeout_ms if timeout_ms is not None else self._default_api_timeout_ms))
+        found = {}
+        for t in response.topics:
+            if t.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+                continue
+            if not t.partitions and t.error_code != ErrorCode.NONE:
+                raise error_for(t.error_code, f"the metadata of topic {t.name!r}: {t.error_message}")
+            found[t.name] = [TopicPartition(t.name, p.partition) for p in sorted(t.partitions, key=lambda p: p.partition)]
+        return found
 
     def group_metadata(self) -> ConsumerGroupMetadata:
         """group_id, generation_id, member_id and group_instance_id of this member now, for

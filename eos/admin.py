@@ -223,8 +223,6 @@ class Admin(TransactionAdmin):
         `describe_configs` gives a topic's, source STATIC_BROKER_CONFIG (set when it was
         started) or DEFAULT_CONFIG, all read-only ("value" "" for a setting without one).
         Needs DESCRIBE_CONFIGS on the cluster."""
-        if not self._metadata.brokers():
-            self._metadata.fetch([])
         response = self._call("DescribeConfigs", lambda s: s.DescribeConfigs, broker_pb2.DescribeConfigsRequest(
             resources=[broker_pb2.ConfigResource(resource_type=RESOURCE_BROKER, resource_name=str(broker_id),
                                                  config_names=list(names or ()))]),
@@ -348,6 +346,9 @@ class Admin(TransactionAdmin):
 
     def _stub_of_broker(self, broker_id: int):
         stub = self._metadata.broker_stub(broker_id)
+        if stub is None:    # not known yet (a broker that joined since): ask Metadata once
+            self._metadata.fetch([])
+            stub = self._metadata.broker_stub(broker_id)
         if stub is None:
             raise error_for(ErrorCode.BROKER_NOT_AVAILABLE, f"broker {broker_id} is not in the cluster's metadata")
         return stub

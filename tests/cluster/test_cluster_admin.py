@@ -176,6 +176,12 @@ def test_topic_configs_altered_through_one_broker_reach_every_replica(cluster):
     for broker_id, process in cluster.processes.items():
         wait_for(lambda: len(list((process.data_dir / "tuned-0").glob("*.log"))) >= 4,
                  f"broker {broker_id}'s tuned-0 to roll a segment per 600-byte batch")
+    # each broker describes its own settings: the admin routes the request to it
+    with eos.Admin(bootstrap=cluster.processes[0].address) as admin:
+        for broker_id, process in cluster.processes.items():
+            settings = admin.describe_broker_configs(broker_id, ["log.dirs", "replica.lag.time.max.ms"])
+            assert settings["log.dirs"]["value"] == str(process.data_dir.resolve())
+            assert settings["replica.lag.time.max.ms"]["source"] == "STATIC_BROKER_CONFIG"
     # the leader's acks=all check reads the new min.insync.replicas (more than the 3 replicas)
     with eos.Admin(bootstrap=cluster.bootstrap) as admin:
         admin.incremental_alter_configs("tuned", set={"min.insync.replicas": 4})

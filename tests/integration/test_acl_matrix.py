@@ -295,6 +295,11 @@ CASES = [
          lambda env, s, ctx: s.broker.DescribeConfigs(broker_pb2.DescribeConfigsRequest(resources=[
              broker_pb2.ConfigResource(resource_type=4, resource_name=str(env.broker.node_id))])).results[0].error_code,
          ErrorCode.CLUSTER_AUTHORIZATION_FAILED, False),
+    Case("IncrementalAlterConfigs of a broker", lambda env: {}, lambda ctx: grant(C, CLUSTER_NAME, O.ALTER_CONFIGS),
+         lambda env, s, ctx: s.broker.IncrementalAlterConfigs(broker_pb2.IncrementalAlterConfigsRequest(resources=[
+             broker_pb2.AlterConfigsResource(resource_type=4, resource_name=str(env.broker.node_id), configs=[
+                 broker_pb2.AlterableConfig(name="num.partitions", config_operation=0, value="5")])])).results[0].error_code,
+         ErrorCode.CLUSTER_AUTHORIZATION_FAILED, False, allowed=ErrorCode.INVALID_REQUEST),   # allowed, but static
     Case("IncrementalAlterConfigs", lambda env: _setup_topic(env, "configs-altered"),
          lambda ctx: grant(T, ctx["topic"], O.ALTER_CONFIGS),
          lambda env, s, ctx: s.broker.IncrementalAlterConfigs(broker_pb2.IncrementalAlterConfigsRequest(resources=[

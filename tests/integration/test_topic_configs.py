@@ -203,6 +203,13 @@ def test_a_brokers_settings_are_described_by_that_broker(inprocess_broker_factor
                                       config_names=["segment.bytes"])]))
         assert [r.error_code for r in answer.results] == [ErrorCode.INVALID_REQUEST, ErrorCode.NONE]
         assert [c.name for c in answer.results[1].configs] == ["segment.bytes"]
+        defaults = stub.DescribeConfigs(broker_pb2.DescribeConfigsRequest(resources=[   # the cluster's dynamic
+            broker_pb2.ConfigResource(resource_type=RESOURCE_BROKER, resource_name="")]))  # defaults: none
+        assert (defaults.results[0].error_code, list(defaults.results[0].configs)) == (ErrorCode.NONE, [])
+        altered = stub.IncrementalAlterConfigs(broker_pb2.IncrementalAlterConfigsRequest(resources=[
+            broker_pb2.AlterConfigsResource(resource_type=RESOURCE_BROKER, resource_name="0", configs=[
+                _alteration("num.partitions", OP_SET, "5")])]))
+        assert altered.results[0].error_code == ErrorCode.INVALID_REQUEST and "static" in altered.results[0].error_message
     base = ["configs", "--bootstrap-server", broker.address, "--describe", "--entity-type", "brokers"]
     assert eos_main([*base, "--entity-name", "0"]) == 0
     assert capsys.readouterr().out.splitlines() == ["Dynamic configs for broker 0 are:"]

@@ -169,3 +169,22 @@ def test_a_call_beyond_the_servers_queue_is_a_retriable_error():
     finally:
         release.set()
         grpc_server.stop(0)
+
+
+def test_log_dirs_wins_over_log_dir_in_either_order():
+    for settings in ({"log.dirs": "/a,/b", "log.dir": "/c"}, {"log.dir": "/c", "log.dirs": "/a,/b"}):
+        assert BrokerConfig.from_dict(settings).log_dirs == ("/a", "/b")
+    assert BrokerConfig.from_dict({"log.dir": "/c"}).log_dirs == ("/c",)
+
+
+def test_described_settings_hold_the_values_in_force():
+    from broker.config import describe_settings
+
+    given = {"log.retention.hours": "2", "allow.plaintext.remote": " TRUE ", "num.partitions": "4"}
+    described = describe_settings(BrokerConfig.from_dict(given), given, ["/data", "/disk2"])
+    assert described["log.retention.ms"] == ("7200000", True)       # the winning form, in ms
+    assert described["log.retention.hours"] == ("2", True) and described["log.retention.minutes"] == (None, False)
+    assert described["allow.plaintext.remote"] == ("true", True)    # as the broker reads it
+    assert described["num.partitions"] == ("4", True) and described["log.segment.bytes"][1] is False
+    assert described["log.dirs"] == ("/data,/disk2", False)
+    assert described["sasl.enabled.mechanisms"] == ("SCRAM-SHA-256,SCRAM-SHA-512", False)
