@@ -18,6 +18,11 @@ reads what it needs from ZooKeeper, calls the core and carries out the effects t
 returns: conditional state writes (whose results go back into the core), requests to the
 brokers through `ControllerChannels`, assignment writes, topic deletion. The core decides;
 this shell never does.
+
+Watched besides Kafka's usual znodes: each topic's assignment znode (a broker's
+CreatePartitions adds partitions there; the topic is read again) and /config/changes (a
+broker altered a topic's configs; the topics named since the last notification handled are
+read again and told to every broker, `ControllerCore.configs_changed`).
 """
 from __future__ import annotations
 
