@@ -247,6 +247,13 @@ class _SaslChannel(grpc.Channel):
 TLS_FAILURE_HINT = (" (over SSL this is also how a failed TLS handshake looks: check that ssl.ca.location "
                     "holds the CA of the broker's certificate, that the certificate names the address, and "
                     "that a valid client certificate is given when the broker requires one)")
+# A plaintext client at a TLS listener: the broker's TLS side reads the HTTP/2 preface as a
+# bad handshake and closes the connection, which gRPC reports as "Socket closed" (a broker
+# that is down is "Connection refused" instead).
+PLAINTEXT_AT_TLS_MARK = "Socket closed"
+PLAINTEXT_AT_TLS_HINT = (" (the broker closed the connection at once: if this address is an SSL listener, the "
+                         "client needs security.protocol=SSL and ssl.ca.location -- in the CLI, --command-config "
+                         "with them)")
 
 
 def error_from_rpc(exc: grpc.RpcError, what: str, security: ChannelSecurity | None = None) -> EosError:
@@ -256,6 +263,8 @@ def error_from_rpc(exc: grpc.RpcError, what: str, security: ChannelSecurity | No
     message = f"{what}: gRPC {code.name if code else '?'}: {details}"
     if security is not None and security.is_tls and code is grpc.StatusCode.UNAVAILABLE:
         message += TLS_FAILURE_HINT
+    elif code is grpc.StatusCode.UNAVAILABLE and PLAINTEXT_AT_TLS_MARK in (details or ""):
+        message += PLAINTEXT_AT_TLS_HINT
     if code is grpc.StatusCode.DEADLINE_EXCEEDED:
         return RequestTimedOutError(message)
     if code is grpc.StatusCode.UNAUTHENTICATED:

@@ -266,3 +266,15 @@ def test_without_hostname_checks_an_unreachable_broker_is_retried_not_cached(pki
         metadata.channel(address)
     assert address not in metadata._channels
     metadata.close()
+
+
+def test_a_plaintext_client_at_an_ssl_listener_is_told_what_it_lacks(tmp_path, pki):
+    broker = _start(tmp_path, pki, client_auth="none")
+    try:
+        with eos.Admin(broker.address_of("SSL"), config={"default.api.timeout.ms": 3000}) as admin:
+            with pytest.raises(EosError, match="security.protocol=SSL and ssl.ca.location"):
+                admin.list_topics()
+        with eos.Admin(broker.address_of("SSL"), config=_ssl(pki)) as admin:
+            admin.list_topics()       # the same address with the TLS settings
+    finally:
+        broker.stop()
