@@ -202,8 +202,6 @@ class ClusterTopicAdmin(topic_configs.TopicConfigRequests):
     # ---- CreatePartitions ----------------------------------------------------------------------
 
     def create_partitions(self, request: broker_pb2.CreatePartitionsRequest) -> broker_pb2.CreatePartitionsResponse:
-        from kazoo.exceptions import BadVersionError
-
         counts = collections.Counter(t.name for t in request.topics)
         results = []
         grown: dict[str, tuple[int, int]] = {}     # topic -> (partitions before, after)
@@ -211,21 +209,9 @@ class ClusterTopicAdmin(topic_configs.TopicConfigRequests):
             try:
                 if counts[grow.name] > 1:
                     raise InvalidRequestError(f"topic {grow.name!r} appears {counts[grow.name]} times in one request")
-                with self._lock:
-                    for attempt in range(GROW_ATTEMPTS):
-                        assignment, version, before = self.plan_growth(grow.name, grow.count)
-                        if request.validate_only:
-                            break
-                        try:
-                            self._store.add_partitions(grow.name, assignment, expected_version=version)
-                            break
-                        except BadVersionError:     # another writer came first: read again
-                            if attempt == GROW_ATTEMPTS - 1:
-                                raise
-                    if not request.validate_only:
-                        grown[grow.name] = (before, grow.count)
-                        log.info("topic %s grows to %d partitions: %s", grow.name, grow.count,
-                                 {p: list(r) for p, r in sorted(assignment.partitions.items())})
+                before = self._grow(grow.name, grow.count, request.validate_only)
+                if before is not None:
+                    grown[grow.name] = (before, grow.count)
             except Exception as exc:
                 code, message = _describe(exc)
                 results.append(broker_pb2.TopicResult(name=grow.name, error_code=code, error_message=message))
@@ -247,12 +233,33 @@ class ClusterTopicAdmin(topic_configs.TopicConfigRequests):
                                                 f"not every new one had a leader within {CREATE_WAIT_DEFAULT_MS} ms")
         return broker_pb2.CreatePartitionsResponse(topics=results)
 
+    def _grow(self, name: str, count: int, validate_only: bool) -> int | None:
+        """Write the grown assignment of `name` (compare-and-set; another writer in between
+        makes it plan again); the partition count before, or None when only validating."""
+        from kazoo.exceptions import BadVersionError
+
+        with self._lock:
+            for attempt in range(GROW_ATTEMPTS):
+                assignment, version, before = self.plan_growth(name, count)
+                if validate_only:
+                    return None
+                try:
+                    self._store.add_partitions(name, assignment, expected_version=version)
+                    break
+                except BadVersionError:
+                    if attempt == GROW_ATTEMPTS - 1:
+                        raise
+        log.info("topic %s grows to %d partitions: %s", name, count,
+                 {p: list(r) for p, r in sorted(assignment.partitions.items())})
+        return before
+
     def plan_growth(self, name: str, count: int):
         """The assignment of `name` grown to `count` partitions, the version of the
-        assignment znode it was read at, and the partition count before; nothing is written. The new partitions are placed
-        as Kafka's AdminZkClient places them: its replica assignment algorithm, continued
-        from the topic's partition count, starting at the broker that leads partition 0's
-        replica list, with partition 0's replication factor."""
+        assignment znode it was read at, and the partition count before; nothing is
+        written. The new partitions are placed as Kafka's AdminZkClient places them: its
+        replica assignment algorithm, continued from the topic's partition count, starting
+        at the broker that leads partition 0's replica list, with partition 0's replication
+        factor."""
         from broker.controller.assignment import BrokerMeta, assign_replicas
         from broker.metadata.zk_store import TopicAssignment
 

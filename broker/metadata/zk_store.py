@@ -487,12 +487,15 @@ class ZkStore:
         raise EosError(f"the config of topic {topic!r} kept changing under this write; retry",
                        ErrorCode.REQUEST_TIMED_OUT)
 
+    def _config_changes(self, watch: Callable | None) -> dict[int, str]:
+        """/config/changes' notifications: number -> znode name."""
+        return {int(child[len(CONFIG_CHANGE_PREFIX):]): child
+                for child in self.client.get_children(CONFIG_CHANGES_PATH, watch=watch)
+                if child.startswith(CONFIG_CHANGE_PREFIX)}
+
     def last_config_change(self, watch: Callable | None = None) -> int:
         """The highest /config/changes notification number (-1: none), read from the names."""
-        numbers = [int(child[len(CONFIG_CHANGE_PREFIX):])
-                   for child in self.client.get_children(CONFIG_CHANGES_PATH, watch=watch)
-                   if child.startswith(CONFIG_CHANGE_PREFIX)]
-        return max(numbers, default=-1)
+        return max(self._config_changes(watch), default=-1)
 
     def topic_config_changes(self, after: int, watch: Callable | None = None) -> tuple[int, set[str]]:
         """The topics named by /config/changes notifications numbered above `after`, and the
@@ -500,14 +503,9 @@ class ZkStore:
         told the brokers."""
         from kazoo.exceptions import NoNodeError
 
-        highest, topics = after, set()
-        for child in self.client.get_children(CONFIG_CHANGES_PATH, watch=watch):
-            if not child.startswith(CONFIG_CHANGE_PREFIX):
-                continue
-            number = int(child[len(CONFIG_CHANGE_PREFIX):])
-            if number <= after:
-                continue
-            highest = max(highest, number)
+        newer = {number: child for number, child in self._config_changes(watch).items() if number > after}
+        topics = set()
+        for child in newer.values():
             try:
                 data, _ = self.client.get(f"{CONFIG_CHANGES_PATH}/{child}")
                 entity = str(_loads(data).get("entity_path", ""))
@@ -519,7 +517,7 @@ class ZkStore:
             kind, _, name = entity.partition("/")
             if kind == "topics" and name:
                 topics.add(name)
-        return highest, topics
+        return max(newer, default=after), topics
 
     def topics_to_delete(self, watch: Callable | None = None) -> list[str]:
         return sorted(self.client.get_children(DELETE_TOPICS_PATH, watch=watch))
