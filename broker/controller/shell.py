@@ -85,6 +85,7 @@ class Controller:
         self._topic_versions: dict[str, int] = {}
         self._config_changes_seen = -1    # the highest /config/changes notification handled
         self._stopping = threading.Event()
+        self._calls_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._next_rebalance_ms = 0
         # For the broker's metrics (read from other threads; only the controller thread writes):
@@ -137,8 +138,25 @@ class Controller:
         if not self.is_active:
             raise NotControllerError(f"broker {self.broker_id} is not the controller")
         future: concurrent.futures.Future = concurrent.futures.Future()
-        self._put(kind, payload, future)
+        with self._calls_lock:
+            # Under the lock the event thread's last act (`_fail_waiting_calls`) takes: a call is
+            # either queued before it and failed there, or sees the stop here. Neither waits
+            # CALL_TIMEOUT_S for a thread that is gone (a broker's controlled shutdown did, twice).
+            if self._stopping.is_set():
+                raise NotControllerError(f"broker {self.broker_id} is stopping its controller")
+            self._put(kind, payload, future)
         return future.result(CALL_TIMEOUT_S)
+
+    def _fail_waiting_calls(self) -> None:
+        with self._calls_lock:
+            while True:
+                try:
+                    event = self._events.get_nowait()
+                except queue.Empty:
+                    return
+                if event.future is not None and not event.future.done():
+                    event.future.set_exception(NotControllerError(
+                        f"broker {self.broker_id} stopped its controller before answering"))
 
     # ---- RPC entry points (any thread) ---------------------------------------------------------
 
@@ -193,6 +211,7 @@ class Controller:
                     self._put(event.kind)
                 elif event.future is None:
                     log.exception("controller event %s failed", event.kind)
+        self._fail_waiting_calls()
         self._resign(delete_znode=True)
 
     def _handle(self, event: _Event):

@@ -161,3 +161,55 @@ def test_a_reassignment_write_that_meets_added_partitions_keeps_them(rooted_stor
     assignment, version = store.topic_assignment("t")
     assert assignment == TopicAssignment({0: (0, 1), 1: (0,)}, {0: (1,)}, {})
     assert controller._topic_versions["t"] == version == 2
+
+
+def test_a_call_waiting_when_the_controller_stops_is_refused_at_once(rooted_store):
+    """A ControlledShutdown queued behind a busy event when the controller stops (its broker
+    stopping too) is answered NOT_CONTROLLER, so the asking broker tries the next controller;
+    it used to wait CALL_TIMEOUT_S for an answer nobody would give."""
+    from eos.errors import NotControllerError
+
+    store = rooted_store
+    controller = Controller(0, store, config=ControllerConfig(auto_leader_rebalance_enable=False),
+                            now_ms_fn=lambda: int(time.time() * 1000))
+    gate, busy = threading.Event(), threading.Event()
+    real_handle = controller._handle
+
+    def handle_holding_elections(event):
+        if event.kind == "elect_leaders":
+            busy.set()
+            gate.wait(30)
+            return {}
+        return real_handle(event)
+
+    controller._handle = handle_holding_elections
+    outcomes: dict[str, object] = {}
+
+    def outcome_of(name, call):
+        try:
+            outcomes[name] = call()
+        except Exception as exc:
+            outcomes[name] = exc
+
+    threads = [threading.Thread(target=outcome_of, args=("elect", lambda: controller.elect_leaders("preferred", set())))]
+    try:
+        controller.start()
+        assert wait_for(lambda: controller.is_active)
+        threads[0].start()
+        assert busy.wait(30)
+        threads.append(threading.Thread(target=outcome_of, args=("shutdown", lambda: controller.controlled_shutdown(5, 0))))
+        threads[-1].start()
+        assert wait_for(lambda: any(e.kind == "controlled_shutdown" for e in list(controller._events.queue)))
+        threads.append(threading.Thread(target=controller.stop))
+        threads[-1].start()
+        assert wait_for(lambda: controller._stopping.is_set())
+        gate.set()
+        for thread in threads:
+            thread.join(60)
+        assert isinstance(outcomes["shutdown"], NotControllerError), outcomes
+        # and once stopped, a new call is refused without being queued
+        with pytest.raises(NotControllerError):
+            controller._call("controlled_shutdown", (5, 0))
+    finally:
+        gate.set()
+        controller.stop()

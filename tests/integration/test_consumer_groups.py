@@ -735,10 +735,14 @@ def test_cooperative_a_fourth_member_joining_three_does_not_stop_what_they_keep(
             assert offsets == list(range(offsets[0], offsets[0] + len(offsets))), (m.name, tp)
             assert any(p == tp.partition for p, _ in m.records[:joined_at[m.name]])
             assert any(p == tp.partition for p, _ in m.records[marks[m.name]:])
-    # The newcomer got exactly the three partitions the others gave up, in one call.
+    # The newcomer got exactly the three partitions the others gave up, each once. Usually in
+    # one call; but a member whose SyncGroup meets the next rebalance (another member already
+    # revoked and rejoined) is answered REBALANCE_IN_PROGRESS, rejoins still owning its four
+    # and gives one up a generation later -- Kafka's cooperative protocol does the same.
     gave_up = set().union(*(before[m.name] - after[m.name] for m in old))
     assert after["d"] == gave_up
-    assert [tps for kind, _, tps in newcomer.live_events if kind == "assigned" and tps] == [tuple(sorted(gave_up))]
+    handed = [tp for kind, _, tps in newcomer.live_events if kind == "assigned" for tp in tps]
+    assert sorted(handed) == sorted(gave_up), newcomer.live_events
     # No partition was ever assigned to two members in one generation.
     by_member = {}
     for m in everyone:
