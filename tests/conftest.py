@@ -25,6 +25,13 @@ Fixtures (function scope, always cleaned up, even when the test fails):
     .txn_stub(), .stop(), .restart(), .start(); plus .server (the BrokerServer).
 
 `inprocess_broker_factory(config=None, data_dir=None) -> InProcessBroker`  likewise, with config.
+
+Parallel runs (`./run tests` runs two pytest-xdist workers, `--dist loadgroup`): each
+test module is one unit of work, so a module's shared fixtures (its ZooKeeper, its broker)
+start once, on one worker; every Spark module is in one unit ("spark"), so one worker
+starts Spark, first thing (pyspark's gateway launch runs Python in a forked child, which
+must not happen in a process already full of gRPC and kazoo threads). The units that take
+minutes are handed out first (`LONG_UNITS_FIRST`), so no worker is left with one at the end.
 """
 from __future__ import annotations
 
@@ -50,6 +57,27 @@ CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", GRPC_MESSAGE_BYTES_MAX),
     ("grpc.max_receive_message_length", GRPC_MESSAGE_BYTES_MAX),
 ]
+
+SPARK_UNIT = "spark"
+# The units of work that take minutes (CI's --durations), longest first; the rest follow in
+# collection order. The Spark unit goes first: see the module doc.
+LONG_UNITS_FIRST = [SPARK_UNIT, "tests/cluster/test_cluster_chaos.py", "tests/integration/test_compaction_broker.py",
+                    "tests/cluster/test_replication.py", "tests/cluster/test_cluster_failover.py"]
+
+
+def _unit_of(item) -> str:
+    path = Path(item.path).resolve().relative_to(REPO_ROOT).as_posix()
+    return SPARK_UNIT if path.startswith("tests/spark/") else path
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Group each test into its unit of work (pytest-xdist's xdist_group, read under
+    --dist loadgroup) and hand out the long units first (the module doc)."""
+    rank = {unit: index for index, unit in enumerate(LONG_UNITS_FIRST)}
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_unit_of(item)))
+    items.sort(key=lambda item: rank.get(_unit_of(item), len(rank)))   # stable: modules keep their order
 
 
 class _Channels:
