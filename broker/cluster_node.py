@@ -128,7 +128,8 @@ class ClusterNode:
         config = self.config
         self.replicas = ReplicaManager(
             self.broker_id, log_manager, ensure_topic=self._ensure_topic, isr_writer=self._write_isr,
-            notify=notify, now_ms_fn=self._now_ms, replica_lag_time_max_ms=config.replica_lag_time_max_ms)
+            notify=notify, now_ms_fn=self._now_ms, replica_lag_time_max_ms=config.replica_lag_time_max_ms,
+            is_live_broker=lambda broker_id: self.metadata.broker(broker_id) is not None)
         self.replicas.on_role_change = self._role_changed
         self.replicas.fetchers = FetcherManager(
             self.broker_id, log_manager, address_of=self._address_of, on_appended=notify,

@@ -71,11 +71,12 @@ class SessionPartition:
     """One partition of a session: what the follower last said, and what it was last told."""
 
     __slots__ = ("fetch_offset", "partition_max_bytes", "has_leader_epoch", "current_leader_epoch",
-                 "sent_high_watermark", "sent_log_start_offset", "log", "reported_at")
+                 "sent_high_watermark", "sent_log_start_offset", "log", "reported_at", "log_start_offset")
 
     def __init__(self, fetch_offset: int, partition_max_bytes: int, has_leader_epoch: bool,
-                 current_leader_epoch: int):
+                 current_leader_epoch: int, log_start_offset: int | None = None):
         self.fetch_offset = fetch_offset
+        self.log_start_offset = log_start_offset     # the follower's own (None: never said)
         self.partition_max_bytes = partition_max_bytes
         self.has_leader_epoch = has_leader_epoch
         self.current_leader_epoch = current_leader_epoch
@@ -87,7 +88,7 @@ class SessionPartition:
         self.reported_at = INITIAL_EPOCH
 
     def update(self, fetch_offset: int, partition_max_bytes: int, has_leader_epoch: bool,
-               current_leader_epoch: int) -> None:
+               current_leader_epoch: int, log_start_offset: int | None = None) -> None:
         if current_leader_epoch != self.current_leader_epoch or has_leader_epoch != self.has_leader_epoch:
             # A new epoch of the partition on the follower (it was removed and added again,
             # and may have dropped an answer meanwhile): tell it everything again.
@@ -96,6 +97,8 @@ class SessionPartition:
         self.partition_max_bytes = partition_max_bytes
         self.has_leader_epoch = has_leader_epoch
         self.current_leader_epoch = current_leader_epoch
+        if log_start_offset is not None:
+            self.log_start_offset = log_start_offset
 
     def told(self, high_watermark: int, log_start_offset: int) -> None:
         self.sent_high_watermark = high_watermark
@@ -140,10 +143,10 @@ class FetchSession:
         return True
 
     def apply(self, listed: Iterable, forgotten: Iterable) -> list[tuple[str, int]]:
-        """Take an incremental Fetch's changes: `listed` FetchPartition-like entries (topic,
-        partition, fetch_offset, partition_max_bytes, has_leader_epoch, current_leader_epoch)
-        are added or updated, `forgotten` (topic, partition)-like entries leave. Returns the
-        listed keys, in order."""
+        """Take an incremental Fetch's changes: `listed` FetchPartition entries (topic,
+        partition, fetch_offset, partition_max_bytes, has_leader_epoch, current_leader_epoch,
+        and the follower's log_start_offset when it set one) are added or updated,
+        `forgotten` (topic, partition)-like entries leave. Returns the listed keys, in order."""
         for entry in forgotten:
             if self.partitions.pop((entry.topic, entry.partition), None) is not None:
                 self.keys_version += 1
@@ -151,12 +154,14 @@ class FetchSession:
         for fp in listed:
             key = (fp.topic, fp.partition)
             known = self.partitions.get(key)
+            log_start = fp.log_start_offset if fp.HasField("log_start_offset") else None
             if known is None:
                 self.keys_version += 1
                 self.partitions[key] = SessionPartition(fp.fetch_offset, fp.partition_max_bytes,
-                                                        fp.has_leader_epoch, fp.current_leader_epoch)
+                                                        fp.has_leader_epoch, fp.current_leader_epoch, log_start)
             else:
-                known.update(fp.fetch_offset, fp.partition_max_bytes, fp.has_leader_epoch, fp.current_leader_epoch)
+                known.update(fp.fetch_offset, fp.partition_max_bytes, fp.has_leader_epoch, fp.current_leader_epoch,
+                             log_start)
             keys.append(key)
         return keys
 

@@ -307,7 +307,7 @@ class ReadHandlers:
                 held.log = partition_log = self._log_for(*key)
                 replicas.on_replica_fetch(request.replica_id, key[0], key[1], held.fetch_offset,
                                           held.current_leader_epoch if held.has_leader_epoch else None,
-                                          partition_log)
+                                          partition_log, held.log_start_offset)
             except Exception as exc:
                 code, message = error_code_and_message(exc)
                 self._log_partition_error("Fetch", key[0], key[1], exc)
@@ -452,7 +452,8 @@ class ReadHandlers:
                                    ErrorCode.NOT_LEADER_OR_FOLLOWER)
                 if not replica_reported:
                     replicas.on_replica_fetch(request.replica_id, fp.topic, fp.partition, fp.fetch_offset,
-                                              current_epoch, partition_log)
+                                              current_epoch, partition_log,
+                                              fp.log_start_offset if fp.HasField("log_start_offset") else None)
                 allowed = replicas.replica_fetch_allowance(request.replica_id, fp.topic, fp.partition, budget_bytes)
                 result = self._read_for_follower(fp, partition_log, allowed, min_one_batch and allowed > 0)
                 if len(result.records) > allowed:     # a whole first batch past a throttle's grant

@@ -19,7 +19,8 @@ and for requests that arrive while the broker shuts down (UNAVAILABLE).
 Produce and ProduceStream (acks, ordered produce streams, the transactional checks of a
 write, client quotas on produce) are `broker/writes.py`'s `WriteHandlers`; Fetch and
 ListOffsets (what a reader may see, long polls, client quotas on fetches, offsets by
-timestamp) are `broker/reads.py`'s `ReadHandlers`. This servicer inherits both.
+timestamp) are `broker/reads.py`'s `ReadHandlers`; DeleteRecords is
+`broker/delete_records.py`'s. This servicer inherits the three.
 
 Transactions (KIP-98, KIP-890 part 1). WriteTxnMarkers, sent by the transaction
 coordinator, appends one COMMIT or ABORT control batch per partition; the log checks the
@@ -37,6 +38,7 @@ import time
 from typing import Callable, NamedTuple
 
 from broker.acl import SUPPORTED_OPERATIONS, InvalidAclError, Operation, ResourceType
+from broker.delete_records import DeleteRecordsHandler
 from broker.log_dir_descriptions import describe_log_dirs
 from broker.fetch_sessions import FetchSessionCache
 from broker.purgatory import FetchPurgatory
@@ -107,7 +109,7 @@ class _OwnMarker(NamedTuple):
     committed: bool
 
 
-class BrokerServicer(WriteHandlers, ReadHandlers, broker_pb2_grpc.BrokerServicer):
+class BrokerServicer(WriteHandlers, ReadHandlers, DeleteRecordsHandler, broker_pb2_grpc.BrokerServicer):
     """The Broker service of one node. Build with the owners of the state; see module doc."""
 
     def __init__(self, *, registry: TopicRegistry, log_manager, purgatory: FetchPurgatory,

@@ -547,6 +547,37 @@ class Admin(TransactionAdmin):
                 result[TopicPartition(listed.topic, listed.partition)] = listed.offset
         return result
 
+    def delete_records(self, offsets: dict, *, timeout_ms: int | None = None) -> dict[TopicPartition, int | EosError]:
+        """kafka-delete-records: {tp: offset} -> {tp: its low watermark, or the EosError it
+        answered}. Records before each offset are deleted (-1: every record up to the high
+        watermark); each partition's leader answers once every live replica's log start has
+        followed, within `timeout_ms` (default request.timeout.ms). A partition whose leader
+        moved is asked again of the new one, until default.api.timeout.ms."""
+        partitions = []
+        for tp, offset in offsets.items():
+            topic, partition = tp
+            if isinstance(offset, bool) or not isinstance(offset, int) or offset < -1:
+                raise ValueError(f"the offset to delete records of {topic}-{partition} before must be an "
+                                 f"offset or -1 (the high watermark), got {offset!r}")
+            partitions.append(broker_pb2.DeleteRecordsPartition(topic=topic, partition=partition, offset=offset))
+        if not partitions:
+            return {}
+        wait_ms = self._request_timeout_ms if timeout_ms is None else timeout_ms
+        answers = self._ask_leaders(
+            partitions,
+            lambda stub, group, timeout_s: self._ask_once(
+                "DeleteRecords", stub.DeleteRecords,
+                broker_pb2.DeleteRecordsRequest(partitions=group, timeout_ms=wait_ms),
+                max(timeout_s, wait_ms / 1000 + 5)).partitions,
+            lambda p, code, message: broker_pb2.DeleteRecordsResult(topic=p.topic, partition=p.partition,
+                                                                    error_code=code, error_message=message,
+                                                                    low_watermark=-1))
+        return {TopicPartition(a.topic, a.partition):
+                a.low_watermark if a.error_code == ErrorCode.NONE
+                else error_for(a.error_code, a.error_message or f"cannot delete records of {a.topic}-{a.partition}: "
+                                                                  f"{ErrorCode(a.error_code).name}")
+                for a in answers}
+
     # ---- consumer groups -----------------------------------------------------------------
 
     def _group_coordinator(self, group_id: str):

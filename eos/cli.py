@@ -15,6 +15,7 @@
     eos acls --add|--list|--remove ...       ACLs, with kafka-acls.sh's flags
     eos users add|list|remove ...            SCRAM users (eos/cli_users.py)
     eos configs --alter|--describe ...       client quotas, kafka-configs.sh's flags (eos/cli_configs.py)
+    eos delete-records --offset-json-file F  records before an offset go (eos/cli_records.py)
     eos console [--port 8080]                a web console of brokers, topics, groups, transactions (eos/console/)
     eos demo                                 the end-to-end demo on an embedded broker
 
@@ -806,6 +807,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_users_commands(commands, client_command)
     from eos.cli_configs import add_commands as add_configs_commands
     add_configs_commands(client_command)
+    from eos.cli_records import add_commands as add_records_commands
+    add_records_commands(client_command)
     from eos.console.cli import add_commands as add_console_commands   # eos console: the web console
     add_console_commands(commands, add_client_arguments, DEFAULT_BOOTSTRAP)
     _add_demo_command(commands)

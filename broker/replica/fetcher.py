@@ -21,15 +21,17 @@ Each `ReplicaFetcher` loops:
    with FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH and the follower waits for the
    controller's next word). Long poll: the leader holds it until it has data. Within a
    fetch session (KIP-227, `FollowerSession`; broker/fetch_sessions.py) only the first
-   Fetch lists every partition; later ones list those whose end offset or leader epoch
-   moved, and the leader answers only partitions with something new. A failed Fetch, or a
-   session the leader no longer knows, starts over with a full one.
+   Fetch lists every partition; later ones list those whose end offset, leader epoch or
+   log start offset moved, and the leader answers only partitions with something new. A
+   failed Fetch, or a session the leader no longer knows, starts over with a full one.
 3. Append what came back through the storage engine's follower path (batches kept as the
    leader wrote them; offsets, producer state and leader epochs checked and rebuilt), then
-   take the leader's high watermark, capped at the local log end.
+   take the leader's high watermark, capped at the local log end, and the leader's log
+   start offset (DeleteRecords, retention), capped at that high watermark. Each Fetch
+   carries the follower's log start back, which the leader's DeleteRecords waits for.
 
 A round costs what moved, not how many partitions the thread follows: the thread keeps
-each partition's fetch position (its log end, its leader epoch) between rounds and reads it
+each partition's fetch position (its log end, its leader epoch, its log start) between rounds and reads it
 again only for the partitions that moved -- added or removed, appended to or truncated by
 this thread (the only writer of a follower's log), or put in or out of a backoff. So with
 thousands of idle partitions a round reads the few that changed, and lists those (a full
@@ -77,7 +79,7 @@ class _FollowedPartition:
 class FollowerSession:
     """The follower's side of its fetch session with one leader (broker/fetch_sessions.py):
     the session id and the epoch of the next Fetch, and what the session holds for each
-    partition (the fetch offset and leader epoch last sent). Owned by the fetcher thread."""
+    partition (the fetch offset, leader epoch and log start offset last sent). Owned by the fetcher thread."""
 
     def __init__(self) -> None:
         self.reset()
@@ -86,10 +88,11 @@ class FollowerSession:
         """Start over: the next Fetch is full and opens a new session."""
         self.session_id = 0
         self.epoch = INITIAL_EPOCH
-        self._held: dict[tuple[str, int], tuple[int, int]] = {}
+        self._held: dict[tuple[str, int], tuple[int, int, int]] = {}
 
-    def needs_listing(self, tp: tuple[str, int], position: tuple[int, int]) -> bool:
-        """Whether the next Fetch lists `tp` at `position` (fetch offset, leader epoch): all
+    def needs_listing(self, tp: tuple[str, int], position: tuple[int, int, int]) -> bool:
+        """Whether the next Fetch lists `tp` at `position` (fetch offset, leader epoch, log
+        start offset): all
         of them in a full one, else only those the session holds otherwise."""
         return self.epoch == INITIAL_EPOCH or self._held.get(tp) != position
 
@@ -153,7 +156,7 @@ class ReplicaFetcher(threading.Thread):
         # from (log end, leader epoch) and the _FollowedPartition that was read for (an
         # answer for one replaced meanwhile is dropped); the partitions in a backoff (until,
         # monotonic s) and those to truncate before they are fetched.
-        self._positions: dict[tuple[str, int], tuple[int, int]] = {}
+        self._positions: dict[tuple[str, int], tuple[int, int, int]] = {}
         self._fetched_as: dict[tuple[str, int], _FollowedPartition] = {}
         self._backing_off: dict[tuple[str, int], float] = {}
         self._to_truncate: dict[tuple[str, int], _FollowedPartition] = {}
@@ -255,7 +258,8 @@ class ReplicaFetcher(threading.Thread):
                 if partition_log is None:   # not (yet) on disk here: look again after a backoff
                     self._backing_off[tp] = now_s + REPLICA_FETCH_BACKOFF_MS / 1000.0
                     continue
-                self._positions[tp] = (partition_log.log_end_offset, followed.assignment.leader_epoch)
+                self._positions[tp] = (partition_log.log_end_offset, followed.assignment.leader_epoch,
+                                       partition_log.log_start_offset)
                 self._fetched_as[tp] = followed
         return moved
 
@@ -287,7 +291,7 @@ class ReplicaFetcher(threading.Thread):
             if position is not None and session.needs_listing(tp, position):
                 request.partitions.add(topic=tp[0], partition=tp[1], fetch_offset=position[0],
                                        partition_max_bytes=REPLICA_FETCH_MAX_BYTES, has_leader_epoch=True,
-                                       current_leader_epoch=position[1])
+                                       current_leader_epoch=position[1], log_start_offset=position[2])
         for topic, partition in session.forgotten(positions, None if full else moved):
             request.forgotten.add(topic=topic, partition=partition)
         try:
@@ -335,6 +339,7 @@ class ReplicaFetcher(threading.Thread):
             if result.records:
                 partition_log.append_as_follower(result.records, _now_ms())
             partition_log.update_high_watermark(min(result.high_watermark, partition_log.log_end_offset))
+            self._follow_log_start(tp, partition_log, result.log_start_offset)
             self._on_appended(tp)
         elif code == ErrorCode.OFFSET_OUT_OF_RANGE:
             if result.log_start_offset > partition_log.log_end_offset:
@@ -347,6 +352,18 @@ class ReplicaFetcher(threading.Thread):
             log.info("%s-%d: leader %d answered %s: %s", tp[0], tp[1], self.leader_id,
                      ErrorCode(code).name, result.error_message)
             followed.backoff_until_s = time.monotonic() + REPLICA_FETCH_BACKOFF_MS / 1000.0
+
+    def _follow_log_start(self, tp, partition_log, leader_log_start: int) -> None:
+        """Move this replica's log start up to the leader's (DeleteRecords, retention there),
+        as Kafka's follower does, never past its own high watermark; the next Fetch lists the
+        partition again with it, which is what the leader's DeleteRecords waits for. The
+        checkpoint is written at once: a restart must not bring deleted records back."""
+        target = min(leader_log_start, partition_log.high_watermark)
+        if target <= partition_log.log_start_offset:
+            return
+        partition_log.delete_records_before(target, _now_ms())
+        self._log_manager.checkpoint()
+        self._moved.add(tp)
 
     def _truncate(self, partitions: dict[tuple[str, int], _FollowedPartition]) -> bool:
         request = cluster_pb2.OffsetsForLeaderEpochRequest(replica_id=self.broker_id)

@@ -64,6 +64,7 @@ log = logging.getLogger("eos.broker.replica")
 
 REPLICA_LAG_TIME_MAX_MS_DEFAULT = 30_000
 ISR_CHECK_INTERVAL_MIN_MS = 100
+LOW_WATERMARK_RECHECK_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -123,13 +124,16 @@ class ReplicaManager:
     `isr_writer(topic, partition, leader, leader_epoch, isr, controller_epoch, zk_version)`
     writes an ISR change to ZooKeeper and returns the new znode version (raising on a stale
     version); `fetchers` is the follower side (`broker.replica.fetcher.FetcherManager`);
-    `notify(tp)` wakes long polls of a partition.
+    `notify(tp)` wakes long polls of a partition; `is_live_broker(id)` says whether a
+    broker is alive as the last UpdateMetadata had it (the low watermark counts those).
     """
 
     def __init__(self, broker_id: int, log_manager, *, ensure_topic: Callable[[str, int, dict], object],
                  isr_writer: Callable[..., int], notify: Callable[[tuple[str, int]], None],
-                 now_ms_fn: Callable[[], int], replica_lag_time_max_ms: int = REPLICA_LAG_TIME_MAX_MS_DEFAULT):
+                 now_ms_fn: Callable[[], int], replica_lag_time_max_ms: int = REPLICA_LAG_TIME_MAX_MS_DEFAULT,
+                 is_live_broker: Callable[[int], bool] = lambda broker_id: True):
         self.broker_id = broker_id
+        self._is_live_broker = is_live_broker
         self._log_manager = log_manager
         self._ensure_topic = ensure_topic
         self._isr_writer = isr_writer
@@ -444,18 +448,51 @@ class ReplicaManager:
         return (ErrorCode.NONE, "")
 
     def on_replica_fetch(self, replica_id: int, topic: str, partition: int, fetch_offset: int,
-                         current_leader_epoch: int | None, partition_log) -> None:
-        """A follower fetched at `fetch_offset` (its log end): move the HW, maybe expand the ISR."""
+                         current_leader_epoch: int | None, partition_log, log_start_offset: int | None = None) -> None:
+        """A follower fetched at `fetch_offset` (its log end), its log start offset being
+        `log_start_offset` (None: not said): move the HW, maybe expand the ISR, and wake
+        DeleteRecords waiting for the low watermark."""
         leader = self._leader(topic, partition)
         _check_epoch(leader.assignment, current_leader_epoch)
         if replica_id not in leader.assignment.replicas:
             raise NotLeaderOrFollowerError(f"broker {replica_id} is not a replica of {topic}-{partition}")
         now_ms = self._now_ms()
         with leader.lock:
-            update = leader.core.on_follower_fetch(replica_id, fetch_offset, partition_log.log_end_offset, now_ms)
+            update = leader.core.on_follower_fetch(replica_id, fetch_offset, partition_log.log_end_offset, now_ms,
+                                                   log_start_offset)
+            if update.log_start_moved and update.high_watermark is None:
+                leader.hw_changed.notify_all()
         self._apply_high_watermark((topic, partition), leader, partition_log, update.high_watermark)
         if update.expand_isr is not None:
             self._write_isr((topic, partition), leader, update.expand_isr)
+
+    def wait_for_low_watermark(self, topic: str, partition: int, offset: int, timeout_ms: int,
+                               partition_log) -> tuple[int, int, str]:
+        """DeleteRecords (Kafka's DelayedDeleteRecords): wait until the low watermark reaches
+        `offset` -- every live replica moved its log start there. (code, low watermark, message)."""
+        leader = self._leaders.get((topic, partition))
+        if leader is None:
+            return (ErrorCode.NOT_LEADER_OR_FOLLOWER, -1,
+                    f"broker {self.broker_id} stopped leading {topic}-{partition} before its replicas followed")
+        deadline = time.monotonic() + max(timeout_ms, 0) / 1000.0
+        with leader.lock:
+            while True:
+                low = leader.core.low_watermark(partition_log.log_start_offset, self._is_live_broker)
+                remaining = deadline - time.monotonic()
+                if (low >= offset or remaining <= 0 or self._stopping.is_set()
+                        or self._leaders.get((topic, partition)) is not leader):
+                    break
+                # a follower's fetch wakes this (its log start moved); the bound re-reads
+                # liveness, which changes without a fetch (a broker died)
+                leader.hw_changed.wait(min(remaining, LOW_WATERMARK_RECHECK_S))
+        if low >= offset:
+            return ErrorCode.NONE, low, ""
+        if self._leaders.get((topic, partition)) is not leader:
+            return (ErrorCode.NOT_LEADER_OR_FOLLOWER, -1,
+                    f"leadership of {topic}-{partition} moved while its replicas deleted the records")
+        return (ErrorCode.REQUEST_TIMED_OUT, low,
+                f"{topic}-{partition}: the live replicas' log start reached {low}, not {offset}, "
+                f"within {timeout_ms} ms")
 
     def charge_replica_fetch(self, replica_id: int, topic: str, partition: int, sent_beyond_bytes: int) -> None:
         """A throttled follower's fetch carried `sent_beyond_bytes` more than its allowance

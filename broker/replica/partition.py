@@ -15,6 +15,11 @@ up, and the high watermark. The replica manager feeds it events with the time:
   watermark is proposed for the ISR again.
 - `on_leader_append(leader_log_end)`.
 
+Each follower's fetch also carries its log start offset (Kafka's FetchRequest v5+): the
+*low watermark* (`low_watermark`) is the smallest log start over the leader and the
+followers on live brokers, unknown (-1) while a live follower has not said, as in Kafka's
+Partition.lowWatermarkIfLeader. DeleteRecords is answered once it passes the offset asked.
+
 The high watermark is the smallest log end offset over the ISR, the leader's included, and
 never goes down. While an ISR change is being written, the HW is computed over the
 *maximal* ISR -- the current one plus any replica being added (KIP-497's rule) -- so a
@@ -39,12 +44,14 @@ class _Follower:
     last_caught_up_ms: int = 0
     last_fetch_ms: int = 0
     leader_end_at_last_fetch: int = UNKNOWN_OFFSET
+    log_start_offset: int = UNKNOWN_OFFSET
 
 
 @dataclass(frozen=True)
 class FetchUpdate:
     high_watermark: int | None           # the new HW, when it moved
     expand_isr: tuple[int, ...] | None   # a proposed ISR with the follower added
+    log_start_moved: bool = False        # the follower's log start offset changed (the low watermark may have)
 
 
 @dataclass(frozen=True)
@@ -78,11 +85,15 @@ class LeaderState:
         self.leader_log_end = leader_log_end
         return self._advance_high_watermark()
 
-    def on_follower_fetch(self, replica_id: int, fetch_offset: int, leader_log_end: int, now_ms: int) -> FetchUpdate:
+    def on_follower_fetch(self, replica_id: int, fetch_offset: int, leader_log_end: int, now_ms: int,
+                          log_start_offset: int | None = None) -> FetchUpdate:
         self.leader_log_end = leader_log_end
         follower = self.followers.get(replica_id)
         if follower is None:
             follower = self.followers[replica_id] = _Follower()
+        log_start_moved = log_start_offset is not None and log_start_offset != follower.log_start_offset
+        if log_start_moved:
+            follower.log_start_offset = log_start_offset
         if fetch_offset >= leader_log_end:
             follower.last_caught_up_ms = now_ms
         elif follower.leader_end_at_last_fetch >= 0 and fetch_offset >= follower.leader_end_at_last_fetch:
@@ -95,7 +106,18 @@ class LeaderState:
         if (replica_id not in self.isr and replica_id in self.replicas and self.pending_isr is None
                 and fetch_offset >= self.high_watermark and fetch_offset >= self.epoch_start_offset):
             expand = (*self.isr, replica_id)
-        return FetchUpdate(new_hw, expand)
+        return FetchUpdate(new_hw, expand, log_start_moved)
+
+    def low_watermark(self, leader_log_start: int, is_live) -> int:
+        """The smallest log start offset over this leader and its followers on live brokers
+        (`is_live(broker_id)`); -1 while one of those has not reported its own."""
+        low = leader_log_start
+        for replica in self.replicas:
+            if replica == self.broker_id or not is_live(replica):
+                continue
+            follower = self.followers.get(replica)
+            low = min(low, UNKNOWN_OFFSET if follower is None else follower.log_start_offset)
+        return low
 
     def shrink_candidates(self, now_ms: int, replica_lag_time_max_ms: int) -> tuple[int, ...] | None:
         """The ISR without followers that have not caught up within the bound, or None."""

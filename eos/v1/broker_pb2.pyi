@@ -98,20 +98,22 @@ class FetchRequest(_message.Message):
     def __init__(self, max_wait_ms: _Optional[int] = ..., min_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., isolation_level: _Optional[_Union[_common_pb2.IsolationLevel, str]] = ..., partitions: _Optional[_Iterable[_Union[FetchPartition, _Mapping]]] = ..., is_replica: _Optional[bool] = ..., replica_id: _Optional[int] = ..., replica_broker_epoch: _Optional[int] = ..., session_id: _Optional[int] = ..., session_epoch: _Optional[int] = ..., forgotten: _Optional[_Iterable[_Union[_common_pb2.TopicPartition, _Mapping]]] = ...) -> None: ...
 
 class FetchPartition(_message.Message):
-    __slots__ = ("topic", "partition", "fetch_offset", "partition_max_bytes", "has_leader_epoch", "current_leader_epoch")
+    __slots__ = ("topic", "partition", "fetch_offset", "partition_max_bytes", "has_leader_epoch", "current_leader_epoch", "log_start_offset")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     FETCH_OFFSET_FIELD_NUMBER: _ClassVar[int]
     PARTITION_MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     HAS_LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     CURRENT_LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LOG_START_OFFSET_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partition: int
     fetch_offset: int
     partition_max_bytes: int
     has_leader_epoch: bool
     current_leader_epoch: int
-    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., fetch_offset: _Optional[int] = ..., partition_max_bytes: _Optional[int] = ..., has_leader_epoch: _Optional[bool] = ..., current_leader_epoch: _Optional[int] = ...) -> None: ...
+    log_start_offset: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., fetch_offset: _Optional[int] = ..., partition_max_bytes: _Optional[int] = ..., has_leader_epoch: _Optional[bool] = ..., current_leader_epoch: _Optional[int] = ..., log_start_offset: _Optional[int] = ...) -> None: ...
 
 class FetchResponse(_message.Message):
     __slots__ = ("partitions", "throttle_time_ms", "error_code", "error_message", "session_id")
@@ -712,3 +714,41 @@ class AlterConfigsResult(_message.Message):
     error_code: _common_pb2.ErrorCode
     error_message: str
     def __init__(self, resource_type: _Optional[int] = ..., resource_name: _Optional[str] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ...) -> None: ...
+
+class DeleteRecordsRequest(_message.Message):
+    __slots__ = ("partitions", "timeout_ms")
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    partitions: _containers.RepeatedCompositeFieldContainer[DeleteRecordsPartition]
+    timeout_ms: int
+    def __init__(self, partitions: _Optional[_Iterable[_Union[DeleteRecordsPartition, _Mapping]]] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class DeleteRecordsPartition(_message.Message):
+    __slots__ = ("topic", "partition", "offset")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    offset: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class DeleteRecordsResponse(_message.Message):
+    __slots__ = ("partitions",)
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    partitions: _containers.RepeatedCompositeFieldContainer[DeleteRecordsResult]
+    def __init__(self, partitions: _Optional[_Iterable[_Union[DeleteRecordsResult, _Mapping]]] = ...) -> None: ...
+
+class DeleteRecordsResult(_message.Message):
+    __slots__ = ("topic", "partition", "error_code", "error_message", "low_watermark")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    LOW_WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    low_watermark: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., low_watermark: _Optional[int] = ...) -> None: ...

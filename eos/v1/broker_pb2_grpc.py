@@ -114,6 +114,11 @@ class BrokerStub:
                 request_serializer=eos_dot_v1_dot_broker__pb2.IncrementalAlterConfigsRequest.SerializeToString,
                 response_deserializer=eos_dot_v1_dot_broker__pb2.IncrementalAlterConfigsResponse.FromString,
                 _registered_method=True)
+        self.DeleteRecords = channel.unary_unary(
+                '/eos.v1.Broker/DeleteRecords',
+                request_serializer=eos_dot_v1_dot_broker__pb2.DeleteRecordsRequest.SerializeToString,
+                response_deserializer=eos_dot_v1_dot_broker__pb2.DeleteRecordsResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -226,6 +231,15 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteRecords(self, request, context):
+        """Kafka's DeleteRecords (kafka-delete-records.sh): each partition's leader moves its log
+        start offset up to the given offset (-1: the high watermark) and answers once every live
+        replica's log start has followed, or timeout_ms passed. Needs DELETE on the topic.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -308,6 +322,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.IncrementalAlterConfigs,
                     request_deserializer=eos_dot_v1_dot_broker__pb2.IncrementalAlterConfigsRequest.FromString,
                     response_serializer=eos_dot_v1_dot_broker__pb2.IncrementalAlterConfigsResponse.SerializeToString,
+            ),
+            'DeleteRecords': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteRecords,
+                    request_deserializer=eos_dot_v1_dot_broker__pb2.DeleteRecordsRequest.FromString,
+                    response_serializer=eos_dot_v1_dot_broker__pb2.DeleteRecordsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -742,6 +761,33 @@ class Broker:
             '/eos.v1.Broker/IncrementalAlterConfigs',
             eos_dot_v1_dot_broker__pb2.IncrementalAlterConfigsRequest.SerializeToString,
             eos_dot_v1_dot_broker__pb2.IncrementalAlterConfigsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteRecords(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/eos.v1.Broker/DeleteRecords',
+            eos_dot_v1_dot_broker__pb2.DeleteRecordsRequest.SerializeToString,
+            eos_dot_v1_dot_broker__pb2.DeleteRecordsResponse.FromString,
             options,
             channel_credentials,
             insecure,

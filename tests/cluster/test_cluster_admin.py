@@ -15,6 +15,7 @@ from eos.errors import (ErrorCode, InvalidConfigError, InvalidPartitionsError, I
                         InvalidReplicationFactorError, NotEnoughReplicasError, UnknownTopicOrPartitionError)
 from tests.cluster.test_cluster_failover import (CLUSTER_CONFIG, SteadyProducer, assert_exactly_once_in_order,
                                                  describe, read_all, wait_for_leader)
+from tests.integration.test_delete_records import read_from_the_earliest
 from tests.waits import wait_for
 
 
@@ -252,3 +253,43 @@ def test_bad_plans_and_elections_are_refused_and_change_nothing(cluster):
         with pytest.raises(InvalidReplicaAssignmentError):
             admin.create_topics([{"name": "manual", "assignments": {0: [0, 9]}}])
         assert "manual" not in admin.list_topics()
+
+
+def _log_start_checkpointed(cluster, broker_id: int, topic: str, partition: int) -> int | None:
+    path = cluster.processes[broker_id].data_dir / "log-start-offset-checkpoint"
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return None
+    found = [int(line.split()[2]) for line in lines[2:] if line.split()[:2] == [topic, str(partition)]]
+    return found[0] if found else None
+
+
+def test_deleted_records_are_gone_from_every_replica_and_a_new_leader(cluster):
+    """DeleteRecords at the leader is answered once the live followers took the new log start
+    (a follower killed just before is not waited for once the controller counts it dead);
+    the follower then leads with the same log start, and the killed one takes it when it is
+    back."""
+    tp = eos.TopicPartition("trim", 0)
+    with eos.Admin(bootstrap=cluster.bootstrap) as admin:
+        admin.create_topic("trim", partitions=1, replication_factor=3, config={"segment.bytes": "4096"})
+        partition = full_isr(admin, "trim")[0]
+        with eos.Producer(cluster.bootstrap, acks="all", enable_idempotence=True) as producer:
+            for start in range(0, 300, 20):
+                producer.send_batch("trim", [b"t%04d" % i + b"." * 90 for i in range(start, start + 20)],
+                                    partition=0).result(30)
+        leader = partition["leader"]
+        live_follower, killed_follower = [r for r in partition["replicas"] if r != leader]
+        cluster.kill(killed_follower)
+        assert admin.delete_records({tp: 150}) == {tp: 150}
+        assert _log_start_checkpointed(cluster, live_follower, "trim", 0) == 150
+        assert _log_start_checkpointed(cluster, killed_follower, "trim", 0) in (None, 0)   # never checkpointed, or 0
+
+        cluster.kill(leader)
+        wait_for_leader(admin, "trim", other_than=leader, timeout_s=60)
+        assert describe(admin, "trim")[0]["leader"] == live_follower
+        assert admin.list_offsets({tp: "earliest"}) == {tp: 150}
+        cluster.restart(killed_follower)
+        wait_for(lambda: _log_start_checkpointed(cluster, killed_follower, "trim", 0) == 150,
+                 "the restarted follower to take the log start", timeout_s=60)
+    assert read_from_the_earliest(cluster.bootstrap, tp) == list(range(150, 300))

@@ -143,7 +143,7 @@ class Env:
         return {
             "topics": sorted((i.name, i.partition_count, tuple(sorted(i.config_overrides.items())))
                              for i in broker.registry.topics()),
-            "log ends": sorted((log.topic, log.partition, log.log_end_offset)
+            "log ends": sorted((log.topic, log.partition, log.log_start_offset, log.log_end_offset)
                                for log in broker.log_manager.all_logs()),
             "acls": broker.authorizer.acls,
             "transactions": sorted(broker.txn_coordinator.list(), key=lambda md: md.transactional_id),
@@ -305,6 +305,10 @@ CASES = [
          lambda env, s, ctx: s.broker.IncrementalAlterConfigs(broker_pb2.IncrementalAlterConfigsRequest(resources=[
              broker_pb2.AlterConfigsResource(resource_type=2, resource_name=ctx["topic"], configs=[
                  broker_pb2.AlterableConfig(name="retention.ms", config_operation=0, value="60000")])])).results[0].error_code,
+         ErrorCode.TOPIC_AUTHORIZATION_FAILED, True),
+    Case("DeleteRecords", lambda env: _setup_topic(env, "records-deleted", 3), lambda ctx: grant(T, ctx["topic"], O.DELETE),
+         lambda env, s, ctx: s.broker.DeleteRecords(broker_pb2.DeleteRecordsRequest(partitions=[
+             broker_pb2.DeleteRecordsPartition(topic=ctx["topic"], partition=0, offset=2)])).partitions[0].error_code,
          ErrorCode.TOPIC_AUTHORIZATION_FAILED, True),
     Case("WriteTxnMarkers", lambda env: _setup_topic(env, "markers"), lambda ctx: grant(C, CLUSTER_NAME, O.CLUSTER_ACTION),
          lambda env, s, ctx: s.broker.WriteTxnMarkers(broker_pb2.WriteTxnMarkersRequest(markers=[

@@ -29,7 +29,8 @@ class FakeReplicas:
         self.reports: list[tuple[str, int, int]] = []
         self.not_led: set[tuple[str, int]] = set()
 
-    def on_replica_fetch(self, replica_id, topic, partition, fetch_offset, current_leader_epoch, partition_log):
+    def on_replica_fetch(self, replica_id, topic, partition, fetch_offset, current_leader_epoch, partition_log,
+                         log_start_offset=None):
         assert replica_id == FOLLOWER
         if (topic, partition) in self.not_led:
             raise NotLeaderOrFollowerError(f"not the leader of {topic}-{partition}")

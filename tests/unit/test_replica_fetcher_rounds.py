@@ -30,6 +30,7 @@ class EpochCache:
 
 class MemoryLog:
     def __init__(self):
+        self.log_start_offset = 0
         self.log_end_offset = 0
         self.high_watermark = 0
         self.leader_epoch_cache = EpochCache()
