@@ -24,7 +24,9 @@ reached when timeout_ms passes first: the leader's deletion stands either way.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
+import time
 
 from broker.acl import Operation
 from broker.request_gate import gated
@@ -62,11 +64,13 @@ def _result(p, code: int, message: str = "", low_watermark: int = -1) -> broker_
 
 class DeleteRecordsHandler:
     """The RPC, for `broker.service.BrokerServicer` (which gives the lookups, the replica
-    manager, the log manager and the authorization helpers used here)."""
+    manager, the log manager, the purgatory and the authorization helpers used here)."""
 
     @gated
     def DeleteRecords(self, request: broker_pb2.DeleteRecordsRequest, context) -> broker_pb2.DeleteRecordsResponse:
-        timeout_ms = request.timeout_ms if request.timeout_ms > 0 else DELETE_RECORDS_TIMEOUT_MS_DEFAULT
+        timeout_ms = request.timeout_ms if request.HasField("timeout_ms") else DELETE_RECORDS_TIMEOUT_MS_DEFAULT
+        # one deadline for the whole request, as Kafka's one DelayedDeleteRecords has
+        deadline_s = time.monotonic() + max(timeout_ms, 0) / 1000.0
         results, waiting = [], []
         for p in request.partitions:
             if self._authorizer is not None and self._topic_denied(Operation.DELETE, p.topic):
@@ -77,31 +81,35 @@ class DeleteRecordsHandler:
             results.append(result)
             if deleted is not None:
                 waiting.append((result, *deleted))
-        if waiting:
-            self._log_manager.checkpoint()
+        if not waiting:
+            return broker_pb2.DeleteRecordsResponse(partitions=results)
+        self._log_manager.checkpoint()
+        for result, _, _ in waiting:
+            # wakes the followers' fetch sessions, which then answer the new log start (or the
+            # session's periodic look at every partition does, within a second)
+            self._purgatory.notify(TopicPartition(result.topic, result.partition))
         if self._replicas is not None:        # (one broker: its own log start is the low watermark)
             for result, offset, partition_log in waiting:
+                remaining_ms = max(0, int((deadline_s - time.monotonic()) * 1000))
                 code, low, message = self._replicas.wait_for_low_watermark(
-                    result.topic, result.partition, offset, timeout_ms, partition_log)
+                    result.topic, result.partition, offset, remaining_ms, partition_log)
                 result.error_code, result.low_watermark, result.error_message = code, low, message
         return broker_pb2.DeleteRecordsResponse(partitions=results)
 
     def _delete_records(self, p: broker_pb2.DeleteRecordsPartition):
         """(this partition's result, (the offset deleted to, its log) or None when refused)."""
         try:
-            if self._replicas is not None:
-                self._replicas.check_leader(p.topic, p.partition)
-            partition_log = self._log_for(p.topic, p.partition)
-            offset = deletion_offset(p.topic, p.partition, p.offset, partition_log.high_watermark,
-                                     self._topic(p.topic).config.delete)
-            log_start = partition_log.delete_records_before(offset, self._now_ms())
+            partition_log = self._log_for(p.topic, p.partition)      # an unknown topic first, as Kafka
+            # as Kafka's leaderIsrUpdateLock: leadership cannot end between the check and the move
+            with (self._replicas.leader_append(p.topic, p.partition) if self._replicas is not None
+                  else contextlib.nullcontext()):
+                offset = deletion_offset(p.topic, p.partition, p.offset, partition_log.high_watermark,
+                                         self._topic(p.topic).config.delete)
+                log_start = partition_log.delete_records_before(offset, self._now_ms())
         except Exception as exc:
             code, message = error_code_and_message(exc)
             self._log_partition_error("DeleteRecords", p.topic, p.partition, exc)
             return _result(p, code, message), None
-        # wakes the followers' fetch sessions, which then answer the new log start at once
-        # (otherwise only their periodic look at every partition would)
-        self._purgatory.notify(TopicPartition(p.topic, p.partition))
         log.info("DeleteRecords %s-%d: records before %d deleted; log start offset %d", p.topic, p.partition,
                  offset, log_start)
         return _result(p, ErrorCode.NONE, low_watermark=log_start), (offset, partition_log)

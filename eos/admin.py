@@ -550,9 +550,10 @@ class Admin(TransactionAdmin):
     def delete_records(self, offsets: dict, *, timeout_ms: int | None = None) -> dict[TopicPartition, int | EosError]:
         """kafka-delete-records: {tp: offset} -> {tp: its low watermark, or the EosError it
         answered}. Records before each offset are deleted (-1: every record up to the high
-        watermark); each partition's leader answers once every live replica's log start has
-        followed, within `timeout_ms` (default request.timeout.ms). A partition whose leader
-        moved is asked again of the new one, until default.api.timeout.ms."""
+        watermark); each leader answers once every live replica's log start has followed, or
+        after `timeout_ms` (default request.timeout.ms; 0: at once) with REQUEST_TIMED_OUT. A
+        retriable answer (that one, a leader that moved) is asked again, of whoever leads
+        then, until default.api.timeout.ms; the deletion itself is done once."""
         partitions = []
         for tp, offset in offsets.items():
             topic, partition = tp
@@ -563,6 +564,8 @@ class Admin(TransactionAdmin):
         if not partitions:
             return {}
         wait_ms = self._request_timeout_ms if timeout_ms is None else timeout_ms
+        if isinstance(wait_ms, bool) or not isinstance(wait_ms, int) or wait_ms < 0:
+            raise ValueError(f"timeout_ms must be >= 0, got {timeout_ms!r}")
         answers = self._ask_leaders(
             partitions,
             lambda stub, group, timeout_s: self._ask_once(

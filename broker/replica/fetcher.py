@@ -153,7 +153,7 @@ class ReplicaFetcher(threading.Thread):
         # the module doc): under _lock, since add() and remove() run on other threads.
         self._moved: set[tuple[str, int]] = set()
         # This thread's, read again only for what moved: where each partition is fetched
-        # from (log end, leader epoch) and the _FollowedPartition that was read for (an
+        # from (log end, leader epoch, log start) and the _FollowedPartition that was read for (an
         # answer for one replaced meanwhile is dropped); the partitions in a backoff (until,
         # monotonic s) and those to truncate before they are fetched.
         self._positions: dict[tuple[str, int], tuple[int, int, int]] = {}
@@ -164,6 +164,7 @@ class ReplicaFetcher(threading.Thread):
         # lists (or forgets) them. Kept over a round that sent nothing (a failed truncation,
         # nothing fetchable), so the leader is told every move once.
         self._unanswered_moves: set[tuple[str, int]] = set()
+        self._log_start_moved = False          # this round's answer moved a log start: checkpoint
         self._session = FollowerSession()      # this thread's fetch session with the leader
         self._lock = threading.Lock()          # the partition map, and one response's application
         self._wake = threading.Event()
@@ -308,6 +309,7 @@ class ReplicaFetcher(threading.Thread):
             return True
         session.answered(response.session_id, positions, None if full else moved)
         self._unanswered_moves = set()
+        self._log_start_moved = False
         with self._lock:
             for result in response.partitions:
                 tp = (result.topic, result.partition)
@@ -323,6 +325,8 @@ class ReplicaFetcher(threading.Thread):
                     followed.needs_truncation = True
                     followed.backoff_until_s = time.monotonic() + REPLICA_FETCH_BACKOFF_MS / 1000.0
                     self._moved.add(tp)
+        if self._log_start_moved:
+            self._log_manager.checkpoint()
         return True
 
     def _apply(self, result: broker_pb2.FetchedPartition, followed: _FollowedPartition) -> None:
@@ -355,15 +359,18 @@ class ReplicaFetcher(threading.Thread):
 
     def _follow_log_start(self, tp, partition_log, leader_log_start: int) -> None:
         """Move this replica's log start up to the leader's (DeleteRecords, retention there),
-        as Kafka's follower does, never past its own high watermark; the next Fetch lists the
-        partition again with it, which is what the leader's DeleteRecords waits for. The
-        checkpoint is written at once: a restart must not bring deleted records back."""
+        as Kafka's follower does, never past its own high watermark. The partition is listed
+        again whenever its log start differs from what the session last carried (this move,
+        or this broker's own retention): the leader's DeleteRecords waits for it. The
+        checkpoint is written once per round, before the next Fetch reports the move: a
+        restart must not bring deleted records back."""
         target = min(leader_log_start, partition_log.high_watermark)
-        if target <= partition_log.log_start_offset:
-            return
-        partition_log.delete_records_before(target, _now_ms())
-        self._log_manager.checkpoint()
-        self._moved.add(tp)
+        if target > partition_log.log_start_offset:
+            partition_log.delete_records_before(target, _now_ms())
+            self._log_start_moved = True
+        position = self._positions.get(tp)
+        if position is not None and position[2] != partition_log.log_start_offset:
+            self._moved.add(tp)
 
     def _truncate(self, partitions: dict[tuple[str, int], _FollowedPartition]) -> bool:
         request = cluster_pb2.OffsetsForLeaderEpochRequest(replica_id=self.broker_id)

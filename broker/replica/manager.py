@@ -469,27 +469,34 @@ class ReplicaManager:
     def wait_for_low_watermark(self, topic: str, partition: int, offset: int, timeout_ms: int,
                                partition_log) -> tuple[int, int, str]:
         """DeleteRecords (Kafka's DelayedDeleteRecords): wait until the low watermark reaches
-        `offset` -- every live replica moved its log start there. (code, low watermark, message)."""
+        `offset` -- every live replica moved its log start there. (code, low watermark,
+        message). As an acks=all wait, it goes on under a new epoch of the same tenure."""
         leader = self._leaders.get((topic, partition))
         if leader is None:
             return (ErrorCode.NOT_LEADER_OR_FOLLOWER, -1,
                     f"broker {self.broker_id} stopped leading {topic}-{partition} before its replicas followed")
+        tenure = leader.tenure
         deadline = time.monotonic() + max(timeout_ms, 0) / 1000.0
-        with leader.lock:
-            while True:
-                low = leader.core.low_watermark(partition_log.log_start_offset, self._is_live_broker)
-                remaining = deadline - time.monotonic()
-                if (low >= offset or remaining <= 0 or self._stopping.is_set()
-                        or self._leaders.get((topic, partition)) is not leader):
-                    break
-                # a follower's fetch wakes this (its log start moved); the bound re-reads
-                # liveness, which changes without a fetch (a broker died)
-                leader.hw_changed.wait(min(remaining, LOW_WATERMARK_RECHECK_S))
+        while True:
+            with leader.lock:
+                while True:
+                    low = leader.core.low_watermark(partition_log.log_start_offset, self._is_live_broker)
+                    remaining = deadline - time.monotonic()
+                    if (low >= offset or remaining <= 0 or self._stopping.is_set()
+                            or self._leaders.get((topic, partition)) is not leader):
+                        break
+                    # a follower's fetch wakes this (its log start moved); the bound re-reads
+                    # liveness, which changes without a fetch (a broker died)
+                    leader.hw_changed.wait(min(remaining, LOW_WATERMARK_RECHECK_S))
+            current = self._leaders.get((topic, partition))
+            if current is leader or low >= offset:
+                break
+            if current is None or current.tenure is not tenure:
+                return (ErrorCode.NOT_LEADER_OR_FOLLOWER, -1,
+                        f"leadership of {topic}-{partition} moved while its replicas deleted the records")
+            leader = current      # still the leader, at a new epoch: wait on under it
         if low >= offset:
             return ErrorCode.NONE, low, ""
-        if self._leaders.get((topic, partition)) is not leader:
-            return (ErrorCode.NOT_LEADER_OR_FOLLOWER, -1,
-                    f"leadership of {topic}-{partition} moved while its replicas deleted the records")
         return (ErrorCode.REQUEST_TIMED_OUT, low,
                 f"{topic}-{partition}: the live replicas' log start reached {low}, not {offset}, "
                 f"within {timeout_ms} ms")

@@ -848,6 +848,9 @@ class Log:
                     f"{self._high_watermark}")
             if offset > self._log_start_offset:
                 self._log_start_offset = offset
+                # as Kafka's maybeIncrementLogStartOffset: the epoch covering the new start
+                # starts there (OffsetsForLeaderEpoch never answers an offset below it)
+                self.leader_epoch_cache.truncate_from_start(offset)
                 count = 0
                 while count < len(self._segments) - 1 and self._segments[count + 1].base_offset <= offset:
                     count += 1

@@ -63,6 +63,9 @@ def test_records_before_the_offset_are_gone_for_every_reader_and_stay_gone_after
     remaining = _segment_bases(broker, "trimmed", 0)
     assert remaining[0] <= 150 and remaining[0] > 0
     assert [base for base in segments_before if base >= remaining[0]] == remaining
+    # the epoch covering the new log start starts there (Kafka's leader-epoch-checkpoint format)
+    epochs = (broker.data_dir / "trimmed-0" / "leader-epoch-checkpoint").read_text().split("\n")
+    assert epochs[1] == "1" and epochs[2].split()[1] == "150"
 
     broker.kill()                 # no clean shutdown: the checkpoint written at the deletion holds it
     broker.start()

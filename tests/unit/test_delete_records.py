@@ -76,3 +76,70 @@ def test_the_offset_file_is_kafkas_and_is_checked_whole():
     for text in bad:
         with pytest.raises(ValueError):
             read_offsets(text, "f")
+
+
+# ---- the leader's wait (a real ReplicaManager over a real log) ----------------------------
+
+def _leading(tmp_path, live: set):
+    from broker.replica.manager import PartitionAssignment, ReplicaManager
+    from tests.unit.test_replica_new_leader_offsets import CONFIG, OneLog, follower_log_with_records
+
+    log = follower_log_with_records(tmp_path, 25)
+    manager = ReplicaManager(2, OneLog(log), ensure_topic=lambda topic, highest, configs: CONFIG,
+                             isr_writer=lambda *args, **kwargs: 1, notify=lambda tp: None, now_ms_fn=lambda: 1_000,
+                             is_live_broker=lambda broker_id: broker_id in live)
+    assignment = lambda epoch: PartitionAssignment(topic="t", partition=0, controller_epoch=1, leader=2,  # noqa: E731
+                                                   leader_epoch=epoch, isr=(2, 3), zk_version=epoch, replicas=(2, 3))
+    manager.become_leader_or_follower(1, [assignment(1)])
+    manager.on_replica_fetch(3, "t", 0, 25, 1, log, log_start_offset=0)     # the follower has it all
+    assert log.high_watermark == 25
+    return manager, log, assignment
+
+
+def _waiting(manager, log, offset: int, timeout_ms: int = 30_000):
+    import threading
+
+    outcome: list = []
+    thread = threading.Thread(target=lambda: outcome.append(
+        manager.wait_for_low_watermark("t", 0, offset, timeout_ms, log)), daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def test_the_leader_answers_once_the_follower_reports_the_new_log_start(tmp_path):
+    manager, log, assignment = _leading(tmp_path, live={2, 3})
+    log.delete_records_before(10, 1_000)
+    assert manager.wait_for_low_watermark("t", 0, 10, 0, log) == (
+        ErrorCode.REQUEST_TIMED_OUT, 0, "t-0: the live replicas' log start reached 0, not 10, within 0 ms")
+    thread, outcome = _waiting(manager, log, 10)
+    manager.become_leader_or_follower(1, [assignment(2)])       # a new epoch of the same leadership
+    manager.on_replica_fetch(3, "t", 0, 25, 2, log, log_start_offset=4)
+    thread.join(0.3)
+    assert thread.is_alive() and outcome == []                   # 4 is not 10 yet
+    manager.on_replica_fetch(3, "t", 0, 25, 2, log, log_start_offset=10)
+    thread.join(30)
+    assert outcome == [(ErrorCode.NONE, 10, "")]
+
+
+def test_a_follower_on_a_dead_broker_is_not_waited_for(tmp_path):
+    live = {2, 3}
+    manager, log, _ = _leading(tmp_path, live)
+    log.delete_records_before(20, 1_000)
+    thread, outcome = _waiting(manager, log, 20)
+    thread.join(0.3)
+    assert thread.is_alive()
+    live.discard(3)                       # the controller's UpdateMetadata no longer lists broker 3
+    thread.join(30)
+    assert outcome == [(ErrorCode.NONE, 20, "")]
+
+
+def test_a_leadership_lost_while_waiting_is_not_leader(tmp_path):
+    from broker.replica.manager import PartitionAssignment
+
+    manager, log, _ = _leading(tmp_path, live={2, 3})
+    log.delete_records_before(20, 1_000)
+    thread, outcome = _waiting(manager, log, 20)
+    manager.become_leader_or_follower(1, [PartitionAssignment(topic="t", partition=0, controller_epoch=1, leader=3,
+                                                              leader_epoch=2, isr=(3, 2), zk_version=2, replicas=(2, 3))])
+    thread.join(30)
+    assert [code for code, _, _ in outcome] == [ErrorCode.NOT_LEADER_OR_FOLLOWER]

@@ -44,6 +44,10 @@ class MemoryLog:
     def truncate_to(self, offset):
         self.log_end_offset = offset
 
+    def delete_records_before(self, offset, _now_ms):
+        self.log_start_offset = max(self.log_start_offset, offset)
+        return self.log_start_offset
+
 
 class Logs:
     """The log manager's get_log, counting the lookups of each partition."""
@@ -51,10 +55,14 @@ class Logs:
     def __init__(self, tps):
         self.logs = {tp: MemoryLog() for tp in tps}
         self.lookups = collections.Counter()
+        self.checkpoints = 0
 
     def get_log(self, topic, partition):
         self.lookups[(topic, partition)] += 1
         return self.logs.get((topic, partition))
+
+    def checkpoint(self):
+        self.checkpoints += 1
 
 
 class Unavailable(grpc.RpcError):
@@ -177,3 +185,26 @@ def test_follower_session_forgets_and_holds_only_what_moved():
     assert session.full is False
     assert not session.needs_listing(("t", 0), (12, 3)) and not session.needs_listing(("t", 2), (5, 3))
     assert session.needs_listing(("t", 1), (0, 3))                 # no longer held
+
+
+def test_the_leaders_log_start_is_taken_up_to_the_high_watermark_checkpointed_once_and_reported():
+    with _following(3) as (fetcher, logs, leader):
+        assert fetcher._fetch_once()
+        leader.answers = {("t", 0): {"records": b"abcdef", "high_watermark": 6, "log_start_offset": 4},
+                          ("t", 1): {"records": b"abc", "high_watermark": 3, "log_start_offset": 9}}
+        assert fetcher._fetch_once()
+        assert logs.logs[("t", 0)].log_start_offset == 4
+        assert logs.logs[("t", 1)].log_start_offset == 3          # never past this replica's high watermark
+        assert logs.checkpoints == 1                              # one for the round, before the next Fetch
+        assert fetcher._fetch_once()
+        reported = {(p.topic, p.partition): p.log_start_offset for p in leader.requests[-1].partitions}
+        assert reported == {("t", 0): 4, ("t", 1): 3}
+        # this replica's own retention moved t-2's log start; the leader's answer (an older log
+        # start) moves nothing, but the next Fetch reports the real one
+        logs.logs[("t", 2)].log_start_offset = 7
+        logs.logs[("t", 2)].high_watermark = 10
+        leader.answers = {("t", 2): {"high_watermark": 0, "log_start_offset": 5}}
+        assert fetcher._fetch_once()
+        assert logs.checkpoints == 1
+        assert fetcher._fetch_once()
+        assert {(p.topic, p.partition): p.log_start_offset for p in leader.requests[-1].partitions} == {("t", 2): 7}
