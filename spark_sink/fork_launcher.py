@@ -186,7 +186,11 @@ def run_forked(argv, socket_path):
         sock.close()
         return 128 + child.pending[0] if child.pending else None
     try:
-        sock.sendall(message[sent:])
+        if sent < len(message):
+            # (only then: a send of nothing still fails with EPIPE once the server has
+            # closed, and a server that refused at once -- a PYTHONHASHSEED it cannot give --
+            # closes right after its answer, which the launcher then never read)
+            sock.sendall(message[sent:])
         answer, buffer = read_frame(sock, b"")
     except (OSError, ValueError) as exc:
         answer, buffer = {"lost": str(exc)}, b""

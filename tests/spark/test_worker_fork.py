@@ -112,8 +112,8 @@ def test_the_worker_starts_as_a_fresh_interpreter_would_or_is_not_forked(launche
                         ("buffered", {"PYTHONUNBUFFERED": None, "PYTHONHASHSEED": "0"}),
                         ("seed", {"PYTHONHASHSEED": "123"})):
         process = launch(launched, server, "0", extra_env=extra)
-        out, _ = process.communicate(timeout=WAIT_S)
-        assert process.returncode == 0
+        out, err = process.communicate(timeout=WAIT_S)
+        assert process.returncode == 0, (name, err.decode(errors="replace"), server.log_path.read_text())
         reports[name] = json.loads(out.splitlines()[0])
     assert reports["unbuffered"]["ppid"] == reports["buffered"]["ppid"] == server.process.pid
     assert reports["unbuffered"]["write_through"] and not reports["buffered"]["write_through"]
