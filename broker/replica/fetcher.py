@@ -31,11 +31,11 @@ Each `ReplicaFetcher` loops:
    carries the follower's log start back, which the leader's DeleteRecords waits for.
 
 A round costs what moved, not how many partitions the thread follows: the thread keeps
-each partition's fetch position (its log end, its leader epoch, its log start) between rounds and reads it
-again only for the partitions that moved -- added or removed, appended to or truncated by
-this thread (the only writer of a follower's log), or put in or out of a backoff. So with
-thousands of idle partitions a round reads the few that changed, and lists those (a full
-Fetch, after a session is lost, lists them all).
+each partition's fetch position (its log end, its leader epoch, its log start) between
+rounds and reads it again only for the partitions that moved -- added or removed, appended
+to or truncated by this thread (the only writer of a follower's log), or put in or out of a
+backoff. So with thousands of idle partitions a round reads the few that changed, and lists
+those (a full Fetch, after a session is lost, lists them all).
 
 A fetch offset below the leader's log start (retention moved on) restarts the log at the
 leader's log start. Errors back off (replica.fetch.backoff.ms) without ending the thread;
@@ -79,7 +79,8 @@ class _FollowedPartition:
 class FollowerSession:
     """The follower's side of its fetch session with one leader (broker/fetch_sessions.py):
     the session id and the epoch of the next Fetch, and what the session holds for each
-    partition (the fetch offset, leader epoch and log start offset last sent). Owned by the fetcher thread."""
+    partition (the fetch offset, leader epoch and log start offset last sent). Owned by the
+    fetcher thread."""
 
     def __init__(self) -> None:
         self.reset()
@@ -92,8 +93,7 @@ class FollowerSession:
 
     def needs_listing(self, tp: tuple[str, int], position: tuple[int, int, int]) -> bool:
         """Whether the next Fetch lists `tp` at `position` (fetch offset, leader epoch, log
-        start offset): all
-        of them in a full one, else only those the session holds otherwise."""
+        start offset): all of them in a full one, else only those the session holds otherwise."""
         return self.epoch == INITIAL_EPOCH or self._held.get(tp) != position
 
     @property
@@ -153,8 +153,8 @@ class ReplicaFetcher(threading.Thread):
         # the module doc): under _lock, since add() and remove() run on other threads.
         self._moved: set[tuple[str, int]] = set()
         # This thread's, read again only for what moved: where each partition is fetched
-        # from (log end, leader epoch, log start) and the _FollowedPartition that was read for (an
-        # answer for one replaced meanwhile is dropped); the partitions in a backoff (until,
+        # from (log end, leader epoch, log start) and the _FollowedPartition that was read for
+        # (an answer for one replaced meanwhile is dropped); the partitions in a backoff (until,
         # monotonic s) and those to truncate before they are fetched.
         self._positions: dict[tuple[str, int], tuple[int, int, int]] = {}
         self._fetched_as: dict[tuple[str, int], _FollowedPartition] = {}

@@ -38,6 +38,10 @@ ended (another leader, or this one after a time as a follower, when the log may 
 truncated under the write) answers them NOT_LEADER_OR_FOLLOWER. Each unbroken leadership is
 one `_Leader.tenure`.
 
+DeleteRecords waits likewise, on the same condition, until the low watermark (the smallest
+log start offset over this leader and the followers on live brokers, which each Fetch
+reports) reaches the offset asked: `wait_for_low_watermark`.
+
 Locks: `_lock` guards the role map and is never held during I/O; each leader partition's
 core has its own lock (`_Leader.lock`) held only for core calls.
 """
