@@ -104,7 +104,7 @@ class DeleteRecordsHandler:
             with (self._replicas.leader_append(p.topic, p.partition) if self._replicas is not None
                   else contextlib.nullcontext()):
                 offset = deletion_offset(p.topic, p.partition, p.offset, partition_log.high_watermark,
-                                         self._topic(p.topic).config.delete)
+                                         partition_log.config.delete)
                 log_start = partition_log.delete_records_before(offset, self._now_ms())
         except Exception as exc:
             code, message = error_code_and_message(exc)

@@ -12,7 +12,6 @@ The reassignment plan is kafka-reassign-partitions' JSON:
 """
 from __future__ import annotations
 
-import json
 import signal
 import sys
 import threading
@@ -122,25 +121,21 @@ def cmd_leader_election(args) -> int:
 # ---- partition reassignment -------------------------------------------------------------------------
 
 def _read_plan(path: str) -> dict[tuple[str, int], list[int]]:
+    from eos.cli_records import read_partition_file
+
     try:
         with open(path, encoding="utf-8") as f:
-            document = json.load(f)
+            text = f.read()
+        return read_partition_file(text, path, "a list of replicas",
+                                   lambda entry: [_replica_id(r) for r in entry["replicas"]])
     except (OSError, ValueError) as exc:
         raise SystemExit(f"error: cannot read the plan {path}: {exc}")
-    entries = document.get("partitions") if isinstance(document, dict) else None
-    if not isinstance(entries, list) or not entries:
-        raise SystemExit(f"error: {path} has no \"partitions\" list")
-    plan: dict[tuple[str, int], list[int]] = {}
-    for entry in entries:
-        try:
-            tp = (str(entry["topic"]), int(entry["partition"]))
-            replicas = [int(r) for r in entry["replicas"]]
-        except (KeyError, TypeError, ValueError):
-            raise SystemExit(f"error: plan entry {entry!r} needs topic, partition and replicas")
-        if tp in plan:
-            raise SystemExit(f"error: the plan names {tp[0]}-{tp[1]} twice")
-        plan[tp] = replicas
-    return plan
+
+
+def _replica_id(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(value)
+    return value
 
 
 def cmd_partitions(args) -> int:

@@ -16,35 +16,52 @@ from __future__ import annotations
 import json
 import sys
 
-OFFSET_FILE_VERSION = 1
+FILE_VERSION = 1
 
 
-def read_offsets(text: str, source: str) -> dict[tuple[str, int], int]:
-    """{(topic, partition): offset} from kafka-delete-records' JSON; ValueError naming the
-    problem (the file is checked whole before anything is deleted)."""
+def read_partition_file(text: str, source: str, needs: str, value_of) -> dict[tuple[str, int], object]:
+    """Kafka's tools' partition files ({"partitions": [{"topic", "partition", ...}], "version": 1},
+    as kafka-delete-records and kafka-reassign-partitions read them): {(topic, partition):
+    value_of(entry)}, checked whole before anything is done; ValueError naming the problem.
+    `value_of(entry)` raises KeyError, TypeError or ValueError for an entry without its
+    value; `needs` says what that value is, for the message."""
     try:
         document = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"{source} is not JSON: {exc}") from None
     entries = document.get("partitions") if isinstance(document, dict) else None
     if not isinstance(entries, list) or not entries:
-        raise ValueError(f'{source} must hold {{"partitions": [{{"topic", "partition", "offset"}}, ...], '
+        raise ValueError(f'{source} must hold {{"partitions": [{{"topic", "partition", ...}}, ...], '
                          f'"version": 1}} with at least one partition')
-    if document.get("version", OFFSET_FILE_VERSION) != OFFSET_FILE_VERSION:
+    if document.get("version", FILE_VERSION) != FILE_VERSION:
         raise ValueError(f"{source}: version {document.get('version')!r} is not supported (1 is)")
-    offsets: dict[tuple[str, int], int] = {}
+    values: dict[tuple[str, int], object] = {}
     for index, entry in enumerate(entries):
         topic = entry.get("topic") if isinstance(entry, dict) else None
         partition = entry.get("partition") if isinstance(entry, dict) else None
-        offset = entry.get("offset") if isinstance(entry, dict) else None
-        if (not isinstance(topic, str) or not topic or not _is_int(partition) or partition < 0
-                or not _is_int(offset) or offset < -1):
-            raise ValueError(f"{source}: partition entry {index} must have a topic, a partition >= 0 and an "
-                             f"offset >= -1, got {entry!r}")
-        if (topic, partition) in offsets:
+        try:
+            if not isinstance(topic, str) or not topic or not _is_int(partition) or partition < 0:
+                raise ValueError
+            value = value_of(entry)
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"{source}: partition entry {index} must have a topic, a partition >= 0 and "
+                             f"{needs}, got {entry!r}") from None
+        if (topic, partition) in values:
             raise ValueError(f"{source}: {topic}-{partition} is listed twice")
-        offsets[(topic, partition)] = offset
-    return offsets
+        values[(topic, partition)] = value
+    return values
+
+
+def read_offsets(text: str, source: str) -> dict[tuple[str, int], int]:
+    """{(topic, partition): offset} from kafka-delete-records' JSON (see read_partition_file)."""
+    return read_partition_file(text, source, "an offset >= -1", _offset_of)
+
+
+def _offset_of(entry: dict) -> int:
+    offset = entry["offset"]
+    if not _is_int(offset) or offset < -1:
+        raise ValueError(offset)
+    return offset
 
 
 def _is_int(value) -> bool:

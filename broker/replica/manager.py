@@ -464,8 +464,8 @@ class ReplicaManager:
         with leader.lock:
             update = leader.core.on_follower_fetch(replica_id, fetch_offset, partition_log.log_end_offset, now_ms,
                                                    log_start_offset)
-            if update.log_start_moved and update.high_watermark is None:
-                leader.hw_changed.notify_all()
+            if update.log_start_moved:
+                leader.hw_changed.notify_all()      # a DeleteRecords may wait for it
         self._apply_high_watermark((topic, partition), leader, partition_log, update.high_watermark)
         if update.expand_isr is not None:
             self._write_isr((topic, partition), leader, update.expand_isr)
