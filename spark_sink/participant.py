@@ -189,6 +189,18 @@ class ParticipantWriter:
                 self._producer.close(0)
 
 
+def _as_bytes(column) -> list:
+    """An Arrow binary or string column as a list of bytes and None (a string as its UTF-8
+    bytes: the cast to binary only relabels Arrow's buffers)."""
+    import pyarrow as pa
+
+    if pa.types.is_string(column.type):
+        column = column.cast(pa.binary())
+    elif pa.types.is_large_string(column.type):
+        column = column.cast(pa.large_binary())
+    return column.to_pylist()
+
+
 def write_arrow_batches(owner: OwnerIdentity, topic: str, batches, *, key_column: str = "key",
                         value_column: str = "value", transactional: bool = True,
                         timeout_ms: int = TIMEOUT_MS_DEFAULT, producer_config: dict | None = None) -> WriteResult:
@@ -201,8 +213,9 @@ def write_arrow_batches(owner: OwnerIdentity, topic: str, batches, *, key_column
         for batch in batches:
             if batch.num_rows == 0:
                 continue
-            keys = batch.column(key_column).to_pylist() if key_column in batch.schema.names else [None] * batch.num_rows
-            writer.write(keys, batch.column(value_column).to_pylist())
+            keys = (_as_bytes(batch.column(key_column)) if key_column in batch.schema.names
+                    else [None] * batch.num_rows)
+            writer.write(keys, _as_bytes(batch.column(value_column)))
         return writer.close()
     except BaseException:
         writer.abandon()

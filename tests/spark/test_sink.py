@@ -192,6 +192,54 @@ def test_a_failed_task_aborts_the_whole_batch_and_the_next_attempt_writes_once(s
     sink.close()
 
 
+def test_columns_of_binary_or_string_go_to_the_tasks_as_they_are_and_others_are_cast(spark, eos_broker, admin,
+                                                                                   tmp_path):
+    from pyspark.sql import functions as F
+
+    from eos.errors import EosError
+
+    admin.create_topic("col_in", partitions=2)
+    admin.create_topic("col_named", partitions=1)
+    admin.create_topic("col_cast", partitions=1)
+    produced = produce(eos_broker.address, "col_in", {0: 20, 1: 15})
+    offsets = {0: {"col_in": {"0": 20, "1": 15}}}
+    source = spark.read.format("eos").option("bootstrap", eos_broker.address).option("subscribe", "col_in").load()
+
+    # Named columns, a string value: mapped as they are (no projection), the string sent as UTF-8.
+    named = source.select(F.col("key").alias("k"), F.upper(F.col("value").cast("string")).alias("v"))
+    sink = ExactlyOnceSink(eos_broker.address, "col_named", transactional_id="col-named", group_id="col-named",
+                           checkpoint_location=hand_made_checkpoint(tmp_path / "named", offsets),
+                           key_column="k", value_column="v")
+    assert sink._key_value(named) == (named, "k", "v")
+    sink(named, 0)
+    assert got(read_committed(eos_broker.address, "col_named")) == expected_upper(produced)
+    sink.close()
+
+    # Other columns beside them: one projection keeps the two, cast to binary.
+    extra = source.select(F.col("topic").alias("key"), "value", "partition", "offset")
+    sink = ExactlyOnceSink(eos_broker.address, "col_cast", transactional_id="col-cast", group_id="col-cast",
+                           checkpoint_location=hand_made_checkpoint(tmp_path / "cast", offsets))
+    mapped, key_column, value_column = sink._key_value(extra)
+    assert (mapped.columns, key_column, value_column) == (["key", "value"], "key", "value")
+    assert [field.dataType.typeName() for field in mapped.schema.fields] == ["binary", "binary"]
+    sink(extra, 0)
+    assert got(read_committed(eos_broker.address, "col_cast")) == collections.Counter(
+        (b"col_in", value) for _, value, _ in produced.values())
+    with pytest.raises(EosError, match="no value column 'value'"):
+        sink._key_value(source.select("key"))
+    sink.close()
+
+
+def test_a_task_takes_string_columns_as_their_utf8_bytes():
+    import pyarrow as pa
+
+    from spark_sink.participant import _as_bytes
+
+    assert _as_bytes(pa.array(["é", None, ""], pa.string())) == ["é".encode(), None, b""]
+    assert _as_bytes(pa.array(["x", None], pa.large_string())) == [b"x", None]
+    assert _as_bytes(pa.array([b"\xff", None], pa.binary())) == [b"\xff", None]
+
+
 def test_a_missing_output_topic_is_named_before_anything_runs(spark, eos_broker, admin, tmp_path):
     from eos.errors import UnknownTopicOrPartitionError
 
