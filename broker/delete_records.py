@@ -85,6 +85,14 @@ class DeleteRecordsHandler:
             return broker_pb2.DeleteRecordsResponse(partitions=results)
         self._log_manager.checkpoint()
         for result, _, _ in waiting:
+            # NONE promises the deletion survives a crash: a checkpoint that could not be
+            # written took its log dir offline (broker/storage/log_dirs.py), which says why.
+            offline = self._log_manager.offline_reason(result.topic, result.partition)
+            if offline is not None:
+                result.error_code, result.error_message, result.low_watermark = (
+                    ErrorCode.KAFKA_STORAGE_ERROR, offline, -1)
+        waiting = [entry for entry in waiting if entry[0].error_code == ErrorCode.NONE]
+        for result, _, _ in waiting:
             # wakes the followers' fetch sessions, which then answer the new log start (or the
             # session's periodic look at every partition does, within a second)
             self._purgatory.notify(TopicPartition(result.topic, result.partition))

@@ -134,6 +134,34 @@ def test_a_removed_directory_takes_only_its_partitions_offline(tmp_path, caplog)
         server.stop()
 
 
+def test_a_deletion_whose_log_start_checkpoint_fails_is_answered_as_a_storage_error(tmp_path, monkeypatch):
+    """DeleteRecords answers NONE only once the new log start is checkpointed (it must
+    survive a crash); a checkpoint that cannot be written takes the dir offline, and the
+    answer says so instead of NONE."""
+    import grpc
+    from eos.v1 import broker_pb2, broker_pb2_grpc
+    server = BrokerServer(tmp_path / "a", port=0, config={"log.retention.check.interval.ms": "3600000"})
+    server.start()
+    try:
+        with grpc.insecure_channel(server.address) as channel:
+            stub = broker_pb2_grpc.BrokerStub(channel)
+            create_topic(stub, "t", partitions=1)
+            for _ in range(3):
+                assert produce(stub, "t", 0, encode_batch([b"x", b"y"])).error_code == ErrorCode.NONE
+            [manager] = server._log_manager._managers
+
+            def disk_full(offsets):
+                raise OSError(28, "No space left on device")
+            monkeypatch.setattr(manager._start_checkpoint, "write", disk_full)
+            [result] = stub.DeleteRecords(broker_pb2.DeleteRecordsRequest(partitions=[
+                broker_pb2.DeleteRecordsPartition(topic="t", partition=0, offset=4)]), timeout=30).partitions
+            assert result.error_code == ErrorCode.KAFKA_STORAGE_ERROR
+            assert "offline" in result.error_message and "No space left" in result.error_message
+            assert result.low_watermark == -1
+    finally:
+        server.stop()
+
+
 def topic_over_two_dirs(tmp_path):
     """A broker run once over log dirs a and b with a topic "t" of two partitions, stopped:
     (the dirs, the broker config, the name of the partition directory that went to b)."""
