@@ -2,6 +2,7 @@
 
     eos zookeeper start --port 2181 --data-dir DIR   Apache ZooKeeper (jars fetched and cached)
     eos cluster start --brokers 3 --data-dir ./eos-cluster [--base-port 9092] [--zookeeper-port 2181] [--tls]
+    eos cluster stop --data-dir ./eos-cluster [--timeout 120]   (kafka-server-stop.sh for that cluster)
     eos leader-election --election-type preferred|unclean (--topic T [--partition P] | --all-topic-partitions)
     eos partitions reassign --plan plan.json (--execute [--throttle B] | --verify | --cancel)
 
@@ -12,10 +13,20 @@ The reassignment plan is kafka-reassign-partitions' JSON:
 """
 from __future__ import annotations
 
+import json
+import os
 import signal
 import sys
 import threading
+import time
+from pathlib import Path
 from typing import NamedTuple
+
+# Written by a running `cluster start` in its data dir, removed as it ends: which process
+# `cluster stop` signals ({"pid", "start_ticks"}: a pid reused since names another process).
+CLUSTER_PID_FILE = "cluster.pid"
+STOP_TIMEOUT_S_DEFAULT = 120.0
+STOP_POLL_S = 0.2
 
 
 # ---- cluster start -------------------------------------------------------------------------
@@ -35,10 +46,12 @@ def cmd_cluster_start(args) -> int:
                            metrics_base_port=args.metrics_base_port, **tls_options)
     stop_requested = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop_requested.set()) for s in (signal.SIGTERM, signal.SIGINT)}
+    pid_file = Path(args.data_dir) / CLUSTER_PID_FILE
     try:
         bar = ProgressBar(args.brokers, "starting brokers", unit="brokers", stream=sys.stderr)
         cluster.start(progress=lambda _broker_id: bar.advance(1))
         bar.close()
+        _write_pid_file(pid_file)
         print(f"ZooKeeper: {cluster.zookeeper_connect}", flush=True)
         for broker_id, proc in sorted(cluster.processes.items()):
             print(f"broker {broker_id}: {proc.address} (data dir {proc.data_dir}, log {proc.log_path})", flush=True)
@@ -57,8 +70,60 @@ def cmd_cluster_start(args) -> int:
         print("stopping the cluster", file=sys.stderr, flush=True)
     finally:
         cluster.stop()
+        if _running_cluster(pid_file) == os.getpid():
+            pid_file.unlink()
         for s, handler in previous.items():
             signal.signal(s, handler)
+    return 0
+
+
+def _write_pid_file(path: Path) -> None:
+    from eos.processes import start_ticks
+
+    running = _running_cluster(path)
+    if running is not None and running != os.getpid():
+        # the brokers' own data-dir locks refuse a second cluster there; this names it
+        raise SystemExit(f"another `eos cluster start` (pid {running}) runs from {path.parent}")
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps({"pid": os.getpid(), "start_ticks": start_ticks(os.getpid())}))
+    os.replace(temporary, path)
+
+
+def _running_cluster(path: Path) -> int | None:
+    """The pid of the live `cluster start` that wrote `path`, or None (no file, an unreadable
+    one, or its process has exited)."""
+    from eos.processes import start_ticks
+
+    try:
+        recorded = json.loads(path.read_text())
+        pid, ticks = int(recorded["pid"]), recorded["start_ticks"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return pid if ticks is not None and start_ticks(pid) == ticks else None
+
+
+def cmd_cluster_stop(args) -> int:
+    """SIGTERM to the `cluster start` running from --data-dir (it stops its brokers, each
+    with a controlled shutdown, then ZooKeeper), and wait until it has exited. Exit 1 when
+    none runs there, as kafka-server-stop.sh does, or when it outlives --timeout."""
+    from eos.processes import start_ticks
+
+    pid_file = Path(args.data_dir) / CLUSTER_PID_FILE
+    pid = _running_cluster(pid_file)
+    if pid is None:
+        print(f"no cluster to stop: none runs from {args.data_dir} (no live process in {pid_file})",
+              file=sys.stderr)
+        return 1
+    ticks = start_ticks(pid)
+    os.kill(pid, signal.SIGTERM)
+    print(f"stopping the cluster of {args.data_dir} (pid {pid})", file=sys.stderr, flush=True)
+    deadline = time.monotonic() + args.timeout
+    while start_ticks(pid) == ticks:
+        if time.monotonic() > deadline:
+            print(f"the cluster (pid {pid}) was still stopping after {args.timeout:g} s", file=sys.stderr)
+            return 1
+        time.sleep(STOP_POLL_S)
+    print("stopped", file=sys.stderr)
     return 0
 
 
@@ -209,6 +274,11 @@ def add_commands(commands, client_command, parse_pairs) -> None:
                        help="SSL listeners with mutual TLS, brokers included, from a throwaway CA made in "
                             "<data-dir>/tls (the cryptography package); clients use <data-dir>/tls/admin.properties")
     start.set_defaults(handler=lambda args: cmd_cluster_start(_with_pairs(args, parse_pairs)))
+    stop = cluster_actions.add_parser("stop", help="stop the cluster started from --data-dir, and wait for it")
+    stop.add_argument("--data-dir", default="./eos-cluster")
+    stop.add_argument("--timeout", type=float, default=STOP_TIMEOUT_S_DEFAULT,
+                      help="seconds to wait for it to exit (default %(default)g)")
+    stop.set_defaults(handler=cmd_cluster_stop)
 
     election = client_command("leader-election", help="elect preferred or unclean leaders (kafka-leader-election)")
     election.add_argument("--election-type", choices=["preferred", "unclean"], required=True)

@@ -49,6 +49,18 @@ def process_parents() -> dict[int, int]:
     return parents
 
 
+def start_ticks(pid: int) -> int | None:
+    """When process `pid` started (clock ticks since boot), or None when there is no such
+    live process (a zombie counts as gone: it has exited, only its parent has not reaped
+    it). With the pid, it names one process: a pid reused later starts at another time."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (OSError, ValueError):
+        return None
+    fields = text[text.rindex(")") + 2:].split()     # state is fields[0], starttime fields[19]
+    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
 def kill_tree(process: subprocess.Popen, wait_s: float = 30.0, max_rounds: int = 10) -> None:
     """SIGKILL `process` (a process-group leader), its group and every descendant at once,
     then reap it (bounded by `wait_s`)."""

@@ -66,7 +66,8 @@ def test_zookeeper_start_serves_and_stops_on_sigterm(tmp_path):
 def test_cluster_start_tls_prints_the_bootstrap_serves_mutual_tls_and_stops_everything(tmp_path):
     """`eos cluster start --tls`: a throwaway CA in <data-dir>/tls, every listener SSL with
     mutual TLS (brokers among themselves too); the admin properties it prints work with the
-    CLI and the clients, and a client without TLS gets nowhere."""
+    CLI and the clients, and a client without TLS gets nowhere. `eos cluster stop` on the
+    same data dir ends it and returns once it has exited; with nothing running it exits 1."""
     base = free_port()
     while any(_in_use(base + i) for i in range(1, 3)):
         base = free_port()
@@ -94,9 +95,18 @@ def test_cluster_start_tls_prints_the_bootstrap_serves_mutual_tls_and_stops_ever
             with eos.Admin(bootstrap=bootstrap, config={"request.timeout.ms": 2000,
                                                         "default.api.timeout.ms": 3000}) as plain:
                 plain.list_topics()
+        assert (tmp_path / "c" / "cluster.pid").exists()
+        stop = subprocess.run(EOS + ["cluster", "stop", "--data-dir", str(tmp_path / "c")],
+                              capture_output=True, text=True, timeout=180)
+        assert stop.returncode == 0, stop.stderr
+        assert process.poll() == 0 and "stopping the cluster" in log_path.read_text()   # exited, cleanly
+        assert not (tmp_path / "c" / "cluster.pid").exists()
     finally:
         assert _stop(process, timeout_s=120) == 0
     assert not any(_in_use(base + i) for i in range(3))
+    again = subprocess.run(EOS + ["cluster", "stop", "--data-dir", str(tmp_path / "c")],
+                           capture_output=True, text=True, timeout=60)
+    assert again.returncode == 1 and "no cluster to stop" in again.stderr
 
 
 def _in_use(port: int) -> bool:
