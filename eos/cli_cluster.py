@@ -115,7 +115,11 @@ def cmd_cluster_stop(args) -> int:
               file=sys.stderr)
         return 1
     ticks = start_ticks(pid)
-    os.kill(pid, signal.SIGTERM)
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:        # it ended between the look and the signal
+        print("stopped", file=sys.stderr)
+        return 0
     print(f"stopping the cluster of {args.data_dir} (pid {pid})", file=sys.stderr, flush=True)
     deadline = time.monotonic() + args.timeout
     while start_ticks(pid) == ticks:

@@ -81,15 +81,15 @@ STATS_KEPT_MAX = 10_000
 
 # ---- the executor side: one task's write -----------------------------------------------------------
 
-TASK_RESULT_SCHEMA = "producer_id long, records long"
 # The column types a task takes as they are (string as its UTF-8 bytes, converted in Arrow);
-# any other type is cast to binary by Spark first, as Spark's Kafka sink does.
+# any other type goes through Spark's CAST to binary first (which refuses what it cannot
+# cast, an int under ANSI mode, with Spark's own error).
 TASK_COLUMN_TYPES = ("binary", "string")
 
 
 def _task_result_type():
-    """TASK_RESULT_SCHEMA as a StructType: built here, where the DDL string would be parsed
-    by the JVM (one more round trip to it on every micro-batch)."""
+    """A task's one row, "producer_id long, records long", as a StructType: built here, where
+    the DDL string would be parsed by the JVM (one more round trip on every micro-batch)."""
     from pyspark.sql.types import LongType, StructField, StructType
 
     return StructType([StructField("producer_id", LongType(), False), StructField("records", LongType(), False)])
