@@ -13,6 +13,7 @@ The reassignment plan is kafka-reassign-partitions' JSON:
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -21,6 +22,8 @@ import threading
 import time
 from pathlib import Path
 from typing import NamedTuple
+
+from eos.processes import start_ticks
 
 # Written by a running `cluster start` in its data dir, removed as it ends: which process
 # `cluster stop` signals ({"pid", "start_ticks"}: a pid reused since names another process).
@@ -78,12 +81,8 @@ def cmd_cluster_start(args) -> int:
 
 
 def _write_pid_file(path: Path) -> None:
-    from eos.processes import start_ticks
-
-    running = _running_cluster(path)
-    if running is not None and running != os.getpid():
-        # the brokers' own data-dir locks refuse a second cluster there; this names it
-        raise SystemExit(f"another `eos cluster start` (pid {running}) runs from {path.parent}")
+    """This process as the cluster of `path`'s data dir. (A second `cluster start` on the same
+    data dir never gets here: its brokers find their data dirs locked.)"""
     temporary = path.with_suffix(".tmp")
     temporary.write_text(json.dumps({"pid": os.getpid(), "start_ticks": start_ticks(os.getpid())}))
     os.replace(temporary, path)
@@ -92,8 +91,6 @@ def _write_pid_file(path: Path) -> None:
 def _running_cluster(path: Path) -> int | None:
     """The pid of the live `cluster start` that wrote `path`, or None (no file, an unreadable
     one, or its process has exited)."""
-    from eos.processes import start_ticks
-
     try:
         recorded = json.loads(path.read_text())
         pid, ticks = int(recorded["pid"]), recorded["start_ticks"]
@@ -106,8 +103,6 @@ def cmd_cluster_stop(args) -> int:
     """SIGTERM to the `cluster start` running from --data-dir (it stops its brokers, each
     with a controlled shutdown, then ZooKeeper), and wait until it has exited. Exit 1 when
     none runs there, as kafka-server-stop.sh does, or when it outlives --timeout."""
-    from eos.processes import start_ticks
-
     pid_file = Path(args.data_dir) / CLUSTER_PID_FILE
     pid = _running_cluster(pid_file)
     if pid is None:
@@ -115,11 +110,8 @@ def cmd_cluster_stop(args) -> int:
               file=sys.stderr)
         return 1
     ticks = start_ticks(pid)
-    try:
+    with contextlib.suppress(ProcessLookupError):     # it ended between the look and the signal
         os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:        # it ended between the look and the signal
-        print("stopped", file=sys.stderr)
-        return 0
     print(f"stopping the cluster of {args.data_dir} (pid {pid})", file=sys.stderr, flush=True)
     deadline = time.monotonic() + args.timeout
     while start_ticks(pid) == ticks:
