@@ -27,7 +27,8 @@ the controller candidate, so the controller's first requests find the server up.
 Stop order (`leave`): controlled shutdown first (ask the controller, up to
 controlled.shutdown.max.retries times, to move this broker's leaderships away; Kafka's
 order), then the controller candidate resigns, fetchers stop, the registration goes with
-the ZooKeeper session. A broker killed with -9 skips all of this: its session expires after
+the ZooKeeper session. With ZooKeeper unreachable at that point the session is closed
+first: the threads' reads then fail at once instead of waiting for ZooKeeper to return. A broker killed with -9 skips all of this: its session expires after
 zookeeper.session.timeout.ms and the controller elects new leaders from the ISR.
 """
 from __future__ import annotations
@@ -457,10 +458,19 @@ class ClusterNode:
             channels, self._coordinator_channels = list(self._coordinator_channels.values()), {}
         for channel in channels:
             channel.close()
+        if self.store is not None and not self.store.client.connected:
+            # ZooKeeper is gone: kazoo holds every read until it is back, so the controller's
+            # and the ISR thread's reads in progress would hold this stop for their joins'
+            # whole timeouts (35 s). Closed first, the session fails them at once; without
+            # ZooKeeper there is no /controller to give up nor registration to remove anyway.
+            self._close_store()
         if self.controller is not None:
             self.controller.stop()
         if self.replicas is not None:
             self.replicas.stop()
+        self._close_store()
+
+    def _close_store(self) -> None:
         if self.store is not None:
             try:
                 self.store.close()

@@ -230,6 +230,9 @@ class ZkStore:
         self._session_thread.start()
 
     def close(self) -> None:
+        """End the session (its ephemeral znodes go with it); once: later calls do nothing."""
+        if self._closed:
+            return
         self._closed = True
         self._reregister.set()
         try:
