@@ -81,12 +81,12 @@ class ClusterTopicAdmin(topic_configs.TopicConfigRequests):
     """Topic changes through ZooKeeper; see the module doc."""
 
     def __init__(self, store, metadata, *, default_num_partitions: int, default_replication_factor: int,
-                 default_config: TopicConfig, rng: random.Random | None = None):
+                 default_config: Callable[[], TopicConfig], rng: random.Random | None = None):
         self._store = store
         self._metadata = metadata
         self._default_num_partitions = default_num_partitions
         self._default_replication_factor = default_replication_factor
-        self._default_config = default_config
+        self._default_config = default_config     # the registry's, which dynamic broker configs change
         self._rng = rng or random.Random()
         self._lock = threading.Lock()
 
@@ -98,7 +98,7 @@ class ClusterTopicAdmin(topic_configs.TopicConfigRequests):
 
         validate_topic_name(new_topic.name)
         overrides = {str(k): str(v) for k, v in new_topic.configs.items()}
-        TopicConfig.from_overrides(overrides, base=self._default_config)   # raises InvalidConfigError
+        TopicConfig.from_overrides(overrides, base=self._default_config())   # raises InvalidConfigError
         live = self._store.live_brokers()
         if new_topic.assignments:
             assignment = {a.partition: tuple(a.broker_ids) for a in new_topic.assignments}
@@ -285,7 +285,7 @@ class ClusterTopicAdmin(topic_configs.TopicConfigRequests):
 
     @property
     def default_config(self) -> TopicConfig:
-        return self._default_config
+        return self._default_config()
 
     def topic_overrides(self, name: str) -> dict[str, str]:
         with _zookeeper_errors():
@@ -294,7 +294,7 @@ class ClusterTopicAdmin(topic_configs.TopicConfigRequests):
             return self._store.topic_config(name)
 
     def topic_config(self, name: str) -> TopicConfig:
-        return topic_config_of(name, self.topic_overrides(name), self._default_config)
+        return topic_config_of(name, self.topic_overrides(name), self._default_config())
 
     def update_overrides(self, name: str, change, validate_only: bool) -> None:
         with _zookeeper_errors():

@@ -138,7 +138,7 @@ class ClusterNode:
             socket_address_of=self._socket_address_of)
         self.topic_admin = ClusterTopicAdmin(
             self.store, self.metadata, default_num_partitions=config.num_partitions,
-            default_replication_factor=config.default_replication_factor, default_config=config.topic_defaults,
+            default_replication_factor=config.default_replication_factor, default_config=lambda: registry.default_config,
             rng=random.Random())
         self.controller = Controller(
             self.broker_id, self.store,

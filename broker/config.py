@@ -69,6 +69,16 @@ _TIME_DEFAULT_FORMS = {
 }
 _TIME_FORM_NAMES = {name for forms in _TIME_DEFAULT_FORMS.values() for name, _ in forms}
 
+# The topic defaults a running broker takes without a restart (broker/dynamic_config.py):
+# Kafka's dynamic log configs, the two time defaults in their milliseconds form only.
+# unclean.leader.election.enable stays static in eos: the controller reads it at its start.
+DYNAMIC_TOPIC_DEFAULT_NAMES = {
+    **{name: topic_name for name, topic_name in _TOPIC_DEFAULT_NAMES.items()
+       if name != "unclean.leader.election.enable"},
+    "log.retention.ms": "retention.ms",
+    "log.roll.ms": "segment.ms",
+}
+
 
 @dataclasses.dataclass(frozen=True)
 class BrokerConfig:

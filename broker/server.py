@@ -202,6 +202,7 @@ class BrokerServer:
         self._cluster = None   # broker.cluster_node.ClusterNode when zookeeper.connect is set
         self._authorizer: Authorizer | None = None
         self._entity_configs = None     # broker.zk_entity_configs.ZkEntityConfigs on a cluster
+        self._dynamic_configs = None    # broker.dynamic_config.DynamicBrokerConfigs, once started
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._housekeeping_thread: threading.Thread | None = None
@@ -432,6 +433,12 @@ class BrokerServer:
                      "y" if quota_entities == 1 else "ies", where)
         self._registry = TopicRegistry(self.data_dir, default_config=self.config.topic_defaults,
                                        default_num_partitions=self.config.num_partitions)
+        # Before the topics load, so that they open with the defaults altered while running.
+        from broker.dynamic_config import DynamicBrokerConfigs
+        self._dynamic_configs = DynamicBrokerConfigs(
+            self.node_id, self.config.topic_defaults, self._apply_topic_defaults,
+            **({"data_dir": self.data_dir} if cluster is None else {"zk_configs": self._entity_configs}))
+        self._dynamic_configs.start()
         topics = self._registry.load()
         self._log_manager = LogDirs([str(d) for d in self.log_dirs], now_ms_fn=self._now_ms,
                                     producer_id_expiration_ms=self.config.producer_id_expiration_ms,
@@ -561,7 +568,8 @@ class BrokerServer:
             topic_admin=None if cluster is None else cluster.topic_admin,
             listener_nodes=self.listener_nodes, authorizer=self._authorizer, quotas=self._quotas,
             traffic=TopicTraffic() if self._metrics is not None else None, socket_port=self.socket_port or 0,
-            socket_listener=self.socket_listener, broker_settings=self._settings)
+            socket_listener=self.socket_listener, broker_settings=self._settings,
+            dynamic_configs=self._dynamic_configs)
         broker_pb2_grpc.add_BrokerServicer_to_server(self._servicer, server)
         if cluster is not None:
             from broker.cluster_service import ClusterServicer
@@ -671,6 +679,16 @@ class BrokerServer:
     @property
     def group_coordinator(self) -> GroupCoordinator | None:
         return self._group_coordinator
+
+    def _apply_topic_defaults(self, defaults) -> None:
+        """Dynamic broker configs changed (here or, on a cluster, on another broker): every
+        topic's config follows the new defaults, and the open logs of those that changed."""
+        changed = self._registry.set_default_config(defaults)
+        if self._log_manager is not None:
+            for info in changed:
+                self._log_manager.update_config(info.name, info.config)
+        if changed:
+            log.info("topic defaults changed: %d topic(s) follow them", len(changed))
 
     def _verify_txn_partitions(self, transactional_id: str, producer_id: int, producer_epoch: int,
                                partitions: list[TopicPartition], *,

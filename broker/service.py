@@ -53,11 +53,14 @@ from broker.traffic import StorageErrors, TopicTraffic
 from eos.errors import (
     EosError,
     ErrorCode,
+    InvalidRequestError,
     StorageError,
     UnknownTopicOrPartitionError,
     error_code_and_message,
 )
-from eos.config_resources import RESOURCE_BROKER, RESOURCE_TOPIC, SOURCE_DEFAULT_CONFIG, SOURCE_STATIC_BROKER_CONFIG
+from broker.config import DYNAMIC_TOPIC_DEFAULT_NAMES
+from eos.config_resources import (RESOURCE_BROKER, RESOURCE_TOPIC, SOURCE_DEFAULT_CONFIG, SOURCE_DYNAMIC_DEFAULT_BROKER_CONFIG,
+                                  SOURCE_DYNAMIC_TOPIC_CONFIG, SOURCE_STATIC_BROKER_CONFIG)
 from eos.acl import binding_from_proto, binding_to_proto, filter_from_proto
 from eos.types import TopicPartition
 from eos.v1 import broker_pb2, broker_pb2_grpc
@@ -123,7 +126,7 @@ class BrokerServicer(WriteHandlers, ReadHandlers, DeleteRecordsHandler, broker_p
                  metadata=None, replicas=None, topic_admin=None,
                  listener_nodes: dict[str, NodeAddress] | None = None, authorizer=None, quotas=None,
                  traffic: TopicTraffic | None = None, socket_port: int = 0, socket_listener: str | None = None,
-                 broker_settings: dict[str, tuple[str | None, bool]] | None = None):
+                 broker_settings: dict[str, tuple[str | None, bool]] | None = None, dynamic_configs=None):
         """`verify_txn` asks the transaction coordinator whether partitions are registered in
         a producer's open transaction (None: no coordinator, transactional writes are not
         verified); `add_txn_partitions` adds them for a request that asks it (KIP-890 part 2;
@@ -139,7 +142,9 @@ class BrokerServicer(WriteHandlers, ReadHandlers, DeleteRecordsHandler, broker_p
         broker/socket_server.py), for the PLAINTEXT listener `socket_listener` (the brokers'
         ports are told to clients that came in on that listener only); 0: none.
         `broker_settings` is what DescribeConfigs of this broker answers (broker.config's
-        `describe_settings`: name -> (value, set by the operator)); None: nothing."""
+        `describe_settings`: name -> (value, set by the operator)); None: nothing.
+        `dynamic_configs` (broker/dynamic_config.py) holds the broker configs altered on the
+        running brokers; None: every broker config is static."""
         self._registry = registry
         self._log_manager = log_manager
         self._purgatory = purgatory
@@ -171,6 +176,7 @@ class BrokerServicer(WriteHandlers, ReadHandlers, DeleteRecordsHandler, broker_p
         self._socket_port = socket_port
         self._socket_listener = socket_listener
         self._broker_settings = dict(broker_settings or {})
+        self._dynamic_configs = dynamic_configs
 
     # ---- authorization (see "Authorization" in the module doc) ---------------------------------
 
@@ -457,15 +463,27 @@ class BrokerServicer(WriteHandlers, ReadHandlers, DeleteRecordsHandler, broker_p
         broker's DescribeConfigs to that broker). Answers in request order."""
         brokers = [r for r in request.resources if r.resource_type == RESOURCE_BROKER]
         if not brokers:
-            return self._topic_admin.describe_configs(request, self._config_refusals(
-                Operation.DESCRIBE_CONFIGS, request.resources))
+            return self._with_dynamic_sources(self._topic_admin.describe_configs(request, self._config_refusals(
+                Operation.DESCRIBE_CONFIGS, request.resources)))
         others = broker_pb2.DescribeConfigsRequest(
             resources=[r for r in request.resources if r.resource_type != RESOURCE_BROKER])
-        answered = iter(self._topic_admin.describe_configs(others, self._config_refusals(
-            Operation.DESCRIBE_CONFIGS, others.resources)).results if others.resources else ())
+        answered = iter(self._with_dynamic_sources(self._topic_admin.describe_configs(others, self._config_refusals(
+            Operation.DESCRIBE_CONFIGS, others.resources))).results if others.resources else ())
         return broker_pb2.DescribeConfigsResponse(results=[
             self._describe_broker(r) if r.resource_type == RESOURCE_BROKER else next(answered)
             for r in request.resources])
+
+    def _with_dynamic_sources(self, response: broker_pb2.DescribeConfigsResponse) -> broker_pb2.DescribeConfigsResponse:
+        """A topic's config that follows a dynamic broker config (no override of its own) has
+        that config's source, as in Kafka, not the static setting's."""
+        dynamic = {} if self._dynamic_configs is None else self._dynamic_configs.in_force()
+        if dynamic:
+            sources = {DYNAMIC_TOPIC_DEFAULT_NAMES[name]: source for name, (_, source) in dynamic.items()}
+            for result in response.results:
+                for entry in result.configs:
+                    if entry.config_source != SOURCE_DYNAMIC_TOPIC_CONFIG and entry.name in sources:
+                        entry.config_source = sources[entry.name]
+        return response
 
     def _describe_broker(self, resource: broker_pb2.ConfigResource) -> broker_pb2.DescribeConfigsResult:
         result = broker_pb2.DescribeConfigsResult(resource_type=resource.resource_type,
@@ -474,24 +492,68 @@ class BrokerServicer(WriteHandlers, ReadHandlers, DeleteRecordsHandler, broker_p
             result.error_code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
             result.error_message = self._denial(Operation.DESCRIBE_CONFIGS, "the cluster")
         elif resource.resource_name == "":
-            pass     # the cluster-wide dynamic defaults (Kafka's empty name): eos has none
+            # the cluster-wide dynamic defaults (Kafka's empty name): only what was set
+            wanted = set(resource.config_names)
+            values = {} if self._dynamic_configs is None else self._dynamic_configs.values("")
+            result.configs.extend(
+                broker_pb2.ConfigEntry(name=name, value=value, read_only=False, is_sensitive=False,
+                                       config_source=SOURCE_DYNAMIC_DEFAULT_BROKER_CONFIG)
+                for name, value in sorted(values.items()) if not wanted or name in wanted)
         elif not resource.resource_name.isdigit() or int(resource.resource_name) != self._node.node_id:
             result.error_code = ErrorCode.INVALID_REQUEST
             result.error_message = (f"this is broker {self._node.node_id}, asked for the configs of broker "
                                     f"{resource.resource_name!r}: ask that broker")
         else:
             wanted = set(resource.config_names)
-            result.configs.extend(
-                broker_pb2.ConfigEntry(name=name, value=value or "", read_only=True, is_sensitive=False,
-                                       config_source=SOURCE_STATIC_BROKER_CONFIG if given else SOURCE_DEFAULT_CONFIG)
-                for name, (value, given) in self._broker_settings.items() if not wanted or name in wanted)
+            dynamic = {} if self._dynamic_configs is None else self._dynamic_configs.in_force()
+            for name, (value, given) in self._broker_settings.items():
+                if wanted and name not in wanted:
+                    continue
+                source = SOURCE_STATIC_BROKER_CONFIG if given else SOURCE_DEFAULT_CONFIG
+                if name in dynamic:
+                    value, source = dynamic[name]
+                result.configs.append(broker_pb2.ConfigEntry(
+                    name=name, value=value or "", is_sensitive=False, config_source=source,
+                    read_only=self._dynamic_configs is None or name not in DYNAMIC_TOPIC_DEFAULT_NAMES))
         return result
 
     @gated
     def IncrementalAlterConfigs(self, request: broker_pb2.IncrementalAlterConfigsRequest,
                                 context) -> broker_pb2.IncrementalAlterConfigsResponse:
-        return self._topic_admin.alter_configs(request, self._config_refusals(
-            Operation.ALTER_CONFIGS, request.resources))
+        """Topics by the topic admin, brokers' dynamic configs here (broker/dynamic_config.py);
+        answered in request order."""
+        refusals = self._config_refusals(Operation.ALTER_CONFIGS, request.resources)
+        if all(r.resource_type != RESOURCE_BROKER for r in request.resources):
+            return self._topic_admin.alter_configs(request, refusals)
+        others = broker_pb2.IncrementalAlterConfigsRequest(
+            resources=[r for r in request.resources if r.resource_type != RESOURCE_BROKER],
+            validate_only=request.validate_only)
+        answered = iter(self._topic_admin.alter_configs(others, refusals).results if others.resources else ())
+        return broker_pb2.IncrementalAlterConfigsResponse(results=[
+            self._alter_broker(r, refusals, request.validate_only) if r.resource_type == RESOURCE_BROKER
+            else next(answered) for r in request.resources])
+
+    def _alter_broker(self, resource: broker_pb2.AlterConfigsResource, refusals,
+                      validate_only: bool) -> broker_pb2.AlterConfigsResult:
+        result = broker_pb2.AlterConfigsResult(resource_type=resource.resource_type,
+                                               resource_name=resource.resource_name)
+        refused = refusals.get((RESOURCE_BROKER, resource.resource_name))
+        try:
+            if refused is not None:
+                raise EosError(refused[1], refused[0])
+            if self._dynamic_configs is None:
+                raise InvalidRequestError("this broker's configs are all static")
+            if resource.resource_name and (not resource.resource_name.isdigit()
+                                           or int(resource.resource_name) != self._node.node_id):
+                raise InvalidRequestError(f"this is broker {self._node.node_id}, asked to alter the configs of "
+                                          f"broker {resource.resource_name!r}: ask that broker")
+            self._dynamic_configs.alter(resource.resource_name, resource.configs, validate_only)
+        except Exception as exc:
+            if not isinstance(exc, EosError):
+                log.exception("altering the configs of broker %r failed", resource.resource_name)
+            code, message = error_code_and_message(exc)
+            result.error_code, result.error_message = int(code), message
+        return result
 
     def _config_refusals(self, operation: Operation, resources) -> dict[tuple[int, str], tuple[int, str]]:
         """(resource type, name) -> (code, why) for the topics the caller may not `operation`

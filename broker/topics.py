@@ -181,6 +181,22 @@ class TopicRegistry:
     def _config_of(self, name: str, overrides: Mapping[str, str]) -> TopicConfig:
         return topic_config_of(name, overrides, self._default_config)
 
+    def set_default_config(self, default_config: TopicConfig) -> list[TopicInfo]:
+        """New broker defaults (dynamic broker configs: broker/dynamic_config.py): every
+        topic's config is computed again from them and its own overrides. Nothing is written
+        (a topic file holds only its overrides). Returns the topics whose config changed, for
+        their open logs."""
+        with self._lock:
+            self._default_config = default_config
+            changed = {}
+            for name, info in self._topics.items():
+                config = self._config_of(name, info.config_overrides)
+                if config != info.config:
+                    changed[name] = dataclasses.replace(info, config=config)
+            if changed:
+                self._topics = {**self._topics, **changed}
+            return [changed[name] for name in sorted(changed)]
+
     # ---- start -----------------------------------------------------------------------------
 
     def load(self) -> list[TopicInfo]:

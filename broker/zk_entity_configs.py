@@ -1,4 +1,5 @@
-"""Users' and clients' configs on a ZooKeeper cluster: SCRAM credentials and client quotas.
+"""Users', clients' and brokers' configs on a ZooKeeper cluster: SCRAM credentials, client
+quotas and dynamic broker configs.
 
 Theory of operation
 -------------------
@@ -8,6 +9,7 @@ Kafka keeps both in the same znodes (kafka-configs --entity-type users|clients):
                                                                       "producer_byte_rate":"1048576"}}
     /config/users/<user>/clients/<client-id>  {"version":1,"config":{"consumer_byte_rate":"..."}}
     /config/clients/<client-id>               {"version":1,"config":{...}}
+    /config/brokers/<default> and /<id>       {"version":1,"config":{"log.retention.ms":"..."}}
     /config/changes/config_change_N           (sequential) {"version":2,"entity_path":"users/alice"}
 
 `<default>` is a name like any other; other names are URL-encoded (Kafka's Sanitizer), so a
@@ -35,6 +37,7 @@ log = logging.getLogger("eos.broker.zk_entity_configs")
 
 USERS_PATH = "/config/users"
 CLIENTS_PATH = "/config/clients"
+BROKERS_PATH = "/config/brokers"      # dynamic broker configs (broker/dynamic_config.py)
 CHANGES_PATH = "/config/changes"
 
 Snapshot = Mapping[str, Mapping[str, str]]
@@ -110,6 +113,8 @@ class ZkEntityConfigs(ZkChangeFollower):
                 read(f"users/{user}/clients/{client_id}")
         for client_id in self._children(CLIENTS_PATH):
             read(f"clients/{client_id}")
+        for broker in self._children(BROKERS_PATH):
+            read(f"brokers/{broker}")
         return configs
 
     def _publish(self, snapshot: Snapshot) -> None:

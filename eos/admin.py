@@ -218,18 +218,49 @@ class Admin(OffsetAdmin, TransactionAdmin):
         raise_if_error(result, f"cannot describe the configs of topic {topic!r}")
         return _config_entries(result)
 
-    def describe_broker_configs(self, broker_id: int, names=None) -> dict[str, dict]:
+    def describe_broker_configs(self, broker_id: int | None, names=None) -> dict[str, dict]:
         """Kafka's describeConfigs of a broker (asked of that broker): its settings as
-        `describe_configs` gives a topic's, source STATIC_BROKER_CONFIG (set when it was
-        started) or DEFAULT_CONFIG, all read-only ("value" "" for a setting without one).
-        Needs DESCRIBE_CONFIGS on the cluster."""
+        `describe_configs` gives a topic's, source DYNAMIC_BROKER_CONFIG or
+        DYNAMIC_DEFAULT_BROKER_CONFIG (altered while running: `alter_broker_configs`),
+        STATIC_BROKER_CONFIG (set when it was started) or DEFAULT_CONFIG ("value" "" for a
+        setting without one); only the dynamic ones are not read-only. `broker_id` None: the
+        cluster-wide dynamic defaults (Kafka's --entity-default), only those set. Needs
+        DESCRIBE_CONFIGS on the cluster."""
         response = self._call("DescribeConfigs", lambda s: s.DescribeConfigs, broker_pb2.DescribeConfigsRequest(
-            resources=[broker_pb2.ConfigResource(resource_type=RESOURCE_BROKER, resource_name=str(broker_id),
+            resources=[broker_pb2.ConfigResource(resource_type=RESOURCE_BROKER,
+                                                 resource_name="" if broker_id is None else str(broker_id),
                                                  config_names=list(names or ()))]),
-            stub=lambda: self._stub_of_broker(broker_id))
+            **({} if broker_id is None else {"stub": lambda: self._stub_of_broker(broker_id)}))
         [result] = response.results
-        raise_if_error(result, f"cannot describe the configs of broker {broker_id}")
+        raise_if_error(result, "cannot describe the cluster-wide broker configs" if broker_id is None
+                       else f"cannot describe the configs of broker {broker_id}")
         return _config_entries(result)
+
+    def alter_broker_configs(self, broker_id: int | None, set=None, delete=(), *,
+                             validate_only: bool = False) -> None:
+        """Kafka's incrementalAlterConfigs of a broker (`broker_id`, asked of that broker) or
+        of every broker (None: the cluster-wide default, Kafka's --entity-default): `set`
+        ({name: value}) and `delete` (names, back to the next in Kafka's precedence: the
+        cluster-wide value, the static setting, the default). The dynamic ones are the topic
+        defaults (log.retention.ms, log.segment.bytes, message.max.bytes, ...): every topic
+        without its own override follows the change at once. All or nothing: another name
+        raises InvalidRequestError, a bad value InvalidConfigError. Needs ALTER_CONFIGS on
+        the cluster."""
+        alterations = [broker_pb2.AlterableConfig(name=name, config_operation=OP_SET, value=value)
+                       for name, value in config_strings(set).items()]
+        alterations += [broker_pb2.AlterableConfig(name=name, config_operation=OP_DELETE)
+                        for name in ([delete] if isinstance(delete, str) else delete)]
+        response = self._call("IncrementalAlterConfigs", lambda s: s.IncrementalAlterConfigs,
+                              broker_pb2.IncrementalAlterConfigsRequest(
+                                  resources=[broker_pb2.AlterConfigsResource(
+                                      resource_type=RESOURCE_BROKER,
+                                      resource_name="" if broker_id is None else str(broker_id),
+                                      configs=alterations)],
+                                  validate_only=validate_only),
+                              **({} if broker_id is None else {"stub": lambda: self._stub_of_broker(broker_id)}))
+        [result] = response.results
+        raise_if_error(result, "cannot alter the cluster-wide broker configs" if broker_id is None
+                       else f"cannot alter the configs of broker {broker_id}")
 
     def incremental_alter_configs(self, topic: str, set=None, delete=(), append=None, subtract=None, *,
                                   validate_only: bool = False) -> None:

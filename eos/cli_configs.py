@@ -1,8 +1,10 @@
-"""`eos configs`: topic configs and client quotas, after kafka-configs.sh --entity-type
-topics|users|clients.
+"""`eos configs`: topic configs, dynamic broker configs and client quotas, after
+kafka-configs.sh --entity-type topics|brokers|users|clients.
 
     eos configs --describe --entity-type topics [--entity-name orders] [--all]
     eos configs --describe --entity-type brokers --entity-name 0 --all
+    eos configs --alter --entity-type brokers --entity-default --add-config log.retention.ms=86400000
+    eos configs --alter --entity-type brokers --entity-name 0 --delete-config log.segment.bytes
     eos configs --alter --entity-type topics --entity-name orders \\
         --add-config retention.ms=86400000,cleanup.policy=[compact,delete] --delete-config segment.bytes
     eos configs --alter --entity-type users --entity-name alice --add-config producer_byte_rate=1048576
@@ -80,17 +82,39 @@ def _one_name(args, kind: str) -> list[str]:
 
 
 def _broker_configs(admin, args) -> int:
-    names = _one_name(args, BROKERS)
+    if len(args.entity_type) > 1 or len(args.entity_names or []) > 1:
+        raise SystemExit(f"error: --entity-type {BROKERS} takes one --entity-name or --entity-default "
+                         f"(and no other entity type)")
+    default = args.entity_names == [None]       # --entity-default: every broker's
+    names = [n for n in (args.entity_names or []) if n is not None]
     if args.alter:
-        print("error: eos's broker settings are static: set them where the broker starts (--config, "
-              "server.properties) and restart it", file=sys.stderr)
-        return 2
+        if not names and not default:
+            raise SystemExit("error: --alter --entity-type brokers needs --entity-name or --entity-default")
+        added, deleted = _alterations(args)
+        admin.alter_broker_configs(None if default else int(names[0]), set=added, delete=deleted)
+        print(f"Completed updating {'default config for brokers in the cluster' if default else f'config for broker {names[0]}'}.")
+        return 0
+    if default:
+        _print_configs("Default configs for brokers in the cluster are:", admin.describe_broker_configs(None))
+        return 0
     for name in names or [str(b) for b in sorted(admin.describe_cluster()["brokers"])]:
         configs = admin.describe_broker_configs(int(name))
-        # none of eos's broker settings is dynamic: only --all lists anything (as kafka-configs)
+        # kafka-configs' "Dynamic configs" of a broker: its own, not the cluster-wide ones
+        dynamic = {k: v for k, v in configs.items() if v["source"] == "DYNAMIC_BROKER_CONFIG"}
         _print_configs(f"{'All' if args.all else 'Dynamic'} configs for broker {name} are:",
-                       configs if args.all else {})
+                       configs if args.all else dynamic)
     return 0
+
+
+def _alterations(args) -> tuple[dict[str, str], list[str]]:
+    """--add-config's {name: value} and --delete-config's names (a topic's or a broker's);
+    exit 2 when neither is given."""
+    added = _parse_topic_configs(args.add_config)
+    deleted = [k.strip() for k in (args.delete_config or "").split(",") if k.strip()]
+    if not added and not deleted:
+        print("error: --alter needs --add-config or --delete-config", file=sys.stderr)
+        raise SystemExit(2)
+    return added, deleted
 
 
 def _print_configs(title: str, configs: dict) -> None:
@@ -105,11 +129,7 @@ def _topic_configs(admin, args) -> int:
     if args.alter:
         if not names:
             raise SystemExit("error: --alter --entity-type topics needs --entity-name")
-        added = _parse_topic_configs(args.add_config)
-        deleted = [k.strip() for k in (args.delete_config or "").split(",") if k.strip()]
-        if not added and not deleted:
-            print("error: --alter needs --add-config or --delete-config", file=sys.stderr)
-            return 2
+        added, deleted = _alterations(args)
         admin.incremental_alter_configs(names[0], set=added, delete=deleted)
         print(f"Completed updating config for topic {names[0]}.")
         return 0
@@ -178,13 +198,14 @@ def add_commands(client_command) -> None:
     action.add_argument("--alter", action="store_true")
     action.add_argument("--describe", action="store_true")
     configs.add_argument("--entity-type", action="append", choices=sorted([*ENTITY_TYPES, TOPICS, BROKERS]),
-                         help="topics, brokers (describe only), users or clients; repeat with a name each for a "
+                         help="topics, brokers, users or clients; repeat with a name each for a "
                               "user and client id together")
     configs.add_argument("--entity-name", action="append", dest="entity_names", metavar="NAME")
     configs.add_argument("--entity-default", action="append_const", const=None, dest="entity_names",
                          help="the default of the --entity-type before it")
     configs.add_argument("--add-config", metavar="K=V[,K=V]",
-                         help="a topic's configs (retention.ms=86400000,cleanup.policy=[compact,delete]), or "
+                         help="a topic's configs (retention.ms=86400000,cleanup.policy=[compact,delete]), a "
+                              "broker's topic defaults (log.retention.ms=86400000), or "
                               "producer_byte_rate, consumer_byte_rate (bytes/s), request_percentage (%% of one thread)")
     configs.add_argument("--delete-config", metavar="K[,K]")
     configs.add_argument("--all", action="store_true",

@@ -197,6 +197,42 @@ def test_topic_configs_altered_through_one_broker_reach_every_replica(cluster):
         wait_for(refused, "acks=all refused as NOT_ENOUGH_REPLICAS once min.insync.replicas is 4")
 
 
+def test_dynamic_broker_configs_live_in_zookeeper_and_every_broker_follows_them(cluster):
+    """kafka-configs --entity-type brokers --entity-default through broker 1 reaches every
+    broker's topics and replica logs (each applies /config/brokers/<default> when notified);
+    --entity-name 2 reaches broker 2 only; a broker restarted reads them again."""
+    with eos.Admin(bootstrap=cluster.processes[1].address) as admin:
+        admin.create_topic("defaults", partitions=1, replication_factor=3)
+        full_isr(admin, "defaults")
+        admin.alter_broker_configs(None, set={"log.segment.bytes": 1024, "log.retention.ms": 60000})
+        admin.alter_broker_configs(2, set={"log.retention.ms": 30000})
+    expected = {0: ("60000", "DYNAMIC_DEFAULT_BROKER_CONFIG"), 1: ("60000", "DYNAMIC_DEFAULT_BROKER_CONFIG"),
+                2: ("30000", "DYNAMIC_BROKER_CONFIG")}
+    for broker_id, process in cluster.processes.items():
+        with eos.Admin(bootstrap=process.address) as admin:
+            def seen(admin=admin, broker_id=broker_id):
+                found = admin.describe_broker_configs(broker_id, ["log.retention.ms"])["log.retention.ms"]
+                return (found["value"], found["source"]) == expected[broker_id]
+            wait_for(seen, f"broker {broker_id} to apply the dynamic broker configs")
+            segment = admin.describe_configs("defaults", ["segment.bytes"])["segment.bytes"]
+            assert (segment["value"], segment["source"]) == ("1024", "DYNAMIC_DEFAULT_BROKER_CONFIG")
+    with eos.Producer(cluster.bootstrap, config={"acks": "all"}) as producer:
+        for _ in range(4):
+            producer.send("defaults", value=b"x" * 600).result(30)
+    for broker_id, process in cluster.processes.items():     # leader and followers roll at the new size
+        wait_for(lambda: len(list((process.data_dir / "defaults-0").glob("*.log"))) >= 4,
+                 f"broker {broker_id}'s defaults-0 to roll a segment per 600-byte batch")
+    cluster.restart(2)
+    with eos.Admin(bootstrap=cluster.processes[2].address) as admin:
+        found = admin.describe_broker_configs(2, ["log.retention.ms"])["log.retention.ms"]
+        assert (found["value"], found["source"]) == ("30000", "DYNAMIC_BROKER_CONFIG")
+        admin.alter_broker_configs(None, delete=["log.segment.bytes"])
+    for broker_id, process in cluster.processes.items():
+        with eos.Admin(bootstrap=process.address) as admin:
+            wait_for(lambda admin=admin: admin.describe_configs("defaults", ["segment.bytes"])["segment.bytes"][
+                "source"] == "DEFAULT_CONFIG", f"broker {broker_id} to drop the cluster-wide segment size")
+
+
 def test_reassignment_under_load_loses_nothing(cluster, tmp_path):
     with eos.Admin(bootstrap=cluster.bootstrap) as admin:
         admin.create_topic("moving", partitions=1, replication_factor=2, config={"min.insync.replicas": "1"})

@@ -187,7 +187,7 @@ def test_a_brokers_settings_are_described_by_that_broker(inprocess_broker_factor
         assert configs["log.retention.ms"]["value"] == "7200000"          # set by its hours form
         assert configs["log.retention.ms"]["source"] == "STATIC_BROKER_CONFIG"
         assert configs["log.segment.bytes"] == {"value": str(TopicConfig().segment_bytes), "source": "DEFAULT_CONFIG",
-                                                "read_only": True, "sensitive": False}
+                                                "read_only": False, "sensitive": False}   # a dynamic one
         assert configs["auto.create.topics.enable"]["value"] == "false"
         assert set(admin.describe_broker_configs(0, ["num.partitions", "nope"])) == {"num.partitions"}
         # a topic's default follows the broker's setting it came from
@@ -209,7 +209,8 @@ def test_a_brokers_settings_are_described_by_that_broker(inprocess_broker_factor
         altered = stub.IncrementalAlterConfigs(broker_pb2.IncrementalAlterConfigsRequest(resources=[
             broker_pb2.AlterConfigsResource(resource_type=RESOURCE_BROKER, resource_name="0", configs=[
                 _alteration("num.partitions", OP_SET, "5")])]))
-        assert altered.results[0].error_code == ErrorCode.INVALID_REQUEST and "static" in altered.results[0].error_message
+        assert altered.results[0].error_code == ErrorCode.INVALID_REQUEST
+        assert "Cannot update these configs dynamically: ['num.partitions']" in altered.results[0].error_message
     base = ["configs", "--bootstrap-server", broker.address, "--describe", "--entity-type", "brokers"]
     assert eos_main([*base, "--entity-name", "0"]) == 0
     assert capsys.readouterr().out.splitlines() == ["Dynamic configs for broker 0 are:"]

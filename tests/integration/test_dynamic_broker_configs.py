@@ -1,0 +1,136 @@
+"""Dynamic broker configs on one broker (kafka-configs --entity-type brokers --alter): the
+topic defaults altered while it runs, for every broker (--entity-default) or this one; every
+topic without its own override follows at once, the values survive a restart, and every
+refusal changes nothing. The cluster's are in tests/cluster/test_cluster_admin.py."""
+from __future__ import annotations
+
+import grpc
+import pytest
+
+import eos
+from broker.dynamic_config import FILE_NAME, altered, effective_defaults
+from eos.config import TopicConfig
+from eos.config_resources import OP_APPEND, OP_DELETE, OP_SET, RESOURCE_BROKER
+from eos.errors import EosError, ErrorCode, InvalidConfigError, InvalidRequestError
+from eos.v1 import broker_pb2, broker_pb2_grpc
+
+
+def _alteration(name, op, value=""):
+    return broker_pb2.AlterableConfig(name=name, config_operation=op, value=value)
+
+
+def test_the_rules_precedence_and_refusals():
+    static = TopicConfig.from_overrides({"retention.ms": "7200000"})
+    # the broker's own value over the cluster-wide one over the static setting
+    assert effective_defaults(static, {}, {}).retention_ms == 7200000
+    assert effective_defaults(static, {"log.retention.ms": "60000"}, {}).retention_ms == 60000
+    both = effective_defaults(static, {"log.retention.ms": "60000", "log.segment.bytes": "4096"},
+                              {"log.retention.ms": "30000"})
+    assert (both.retention_ms, both.segment_bytes) == (30000, 4096)
+    current = {"log.retention.ms": "60000"}
+    assert altered(current, [_alteration("log.segment.bytes", OP_SET, "4096"),
+                             _alteration("log.retention.ms", OP_DELETE)], static) == {"log.segment.bytes": "4096"}
+    assert current == {"log.retention.ms": "60000"}       # not touched
+    with pytest.raises(InvalidRequestError, match=r"Cannot update these configs dynamically: \['num.partitions'\]"):
+        altered({}, [_alteration("log.retention.ms", OP_SET, "1"), _alteration("num.partitions", OP_SET, "3")], static)
+    with pytest.raises(InvalidRequestError, match="only SET and DELETE"):
+        altered({}, [_alteration("log.cleanup.policy", OP_APPEND, "compact")], static)
+    with pytest.raises(InvalidRequestError, match="more than once"):
+        altered({}, [_alteration("log.retention.ms", OP_SET, "1"), _alteration("log.retention.ms", OP_DELETE)], static)
+    with pytest.raises(InvalidConfigError, match="log.segment.bytes='3'"):
+        altered({}, [_alteration("log.segment.bytes", OP_SET, "3")], static)
+    with pytest.raises(InvalidRequestError, match="unclean.leader.election.enable"):
+        altered({}, [_alteration("unclean.leader.election.enable", OP_SET, "true")], static)
+
+
+def _retention(admin, topic):
+    found = admin.describe_configs(topic, ["retention.ms"])["retention.ms"]
+    return found["value"], found["source"]
+
+
+def test_altered_defaults_reach_every_topic_without_an_override_and_survive_a_restart(inprocess_broker_factory):
+    broker = inprocess_broker_factory({"log.retention.hours": "2"})
+    with eos.Admin(broker.address) as admin:
+        admin.create_topic("follows", partitions=1)
+        admin.create_topic("own", partitions=1, config={"retention.ms": "1000"})
+        assert admin.describe_broker_configs(None) == {}
+        admin.alter_broker_configs(None, set={"log.retention.ms": 60000, "log.segment.bytes": 1024})
+        assert {k: (v["value"], v["source"]) for k, v in admin.describe_broker_configs(None).items()} == {
+            "log.retention.ms": ("60000", "DYNAMIC_DEFAULT_BROKER_CONFIG"),
+            "log.segment.bytes": ("1024", "DYNAMIC_DEFAULT_BROKER_CONFIG")}
+        assert admin.describe_broker_configs(0, ["log.retention.ms"])["log.retention.ms"] == {
+            "value": "60000", "source": "DYNAMIC_DEFAULT_BROKER_CONFIG", "read_only": False, "sensitive": False}
+        assert _retention(admin, "follows") == ("60000", "DYNAMIC_DEFAULT_BROKER_CONFIG")
+        assert _retention(admin, "own") == ("1000", "DYNAMIC_TOPIC_CONFIG")
+        # the open log has it: its segments roll at the new size
+        assert broker.server._log_manager.get_log("follows", 0).config.retention_ms == 60000
+        with eos.Producer(broker.address, config={"acks": "all"}) as producer:
+            for _ in range(3):
+                producer.send("follows", value=b"x" * 600).result(30)
+        assert len(list((broker.data_dir / "follows-0").glob("*.log"))) >= 3
+        # this broker's own value wins over the cluster-wide one; a new topic follows too
+        admin.alter_broker_configs(0, set={"log.retention.ms": 30000})
+        assert _retention(admin, "follows") == ("30000", "DYNAMIC_BROKER_CONFIG")
+        admin.create_topic("later", partitions=1)
+        assert _retention(admin, "later") == ("30000", "DYNAMIC_BROKER_CONFIG")
+    assert (broker.data_dir / FILE_NAME).exists()
+
+    broker.restart()
+    with eos.Admin(broker.address) as admin:
+        assert _retention(admin, "follows") == ("30000", "DYNAMIC_BROKER_CONFIG")
+        assert broker.server._log_manager.get_log("follows", 0).config.retention_ms == 30000
+        assert admin.describe_broker_configs(None)["log.segment.bytes"]["value"] == "1024"
+        admin.alter_broker_configs(0, delete=["log.retention.ms"])       # back to the cluster-wide value
+        assert _retention(admin, "follows") == ("60000", "DYNAMIC_DEFAULT_BROKER_CONFIG")
+        admin.alter_broker_configs(None, delete=["log.retention.ms", "log.segment.bytes"])   # to the static one
+        assert _retention(admin, "follows") == ("7200000", "STATIC_BROKER_CONFIG")
+        assert broker.server._log_manager.get_log("follows", 0).config.retention_ms == 7200000
+        assert admin.describe_broker_configs(None) == {}
+
+
+def test_refused_alterations_change_nothing(inprocess_broker_factory, capsys):
+    from eos.cli import main as eos_main
+
+    broker = inprocess_broker_factory()
+    with eos.Admin(broker.address) as admin:
+        admin.create_topic("steady", partitions=1)
+        before = admin.describe_configs("steady")
+        with pytest.raises(InvalidRequestError, match="Cannot update these configs dynamically"):
+            admin.alter_broker_configs(None, set={"log.retention.ms": 5, "num.io.threads": 4})
+        with pytest.raises(InvalidConfigError, match="log.retention.ms='soon'"):
+            admin.alter_broker_configs(0, set={"log.retention.ms": "soon"})
+        with pytest.raises(EosError, match="broker 7 is not in the cluster's metadata"):
+            admin.alter_broker_configs(7, set={"log.retention.ms": 5})
+        with grpc.insecure_channel(broker.address) as channel:     # asked of this broker all the same
+            answer = broker_pb2_grpc.BrokerStub(channel).IncrementalAlterConfigs(
+                broker_pb2.IncrementalAlterConfigsRequest(resources=[broker_pb2.AlterConfigsResource(
+                    resource_type=RESOURCE_BROKER, resource_name="7",
+                    configs=[_alteration("log.retention.ms", OP_SET, "5")])]))
+            assert answer.results[0].error_code == ErrorCode.INVALID_REQUEST
+            assert "ask that broker" in answer.results[0].error_message
+        admin.alter_broker_configs(None, set={"log.retention.ms": 5}, validate_only=True)
+        assert admin.describe_configs("steady") == before
+        assert admin.describe_broker_configs(None) == {}
+    assert not (broker.data_dir / FILE_NAME).exists()
+
+    base = ["configs", "--bootstrap-server", broker.address]
+    assert eos_main([*base, "--alter", "--entity-type", "brokers", "--entity-default",
+                     "--add-config", "log.retention.ms=5000"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["Completed updating default config for brokers in the cluster."]
+    assert eos_main([*base, "--describe", "--entity-type", "brokers", "--entity-default"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "Default configs for brokers in the cluster are:",
+        "  log.retention.ms=5000 sensitive=false synonyms={DYNAMIC_DEFAULT_BROKER_CONFIG:log.retention.ms=5000}"]
+    assert eos_main([*base, "--alter", "--entity-type", "brokers", "--entity-name", "0",
+                     "--add-config", "log.segment.bytes=2048"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["Completed updating config for broker 0."]
+    assert eos_main([*base, "--describe", "--entity-type", "brokers", "--entity-name", "0"]) == 0
+    assert capsys.readouterr().out.splitlines() == [      # its own, as kafka-configs lists them
+        "Dynamic configs for broker 0 are:",
+        "  log.segment.bytes=2048 sensitive=false synonyms={DYNAMIC_BROKER_CONFIG:log.segment.bytes=2048}"]
+    assert eos_main([*base, "--describe", "--entity-type", "brokers", "--entity-name", "0", "--all"]) == 0
+    assert ("  log.retention.ms=5000 sensitive=false synonyms={DYNAMIC_DEFAULT_BROKER_CONFIG:log.retention.ms=5000}"
+            in capsys.readouterr().out.splitlines())
+    assert eos_main([*base, "--alter", "--entity-type", "brokers", "--entity-name", "0",
+                     "--add-config", "num.partitions=3"]) != 0
+    assert "Cannot update these configs dynamically: ['num.partitions']" in capsys.readouterr().err
