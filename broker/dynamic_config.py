@@ -61,11 +61,18 @@ def effective_defaults(static: TopicConfig, cluster_default: Mapping[str, str],
                        own: Mapping[str, str]) -> TopicConfig:
     """The topic defaults in force: `static` (what the broker started with) under the
     cluster-wide dynamic values, under the broker's own."""
-    merged = {**cluster_default, **own}
+    merged = _ours({**cluster_default, **own})
     if not merged:
         return static
     return TopicConfig.from_overrides({DYNAMIC_TOPIC_DEFAULT_NAMES[name]: value for name, value in merged.items()},
                                       base=static)
+
+
+def _ours(values: Mapping[str, str]) -> dict[str, str]:
+    """The values eos applies: Kafka's tools keep other dynamic broker configs in the same
+    znodes (kafka-reassign-partitions' leader.replication.throttled.rate); eos leaves them
+    there and ignores them, as a broker of another version would."""
+    return {name: value for name, value in values.items() if name in DYNAMIC_TOPIC_DEFAULT_NAMES}
 
 
 def altered(current: Mapping[str, str], alterations: Iterable, static: TopicConfig) -> dict[str, str]:
@@ -104,8 +111,8 @@ def altered(current: Mapping[str, str], alterations: Iterable, static: TopicConf
 
 def sources(cluster_default: Mapping[str, str], own: Mapping[str, str]) -> dict[str, tuple[str, int]]:
     """Broker config name -> (value, DescribeConfigs source) of every dynamic value in force."""
-    found = {name: (value, SOURCE_DYNAMIC_DEFAULT_BROKER_CONFIG) for name, value in cluster_default.items()}
-    found.update((name, (value, SOURCE_DYNAMIC_BROKER_CONFIG)) for name, value in own.items())
+    found = {name: (value, SOURCE_DYNAMIC_DEFAULT_BROKER_CONFIG) for name, value in _ours(cluster_default).items()}
+    found.update((name, (value, SOURCE_DYNAMIC_BROKER_CONFIG)) for name, value in _ours(own).items())
     return found
 
 
@@ -169,11 +176,12 @@ class DynamicBrokerConfigs:
             if validate_only:
                 return
             if self._zk is not None:
-                current = self._entities.get(entity, {})
+                # The operations as asked, not a difference from this broker's copy, which may
+                # lag a change made through another broker; ZkEntityConfigs applies them to
+                # the znode under its version. Its reload calls _follow, which applies them.
                 self._zk.alter({ZK_ENTITY_PREFIX + entity: {
-                    **{name: None for name in current if name not in wanted},
-                    **{name: value for name, value in wanted.items() if current.get(name) != value}}})
-                return          # its reload calls _follow, which applies it
+                    a.name: a.value if a.config_operation == OP_SET else None for a in alterations}})
+                return
             entities = {**self._entities, entity: wanted}
             write_json_document(self._path, FILE_VERSION,
                                 {"entities": {name: values for name, values in entities.items() if values}})

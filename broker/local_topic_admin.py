@@ -64,9 +64,17 @@ class LocalTopicAdmin(topic_configs.TopicConfigRequests):
                 return existing
             info = self._registry.prepare_create(name, -1, -1, {})
             self._create_topic_logs(info, range(info.partition_count))
-            self._registry.commit(info)
+            self._commit(info)
         log.info("auto-created topic %s with %d partitions", name, info.partition_count)
         return info
+
+    def _commit(self, info: TopicInfo) -> TopicInfo:
+        """The registry's commit; the topic's logs made from `info` take the config it was
+        stored with when that differs (the dynamic broker configs changed meanwhile)."""
+        committed = self._registry.commit(info)
+        if committed.config != info.config:
+            self._log_manager.update_config(info.name, committed.config)
+        return committed
 
     def _create_topic_logs(self, info: TopicInfo, partitions) -> None:
         """Create the logs of `partitions` (their directories fsynced once, after them all);
@@ -109,7 +117,7 @@ class LocalTopicAdmin(topic_configs.TopicConfigRequests):
                     if not request.validate_only:
                         self._create_topic_logs(info, range(info.partition_count))
                         try:
-                            self._registry.commit(info)
+                            self._commit(info)
                         except BaseException:
                             for partition in range(info.partition_count):
                                 self._log_manager.delete_log(info.name, partition)
@@ -176,7 +184,7 @@ class LocalTopicAdmin(topic_configs.TopicConfigRequests):
                         new_partitions = range(current.partition_count, info.partition_count)
                         self._create_topic_logs(info, new_partitions)
                         try:
-                            self._registry.commit(info)
+                            self._commit(info)
                         except BaseException:
                             for partition in new_partitions:
                                 self._log_manager.delete_log(info.name, partition)
@@ -216,6 +224,5 @@ class LocalTopicAdmin(topic_configs.TopicConfigRequests):
             if validate_only or dict(info.config_overrides) == dict(current.config_overrides):
                 return
             # Registry first (the truth a restart opens the logs with), then the open logs.
-            self._registry.commit(info)
-            self._log_manager.update_config(name, info.config)
+            self._log_manager.update_config(name, self._registry.commit(info).config)
         log.info("topic %s: config overrides now %s", name, dict(info.config_overrides))

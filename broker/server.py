@@ -203,6 +203,8 @@ class BrokerServer:
         self._authorizer: Authorizer | None = None
         self._entity_configs = None     # broker.zk_entity_configs.ZkEntityConfigs on a cluster
         self._dynamic_configs = None    # broker.dynamic_config.DynamicBrokerConfigs, once started
+        self._topic_defaults_lock = threading.Lock()   # a change of them, registry then logs
+        self._logs_follow_defaults = False             # set once the logs are loaded
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._housekeeping_thread: threading.Thread | None = None
@@ -443,7 +445,9 @@ class BrokerServer:
         self._log_manager = LogDirs([str(d) for d in self.log_dirs], now_ms_fn=self._now_ms,
                                     producer_id_expiration_ms=self.config.producer_id_expiration_ms,
                                     failed=self._failed_log_dirs)
-        self._log_manager.load({info.name: info.config for info in topics})
+        loaded = {info.name: info.config for info in topics}
+        self._log_manager.load(loaded)
+        self._follow_topic_defaults(loaded)
         from broker.storage.cleaner import CleanerConfig, LogCleaner
         config = self.config
         self._log_cleaner = LogCleaner(
@@ -682,13 +686,29 @@ class BrokerServer:
 
     def _apply_topic_defaults(self, defaults) -> None:
         """Dynamic broker configs changed (here or, on a cluster, on another broker): every
-        topic's config follows the new defaults, and the open logs of those that changed."""
-        changed = self._registry.set_default_config(defaults)
-        if self._log_manager is not None:
-            for info in changed:
-                self._log_manager.update_config(info.name, info.config)
+        topic's config follows the new defaults, and the open logs of those that changed --
+        once the logs are loaded; `_follow_topic_defaults` catches up with a change made
+        while they loaded."""
+        with self._topic_defaults_lock:
+            changed = self._registry.set_default_config(defaults)
+            if self._logs_follow_defaults:
+                self._push_topic_configs(info.name for info in changed)
         if changed:
             log.info("topic defaults changed: %d topic(s) follow them", len(changed))
+
+    def _follow_topic_defaults(self, loaded: dict) -> None:
+        """The logs are open, with `loaded` (topic -> config): from now on they follow the
+        dynamic broker configs, starting with a change that came while they loaded."""
+        with self._topic_defaults_lock:
+            self._logs_follow_defaults = True
+            self._push_topic_configs(info.name for info in self._registry.topics()
+                                     if info.name in loaded and info.config != loaded[info.name])
+
+    def _push_topic_configs(self, names) -> None:
+        for name in names:     # the registry's config at the push, not a copy from before it
+            info = self._registry.get(name)
+            if info is not None:
+                self._log_manager.update_config(name, info.config)
 
     def _verify_txn_partitions(self, transactional_id: str, producer_id: int, producer_epoch: int,
                                partitions: list[TopicPartition], *,

@@ -216,7 +216,9 @@ class TopicRegistry:
             info = self._read_topic_file(path)
             loaded[info.name] = info
         with self._lock:
-            self._topics = loaded
+            # configs from the defaults in force now: set_default_config may have run meanwhile
+            self._topics = {name: dataclasses.replace(info, config=self._config_of(name, info.config_overrides))
+                            for name, info in loaded.items()}
         return self.topics()
 
     def _read_topic_file(self, path: Path) -> TopicInfo:
@@ -308,19 +310,22 @@ class TopicRegistry:
         else:
             info = dataclasses.replace(current, partition_count=max(partition_count, current.partition_count),
                                        config_overrides=overrides, config=config)
-        self.commit(info)
-        return info
+        return self.commit(info)
 
-    def commit(self, info: TopicInfo) -> None:
-        """Persist `info` (new or changed topic), then make it visible."""
+    def commit(self, info: TopicInfo) -> TopicInfo:
+        """Persist `info` (new or changed topic), then make it visible; returns it as stored:
+        its config computed again from the defaults in force (a prepared one may predate a
+        change of the dynamic broker configs)."""
         with self._lock:
             current = self._topics.get(info.name)
             if current is not None and current.topic_id != info.topic_id:
                 raise TopicAlreadyExistsError(f"topic {info.name!r} already exists")
+            info = dataclasses.replace(info, config=self._config_of(info.name, info.config_overrides))
             self._write_topic_file(info)
             topics = dict(self._topics)
             topics[info.name] = info
             self._topics = topics
+        return info
 
     def remove(self, name: str) -> TopicInfo:
         """Forget a topic: delete its file, then drop it from memory. Returns what it was."""

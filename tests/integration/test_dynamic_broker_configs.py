@@ -8,9 +8,9 @@ import grpc
 import pytest
 
 import eos
-from broker.dynamic_config import FILE_NAME, altered, effective_defaults
+from broker.dynamic_config import FILE_NAME, altered, effective_defaults, sources
 from eos.config import TopicConfig
-from eos.config_resources import OP_APPEND, OP_DELETE, OP_SET, RESOURCE_BROKER
+from eos.config_resources import OP_APPEND, OP_DELETE, OP_SET, RESOURCE_BROKER, SOURCE_DYNAMIC_BROKER_CONFIG
 from eos.errors import EosError, ErrorCode, InvalidConfigError, InvalidRequestError
 from eos.v1 import broker_pb2, broker_pb2_grpc
 
@@ -27,6 +27,12 @@ def test_the_rules_precedence_and_refusals():
     both = effective_defaults(static, {"log.retention.ms": "60000", "log.segment.bytes": "4096"},
                               {"log.retention.ms": "30000"})
     assert (both.retention_ms, both.segment_bytes) == (30000, 4096)
+    # other dynamic configs Kafka's tools keep in the same znodes are left alone
+    foreign = {"leader.replication.throttled.rate": "1000"}
+    assert effective_defaults(static, foreign, {"log.retention.ms": "5"}).retention_ms == 5
+    assert sources(foreign, {"log.retention.ms": "5"}) == {"log.retention.ms": ("5", SOURCE_DYNAMIC_BROKER_CONFIG)}
+    assert altered(foreign, [_alteration("log.retention.ms", OP_SET, "5")], static) == {
+        **foreign, "log.retention.ms": "5"}
     current = {"log.retention.ms": "60000"}
     assert altered(current, [_alteration("log.segment.bytes", OP_SET, "4096"),
                              _alteration("log.retention.ms", OP_DELETE)], static) == {"log.segment.bytes": "4096"}
