@@ -140,3 +140,27 @@ def test_refused_alterations_change_nothing(inprocess_broker_factory, capsys):
     assert eos_main([*base, "--alter", "--entity-type", "brokers", "--entity-name", "0",
                      "--add-config", "num.partitions=3"]) != 0
     assert "Cannot update these configs dynamically: ['num.partitions']" in capsys.readouterr().err
+
+
+def test_the_file_read_at_start_keeps_what_eos_does_not_apply_and_a_damaged_one_stops_the_start(
+        inprocess_broker_factory, tmp_path):
+    import json
+
+    from eos.files import write_json_document
+
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    # as another tool or version may leave it: a config eos does not apply, beside one it does
+    write_json_document(data_dir / FILE_NAME, 1, {"entities": {"<default>": {
+        "leader.replication.throttled.rate": "1000", "log.retention.ms": "5000"}}})
+    broker = inprocess_broker_factory(data_dir=data_dir)
+    with eos.Admin(broker.address) as admin:
+        admin.create_topic("t", partitions=1)
+        assert _retention(admin, "t") == ("5000", "DYNAMIC_DEFAULT_BROKER_CONFIG")
+        admin.alter_broker_configs(None, set={"log.retention.ms": 6000})
+    assert json.loads((data_dir / FILE_NAME).read_text())["entities"]["<default>"] == {
+        "leader.replication.throttled.rate": "1000", "log.retention.ms": "6000"}
+    broker.stop()
+    (data_dir / FILE_NAME).write_text("{not json")
+    with pytest.raises(InvalidConfigError, match="dynamic-broker-configs.json is damaged"):
+        broker.start()
