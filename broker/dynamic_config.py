@@ -22,8 +22,8 @@ makes every broker read them again); on a single broker in
 
 `DynamicBrokerConfigs` is the one owner of the dynamic values on a broker. After every
 change (its own, or another broker's seen through ZooKeeper) it hands the effective topic
-defaults to `apply`, which the broker wires to the topic registry (every topic's config is
-computed again) and to the open logs whose config changed: a new retention, segment size
+defaults to `apply`, which the broker wires to `TopicDefaultsFollower`: the topic registry
+computes every topic's config again, and the open logs whose config changed take it: a new retention, segment size
 or message limit acts at once, as after a topic's own alteration. Alterations are checked
 whole before anything is written: an unknown or static name, an operation other than SET
 and DELETE, a value the topic config refuses.
@@ -208,3 +208,36 @@ class DynamicBrokerConfigs:
             log.error("dynamic broker configs not applied: %s", exc)
             return
         self._apply(defaults)
+
+
+class TopicDefaultsFollower:
+    """`DynamicBrokerConfigs`' `apply` on a broker: the registry takes the new defaults
+    (every topic's config computed again), then the open logs of the topics that changed --
+    once the logs are loaded; `logs_loaded` catches up with a change that came while they
+    loaded. One lock orders the changes, so a log never keeps an older one."""
+
+    def __init__(self, registry):
+        self._registry = registry
+        self._lock = threading.Lock()
+        self._log_manager = None         # set once the logs are loaded
+
+    def apply(self, defaults: TopicConfig) -> None:
+        with self._lock:
+            changed = self._registry.set_default_config(defaults)
+            if self._log_manager is not None:
+                self._push(info.name for info in changed)
+        if changed:
+            log.info("topic defaults changed: %d topic(s) follow them", len(changed))
+
+    def logs_loaded(self, log_manager, loaded: Mapping[str, TopicConfig]) -> None:
+        """The logs are open, with `loaded` (topic -> config): from now on they follow."""
+        with self._lock:
+            self._log_manager = log_manager
+            self._push(info.name for info in self._registry.topics()
+                       if info.name in loaded and info.config != loaded[info.name])
+
+    def _push(self, names) -> None:
+        for name in names:     # the registry's config at the push, not a copy from before it
+            info = self._registry.get(name)
+            if info is not None:
+                self._log_manager.update_config(name, info.config)

@@ -203,8 +203,6 @@ class BrokerServer:
         self._authorizer: Authorizer | None = None
         self._entity_configs = None     # broker.zk_entity_configs.ZkEntityConfigs on a cluster
         self._dynamic_configs = None    # broker.dynamic_config.DynamicBrokerConfigs, once started
-        self._topic_defaults_lock = threading.Lock()   # a change of them, registry then logs
-        self._logs_follow_defaults = False             # set once the logs are loaded
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._housekeeping_thread: threading.Thread | None = None
@@ -436,9 +434,10 @@ class BrokerServer:
         self._registry = TopicRegistry(self.data_dir, default_config=self.config.topic_defaults,
                                        default_num_partitions=self.config.num_partitions)
         # Before the topics load, so that they open with the defaults altered while running.
-        from broker.dynamic_config import DynamicBrokerConfigs
+        from broker.dynamic_config import DynamicBrokerConfigs, TopicDefaultsFollower
+        topic_defaults = TopicDefaultsFollower(self._registry)
         self._dynamic_configs = DynamicBrokerConfigs(
-            self.node_id, self.config.topic_defaults, self._apply_topic_defaults,
+            self.node_id, self.config.topic_defaults, topic_defaults.apply,
             **({"data_dir": self.data_dir} if cluster is None else {"zk_configs": self._entity_configs}))
         self._dynamic_configs.start()
         topics = self._registry.load()
@@ -447,7 +446,7 @@ class BrokerServer:
                                     failed=self._failed_log_dirs)
         loaded = {info.name: info.config for info in topics}
         self._log_manager.load(loaded)
-        self._follow_topic_defaults(loaded)
+        topic_defaults.logs_loaded(self._log_manager, loaded)
         from broker.storage.cleaner import CleanerConfig, LogCleaner
         config = self.config
         self._log_cleaner = LogCleaner(
@@ -683,32 +682,6 @@ class BrokerServer:
     @property
     def group_coordinator(self) -> GroupCoordinator | None:
         return self._group_coordinator
-
-    def _apply_topic_defaults(self, defaults) -> None:
-        """Dynamic broker configs changed (here or, on a cluster, on another broker): every
-        topic's config follows the new defaults, and the open logs of those that changed --
-        once the logs are loaded; `_follow_topic_defaults` catches up with a change made
-        while they loaded."""
-        with self._topic_defaults_lock:
-            changed = self._registry.set_default_config(defaults)
-            if self._logs_follow_defaults:
-                self._push_topic_configs(info.name for info in changed)
-        if changed:
-            log.info("topic defaults changed: %d topic(s) follow them", len(changed))
-
-    def _follow_topic_defaults(self, loaded: dict) -> None:
-        """The logs are open, with `loaded` (topic -> config): from now on they follow the
-        dynamic broker configs, starting with a change that came while they loaded."""
-        with self._topic_defaults_lock:
-            self._logs_follow_defaults = True
-            self._push_topic_configs(info.name for info in self._registry.topics()
-                                     if info.name in loaded and info.config != loaded[info.name])
-
-    def _push_topic_configs(self, names) -> None:
-        for name in names:     # the registry's config at the push, not a copy from before it
-            info = self._registry.get(name)
-            if info is not None:
-                self._log_manager.update_config(name, info.config)
 
     def _verify_txn_partitions(self, transactional_id: str, producer_id: int, producer_epoch: int,
                                partitions: list[TopicPartition], *,

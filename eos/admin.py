@@ -75,6 +75,24 @@ _AUTHORIZED_OPERATIONS_OMITTED = -2**31
 
 
 
+def _broker_resource_name(broker_id: int | None) -> str:
+    """A broker's config resource name: its id, or "" for the cluster-wide defaults."""
+    return "" if broker_id is None else str(broker_id)
+
+
+def _alterations(set=None, delete=(), append=None, subtract=None) -> list:
+    """IncrementalAlterConfigs' operations: SET {name: value}, DELETE names (one name may
+    be a str), APPEND / SUBTRACT {name: "a,b"}."""
+    alterations = [broker_pb2.AlterableConfig(name=name, config_operation=OP_SET, value=value)
+                   for name, value in config_strings(set).items()]
+    alterations += [broker_pb2.AlterableConfig(name=name, config_operation=OP_DELETE)
+                    for name in ([delete] if isinstance(delete, str) else delete)]
+    for op, given in ((OP_APPEND, append), (OP_SUBTRACT, subtract)):
+        alterations += [broker_pb2.AlterableConfig(name=name, config_operation=op, value=value)
+                        for name, value in config_strings(given).items()]
+    return alterations
+
+
 def _config_entries(result) -> dict[str, dict]:
     """A DescribeConfigs result's entries: {name: {"value", "source", "read_only", "sensitive"}}."""
     return {entry.name: {"value": entry.value, "source": SOURCE_NAMES.get(entry.config_source, "UNKNOWN"),
@@ -228,13 +246,18 @@ class Admin(OffsetAdmin, TransactionAdmin):
         DESCRIBE_CONFIGS on the cluster."""
         response = self._call("DescribeConfigs", lambda s: s.DescribeConfigs, broker_pb2.DescribeConfigsRequest(
             resources=[broker_pb2.ConfigResource(resource_type=RESOURCE_BROKER,
-                                                 resource_name="" if broker_id is None else str(broker_id),
+                                                 resource_name=_broker_resource_name(broker_id),
                                                  config_names=list(names or ()))]),
-            **({} if broker_id is None else {"stub": lambda: self._stub_of_broker(broker_id)}))
+            **self._broker_route(broker_id))
         [result] = response.results
         raise_if_error(result, "cannot describe the cluster-wide broker configs" if broker_id is None
                        else f"cannot describe the configs of broker {broker_id}")
         return _config_entries(result)
+
+    def _broker_route(self, broker_id: int | None) -> dict:
+        """`_call`'s routing of a broker resource: that broker's own, or (None: the
+        cluster-wide defaults) any broker."""
+        return {} if broker_id is None else {"stub": lambda: self._stub_of_broker(broker_id)}
 
     def alter_broker_configs(self, broker_id: int | None, set=None, delete=(), *,
                              validate_only: bool = False) -> None:
@@ -246,18 +269,13 @@ class Admin(OffsetAdmin, TransactionAdmin):
         without its own override follows the change at once. All or nothing: another name
         raises InvalidRequestError, a bad value InvalidConfigError. Needs ALTER_CONFIGS on
         the cluster."""
-        alterations = [broker_pb2.AlterableConfig(name=name, config_operation=OP_SET, value=value)
-                       for name, value in config_strings(set).items()]
-        alterations += [broker_pb2.AlterableConfig(name=name, config_operation=OP_DELETE)
-                        for name in ([delete] if isinstance(delete, str) else delete)]
         response = self._call("IncrementalAlterConfigs", lambda s: s.IncrementalAlterConfigs,
                               broker_pb2.IncrementalAlterConfigsRequest(
                                   resources=[broker_pb2.AlterConfigsResource(
-                                      resource_type=RESOURCE_BROKER,
-                                      resource_name="" if broker_id is None else str(broker_id),
-                                      configs=alterations)],
+                                      resource_type=RESOURCE_BROKER, resource_name=_broker_resource_name(broker_id),
+                                      configs=_alterations(set, delete))],
                                   validate_only=validate_only),
-                              **({} if broker_id is None else {"stub": lambda: self._stub_of_broker(broker_id)}))
+                              **self._broker_route(broker_id))
         [result] = response.results
         raise_if_error(result, "cannot alter the cluster-wide broker configs" if broker_id is None
                        else f"cannot alter the configs of broker {broker_id}")
@@ -269,13 +287,7 @@ class Admin(OffsetAdmin, TransactionAdmin):
         "a,b"}) add items to or remove them from a list config (cleanup.policy). All or
         nothing: an unknown name, a bad value or a name given twice raises (INVALID_CONFIG,
         INVALID_REQUEST) and changes nothing. The change applies at once on every broker."""
-        alterations = [broker_pb2.AlterableConfig(name=name, config_operation=OP_SET, value=value)
-                       for name, value in config_strings(set).items()]
-        alterations += [broker_pb2.AlterableConfig(name=name, config_operation=OP_DELETE)
-                        for name in ([delete] if isinstance(delete, str) else delete)]
-        for op, given in ((OP_APPEND, append), (OP_SUBTRACT, subtract)):
-            alterations += [broker_pb2.AlterableConfig(name=name, config_operation=op, value=value)
-                            for name, value in config_strings(given).items()]
+        alterations = _alterations(set, delete, append, subtract)
         response = self._call("IncrementalAlterConfigs", lambda s: s.IncrementalAlterConfigs,
                               broker_pb2.IncrementalAlterConfigsRequest(
                                   resources=[broker_pb2.AlterConfigsResource(
