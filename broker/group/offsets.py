@@ -13,10 +13,13 @@ wins: the one written later in the log. A request never changes the committed ma
    zombie producer and the batch belongs to its transaction).
 2. The shell appends `write.records()` and calls `write_completed(write, base_offset)` (record
    i sits at base_offset + i) or `write_failed(write)`.
-3. A plain commit becomes visible at once on completion. A transactional one stays pending
-   per (group, producer id) until the COMMIT or ABORT marker of that producer reaches the
-   group's partition: `complete_txn(producer_id, committed, partition)` then makes it
-   visible or drops it (KIP-98).
+3. A plain commit becomes visible at once on completion. A transactional one is staged on
+   completion, not before, and stays pending per (group, producer id) until the COMMIT or
+   ABORT marker of that producer reaches the group's partition: `complete_txn(producer_id,
+   committed, partition)` then makes it visible or drops it (KIP-98). Staging only what is
+   in the log is what keeps a failed append harmless: a stale TxnOffsetCommit fenced by the
+   log's epoch rule, or a retry that meets a stopping broker, fails without touching the
+   offsets the producer already wrote, which its marker will commit.
 
 The order rule (Kafka's CommitRecordMetadataAndOffset): when a transaction commits, each of
 its offsets replaces the current one only if the current one's record is older in the log.
@@ -110,9 +113,12 @@ class OffsetStore:
         self.offsets_partitions = offsets_partitions
         self.metadata_max_bytes = metadata_max_bytes
         self._committed: dict[str, dict[TopicPartition, _Entry]] = defaultdict(dict)
-        # group -> producer id -> partition -> staged transactional offset
+        # group -> producer id -> partition -> transactional offset written, awaiting its marker
         self._pending_txn: dict[str, dict[int, dict[TopicPartition, _Entry]]] = defaultdict(dict)
-        self._in_flight: dict[tuple[str, TopicPartition], int] = defaultdict(int)   # plain commits being written
+        # commits being written (plain and transactional), for require_stable
+        self._in_flight: dict[tuple[str, TopicPartition], int] = defaultdict(int)
+        # transactional writes being appended, per (group, producer id): a marker must not find one
+        self._txn_in_flight: dict[tuple[str, int], int] = defaultdict(int)
         self._writes: dict[int, OffsetWrite] = {}
         self._write_ids = itertools.count(1)
 
@@ -142,10 +148,7 @@ class OffsetStore:
         good, errors, messages = self._validate(offsets, now_ms)
         if not good:
             return CommitDecision(None, errors, messages)
-        write = self._new_write(group_id, NO_PRODUCER_ID, -1, tuple(good))
-        for tp, _ in good:
-            self._in_flight[(group_id, tp)] += 1
-        return CommitDecision(write, errors, messages)
+        return CommitDecision(self._new_write(group_id, NO_PRODUCER_ID, -1, tuple(good)), errors, messages)
 
     def txn_commit(self, group_id: str, producer_id: int, producer_epoch: int,
                    offsets: Mapping[TopicPartition, OffsetAndMetadata], now_ms: int) -> CommitDecision:
@@ -155,11 +158,7 @@ class OffsetStore:
         good, errors, messages = self._validate(offsets, now_ms)
         if not good:
             return CommitDecision(None, errors, messages)
-        write = self._new_write(group_id, producer_id, producer_epoch, tuple(good))
-        staged = self._pending_txn[group_id].setdefault(producer_id, {})
-        for tp, value in good:
-            staged[tp] = _Entry(value, None)      # a later commit in the same transaction replaces it
-        return CommitDecision(write, errors, messages)
+        return CommitDecision(self._new_write(group_id, producer_id, producer_epoch, tuple(good)), errors, messages)
 
     def delete_group(self, group_id: str) -> OffsetWrite | None:
         """Tombstones for every committed offset of the group (DeleteGroups). Applied when written."""
@@ -173,6 +172,11 @@ class OffsetStore:
         write = OffsetWrite(next(self._write_ids), group_id, partition_for_group(group_id, self.offsets_partitions),
                             producer_id, producer_epoch, entries)
         self._writes[write.write_id] = write
+        for tp, value in entries:
+            if value is not None:
+                self._in_flight[(group_id, tp)] += 1
+        if write.transactional:
+            self._txn_in_flight[(group_id, producer_id)] += 1
         return write
 
     # ---- the write protocol ----------------------------------------------------------------
@@ -180,38 +184,30 @@ class OffsetStore:
     def _take(self, write: OffsetWrite) -> None:
         if self._writes.pop(write.write_id, None) != write:
             raise InvariantError(f"offset write {write.write_id} of {write.group_id!r} is not pending")
+        for tp, value in write.entries:
+            if value is not None:
+                self._end_in_flight(write.group_id, tp)
+        if write.transactional:
+            key = (write.group_id, write.producer_id)
+            self._txn_in_flight[key] -= 1
+            if self._txn_in_flight[key] <= 0:
+                del self._txn_in_flight[key]
 
     def write_completed(self, write: OffsetWrite, base_offset: int) -> None:
         """The batch is in the log, its first record at `base_offset`."""
         self._take(write)
-        transactional = write.transactional
         for record_offset, (tp, value) in enumerate(write.entries, base_offset):
-            if transactional:
-                staged = self._pending_txn.get(write.group_id, {}).get(write.producer_id, {})
-                entry = staged.get(tp)
-                if entry is not None and entry.value == value and entry.record_offset is None:
-                    staged[tp] = _Entry(value, record_offset)
+            if write.transactional:
+                # the producer's later commit of tp, in the same transaction, replaces it
+                self._pending_txn[write.group_id].setdefault(write.producer_id, {})[tp] = _Entry(value, record_offset)
             elif value is None:
                 self._apply_tombstone(write.group_id, tp, record_offset)
             else:
-                self._end_in_flight(write.group_id, tp)
                 self._apply(write.group_id, tp, _Entry(value, record_offset))
 
     def write_failed(self, write: OffsetWrite) -> None:
-        """The append failed: drop what this write staged; committed offsets are unchanged."""
+        """The append failed: nothing changes but the write's end (nothing was staged)."""
         self._take(write)
-        for tp, value in write.entries:
-            if write.transactional:
-                by_producer = self._pending_txn.get(write.group_id, {})
-                staged = by_producer.get(write.producer_id, {})
-                entry = staged.get(tp)
-                if entry is not None and entry.value == value and entry.record_offset is None:
-                    del staged[tp]
-                if not staged:
-                    by_producer.pop(write.producer_id, None)
-            elif value is not None:
-                self._end_in_flight(write.group_id, tp)
-        self._forget_if_empty(write.group_id)
 
     def _end_in_flight(self, group_id: str, tp: TopicPartition) -> None:
         key = (group_id, tp)
@@ -248,6 +244,12 @@ class OffsetStore:
     def complete_txn(self, producer_id: int, committed: bool, partition: int | None = None) -> list[str]:
         """The COMMIT (committed=True) or ABORT marker of `producer_id` is in `__consumer_offsets`
         -`partition` (None: every partition). Returns the groups whose offsets it settled."""
+        for group_id, writer in self._txn_in_flight:
+            if writer == producer_id and (partition is None or
+                                          partition_for_group(group_id, self.offsets_partitions) == partition):
+                raise InvariantError(
+                    f"the {'commit' if committed else 'abort'} marker of producer {producer_id} reached group "
+                    f"{group_id!r} before its offset record was acknowledged")
         settled = []
         for group_id in list(self._pending_txn):
             if partition is not None and partition_for_group(group_id, self.offsets_partitions) != partition:
@@ -258,10 +260,6 @@ class OffsetStore:
             settled.append(group_id)
             if committed:
                 for tp, entry in staged.items():
-                    if entry.record_offset is None:
-                        raise InvariantError(
-                            f"the commit marker of producer {producer_id} reached group {group_id!r} before "
-                            f"its offset record for {tp.topic}-{tp.partition} was acknowledged")
                     self._apply(group_id, tp, entry)
             self._forget_if_empty(group_id)
         return settled

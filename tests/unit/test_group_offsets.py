@@ -140,6 +140,22 @@ def test_failed_writes_change_nothing():
         store.write_completed(t.write, 0)
 
 
+def test_a_failed_transactional_write_keeps_what_the_producer_already_wrote():
+    # A TxnOffsetCommit whose append fails (a stale request fenced by the log's epoch rule,
+    # a retry that meets a broker stopping) must not take the producer's written offsets
+    # with it: they are in the log and the marker will commit them.
+    for stale_value in (OM(20), OM(30)):
+        store = OffsetStore()
+        log = Log(store)
+        log.write(store.txn_commit("g", PID, EPOCH + 1, {T0: OM(30)}, 0))
+        failed = store.txn_commit("g", PID, EPOCH, {T0: stale_value}, 0)
+        assert offsets_of(store, require_stable=True)[("in", 0)] == (-1, ErrorCode.UNSTABLE_OFFSET_COMMIT)
+        store.write_failed(failed.write)
+        assert store.pending_producers("g") == {PID}
+        log.marker(PID, committed=True)
+        assert offsets_of(store, require_stable=True)[("in", 0)] == (30, ErrorCode.NONE)
+
+
 def test_a_marker_before_the_write_is_acknowledged_is_a_bug():
     store = OffsetStore()
     store.txn_commit("g", PID, EPOCH, {T0: OM(2)}, 0)
