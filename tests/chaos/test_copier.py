@@ -130,6 +130,9 @@ class CopierProcess:
         self.unexpected_exits: list[str] = []
         self.aborts = 0
         self.killed_by_us = False   # the current instance ended by our SIGKILL
+        # the last lines any instance printed, for the diagnostics of a failure: which
+        # transaction's input offsets the group should hold
+        self.recent_lines: collections.deque[str] = collections.deque(maxlen=12)
         self._reader: threading.Thread | None = None
 
     def start(self) -> None:
@@ -162,6 +165,7 @@ class CopierProcess:
                 if match is None or process is not self._process:
                     continue
                 kind = match.group(1)
+                self.recent_lines.append(f"start {self.starts}: {raw.decode(errors='replace').rstrip()}")
                 self.position = int(match.group(2))
                 self.best_position = max(self.best_position, self.position)
                 if kind == b"done":
@@ -446,7 +450,8 @@ def diagnostics(supervisor: Supervisor, broker, read_along: ReadAlong | None, se
              *supervisor.events[-60:]]
     for copier in supervisor.copiers:
         parts += [f"copier-{copier.partition}: starts {copier.starts}, kills at {copier.kills}, "
-                  f"aborts {copier.aborts}, unexpected exits {copier.unexpected_exits}", copier.log_tail()]
+                  f"aborts {copier.aborts}, unexpected exits {copier.unexpected_exits}",
+                  f"copier-{copier.partition}'s last lines: {list(copier.recent_lines)}", copier.log_tail()]
     if read_along is not None:
         parts.append(f"read-along positions {read_along.positions}, errors {read_along.errors[-5:]}")
     parts.append(broker.log_tail())
