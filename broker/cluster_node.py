@@ -202,7 +202,7 @@ class ClusterNode:
         before = self._registry.get(topic)
         info = self._registry.learn(topic, partition_count, overrides)
         if before is not None and before.config != info.config:
-            self._log_manager.update_config(topic, info.config)
+            self._registry.push_config(topic, lambda config: self._log_manager.update_config(topic, config))
             log.info("topic %s: config overrides now %s", topic, dict(info.config_overrides))
         return info
 

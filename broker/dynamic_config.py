@@ -237,7 +237,6 @@ class TopicDefaultsFollower:
                        if info.name in loaded and info.config != loaded[info.name])
 
     def _push(self, names) -> None:
+        log_manager = self._log_manager
         for name in names:     # the registry's config at the push, not a copy from before it
-            info = self._registry.get(name)
-            if info is not None:
-                self._log_manager.update_config(name, info.config)
+            self._registry.push_config(name, lambda config, name=name: log_manager.update_config(name, config))

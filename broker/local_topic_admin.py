@@ -73,8 +73,12 @@ class LocalTopicAdmin(topic_configs.TopicConfigRequests):
         stored with when that differs (the dynamic broker configs changed meanwhile)."""
         committed = self._registry.commit(info)
         if committed.config != info.config:
-            self._log_manager.update_config(info.name, committed.config)
+            self._push_config(info.name)
         return committed
+
+    def _push_config(self, name: str) -> None:
+        """The topic's open logs take its config as the registry holds it now."""
+        self._registry.push_config(name, lambda config: self._log_manager.update_config(name, config))
 
     def _create_topic_logs(self, info: TopicInfo, partitions) -> None:
         """Create the logs of `partitions` (their directories fsynced once, after them all);
@@ -224,5 +228,6 @@ class LocalTopicAdmin(topic_configs.TopicConfigRequests):
             if validate_only or dict(info.config_overrides) == dict(current.config_overrides):
                 return
             # Registry first (the truth a restart opens the logs with), then the open logs.
-            self._log_manager.update_config(name, self._registry.commit(info).config)
+            self._registry.commit(info)
+            self._push_config(name)
         log.info("topic %s: config overrides now %s", name, dict(info.config_overrides))

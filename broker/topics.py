@@ -36,7 +36,7 @@ import re
 import threading
 import uuid
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 from eos.config import TopicConfig
 from eos.files import fsync_directory, write_file_atomically
@@ -157,6 +157,7 @@ class TopicRegistry:
         self._default_num_partitions = default_num_partitions
         self._topics: dict[str, TopicInfo] = {}  # replaced whole on change, never mutated
         self._lock = threading.Lock()
+        self._push_lock = threading.Lock()       # orders push_config's reads and pushes
 
     # ---- reading -------------------------------------------------------------------------
 
@@ -196,6 +197,17 @@ class TopicRegistry:
             if changed:
                 self._topics = {**self._topics, **changed}
             return [changed[name] for name in sorted(changed)]
+
+    def push_config(self, name: str, apply: Callable[[TopicConfig], None]) -> None:
+        """Hand `name`'s config as stored now (nothing if the topic is gone) to `apply`, the
+        open logs' update, under one lock for every push. Each writer of a config (a topic's
+        alteration, the dynamic broker defaults, a cluster's metadata) pushes after its
+        write, so whichever push runs last reads, and leaves in the logs, the newest config:
+        a config computed before a concurrent change never lands after it."""
+        with self._push_lock:
+            info = self._topics.get(name)
+            if info is not None:
+                apply(info.config)
 
     # ---- start -----------------------------------------------------------------------------
 

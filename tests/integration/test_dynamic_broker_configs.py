@@ -8,7 +8,10 @@ import grpc
 import pytest
 
 import eos
-from broker.dynamic_config import FILE_NAME, altered, effective_defaults, sources
+from broker.dynamic_config import FILE_NAME, TopicDefaultsFollower, altered, effective_defaults, sources
+from broker.local_topic_admin import LocalTopicAdmin
+from broker.storage.log_manager import LogManager
+from broker.topics import TopicRegistry
 from eos.config import TopicConfig
 from eos.config_resources import OP_APPEND, OP_DELETE, OP_SET, RESOURCE_BROKER, SOURCE_DYNAMIC_BROKER_CONFIG
 from eos.errors import EosError, ErrorCode, InvalidConfigError, InvalidRequestError
@@ -47,6 +50,34 @@ def test_the_rules_precedence_and_refusals():
         altered({}, [_alteration("log.segment.bytes", OP_SET, "3")], static)
     with pytest.raises(InvalidRequestError, match="unclean.leader.election.enable"):
         altered({}, [_alteration("unclean.leader.election.enable", OP_SET, "true")], static)
+
+
+def test_a_defaults_change_inside_a_topic_alteration_is_not_undone_in_the_open_logs(tmp_path):
+    # A topic's alteration writes the registry, then pushes the config to the open logs. A
+    # change of the broker defaults landing between the two pushes its own config first; the
+    # alteration's push must not then hand the logs a config computed before that change.
+    registry = TopicRegistry(tmp_path)
+    follower = TopicDefaultsFollower(registry)
+    logs = LogManager(str(tmp_path / "logs"))
+    logs.load({})
+    follower.logs_loaded(logs, {})
+    admin = LocalTopicAdmin(registry, logs, node_id=0, notify=lambda tp: None)
+    info = registry.prepare_create("t", 1, 1, {})
+    logs.create_log("t", 0, info.config)
+    registry.commit(info)
+    commit = registry.commit
+
+    def commit_then_a_defaults_change(topic):
+        stored = commit(topic)
+        follower.apply(TopicConfig.from_overrides({"segment.bytes": "4096"}))
+        return stored
+
+    registry.commit = commit_then_a_defaults_change
+    admin.update_overrides("t", lambda overrides: {**overrides, "retention.ms": "60000"}, False)
+    config = logs.get_log("t", 0).config
+    assert (config.retention_ms, config.segment_bytes) == (60000, 4096)
+    assert registry.get("t").config == config
+    logs.shutdown()
 
 
 def _retention(admin, topic):
