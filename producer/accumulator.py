@@ -521,9 +521,13 @@ class RecordAccumulator:
     def clear_sequences(self) -> None:
         """After an epoch bump: every queued batch gets a fresh sequence when drained."""
         with self.lock:
-            for dq in self._deques.values():
-                for batch in dq:
-                    batch.clear_sequence()
+            self.clear_sequences_locked()
+
+    def clear_sequences_locked(self) -> None:
+        """clear_sequences() for a caller that holds the lock (a drain's `take`)."""
+        for dq in self._deques.values():
+            for batch in dq:
+                batch.clear_sequence()
 
     def abort_queued(self, exception: BaseException) -> list[ProducerBatch]:
         """Pop every queued batch (for a forced close); the caller fails them."""

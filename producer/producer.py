@@ -578,23 +578,19 @@ class Producer:
         return net.now_ms() + (self._max_block_ms if timeout is None else max(0, int(timeout * 1000)))
 
     def _producer_id_and_epoch(self) -> tuple[int, int]:
-        # The sender changes them only through _set_producer_id, which the application's
-        # transactional calls run one at a time: a read here sees a settled pair.
-        idem = self._sender._idempotence
-        return idem.producer_id, idem.producer_epoch
+        # Changed only through _set_producer_id, which the application's transactional calls
+        # run one at a time: a read here sees the pair the last of them set.
+        return self._sender.producer_id_and_epoch()
 
-    def _set_producer_id(self, producer_id: int, producer_epoch: int, timeout_ms: int) -> None:
+    def _set_producer_id(self, producer_id: int, producer_epoch: int, timeout_ms: int, *,
+                         wait: bool = False) -> None:
         """A new producer id/epoch (InitProducerId, EndTxn): sequences restart at 0 for every
-        partition. Applied on the sender thread, which owns the sequences."""
-        idem = self._sender._idempotence
-
-        def apply() -> None:
-            idem.set_producer_id(producer_id, producer_epoch)
-            self._accumulator.clear_sequences()
-
+        partition. Handed to the sender thread, which owns the sequences and takes it before
+        it next sends (Sender.set_producer_id); `wait` until it has."""
         # The sender takes it within milliseconds; the caller's deadline may be spent on the
         # coordinator already, so this short step gets request.timeout.ms of its own.
-        self._sender.run_task(apply, max(timeout_ms, self._request_timeout_ms) / 1000)
+        self._sender.set_producer_id(producer_id, producer_epoch,
+                                     max(timeout_ms, self._request_timeout_ms) / 1000 if wait else None)
 
     def _on_coordinator_error(self, txn: TransactionManager, error: EosError, *, fatal_otherwise: bool) -> None:
         """Record what a coordinator's refusal does to the transaction, then the caller raises."""
@@ -642,7 +638,7 @@ class Producer:
         except EosError as error:
             self._on_coordinator_error(txn, error, fatal_otherwise=True)
             raise
-        self._set_producer_id(answer.producer_id, answer.producer_epoch, deadline_ms - net.now_ms())
+        self._set_producer_id(answer.producer_id, answer.producer_epoch, deadline_ms - net.now_ms(), wait=True)
         with self._txn_lock:
             txn.init_done()
             if registered:
@@ -874,13 +870,11 @@ class Producer:
     @property
     def producer_id(self) -> int:
         """The producer id in use (-1 before there is one or without idempotence)."""
-        idem = self._sender._idempotence
-        return idem.producer_id if idem is not None else -1
+        return self._producer_id_and_epoch()[0] if self._sender._idempotence is not None else -1
 
     @property
     def producer_epoch(self) -> int:
-        idem = self._sender._idempotence
-        return idem.producer_epoch if idem is not None else -1
+        return self._producer_id_and_epoch()[1] if self._sender._idempotence is not None else -1
 
     @property
     def transaction_state(self) -> str | None:

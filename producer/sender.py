@@ -194,6 +194,10 @@ class Sender(threading.Thread):
         self._txn = txn
         self._txn_lock = txn_lock if txn_lock is not None else threading.Condition()
         self._add_partitions_in_flight = False
+        # A producer id and epoch handed over by set_producer_id and not taken yet: written
+        # by the application's thread, taken (and cleared) by this one.
+        self._next_producer_id: tuple[int, int] | None = None
+        self._next_producer_id_lock = threading.Lock()
         self._throttled_until_ms: dict[int, int] = {}   # node -> when its quota throttle ends
         self._call_metadata = net.client_id_metadata(client_id)   # the broker's client quotas read it
         # One ProduceStream per broker (ordered, pipelined), or unary Produce calls to a broker
@@ -352,6 +356,44 @@ class Sender(threading.Thread):
 
     # ---- transactions -------------------------------------------------------------------
 
+    # ---- the producer id and epoch, handed over by the application's transactional calls ----
+
+    def set_producer_id(self, producer_id: int, producer_epoch: int, wait_s: float | None = None) -> None:
+        """A new producer id and epoch (InitProducerId, EndTxn), from the application's
+        thread; sequences restart at 0. This thread owns them with the sequences, and takes
+        the new pair before it next uses it: before it builds an AddPartitionsToTxn and before
+        it stamps a batch (it is not woken for it: a wake would only compete with the
+        application's thread). So EndTxn need not wait for the hand-over (a thread round
+        trip on every commit): nothing of the ended transaction is queued or in flight any
+        more, and whatever the next transaction queues is queued after this call, so this
+        thread sees the new pair with it.
+        `wait_s`: wait until the pair is taken (init_transactions, before its first send)."""
+        with self._next_producer_id_lock:
+            self._next_producer_id = (producer_id, producer_epoch)
+        if wait_s is not None:
+            self.run_task(self._take_next_producer_id, wait_s)
+
+    def producer_id_and_epoch(self) -> tuple[int, int]:
+        """The pair in force for what is sent next (any thread): one handed over and not
+        yet taken, else the idempotence state's."""
+        pending = self._next_producer_id      # taken only after the idempotence state has it
+        if pending is not None:
+            return pending
+        return self._idempotence.producer_id, self._idempotence.producer_epoch
+
+    def _take_next_producer_id(self, accumulator_locked: bool = False) -> None:
+        pending = self._next_producer_id
+        if pending is None:
+            return
+        self._idempotence.set_producer_id(*pending)
+        if accumulator_locked:
+            self._acc.clear_sequences_locked()
+        else:
+            self._acc.clear_sequences()
+        with self._next_producer_id_lock:
+            if self._next_producer_id is pending:    # (a newer one waits for the next use)
+                self._next_producer_id = None
+
     def run_task(self, fn: Callable[[], object], timeout_s: float | None = None):
         """Run fn() on the sender thread and return its result (from any other thread)."""
         task = SenderTask(fn)
@@ -370,6 +412,9 @@ class Sender(threading.Thread):
             partitions = self._txn.partitions_to_add()
         if not partitions:
             return
+        # Read after the partitions: a partition of the next transaction was added after its
+        # pair was handed over (set_producer_id), so the pair is seen here.
+        self._take_next_producer_id()
         request = txn_pb2.AddPartitionsToTxnRequest(
             transactional_id=self._transactional_id, producer_id=idem.producer_id,
             producer_epoch=idem.producer_epoch,
@@ -448,6 +493,10 @@ class Sender(threading.Thread):
                 # coordinator registered the partition (AddPartitionsToTxn after this drain).
                 if not txn.sending_allowed or not txn.partition_ready(batch.tp):
                     return False
+        if self._next_producer_id is not None:
+            # `batch` was queued after the pair it goes with was handed over (see
+            # set_producer_id); the drain calling this holds the accumulator's lock
+            self._take_next_producer_id(accumulator_locked=True)
         idem = self._idempotence
         in_flight_tps = self._in_flight_tps
         if idem is not None:
