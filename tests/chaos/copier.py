@@ -43,6 +43,7 @@ Stdout, one flushed line per event (the supervising test reads them)::
 
     ready position=<next input offset> end=<input end offset, -1 without --stop-at-end>
     committed position=<next input offset> records=<in this transaction> total=<by this process>
+        first=<input offset of its first record> last=<of its last record>
     aborted position=<rewound to> reason=<error>
     done position=<next input offset>
     frozen position=<where the open transaction started> phase=<records|offsets>
@@ -105,6 +106,7 @@ class Copier:
             args.bootstrap, group_id=args.group, isolation_level="read_committed",
             auto_offset_reset="earliest", max_poll_records=args.max_poll_records)
         self.copied_total = 0
+        self.copied_range = (-1, -1)   # input offsets of the last transaction's first and last record
         self._froze = False      # --freeze-after: the one freeze happened
 
     def close(self) -> None:
@@ -143,7 +145,13 @@ class Copier:
                 continue
             position = self.consumer.position(self.tp)
             self.copied_total += count
-            emit(f"committed position={position} records={count} total={self.copied_total}")
+            first, last = self.copied_range
+            if position <= last:
+                # the consumer's position must be past every record it handed out (a test
+                # looks for this line when the committed offsets disagree with the input's end)
+                log.error("position %d is not past the last copied record %d (first %d, %d records)",
+                          position, last, first, count)
+            emit(f"committed position={position} records={count} total={self.copied_total} first={first} last={last}")
         emit(f"done position={position}")
         return EXIT_DONE
 
@@ -153,10 +161,12 @@ class Copier:
         deadline = started + args.txn_max_ms / 1000
         producer.begin_transaction()
         count = 0
+        first_offset = records[0].offset
         while True:
             for record in records:
                 producer.send(output, value=transform(record.value), key=record.key)
             count += len(records)
+            self.copied_range = (first_offset, records[-1].offset)
             remaining_s = deadline - time.monotonic()
             if count >= args.txn_records or remaining_s <= 0:
                 break
