@@ -101,6 +101,16 @@ def seed_input(bootstrap: str, records_per_partition: int, rng: random.Random, *
                     aborter.send(INPUT, value=b"p%d-aborted-%d" % (p, i), key=b"aborted", partition=p)
             aborter.flush(60)
             aborter.abort_transaction()
+        # abort_transaction() returns once the coordinator decided (PrepareAbort); its markers
+        # land after. Written before them, the second half would come before each partition's
+        # ABORT marker, which would then end the input: a copier's last committed offset is
+        # then the marker's (nothing after it to read), one short of the input's end. Waiting
+        # for the markers (read_committed's end reaching the high watermark) keeps the layout
+        # this module describes, the same on every run.
+        with eos.Admin(bootstrap=bootstrap) as admin:
+            tps = {TopicPartition(INPUT, p): "latest" for p in range(INPUT_PARTITIONS)}
+            wait_for(lambda: admin.list_offsets(tps, isolation_level="read_committed") == admin.list_offsets(tps),
+                     "the aborted transaction's markers in the input")
         plain(range(half, records_per_partition))
     return keys
 
