@@ -33,6 +33,7 @@ zookeeper.session.timeout.ms and the controller elects new leaders from the ISR.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
@@ -202,7 +203,7 @@ class ClusterNode:
         before = self._registry.get(topic)
         info = self._registry.learn(topic, partition_count, overrides)
         if before is not None and before.config != info.config:
-            self._registry.push_config(topic, lambda config: self._log_manager.update_config(topic, config))
+            self._registry.push_config(topic, functools.partial(self._log_manager.update_config, topic))
             log.info("topic %s: config overrides now %s", topic, dict(info.config_overrides))
         return info
 

@@ -30,6 +30,7 @@ and DELETE, a value the topic config refuses.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from typing import Callable, Iterable, Mapping
@@ -237,6 +238,5 @@ class TopicDefaultsFollower:
                        if info.name in loaded and info.config != loaded[info.name])
 
     def _push(self, names) -> None:
-        log_manager = self._log_manager
         for name in names:     # the registry's config at the push, not a copy from before it
-            self._registry.push_config(name, lambda config, name=name: log_manager.update_config(name, config))
+            self._registry.push_config(name, functools.partial(self._log_manager.update_config, name))

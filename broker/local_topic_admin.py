@@ -20,6 +20,7 @@ the Broker service's: a topic the caller may not change never reaches this class
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import threading
 from typing import Callable
@@ -78,7 +79,7 @@ class LocalTopicAdmin(topic_configs.TopicConfigRequests):
 
     def _push_config(self, name: str) -> None:
         """The topic's open logs take its config as the registry holds it now."""
-        self._registry.push_config(name, lambda config: self._log_manager.update_config(name, config))
+        self._registry.push_config(name, functools.partial(self._log_manager.update_config, name))
 
     def _create_topic_logs(self, info: TopicInfo, partitions) -> None:
         """Create the logs of `partitions` (their directories fsynced once, after them all);

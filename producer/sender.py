@@ -354,9 +354,7 @@ class Sender(threading.Thread):
                      response.producer_epoch)
             self._acc.clear_sequences()
 
-    # ---- transactions -------------------------------------------------------------------
-
-    # ---- the producer id and epoch, handed over by the application's transactional calls ----
+    # ---- transactions: the producer id and epoch the application's calls hand over --------
 
     def set_producer_id(self, producer_id: int, producer_epoch: int, wait_s: float | None = None) -> None:
         """A new producer id and epoch (InitProducerId, EndTxn), from the application's
