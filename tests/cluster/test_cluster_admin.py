@@ -11,7 +11,7 @@ import sys
 import pytest
 
 import eos
-from eos.errors import (ErrorCode, InvalidConfigError, InvalidPartitionsError, InvalidReplicaAssignmentError,
+from eos.errors import (EosError, ErrorCode, InvalidConfigError, InvalidPartitionsError, InvalidReplicaAssignmentError,
                         InvalidReplicationFactorError, NotEnoughReplicasError, UnknownTopicOrPartitionError)
 from tests.cluster.test_cluster_failover import (CLUSTER_CONFIG, SteadyProducer, assert_exactly_once_in_order,
                                                  describe, read_all, wait_for_leader)
@@ -224,7 +224,16 @@ def test_dynamic_broker_configs_live_in_zookeeper_and_every_broker_follows_them(
                  f"broker {broker_id}'s defaults-0 to roll a segment per 600-byte batch")
     cluster.restart(2)
     with eos.Admin(bootstrap=cluster.processes[2].address) as admin:
-        found = admin.describe_broker_configs(2, ["log.retention.ms"])["log.retention.ms"]
+        def described():
+            try:
+                return admin.describe_broker_configs(2, ["log.retention.ms"])["log.retention.ms"]
+            except EosError as exc:
+                # A restarted broker's metadata names it once the controller's UpdateMetadata
+                # has reached it; until then the Admin does not know where broker 2 is.
+                if exc.code != ErrorCode.BROKER_NOT_AVAILABLE:
+                    raise
+                return None
+        found = wait_for(described, "broker 2, restarted, in its own metadata")
         assert (found["value"], found["source"]) == ("30000", "DYNAMIC_BROKER_CONFIG")
         admin.alter_broker_configs(None, delete=["log.segment.bytes"])
     for broker_id, process in cluster.processes.items():
