@@ -147,8 +147,8 @@ class Copier:
             self.copied_total += count
             first, last = self.copied_range
             if position <= last:
-                # the consumer's position must be past every record it handed out (a test
-                # looks for this line when the committed offsets disagree with the input's end)
+                # the consumer's position must be past every record it handed out: a position
+                # behind them would commit input offsets that a restart reads twice
                 log.error("position %d is not past the last copied record %d (first %d, %d records)",
                           position, last, first, count)
             emit(f"committed position={position} records={count} total={self.copied_total} first={first} last={last}")
