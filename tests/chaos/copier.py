@@ -106,7 +106,6 @@ class Copier:
             args.bootstrap, group_id=args.group, isolation_level="read_committed",
             auto_offset_reset="earliest", max_poll_records=args.max_poll_records)
         self.copied_total = 0
-        self.copied_range = (-1, -1)   # input offsets of the last transaction's first and last record
         self._froze = False      # --freeze-after: the one freeze happened
 
     def close(self) -> None:
@@ -137,7 +136,7 @@ class Copier:
                 position = self.consumer.position(self.tp)
                 continue
             try:
-                count = self._copy_in_one_transaction(records, group_metadata, end, position)
+                count, first, last = self._copy_in_one_transaction(records, group_metadata, end, position)
             except (EosError, TimeoutError) as exc:   # TimeoutError: a client call ran out of time
                 if isinstance(exc, EosError) and exc.fatal:
                     raise
@@ -145,7 +144,6 @@ class Copier:
                 continue
             position = self.consumer.position(self.tp)
             self.copied_total += count
-            first, last = self.copied_range
             if position <= last:
                 # the consumer's position must be past every record it handed out: a position
                 # behind them would commit input offsets that a restart reads twice
@@ -155,7 +153,9 @@ class Copier:
         emit(f"done position={position}")
         return EXIT_DONE
 
-    def _copy_in_one_transaction(self, records, group_metadata, end: int, start_position: int) -> int:
+    def _copy_in_one_transaction(self, records, group_metadata, end: int,
+                                 start_position: int) -> tuple[int, int, int]:
+        """One committed transaction; (records copied, input offsets of its first and last)."""
         args, producer, output = self.args, self.producer, self.args.output
         started = time.monotonic()
         deadline = started + args.txn_max_ms / 1000
@@ -166,7 +166,7 @@ class Copier:
             for record in records:
                 producer.send(output, value=transform(record.value), key=record.key)
             count += len(records)
-            self.copied_range = (first_offset, records[-1].offset)
+            last_offset = records[-1].offset
             remaining_s = deadline - time.monotonic()
             if count >= args.txn_records or remaining_s <= 0:
                 break
@@ -183,7 +183,7 @@ class Copier:
         self._maybe_freeze("offsets", start_position)
         self._pace(started, pace_until, 1.0)
         producer.commit_transaction()
-        return count
+        return count, first_offset, last_offset
 
     def _maybe_freeze(self, phase: str, start_position: int) -> None:
         """--freeze-after: stop this process inside its open transaction (see the module doc)."""
