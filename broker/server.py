@@ -71,6 +71,7 @@ from broker.reads import FETCH_MAX_WAIT_CAP_MS
 from broker.service import BrokerServicer, NodeAddress
 from broker.topics import TopicRegistry
 from broker.traffic import TopicTraffic
+from eos.allocator import BROKER_THRESHOLD_BYTES, keep_large_buffers_in_the_heap
 from eos.errors import EosError, ErrorCode, InvalidConfigError, StorageError
 from eos.types import TopicPartition
 from eos.v1 import (broker_pb2, broker_pb2_grpc, cluster_pb2, cluster_pb2_grpc, group_pb2, group_pb2_grpc, security_pb2,
@@ -838,31 +839,12 @@ def _configure_logging() -> None:
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-# glibc serves allocations over 128 KiB-32 MiB (its dynamic threshold) with fresh mmaps and
-# trims freed memory back to the kernel, so every ~1 MiB request buffer costs page faults:
-# bench/PROFILE.md measured 80% system time on the broker under produce load and +50-95%
-# MB/s with both thresholds raised. 256 MiB keeps request-sized buffers in the heap.
-_MALLOC_THRESHOLD_BYTES = 256 * 1024 * 1024
-_M_TRIM_THRESHOLD = -1
-_M_MMAP_THRESHOLD = -3
-
-
-def _keep_large_buffers_in_the_heap() -> None:
-    try:
-        import ctypes
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(_M_MMAP_THRESHOLD, _MALLOC_THRESHOLD_BYTES)
-        libc.mallopt(_M_TRIM_THRESHOLD, _MALLOC_THRESHOLD_BYTES)
-    except (OSError, AttributeError):  # not glibc: the allocator's defaults stay
-        log.debug("mallopt is not available; keeping the allocator's defaults")
-
-
 def run_broker(data_dir: str, host: str = "127.0.0.1", port: int = 9092, node_id: int = 0,
                config: dict[str, str] | None = None) -> int:
     """Run a broker in the foreground until SIGTERM or SIGINT; return the exit code
     (0 after a clean stop, 1 when it could not start)."""
     _configure_logging()
-    _keep_large_buffers_in_the_heap()
+    keep_large_buffers_in_the_heap(BROKER_THRESHOLD_BYTES)
     stop_requested = threading.Event()
     try:
         server = BrokerServer(data_dir, host=host, port=port, node_id=node_id, config=config)

@@ -47,6 +47,7 @@ import time
 from typing import Iterable
 
 from eos import net
+from eos.allocator import CLIENT_THRESHOLD_BYTES, keep_large_buffers_in_the_heap
 from eos.client_config import (CLIENT_SECURITY_CONFIG, ConfigSpec, as_bool, as_int, as_int32, as_optional_str,
                                as_str, channel_security, resolve_config)
 from eos.client_metrics import ConsumerMetrics, metrics_setting
@@ -170,6 +171,9 @@ class Consumer:
             if value != _NAMED_DEFAULTS[name]:
                 kwargs[name] = value
         settings, _ = resolve_config("consumer", CONSUMER_CONFIG, config, kwargs)
+        # fetch answers (up to fetch.max.bytes) are read and freed again and again: from the
+        # heap, not from fresh pages (eos/allocator.py)
+        keep_large_buffers_in_the_heap(CLIENT_THRESHOLD_BYTES)
         if settings["enable.auto.commit"] and settings["group.id"] is None:
             raise ValueError("enable.auto.commit cannot be true without a group.id")
         if settings["group.instance.id"] is not None and settings["group.id"] is None:

@@ -47,6 +47,7 @@ from time import time_ns as _time_ns
 from typing import Callable, Iterable, Sequence
 
 from eos import net
+from eos.allocator import CLIENT_THRESHOLD_BYTES, keep_large_buffers_in_the_heap
 from eos.client_config import channel_security
 from eos.client_metrics import ProducerMetrics
 from eos.errors import EosError, ErrorCode, MessageTooLargeError, Reaction
@@ -155,6 +156,9 @@ class Producer:
     def __init__(self, bootstrap: str = net.DEFAULT_BOOTSTRAP, *, config: dict | None = None,
                  participant_of: tuple[int, int] | None = None, **kwargs):
         settings = resolve_producer_config(config, kwargs)
+        # a batch's request (up to max.request.size) is built and freed again and again:
+        # from the heap, not from fresh pages (eos/allocator.py)
+        keep_large_buffers_in_the_heap(CLIENT_THRESHOLD_BYTES)
         if participant_of is not None:
             check_participant_of(participant_of, settings["transactional.id"])
         self._participant_of = participant_of
