@@ -81,6 +81,11 @@ class ClusterNode:
         self._log_manager = None
         self._notify = None
         self._lock = threading.Lock()
+        # The topic defaults in force (dynamic broker configs included: `topic_defaults_changed`),
+        # under a lock of their own so that the controller is built with the latest and told
+        # of every later one.
+        self._topic_defaults = config.topic_defaults
+        self._topic_defaults_lock = threading.Lock()
         self.txn_coordinator = None          # set by the server: the partitioned TransactionCoordinator
         self.group_coordinator = None        # set by the server: the partitioned GroupCoordinator
         self._loads: queue.Queue = queue.Queue()
@@ -141,14 +146,24 @@ class ClusterNode:
             self.store, self.metadata, default_num_partitions=config.num_partitions,
             default_replication_factor=config.default_replication_factor, default_config=lambda: registry.default_config,
             rng=random.Random())
-        self.controller = Controller(
-            self.broker_id, self.store,
-            config=ControllerConfig(
-                auto_leader_rebalance_enable=config.auto_leader_rebalance_enable,
-                leader_imbalance_per_broker_percentage=config.leader_imbalance_per_broker_percentage,
-                unclean_leader_election_enable=config.topic_defaults.unclean_leader_election_enable),
-            now_ms_fn=self._now_ms,
-            rebalance_interval_ms=config.leader_imbalance_check_interval_seconds * 1000, security=self.security)
+        with self._topic_defaults_lock:
+            self.controller = Controller(
+                self.broker_id, self.store,
+                config=ControllerConfig(
+                    auto_leader_rebalance_enable=config.auto_leader_rebalance_enable,
+                    leader_imbalance_per_broker_percentage=config.leader_imbalance_per_broker_percentage,
+                    unclean_leader_election_enable=self._topic_defaults.unclean_leader_election_enable),
+                now_ms_fn=self._now_ms,
+                rebalance_interval_ms=config.leader_imbalance_check_interval_seconds * 1000, security=self.security)
+
+    def topic_defaults_changed(self, defaults) -> None:
+        """The dynamic broker configs changed the topic defaults (broker/dynamic_config.py):
+        the controller candidate takes unclean.leader.election.enable, as Kafka's controller
+        takes its own broker's value."""
+        with self._topic_defaults_lock:     # (posting is a queue put: in order, under the lock)
+            self._topic_defaults = defaults
+            if self.controller is not None:
+                self.controller.unclean_default_changed(defaults.unclean_leader_election_enable)
 
     def join(self, port: int, endpoints: tuple = (), socket_port: int = 0) -> None:
         """Register in ZooKeeper and start the roles; the gRPC server already serves.

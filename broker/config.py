@@ -67,16 +67,15 @@ _TIME_DEFAULT_FORMS = {
     "retention.ms": (("log.retention.ms", 1), ("log.retention.minutes", 60_000), ("log.retention.hours", 3_600_000)),
     "segment.ms": (("log.roll.ms", 1), ("log.roll.hours", 3_600_000)),
 }
-_TIME_FORM_NAMES = {name for forms in _TIME_DEFAULT_FORMS.values() for name, _ in forms}
+TIME_FORM_NAMES = {name for forms in _TIME_DEFAULT_FORMS.values() for name, _ in forms}
 
 # The topic defaults a running broker takes without a restart (broker/dynamic_config.py):
-# Kafka's dynamic log configs, the two time defaults in their milliseconds form only.
-# unclean.leader.election.enable stays static in eos: the controller reads it at its start.
+# Kafka's dynamic log configs, every spelling of the two time defaults included (a dynamic
+# form is merged with the static ones before Kafka's precedence picks one), and
+# unclean.leader.election.enable (the controller takes it: broker/controller/shell.py).
 DYNAMIC_TOPIC_DEFAULT_NAMES = {
-    **{name: topic_name for name, topic_name in _TOPIC_DEFAULT_NAMES.items()
-       if name != "unclean.leader.election.enable"},
-    "log.retention.ms": "retention.ms",
-    "log.roll.ms": "segment.ms",
+    **_TOPIC_DEFAULT_NAMES,
+    **{name: topic_name for topic_name, forms in _TIME_DEFAULT_FORMS.items() for name, _ in forms},
 }
 
 
@@ -109,6 +108,9 @@ class BrokerConfig:
     offsets_topic_num_partitions: int = OFFSETS_TOPIC_PARTITIONS
     offsets_topic_segment_bytes: int = 100 * 1024 * 1024   # Kafka's offsets.topic.segment.bytes
     topic_defaults: TopicConfig = TopicConfig()
+    # The spellings of the time defaults given (name, value), e.g. (("log.retention.hours",
+    # "24"),): a dynamic spelling is weighed against them by Kafka's precedence.
+    time_defaults_given: tuple[tuple[str, str], ...] = ()
     # ---- log compaction (Kafka's LogCleaner settings and defaults) ----
     log_cleaner_enable: bool = True
     log_cleaner_threads: int = 1
@@ -179,7 +181,7 @@ class BrokerConfig:
         time_forms: dict[str, str] = {}
         for name, raw in (config or {}).items():
             raw = str(raw).strip()
-            if name in _TIME_FORM_NAMES:
+            if name in TIME_FORM_NAMES:
                 time_forms[name] = raw
             elif name in _TOPIC_DEFAULT_NAMES:
                 topic_overrides[_TOPIC_DEFAULT_NAMES[name]] = raw
@@ -207,12 +209,12 @@ class BrokerConfig:
         values.update(_security_settings(security, clustered=bool(values.get("zookeeper_connect"))))
         if values.get("socket_transport_port", -1) > 0:
             _check_socket_transport(values)
-        topic_overrides.update(_time_defaults(time_forms))
+        topic_overrides.update(time_defaults(time_forms))
         try:
             topic_defaults = TopicConfig.from_overrides(topic_overrides)
         except InvalidConfigError as exc:
             raise InvalidConfigError(f"broker default topic config: {exc}") from None
-        return cls(topic_defaults=topic_defaults, **values)
+        return cls(topic_defaults=topic_defaults, time_defaults_given=tuple(sorted(time_forms.items())), **values)
 
 
 _SECURITY_NAMES = frozenset({
@@ -465,7 +467,7 @@ def _parse_bool(name: str, raw: str) -> bool:
     return raw.lower() == "true"
 
 
-def _time_defaults(time_forms: Mapping[str, str]) -> dict[str, str]:
+def time_defaults(time_forms: Mapping[str, str]) -> dict[str, str]:
     """The topic-level `retention.ms` / `segment.ms` defaults the broker's time settings give,
     by Kafka's precedence; every form given is validated, the ones outranked included."""
     resolved: dict[str, str] = {}
@@ -481,6 +483,14 @@ def _time_defaults(time_forms: Mapping[str, str]) -> dict[str, str]:
         if chosen_ms is not None:
             resolved[topic_name] = str(chosen_ms)
     return resolved
+
+
+def time_forms_in_force(time_forms: Mapping[str, str]) -> dict[str, str]:
+    """Topic-level name -> the broker spelling among `time_forms` whose value it takes
+    (Kafka's precedence: `.ms` over `.minutes` over `.hours`)."""
+    return {topic_name: next(name for name, _ in forms if name in time_forms)
+            for topic_name, forms in _TIME_DEFAULT_FORMS.items()
+            if any(name in time_forms for name, _ in forms)}
 
 
 def _parse_int(name: str, raw: str, *, minimum: int, maximum: int | None = None) -> int:

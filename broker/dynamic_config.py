@@ -5,10 +5,16 @@ Theory of operation
 Kafka lets `kafka-configs --entity-type brokers --entity-default | --entity-name <id>
 --alter` change some broker settings without a restart (its DynamicBrokerConfig). eos does
 this for the settings that are a topic config's default (`DYNAMIC_TOPIC_DEFAULT_NAMES`:
-log.retention.ms, log.segment.bytes, message.max.bytes, ...), which every topic without an
-override of its own follows. Every other broker setting stays static: altering one is
-refused with INVALID_REQUEST naming it ("Cannot update these configs dynamically", Kafka's
-words), and nothing changes.
+log.retention.ms, log.segment.bytes, message.max.bytes, unclean.leader.election.enable, ...),
+which every topic without an override of its own follows. Every other broker setting stays
+static: altering one is refused with INVALID_REQUEST naming it ("Cannot update these configs
+dynamically", Kafka's words), and nothing changes.
+
+The time defaults have several spellings (log.retention.ms / .minutes / .hours, log.roll.ms /
+.hours). As in Kafka, the values are merged name by name -- the static ones, the cluster-wide
+dynamic ones over them, the broker's own over those -- and only then does the precedence of
+the spellings pick one: a dynamic log.retention.hours does not outrank a static
+log.retention.ms, a dynamic log.retention.ms outranks both.
 
 Two entities, Kafka's: the cluster-wide default (resource name "", stored as `<default>`)
 and one broker (its id). Precedence, Kafka's: the broker's own dynamic value, then the
@@ -24,7 +30,10 @@ makes every broker read them again); on a single broker in
 change (its own, or another broker's seen through ZooKeeper) it hands the effective topic
 defaults to `apply`, which the broker wires to `TopicDefaultsFollower`: the topic registry
 computes every topic's config again, and the open logs whose config changed take it: a new retention, segment size
-or message limit acts at once, as after a topic's own alteration. Alterations are checked
+or message limit acts at once, as after a topic's own alteration. On a cluster `apply` also
+hands unclean.leader.election.enable to this broker's controller candidate, which, when it is
+the active controller and the default turned on, elects leaders for the partitions without
+one of the topics that follow it (Kafka's enableDefaultUncleanLeaderElection). Alterations are checked
 whole before anything is written: an unknown or static name, an operation other than SET
 and DELETE, a value the topic config refuses.
 """
@@ -35,7 +44,7 @@ import logging
 import threading
 from typing import Callable, Iterable, Mapping
 
-from broker.config import DYNAMIC_TOPIC_DEFAULT_NAMES
+from broker.config import DYNAMIC_TOPIC_DEFAULT_NAMES, TIME_FORM_NAMES, time_defaults, time_forms_in_force
 from eos.config import TopicConfig
 from eos.config_resources import (OP_DELETE, OP_NAMES, OP_SET, SOURCE_DYNAMIC_BROKER_CONFIG,
                                   SOURCE_DYNAMIC_DEFAULT_BROKER_CONFIG)
@@ -59,14 +68,35 @@ def entity_name(resource_name: str) -> str:
 
 
 def effective_defaults(static: TopicConfig, cluster_default: Mapping[str, str],
-                       own: Mapping[str, str]) -> TopicConfig:
-    """The topic defaults in force: `static` (what the broker started with) under the
-    cluster-wide dynamic values, under the broker's own."""
+                       own: Mapping[str, str], static_time_forms: Mapping[str, str] | None = None) -> TopicConfig:
+    """The topic defaults in force: `static` (what the broker started with, its time
+    defaults given as `static_time_forms`) under the cluster-wide dynamic values, under the
+    broker's own; the time defaults' spellings merged name by name first (module doc)."""
     merged = _ours({**cluster_default, **own})
     if not merged:
         return static
-    return TopicConfig.from_overrides({DYNAMIC_TOPIC_DEFAULT_NAMES[name]: value for name, value in merged.items()},
-                                      base=static)
+    overrides = {DYNAMIC_TOPIC_DEFAULT_NAMES[name]: value for name, value in merged.items()
+                 if name not in TIME_FORM_NAMES}
+    dynamic_forms = {name: value for name, value in merged.items() if name in TIME_FORM_NAMES}
+    if dynamic_forms:
+        overrides.update(time_defaults({**(static_time_forms or {}), **dynamic_forms}))
+    return TopicConfig.from_overrides(overrides, base=static)
+
+
+def topic_sources(cluster_default: Mapping[str, str], own: Mapping[str, str],
+                  static_time_forms: Mapping[str, str] | None = None) -> dict[str, int]:
+    """Topic-level config name -> the DescribeConfigs source of the dynamic value its default
+    takes: only where a dynamic value is the one in force (a dynamic log.retention.hours under
+    a static log.retention.ms is not)."""
+    in_force = sources(cluster_default, own)
+    found = {DYNAMIC_TOPIC_DEFAULT_NAMES[name]: source for name, (_, source) in in_force.items()
+             if name not in TIME_FORM_NAMES}
+    merged_forms = {**(static_time_forms or {}), **{name: value for name, (value, _) in in_force.items()
+                                                    if name in TIME_FORM_NAMES}}
+    for topic_name, name in time_forms_in_force(merged_forms).items():
+        if name in in_force:
+            found[topic_name] = in_force[name][1]
+    return found
 
 
 def _ours(values: Mapping[str, str]) -> dict[str, str]:
@@ -76,7 +106,8 @@ def _ours(values: Mapping[str, str]) -> dict[str, str]:
     return {name: value for name, value in values.items() if name in DYNAMIC_TOPIC_DEFAULT_NAMES}
 
 
-def altered(current: Mapping[str, str], alterations: Iterable, static: TopicConfig) -> dict[str, str]:
+def altered(current: Mapping[str, str], alterations: Iterable, static: TopicConfig,
+            static_time_forms: Mapping[str, str] | None = None) -> dict[str, str]:
     """One entity's dynamic values after `alterations` (AlterableConfig: name,
     config_operation, value), checked whole: a name given twice, a name that is not a
     dynamic one, an operation other than SET and DELETE (INVALID_REQUEST); a value the
@@ -104,7 +135,7 @@ def altered(current: Mapping[str, str], alterations: Iterable, static: TopicConf
                                   f"broker configs are the topic defaults: {sorted(DYNAMIC_TOPIC_DEFAULT_NAMES)})")
     for name, value in result.items():
         try:
-            effective_defaults(static, {}, {name: value})
+            effective_defaults(static, {}, {name: value}, static_time_forms)
         except InvalidConfigError as exc:
             raise InvalidConfigError(f"{name}={value!r}: {exc}") from None
     return result
@@ -125,11 +156,12 @@ class DynamicBrokerConfigs:
     with the effective topic defaults after every change and once at `start()`."""
 
     def __init__(self, node_id: int, static: TopicConfig, apply: Callable[[TopicConfig], None], *,
-                 data_dir=None, zk_configs=None):
+                 static_time_forms: Mapping[str, str] | None = None, data_dir=None, zk_configs=None):
         if (data_dir is None) == (zk_configs is None):
             raise ValueError("give data_dir (a single broker) or zk_configs (a cluster)")
         self._own_entity = str(node_id)
         self._static = static
+        self._static_time_forms = dict(static_time_forms or {})   # the time defaults' spellings given
         self._apply = apply
         self._path = None if data_dir is None else data_dir / FILE_NAME
         self._zk = zk_configs
@@ -161,7 +193,12 @@ class DynamicBrokerConfigs:
     @property
     def defaults(self) -> TopicConfig:
         return effective_defaults(self._static, self._entities.get(DEFAULT_ENTITY, {}),
-                                  self._entities.get(self._own_entity, {}))
+                                  self._entities.get(self._own_entity, {}), self._static_time_forms)
+
+    def topic_sources(self) -> dict[str, int]:
+        """Topic-level name -> source, where a topic default's value in force is a dynamic one."""
+        return topic_sources(self._entities.get(DEFAULT_ENTITY, {}), self._entities.get(self._own_entity, {}),
+                             self._static_time_forms)
 
     # ---- altering -------------------------------------------------------------------------
 
@@ -173,7 +210,7 @@ class DynamicBrokerConfigs:
                                       f"{resource_name!r}: ask that broker")
         alterations = list(alterations)
         with self._lock:
-            wanted = altered(self._entities.get(entity, {}), alterations, self._static)
+            wanted = altered(self._entities.get(entity, {}), alterations, self._static, self._static_time_forms)
             if validate_only:
                 return
             if self._zk is not None:

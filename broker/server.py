@@ -437,8 +437,15 @@ class BrokerServer:
         # Before the topics load, so that they open with the defaults altered while running.
         from broker.dynamic_config import DynamicBrokerConfigs, TopicDefaultsFollower
         topic_defaults = TopicDefaultsFollower(self._registry)
+
+        def apply_topic_defaults(defaults) -> None:
+            topic_defaults.apply(defaults)
+            if cluster is not None:     # its controller candidate takes unclean.leader.election.enable
+                cluster.topic_defaults_changed(defaults)
+
         self._dynamic_configs = DynamicBrokerConfigs(
-            self.node_id, self.config.topic_defaults, topic_defaults.apply,
+            self.node_id, self.config.topic_defaults, apply_topic_defaults,
+            static_time_forms=dict(self.config.time_defaults_given),
             **({"data_dir": self.data_dir} if cluster is None else {"zk_configs": self._entity_configs}))
         self._dynamic_configs.start()
         topics = self._registry.load()

@@ -476,9 +476,8 @@ class BrokerServicer(WriteHandlers, ReadHandlers, DeleteRecordsHandler, broker_p
     def _with_dynamic_sources(self, response: broker_pb2.DescribeConfigsResponse) -> broker_pb2.DescribeConfigsResponse:
         """A topic's config that follows a dynamic broker config (no override of its own) has
         that config's source, as in Kafka, not the static setting's."""
-        dynamic = {} if self._dynamic_configs is None else self._dynamic_configs.in_force()
-        if dynamic:
-            sources = {DYNAMIC_TOPIC_DEFAULT_NAMES[name]: source for name, (_, source) in dynamic.items()}
+        sources = {} if self._dynamic_configs is None else self._dynamic_configs.topic_sources()
+        if sources:
             for result in response.results:
                 for entry in result.configs:
                     if entry.config_source != SOURCE_DYNAMIC_TOPIC_CONFIG and entry.name in sources:

@@ -45,9 +45,10 @@ CALL_TIMEOUT_S = 30.0
 # Events retried (without their payload) when they fail; stop_replica_answered's retry is a
 # delete_topics pass, which deletes the znodes of a deletion whose last confirmation came in
 # but whose znodes could not be deleted then.
+# (unclean_default is not a watch's, but its handler reads every topic again the same way.)
 _WATCHED_EVENTS = frozenset({"brokers_changed", "topics_changed", "isr_change", "delete_topics",
                              "preferred_znode", "reassign_znode", "stop_replica_answered",
-                             "assignment_changed", "config_changes"})
+                             "assignment_changed", "config_changes", "unclean_default"})
 ASSIGNMENT_WRITE_ATTEMPTS = 5   # a reassignment's write that keeps meeting partitions being added
 ELECT_RETRY_S = 0.5          # after an election that failed (ZooKeeper unreachable, session expired)
 STATE_WRITE_ROUNDS_MAX = 10
@@ -74,6 +75,10 @@ class Controller:
         self.broker_id = broker_id
         self._store = store
         self._config = config
+        # The broker's unclean.leader.election.enable, which topics without their own follow:
+        # the static one, then as the dynamic broker configs change it (`unclean_default_changed`;
+        # the event thread's from then on).
+        self._unclean_default = config.unclean_leader_election_enable
         self._now_ms = now_ms_fn
         self._rebalance_interval_ms = rebalance_interval_ms
         self._events: queue.Queue[_Event] = queue.Queue(maxsize=EVENT_QUEUE_MAX)
@@ -172,6 +177,10 @@ class Controller:
     def ongoing_reassignments(self) -> dict:
         return self._call("list_reassignments", None)
 
+    def unclean_default_changed(self, enabled: bool) -> None:
+        """The broker's unclean.leader.election.enable changed (a dynamic broker config)."""
+        self._put("unclean_default", enabled)
+
     # ---- the event thread ----------------------------------------------------------------------
 
     def _run(self) -> None:
@@ -220,6 +229,8 @@ class Controller:
             return self._elect()
         if kind == "resign":
             return self._resign()
+        if kind == "unclean_default":
+            return self._on_unclean_default(event.payload)    # kept while not active too
         if not self.is_active:
             if event.future is not None:
                 raise NotControllerError(f"broker {self.broker_id} is no longer the controller")
@@ -316,7 +327,7 @@ class Controller:
             models[name] = TopicModel(
                 assignment=dict(assignment.partitions), adding=dict(assignment.adding),
                 removing=dict(assignment.removing), unclean_leader_election_enable=_is_true(
-                    config.get("unclean.leader.election.enable"), self._config.unclean_leader_election_enable))
+                    config.get("unclean.leader.election.enable"), self._unclean_default))
         return models
 
     def _assignment_changed(self, event) -> None:
@@ -365,6 +376,20 @@ class Controller:
         if names:
             self._execute(self._core.configs_changed(self._read_topics(sorted(names))))
         self._config_changes_seen = seen     # only now: a failed event is retried from the same place
+
+    def _on_unclean_default(self, enabled: bool | None) -> None:
+        """unclean.leader.election.enable of this broker changed (None: a retry of this event).
+        The active controller reads every topic again: those without a value of their own follow
+        the new default, and when it turned on their partitions without a leader get one from
+        outside the ISR (`ControllerCore.topics_changed`; Kafka's
+        enableDefaultUncleanLeaderElection). A candidate only keeps it for when it is elected."""
+        if enabled is not None:
+            if enabled == self._unclean_default:
+                return
+            self._unclean_default = enabled
+            log.info("unclean.leader.election.enable is now %s for topics without their own", str(enabled).lower())
+        if self._core is not None:
+            self._execute(self._core.topics_changed(self._read_topics(sorted(self._core.topics))))
 
     def _on_isr_change(self, _payload) -> None:
         names = self._store.isr_change_notifications(watch=lambda *_: self._put("isr_change"))

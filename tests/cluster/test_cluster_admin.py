@@ -125,6 +125,35 @@ def test_unclean_election_is_refused_unless_the_topic_allows_it(cluster):
         wait_for(lambda: describe(admin, "strict")[0]["leader"] == 2, "strict-0 to elect broker 2 once allowed")
 
 
+def test_the_cluster_wide_unclean_default_turned_on_elects_the_topics_that_follow_it(cluster):
+    """unclean.leader.election.enable as a dynamic broker config (kafka-configs --entity-type
+    brokers --entity-default): the controller takes it, and turned on it elects the offline
+    partitions of the topics without a value of their own, as Kafka's controller does; a
+    topic that says false stays offline."""
+    with eos.Admin(bootstrap=cluster.bootstrap) as admin:
+        admin.create_topics([{"name": "follows", "assignments": {0: [1, 2]}},
+                             {"name": "says-no", "assignments": {0: [1, 2]},
+                              "config": {"unclean.leader.election.enable": "false"}}])
+        for topic in ("follows", "says-no"):
+            assert full_isr(admin, topic)[0]["leader"] == 1
+        cluster.kill(2)
+        for topic in ("follows", "says-no"):
+            wait_for(lambda: describe(admin, topic)[0]["isr"] == [1], f"{topic}'s ISR without broker 2")
+        cluster.kill(1)          # the last in-sync replica: both offline
+        for topic in ("follows", "says-no"):
+            wait_for(lambda: describe(admin, topic)[0]["leader"] == -1, f"{topic} offline")
+        cluster.restart(2)       # out of sync: under the static default both stay offline
+        wait_for(lambda: 2 in admin.describe_cluster()["brokers"], "broker 2 back in the cluster")
+        for topic in ("follows", "says-no"):
+            assert describe(admin, topic)[0]["leader"] == -1
+        admin.alter_broker_configs(None, set={"unclean.leader.election.enable": True})
+        wait_for(lambda: describe(admin, "follows")[0]["leader"] == 2,
+                 "follows-0 to elect broker 2 once the cluster-wide default allows it")
+        assert describe(admin, "says-no")[0]["leader"] == -1
+        found = admin.describe_configs("follows", ["unclean.leader.election.enable"])["unclean.leader.election.enable"]
+        assert (found["value"], found["source"]) == ("true", "DYNAMIC_DEFAULT_BROKER_CONFIG")
+
+
 def test_partitions_added_on_a_cluster_come_online_and_take_records(cluster):
     with eos.Admin(bootstrap=cluster.bootstrap) as admin:
         admin.create_topic("growing", partitions=2, replication_factor=2)

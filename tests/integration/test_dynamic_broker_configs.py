@@ -8,12 +8,13 @@ import grpc
 import pytest
 
 import eos
-from broker.dynamic_config import FILE_NAME, TopicDefaultsFollower, altered, effective_defaults, sources
+from broker.dynamic_config import FILE_NAME, TopicDefaultsFollower, altered, effective_defaults, sources, topic_sources
 from broker.local_topic_admin import LocalTopicAdmin
 from broker.storage.log_manager import LogManager
 from broker.topics import TopicRegistry
 from eos.config import TopicConfig
-from eos.config_resources import OP_APPEND, OP_DELETE, OP_SET, RESOURCE_BROKER, SOURCE_DYNAMIC_BROKER_CONFIG
+from eos.config_resources import (OP_APPEND, OP_DELETE, OP_SET, RESOURCE_BROKER, SOURCE_DYNAMIC_BROKER_CONFIG,
+                                  SOURCE_DYNAMIC_DEFAULT_BROKER_CONFIG)
 from eos.errors import EosError, ErrorCode, InvalidConfigError, InvalidRequestError
 from eos.v1 import broker_pb2, broker_pb2_grpc
 
@@ -48,8 +49,45 @@ def test_the_rules_precedence_and_refusals():
         altered({}, [_alteration("log.retention.ms", OP_SET, "1"), _alteration("log.retention.ms", OP_DELETE)], static)
     with pytest.raises(InvalidConfigError, match="log.segment.bytes='3'"):
         altered({}, [_alteration("log.segment.bytes", OP_SET, "3")], static)
-    with pytest.raises(InvalidRequestError, match="unclean.leader.election.enable"):
-        altered({}, [_alteration("unclean.leader.election.enable", OP_SET, "true")], static)
+    # unclean.leader.election.enable is a dynamic one too (the controller takes it)
+    assert altered({}, [_alteration("unclean.leader.election.enable", OP_SET, "true")], static) == {
+        "unclean.leader.election.enable": "true"}
+    assert effective_defaults(static, {"unclean.leader.election.enable": "true"}, {}).unclean_leader_election_enable
+    with pytest.raises(InvalidConfigError, match="unclean.leader.election.enable='maybe'"):
+        altered({}, [_alteration("unclean.leader.election.enable", OP_SET, "maybe")], static)
+
+
+DEFAULT_SOURCE, OWN_SOURCE = SOURCE_DYNAMIC_DEFAULT_BROKER_CONFIG, SOURCE_DYNAMIC_BROKER_CONFIG
+
+
+@pytest.mark.parametrize("static_forms, cluster_default, own, retention_ms, source", [
+    ({}, {"log.retention.hours": "2"}, {}, 2 * 3_600_000, DEFAULT_SOURCE),
+    ({}, {"log.retention.hours": "2"}, {"log.retention.minutes": "30"}, 30 * 60_000, OWN_SOURCE),
+    # Kafka merges name by name, then the spellings' precedence picks: a dynamic .hours does
+    # not outrank a static .ms (nor is it the source of the topics' retention.ms), a dynamic
+    # .ms outranks a static .hours
+    ({"log.retention.ms": "5000"}, {"log.retention.hours": "2"}, {}, 5000, None),
+    ({"log.retention.hours": "24"}, {"log.retention.ms": "5000"}, {}, 5000, DEFAULT_SOURCE),
+    ({"log.retention.hours": "24"}, {"log.retention.minutes": "-1"}, {}, -1, DEFAULT_SOURCE),
+])
+def test_the_time_defaults_spellings_merge_before_their_precedence(static_forms, cluster_default, own,
+                                                                   retention_ms, source):
+    from broker.config import BrokerConfig
+    config = BrokerConfig.from_dict(static_forms)
+    assert dict(config.time_defaults_given) == static_forms
+    defaults = effective_defaults(config.topic_defaults, cluster_default, own, static_forms)
+    assert defaults.retention_ms == retention_ms
+    assert topic_sources(cluster_default, own, static_forms) == ({} if source is None else {"retention.ms": source})
+
+
+def test_a_time_default_spelling_the_broker_refuses_changes_nothing():
+    static = TopicConfig()
+    with pytest.raises(InvalidConfigError, match="log.roll.hours='0'"):
+        altered({}, [_alteration("log.roll.hours", OP_SET, "0")], static)
+    with pytest.raises(InvalidConfigError, match="log.retention.minutes='soon'"):
+        altered({}, [_alteration("log.retention.minutes", OP_SET, "soon")], static)
+    assert altered({}, [_alteration("log.roll.hours", OP_SET, "1")], static) == {"log.roll.hours": "1"}
+    assert effective_defaults(static, {"log.roll.hours": "1"}, {}).segment_ms == 3_600_000
 
 
 def test_a_defaults_change_inside_a_topic_alteration_is_not_undone_in_the_open_logs(tmp_path):
