@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -26,8 +28,21 @@ FORKED = re.compile(r"forked (\d+) for -m ")
 
 
 @pytest.fixture
-def server(tmp_path):
+def private_tempdir(monkeypatch):
+    """The fork servers' directories go under a directory of this test's own. A server's
+    start sweeps the system temp dir for abandoned ones, and pytest-xdist runs another test at
+    the same time: its sweep would remove a server this test killed on purpose before the
+    test looked (failed once in CI at 7862515). (Short: a Unix socket's path has a limit.)"""
+    parent = tempfile.mkdtemp(prefix="eos-fork-test-")
+    monkeypatch.setattr(tempfile, "tempdir", parent)
+    yield Path(parent)
+    shutil.rmtree(parent, ignore_errors=True)
+
+
+@pytest.fixture
+def server(tmp_path, private_tempdir):
     started = worker_fork.start_fork_server(worker_fork.launcher_script(tmp_path / "cache"), modules=PROBE)
+    assert started.directory.parent == private_tempdir
     try:
         wait_for(started.socket_path.exists, "the fork server to listen", WAIT_S)
         yield started
