@@ -19,8 +19,8 @@ faulted in again on every request.
 
 - Once a process: the first call sets the thresholds, later calls change nothing (a
   broker and clients in one process: the broker starts first and sets the larger value).
-- The operator's choice stands: with MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_ or a
-  glibc.malloc tunable in GLIBC_TUNABLES in the environment, nothing is changed.
+- The operator's choice stands: with MALLOC_MMAP_THRESHOLD_ or MALLOC_TRIM_THRESHOLD_ in the
+  environment, or either threshold in GLIBC_TUNABLES, nothing is changed.
 - Not glibc (musl, macOS): nothing is changed.
 """
 from __future__ import annotations
@@ -40,16 +40,19 @@ CLIENT_THRESHOLD_BYTES = 64 * MIB
 _M_TRIM_THRESHOLD = -1      # glibc's mallopt parameter numbers (malloc.h)
 _M_MMAP_THRESHOLD = -3
 _OPERATOR_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+_OPERATOR_TUNABLES = ("glibc.malloc.mmap_threshold", "glibc.malloc.trim_threshold")
 
 _lock = threading.Lock()
 _done = False
 
 
 def operator_chose(environ=os.environ) -> bool:
-    """Whether the environment sets glibc's malloc thresholds itself."""
+    """Whether the environment sets glibc's malloc thresholds itself (other malloc
+    settings, such as a container's glibc.malloc.arena_max, do not count)."""
     if any(name in environ for name in _OPERATOR_VARIABLES):
         return True
-    return "glibc.malloc." in environ.get("GLIBC_TUNABLES", "")
+    tunables = environ.get("GLIBC_TUNABLES", "")
+    return any(name in tunables for name in _OPERATOR_TUNABLES)
 
 
 def keep_large_buffers_in_the_heap(threshold_bytes: int) -> bool:

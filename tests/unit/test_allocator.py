@@ -82,9 +82,14 @@ def test_only_the_first_call_sets_the_thresholds():
     {"MALLOC_MMAP_THRESHOLD_": "131072"},
     {"MALLOC_TRIM_THRESHOLD_": "131072"},
     {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=131072"},
+    {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.trim_threshold=131072"},
 ])
 def test_thresholds_the_operator_set_stand(environment):
     assert _probe("call", **environment) == {"set": False, "mmapped_by_2_mib": 1}
+
+
+def test_other_malloc_tunables_do_not_count_as_the_operators_thresholds():
+    assert _probe("call", GLIBC_TUNABLES="glibc.malloc.arena_max=2") == {"set": True, "mmapped_by_2_mib": 0}
 
 
 @pytest.mark.parametrize("client", ["producer", "consumer"])
