@@ -327,6 +327,9 @@ class BrokerServer:
             if self._started:
                 raise EosError("BrokerServer.start() called twice")
             self._started = True
+            # request-sized buffers from the heap, not fresh pages (eos/allocator.py); also for
+            # a broker embedded in a process (the demo, tests): the first call in it wins
+            keep_large_buffers_in_the_heap(BROKER_THRESHOLD_BYTES)
             self.data_dir.mkdir(parents=True, exist_ok=True)
             try:
                 self._locks[0].acquire()
@@ -851,7 +854,6 @@ def run_broker(data_dir: str, host: str = "127.0.0.1", port: int = 9092, node_id
     """Run a broker in the foreground until SIGTERM or SIGINT; return the exit code
     (0 after a clean stop, 1 when it could not start)."""
     _configure_logging()
-    keep_large_buffers_in_the_heap(BROKER_THRESHOLD_BYTES)
     stop_requested = threading.Event()
     try:
         server = BrokerServer(data_dir, host=host, port=port, node_id=node_id, config=config)

@@ -17,8 +17,9 @@ from the heap, and freed memory below it stays for the next one, as the JVM keep
 The process's peak memory is unchanged; what changes is that it is not handed back and
 faulted in again on every request.
 
-- Once a process: the first call sets the thresholds, later calls change nothing (a
-  broker and clients in one process: the broker starts first and sets the larger value).
+- Once a process: the first call sets the thresholds, later calls change nothing. The
+  broker calls it as it starts, each Producer and Consumer as it is made; in a process that
+  holds both (the demo's embedded broker, tests) whichever comes first decides.
 - The operator's choice stands: with MALLOC_MMAP_THRESHOLD_ or MALLOC_TRIM_THRESHOLD_ in the
   environment, or either threshold in GLIBC_TUNABLES, nothing is changed.
 - Not glibc (musl, macOS): nothing is changed.

@@ -47,6 +47,12 @@ elif step == "producer":
 elif step == "consumer":
     import eos
     eos.Consumer("127.0.0.1:9").close()
+elif step == "broker":
+    import shutil, tempfile
+    from broker.server import BrokerServer
+    data_dir = tempfile.mkdtemp()
+    BrokerServer(data_dir, port=0).start().stop()
+    shutil.rmtree(data_dir)
 before = libc.mallinfo2().hblks
 buffer = bytearray(2 * 1024 * 1024)
 after = libc.mallinfo2().hblks
@@ -95,3 +101,7 @@ def test_other_malloc_tunables_do_not_count_as_the_operators_thresholds():
 @pytest.mark.parametrize("client", ["producer", "consumer"])
 def test_a_client_raises_them_for_its_requests_and_fetch_answers(client):
     assert _probe(client)["mmapped_by_2_mib"] == 0
+
+
+def test_a_broker_raises_them_as_it_starts_in_a_process_of_its_own_or_embedded():
+    assert _probe("broker")["mmapped_by_2_mib"] == 0
