@@ -163,6 +163,27 @@ def test_altered_defaults_reach_every_topic_without_an_override_and_survive_a_re
         assert admin.describe_broker_configs(None) == {}
 
 
+def test_a_time_spelling_altered_on_a_running_broker_is_weighed_against_the_static_ones(inprocess_broker_factory):
+    """Started with log.retention.ms and log.roll.hours: a dynamic log.retention.hours is
+    outranked by the static .ms (the topics keep it, and name the static source), a dynamic
+    log.roll.ms outranks the static .hours and the open logs take it."""
+    broker = inprocess_broker_factory({"log.retention.ms": "5000000", "log.roll.hours": "2"})
+    with eos.Admin(broker.address) as admin:
+        admin.create_topic("timed", partitions=1)
+        admin.alter_broker_configs(None, set={"log.retention.hours": 1, "log.roll.ms": 60000})
+        described = admin.describe_configs("timed", ["retention.ms", "segment.ms"])
+        assert (described["retention.ms"]["value"], described["retention.ms"]["source"]) == (
+            "5000000", "STATIC_BROKER_CONFIG")
+        assert (described["segment.ms"]["value"], described["segment.ms"]["source"]) == (
+            "60000", "DYNAMIC_DEFAULT_BROKER_CONFIG")
+        config = broker.server._log_manager.get_log("timed", 0).config
+        assert (config.retention_ms, config.segment_ms) == (5000000, 60000)
+        hours = admin.describe_broker_configs(0, ["log.retention.hours"])["log.retention.hours"]
+        assert (hours["value"], hours["source"], hours["read_only"]) == ("1", "DYNAMIC_DEFAULT_BROKER_CONFIG", False)
+        admin.alter_broker_configs(None, delete=["log.roll.ms"])      # back to the static .hours
+        assert admin.describe_configs("timed", ["segment.ms"])["segment.ms"]["value"] == "7200000"
+
+
 def test_refused_alterations_change_nothing(inprocess_broker_factory, capsys):
     from eos.cli import main as eos_main
 
