@@ -81,7 +81,14 @@ def launch(launched, server, *args: str, modules: str | None = None, socket_path
 
 
 def report_of(process: subprocess.Popen) -> dict:
-    return json.loads(process.stdout.readline())
+    line = process.stdout.readline()
+    if not line:     # the worker printed nothing: say what it said on stderr, and how it ended
+        try:
+            _, err = process.communicate(timeout=WAIT_S)
+        except subprocess.TimeoutExpired:
+            err = b"(still running)"
+        raise AssertionError(f"no report on stdout; exit code {process.returncode}, stderr: {err!r}")
+    return json.loads(line)
 
 
 def gone(pid: int) -> bool:
