@@ -1,7 +1,7 @@
 """eos.allocator: glibc's thresholds raised once a process, unless the operator set them.
 
-Each case runs in a fresh interpreter: the thresholds are the process's, and the test
-process's own allocator must stay as pytest found it. What is observed is glibc's own
+Each case runs in a fresh interpreter: the thresholds are set once a process, and the test
+process has set them already if any test made a Producer or Consumer in it. What is observed is glibc's own
 count of mmapped chunks (mallinfo2().hblks): a 2 MiB buffer is one of them under glibc's
 defaults, and comes from the heap once the thresholds are raised.
 """
