@@ -91,21 +91,28 @@ def test_preferred_election_puts_leaders_back_after_a_restart(cluster):
         assert all(a["leader_epoch"] > b["leader_epoch"] for a, b in zip(after, before) if b["partition"] in led)
 
 
+def offline_with_only_an_out_of_sync_replica_back(cluster, admin, unclean_by_topic: dict) -> None:
+    """One single-partition topic per entry (its unclean.leader.election.enable, None: none of
+    its own), leader 1 and follower 2; then broker 2 leaves the ISRs, broker 1 (the last
+    in-sync replica) dies, every topic is offline, and broker 2, out of sync, is restarted."""
+    # (a manual assignment fixes the places)
+    admin.create_topics([{"name": topic, "assignments": {0: [1, 2]},
+                          **({} if unclean is None else {"config": {"unclean.leader.election.enable": unclean}})}
+                         for topic, unclean in unclean_by_topic.items()])
+    for topic in unclean_by_topic:
+        assert full_isr(admin, topic)[0]["leader"] == 1
+    cluster.kill(2)          # the follower leaves the ISRs ...
+    for topic in unclean_by_topic:
+        wait_for(lambda: describe(admin, topic)[0]["isr"] == [1], f"{topic}'s ISR without broker 2")
+    cluster.kill(1)          # ... then the last in-sync replica dies: all offline
+    for topic in unclean_by_topic:
+        wait_for(lambda: describe(admin, topic)[0]["leader"] == -1, f"{topic} offline")
+    cluster.restart(2)       # an out-of-sync replica is back
+
+
 def test_unclean_election_is_refused_unless_the_topic_allows_it(cluster):
     with eos.Admin(bootstrap=cluster.bootstrap) as admin:
-        # both topics: leader 1, follower 2 (a manual assignment fixes the places)
-        admin.create_topics([{"name": "strict", "assignments": {0: [1, 2]}},
-                             {"name": "lenient", "assignments": {0: [1, 2]},
-                              "config": {"unclean.leader.election.enable": "true"}}])
-        for topic in ("strict", "lenient"):
-            assert full_isr(admin, topic)[0]["leader"] == 1
-        cluster.kill(2)          # the follower leaves the ISRs ...
-        for topic in ("strict", "lenient"):
-            wait_for(lambda: describe(admin, topic)[0]["isr"] == [1], f"{topic}'s ISR without broker 2")
-        cluster.kill(1)          # ... then the last in-sync replica dies: both offline
-        for topic in ("strict", "lenient"):
-            wait_for(lambda: describe(admin, topic)[0]["leader"] == -1, f"{topic} offline")
-        cluster.restart(2)       # an out-of-sync replica is back
+        offline_with_only_an_out_of_sync_replica_back(cluster, admin, {"strict": None, "lenient": "true"})
         lenient_now = wait_for(lambda: (lambda p: p if p["leader"] == 2 else None)(describe(admin, "lenient")[0]),
                                "the lenient topic to elect its out-of-sync replica")
         assert lenient_now["isr"] == [2]
@@ -131,18 +138,8 @@ def test_the_cluster_wide_unclean_default_turned_on_elects_the_topics_that_follo
     partitions of the topics without a value of their own, as Kafka's controller does; a
     topic that says false stays offline."""
     with eos.Admin(bootstrap=cluster.bootstrap) as admin:
-        admin.create_topics([{"name": "follows", "assignments": {0: [1, 2]}},
-                             {"name": "says-no", "assignments": {0: [1, 2]},
-                              "config": {"unclean.leader.election.enable": "false"}}])
-        for topic in ("follows", "says-no"):
-            assert full_isr(admin, topic)[0]["leader"] == 1
-        cluster.kill(2)
-        for topic in ("follows", "says-no"):
-            wait_for(lambda: describe(admin, topic)[0]["isr"] == [1], f"{topic}'s ISR without broker 2")
-        cluster.kill(1)          # the last in-sync replica: both offline
-        for topic in ("follows", "says-no"):
-            wait_for(lambda: describe(admin, topic)[0]["leader"] == -1, f"{topic} offline")
-        cluster.restart(2)       # out of sync: under the static default both stay offline
+        offline_with_only_an_out_of_sync_replica_back(cluster, admin, {"follows": None, "says-no": "false"})
+        # under the static default (false) both stay offline
         wait_for(lambda: 2 in admin.describe_cluster()["brokers"], "broker 2 back in the cluster")
         for topic in ("follows", "says-no"):
             assert describe(admin, topic)[0]["leader"] == -1
